@@ -1,0 +1,36 @@
+"""Pure judgment for the e2e gate: values in, verdicts out; no I/O, nothing of the project imported.
+
+- `same`: `Same` (identity with at most `EXCUSED_MAX` near-tie excuses), `divergence`, `Oracle`.
+- `ulp`: `ulp_of` (bf16 ULP), `near_tie` (the 4-ULP rule), `ulps_down`.
+- `hits`: `turn2_hit`.
+- `acceptance`: `accept_rate`, `acceptance_holds`.
+- `gate`: `oracle_gate`, `summarize` (and the `Report`/`Check` shape, the exit codes).
+"""
+
+from .acceptance import BURST_SHARE, accept_rate, acceptance_holds
+from .gate import EXIT_FAIL, EXIT_NOTHING_RAN, EXIT_PASS, Check, Report, oracle_gate, summarize
+from .hits import turn2_hit
+from .same import EXCUSED_MAX, Oracle, Same, divergence
+from .ulp import NEAR_TIE_ULPS, near_tie, ulp_of, ulps_down
+
+__all__ = [
+    "BURST_SHARE",
+    "Check",
+    "EXCUSED_MAX",
+    "EXIT_FAIL",
+    "EXIT_NOTHING_RAN",
+    "EXIT_PASS",
+    "NEAR_TIE_ULPS",
+    "Oracle",
+    "Report",
+    "Same",
+    "accept_rate",
+    "acceptance_holds",
+    "divergence",
+    "near_tie",
+    "oracle_gate",
+    "summarize",
+    "turn2_hit",
+    "ulp_of",
+    "ulps_down",
+]

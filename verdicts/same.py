@@ -1,0 +1,113 @@
+"""`Same`: answers identical to the oracle's, with bounded near-tie excuses.
+
+The oracle is duck-typed (`Oracle` below): `near_tie` returns evidence text for one disputed
+token, and only evidence that starts with ``"near-tie"`` excuses it; `run` greedily continues a
+context. An excused token is replaced in the oracle's answer by the server's, and the oracle
+continues from there, so a later divergence is judged on the sequence the server actually ran.
+Length mismatches are never excused: they have no disputed token to ask about.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+__all__ = ["EXCUSED_MAX", "Oracle", "Same", "divergence"]
+
+EXCUSED_MAX = 3
+"""Near-tie tokens excused per answer; the next divergence after these fails it."""
+
+
+class Oracle(Protocol):
+    """What `Same` asks of an oracle (kern run, or an exact reference)."""
+
+    def near_tie(self, context: list[int], a: int, b: int, rows: int) -> str | None:
+        """Evidence on `a` (server) vs `b` (oracle) after `context`; None when there is none."""
+        ...
+
+    def run(self, ids: list[int], steps: int, rows: int) -> list[int] | None:
+        """The greedy continuation of `ids`, at most `steps` long; None when unavailable."""
+        ...
+
+
+def _first_mismatch(a: Sequence[int], b: Sequence[int]) -> int | None:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+
+
+def divergence(a: Sequence[int], b: Sequence[int]) -> str:
+    """Where `a` and `b` part, with four tokens of context from each side.
+
+    `k` is the first differing index or, when one is a prefix of the other, the shorter length.
+    """
+    a, b = list(a), list(b)
+    if a == b:
+        return f"identical ({len(a)} tokens)"
+    k = _first_mismatch(a, b)
+    if k is None:
+        k = min(len(a), len(b))
+    return f"diverge at token {k}/{len(a)} vs {len(b)}: {a[k:k + 4]} vs {b[k:k + 4]}"
+
+
+class Same:
+    """Counts answers identical to the oracle's; `ok` when every answer was (after excuses).
+
+    ``same`` counts answers identical with nothing excused, ``matched`` those identical only after
+    near-tie excuses, ``excused`` the excused tokens over all answers, and ``notes`` one entry per
+    answer that diverged: ``"{label}: "`` and its divergences joined with ``"; then "``.
+    """
+
+    def __init__(self, oracle: Oracle, rows: int) -> None:
+        self.oracle = oracle
+        self.rows = rows
+        self.n = 0
+        self.same = 0
+        self.matched = 0
+        self.excused = 0
+        self.notes: list[str] = []
+
+    def add(self, label: str, prompt: Sequence[int], got: Sequence[int], want: Sequence[int]) -> bool:
+        """Judge one answer `got` against the oracle's `want` for `prompt`; True when it counts.
+
+        Internal updates: ``n``, then ``same`` or ``matched``, ``excused`` and ``notes``.
+        """
+        self.n += 1
+        prompt, got, want = list(prompt), list(got), list(want)
+        excused = 0
+        notes: list[str] = []
+        while got != want:
+            k = _first_mismatch(got, want)
+            # a prefix of the other: no disputed token, so nothing to ask the oracle about
+            verdict = None if k is None else self.oracle.near_tie(prompt + want[:k], got[k], want[k], self.rows)
+            notes.append(divergence(got, want) + (f" ({verdict})" if verdict else ""))
+            if k is None or not (verdict or "").startswith("near-tie") or excused == EXCUSED_MAX:
+                break
+            excused += 1
+            # continue from the server's token; the oracle supplies the rest, keeping the length
+            head = want[:k] + [got[k]]
+            steps = len(want) - k - 1
+            rest = self.oracle.run(prompt + head, steps, self.rows) if steps > 0 else []
+            if rest is None:
+                notes.append("no continuation from the oracle")
+                break
+            want = head + rest
+        self.excused += excused
+        if notes:
+            self.notes.append(f"{label}: " + "; then ".join(notes))
+        if got != want:
+            return False
+        if excused:
+            self.matched += 1
+        else:
+            self.same += 1
+        return True
+
+    @property
+    def ok(self) -> bool:
+        """Every answer was identical, some after excused near-ties."""
+        return self.same + self.matched == self.n
+
+    def __str__(self) -> str:
+        head = f"{self.same}/{self.n} identical"
+        if self.excused:
+            head += f", {self.matched} after {self.excused} near-tie tokens"
+        return "; ".join([head, *self.notes])
