@@ -1,0 +1,235 @@
+"""Cross-field checks of a parsed manifest (SPEC §3): every problem is reported, none stops the rest.
+
+References resolve; kernel modules import and hash to their `sha256`; launch args agree with
+launch params; an op's impl honours its interface; programs pass buffers of the right kind and
+dtype, read nothing before it is written and write no input or weight; every output and carry is
+written somewhere; every declaration is used; shapes and batches fit their var bounds.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+from manifests import expr
+from manifests.schema import INPUT_FILLS, OUTPUT_FILLS, Manifest
+
+if TYPE_CHECKING:
+    from manifests.load import _Errors
+
+MAX_BUFFER_BYTES = 1 << 40
+MAX_GRID = (1 << 31) - 1
+
+
+def verify(m: Manifest, err: "_Errors") -> None:
+    used: set[tuple[str, str]] = set()
+    _vars(m, err)
+    _buffers(m, err, used)
+    _modules(m, err)
+    _ops(m, err, used)
+    _programs(m, err, used)
+    _unused(m, err, used)
+
+
+def _vars(m: Manifest, err: "_Errors") -> None:
+    seen: dict[str, str] = {}
+    for v in m.vars.values():
+        if v.axis:
+            if v.axis in seen:
+                err.add(f"vars.{v.name}.axis", f"axis {v.axis!r} is already vars.{seen[v.axis]}'s")
+            seen[v.axis] = v.name
+    if any(p.batched for p in m.programs.values()):
+        for axis in ("rows", "groups"):
+            if axis not in seen:
+                err.add("vars", f"a manifest with a batch needs a var with axis {axis!r}")
+
+
+def _buffers(m: Manifest, err: "_Errors", used: set) -> None:
+    env = m.var_max()
+    for b in m.buffers.values():
+        p = f"buffers.{b.name}"
+        for i, d in enumerate(b.shape):
+            if isinstance(d, str):
+                if d not in m.vars:
+                    err.add(f"{p}.shape[{i}]", f"unknown var {d!r}")
+                else:
+                    used.add(("var", d))
+        if all(isinstance(d, int) or d in m.vars for d in b.shape):
+            nbytes = b.nbytes(env)
+            if nbytes > MAX_BUFFER_BYTES:
+                err.add(f"{p}.shape", f"{nbytes} bytes at the var maxima, over the bound of {MAX_BUFFER_BYTES}")
+        if b.fill is not None:
+            allowed = INPUT_FILLS if b.kind == "input" else OUTPUT_FILLS if b.kind == "output" else ()
+            if b.fill not in allowed:
+                err.add(f"{p}.fill", f"fill {b.fill!r} is not allowed on a {b.kind} buffer (allowed: {', '.join(allowed) or 'none'})")
+            if b.dtype not in ("i32", "i64"):
+                err.add(f"{p}.fill", f"fills need an i32 or i64 buffer, not {b.dtype}")
+        if b.kind == "weight" and not b.bind:
+            err.add(f"{p}.bind", "a weight needs a bind naming its tensor")
+        if b.bind and b.kind != "weight":
+            err.add(f"{p}.bind", f"only weights bind tensors, this is a {b.kind}")
+        if b.domain and b.domain.index_into is not None:
+            target = b.domain.index_into
+            if target in m.states:
+                s = m.states[target]
+                if s.lined and s.bytes_per_seq % b.domain.stride:
+                    err.add(f"{p}.domain.stride", f"{b.domain.stride} does not divide states.{target}.bytes_per_seq")
+                if s.paged and b.fill is None and not isinstance(b.shape[-1], int):
+                    err.add(f"{p}.shape", "a page table's last dim must be a constant width")
+            elif target not in m.buffers:
+                err.add(f"{p}.domain.index_into", f"unknown state or buffer {target!r}")
+
+
+def _modules(m: Manifest, err: "_Errors") -> None:
+    for mod in m.modules.values():
+        p = f"modules.{mod.name}"
+        try:
+            impl = importlib.import_module(mod.impl)
+        except ImportError as exc:
+            err.add(f"{p}.impl", f"cannot import {mod.impl!r}: {exc}")
+            continue
+        build_hash = getattr(impl, "build_hash", None)
+        if build_hash is None:
+            err.add(f"{p}.impl", f"{mod.impl!r} is not a kernel module (no build_hash)")
+            continue
+        want = build_hash({"block": mod.block})
+        if want != mod.sha256:
+            err.add(f"{p}.sha256", f"does not match the kernels' sources and build (they hash to {want[:16]}...)")
+
+
+def _ops(m: Manifest, err: "_Errors", used: set) -> None:
+    env = m.var_max()
+    for op in m.ops.values():
+        p = f"ops.{op.name}"
+        forwarded_writes: set[int] = set()
+        for li, l in enumerate(op.launches):
+            lp = f"{p}.impl.launches[{li}]"
+            mod = m.modules.get(l.module)
+            if mod is None:
+                err.add(f"{lp}.module", f"unknown module {l.module!r}")
+            else:
+                used.add(("module", l.module))
+                if l.block[0] != mod.block:
+                    err.add(f"{lp}.block", f"block {l.block[0]} differs from modules.{l.module}.block {mod.block}")
+            for gi, g in enumerate(l.grid):
+                problem = expr.check(g)
+                if problem:
+                    err.add(f"{lp}.grid[{gi}]", problem)
+                    continue
+                for n in expr.names(g):
+                    if n not in m.vars:
+                        err.add(f"{lp}.grid[{gi}]", f"unknown var {n!r}")
+                    else:
+                        used.add(("var", n))
+                if not expr.names(g) - set(m.vars) and expr.evaluate(g, env) > MAX_GRID:
+                    err.add(f"{lp}.grid[{gi}]", f"{expr.evaluate(g, env)} blocks at the var maxima, over {MAX_GRID}")
+            if len(l.args) != len(l.params):
+                err.add(f"{lp}.args", f"{len(l.args)} args for {len(l.params)} launch params")
+            for ai, (a, lparam) in enumerate(zip(l.args, l.params)):
+                kind, v = a
+                if kind == "param":
+                    if v >= len(op.params):
+                        err.add(f"{lp}.args[{ai}]", f"param {v} is past the interface's {len(op.params)}")
+                        continue
+                    iparam = op.params[v]
+                    if (iparam.what, iparam.dtype) != (lparam.what, lparam.dtype):
+                        err.add(f"{lp}.args[{ai}]", f"forwards {_fmt(iparam)} to a {_fmt(lparam)} launch param")
+                    if lparam.writes and not iparam.writes:
+                        err.add(f"{lp}.args[{ai}]", f"writes through interface param {v}, declared {_fmt(iparam)}")
+                    if lparam.writes:
+                        forwarded_writes.add(v)
+                elif not lparam.is_scalar or lparam.what != kind:
+                    err.add(f"{lp}.args[{ai}]", f"literal {kind} for a {_fmt(lparam)} launch param")
+        for i, ip in enumerate(op.params):
+            if ip.direction == "out" and i not in forwarded_writes:
+                err.add(f"{p}.params[{i}]", "declared out but no launch writes it")
+
+
+def _fmt(p) -> str:
+    if p.is_scalar:
+        return p.what
+    return f"{p.direction} {p.what}" + (f"<{p.dtype}>" if p.dtype else "")
+
+
+def _programs(m: Manifest, err: "_Errors", used: set) -> None:
+    written_anywhere: set[str] = set()
+    rows_var = next((v for v in m.vars.values() if v.axis == "rows"), None)
+    groups_var = next((v for v in m.vars.values() if v.axis == "groups"), None)
+    for prog in m.programs.values():
+        p = f"programs.{prog.name}"
+        if prog.batched:
+            if isinstance(prog.rows, str):
+                if prog.rows not in m.vars:
+                    err.add(f"{p}.batch.rows", f"unknown var {prog.rows!r}")
+                else:
+                    used.add(("var", prog.rows))
+            elif rows_var and prog.groups * prog.rows > rows_var.max:
+                err.add(f"{p}.batch", f"groups {prog.groups} x rows {prog.rows} is over vars.{rows_var.name}.max {rows_var.max}")
+            if groups_var and prog.groups > groups_var.max:
+                err.add(f"{p}.batch.groups", f"{prog.groups} is over vars.{groups_var.name}.max {groups_var.max}")
+        written: set[str] = set()
+        for ci, call in enumerate(prog.calls):
+            cp = f"{p}.calls[{ci}]"
+            op = m.ops.get(call.op)
+            if op is None:
+                err.add(f"{cp}.op", f"unknown op {call.op!r}")
+                continue
+            used.add(("op", call.op))
+            if len(call.args) != len(op.params):
+                err.add(f"{cp}.args", f"{len(call.args)} args for op {call.op}'s {len(op.params)} params")
+                continue
+            writes: list[str] = []
+            for ai, (a, prm) in enumerate(zip(call.args, op.params)):
+                ap = f"{cp}.args[{ai}]"
+                if a.kind == "buf":
+                    b = m.buffers.get(a.value)
+                    if b is None:
+                        err.add(ap, f"unknown buffer {a.value!r}")
+                        continue
+                    used.add(("buffer", a.value))
+                    if prm.what != "buffer":
+                        err.add(ap, f"buffer {a.value} passed to a {_fmt(prm)} param")
+                        continue
+                    if b.dtype != prm.dtype:
+                        err.add(ap, f"buffer {a.value} is {b.dtype}, the param wants {prm.dtype}")
+                    if prm.writes and b.kind in ("input", "weight"):
+                        err.add(ap, f"op {call.op} writes {b.kind} buffer {a.value}")
+                    if prm.reads and b.kind in ("output", "workspace") and a.value not in written:
+                        err.add(ap, f"reads {b.kind} buffer {a.value} before anything in {prog.name} writes it")
+                    if prm.writes:
+                        writes.append(a.value)
+                elif a.kind == "state":
+                    if a.value not in m.states:
+                        err.add(ap, f"unknown state {a.value!r}")
+                        continue
+                    used.add(("state", a.value))
+                    if prm.what != "state":
+                        err.add(ap, f"state {a.value} passed to a {_fmt(prm)} param")
+                elif a.kind == "var":
+                    if a.value not in m.vars:
+                        err.add(ap, f"unknown var {a.value!r}")
+                    used.add(("var", a.value))
+                    if not prm.is_scalar:
+                        err.add(ap, f"var passed to a {_fmt(prm)} param")
+                elif a.kind == "expr":
+                    problem = expr.check(a.value)
+                    if problem:
+                        err.add(ap, problem)
+                    for n in expr.names(a.value):
+                        used.add(("var", n))
+                    if not prm.is_scalar:
+                        err.add(ap, f"expression passed to a {_fmt(prm)} param")
+                elif not prm.is_scalar:
+                    err.add(ap, f"literal passed to a {_fmt(prm)} param")
+            written.update(writes)
+        written_anywhere |= written
+    for b in m.buffers.values():
+        if b.kind in ("output", "carry") and b.name not in written_anywhere and ("buffer", b.name) in used:
+            err.add(f"buffers.{b.name}", f"{b.kind} is never written by any program")
+
+
+def _unused(m: Manifest, err: "_Errors", used: set) -> None:
+    for kind, section in (("var", m.vars), ("state", m.states), ("buffer", m.buffers), ("module", m.modules), ("op", m.ops)):
+        for name in section:
+            if (kind, name) not in used:
+                err.add(f"{kind if kind != 'buffer' else 'buffer'}s.{name}", f"declared but never used")

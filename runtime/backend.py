@@ -1,0 +1,110 @@
+"""Backends: where buffers live and kernels run. The runtime talks to one through this seam.
+
+    Backend          the interface (one per device kind)
+    CpuBackend       numpy arrays, numba njit kernels
+    KernelError      a kernel that failed to compile or run, with the entry that failed
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable
+
+import numpy as np
+
+
+class KernelError(RuntimeError):
+    """A kernel failed to compile or run; the message names the op and entry."""
+
+
+class Backend:
+    """Memory and launches for one device. Arrays are flat; `view` reinterprets bytes."""
+
+    name = "abstract"
+
+    def zeros(self, nbytes: int) -> Any:
+        raise NotImplementedError
+
+    def host_zeros(self, nbytes: int) -> np.ndarray:
+        """Host-tier memory (pinned on a GPU)."""
+        return np.zeros(nbytes, np.uint8)
+
+    def view(self, arr: Any, dtype: str) -> Any:
+        return arr.view(np.dtype(_NP[dtype]))
+
+    def upload(self, dst: Any, src: np.ndarray) -> None:
+        raise NotImplementedError
+
+    def download(self, src: Any, n: int) -> np.ndarray:
+        raise NotImplementedError
+
+    def copy(self, dst: Any, dst_off: int, src: Any, src_off: int, nbytes: int) -> None:
+        """Byte copy between any two u8 arrays of this backend or the host tier."""
+        raise NotImplementedError
+
+    def zero(self, arr: Any, off: int, nbytes: int) -> None:
+        raise NotImplementedError
+
+    def kernel(self, module: Any, entry: str) -> Callable:
+        return module.entry(self.name, entry)
+
+    def launch(self, fn: Callable, grid: int, block: int, args: list) -> None:
+        raise NotImplementedError
+
+    def synchronize(self) -> None:
+        pass
+
+
+_NP = {"i32": "int32", "i64": "int64", "u8": "uint8", "f32": "float32", "u64": "uint64", "bf16": "uint16"}
+
+
+class CpuBackend(Backend):
+    name = "cpu"
+
+    def zeros(self, nbytes: int) -> np.ndarray:
+        return np.zeros(nbytes, np.uint8)
+
+    def upload(self, dst: np.ndarray, src: np.ndarray) -> None:
+        dst[: src.size] = src
+
+    def download(self, src: np.ndarray, n: int) -> np.ndarray:
+        return np.array(src[:n])
+
+    def copy(self, dst, dst_off, src, src_off, nbytes) -> None:
+        dst[dst_off : dst_off + nbytes] = src[src_off : src_off + nbytes]
+
+    def zero(self, arr, off, nbytes) -> None:
+        arr[off : off + nbytes] = 0
+
+    def launch(self, fn, grid, block, args) -> None:
+        fn(grid, block, *args)
+
+
+@contextlib.contextmanager
+def map_kernel_exceptions(op: str, entry: str):
+    """Translate whatever a kernel raises into a KernelError naming where it happened."""
+    try:
+        yield
+    except KernelError:
+        raise
+    except Exception as exc:  # numba typing errors, cupy/CUDA errors, bad arguments
+        raise KernelError(f"op {op!r} (entry {entry}): {type(exc).__name__}: {exc}") from exc
+
+
+def make_backend(name: str) -> Backend:
+    """`cpu`, `gpu`, or `auto` (the GPU when cupy sees one)."""
+    if name == "cpu":
+        return CpuBackend()
+    if name in ("gpu", "auto"):
+        try:
+            from runtime.gpu import GpuBackend, gpu_available
+        except ImportError as exc:
+            if name == "auto":
+                return CpuBackend()
+            raise KernelError(f"--backend gpu: the GPU backend cannot load: {exc}") from exc
+        if gpu_available():
+            return GpuBackend()
+        if name == "auto":
+            return CpuBackend()
+        raise KernelError("--backend gpu: no CUDA GPU is visible (cupy sees none)")
+    raise ValueError(f"unknown backend {name!r} (cpu, gpu or auto)")

@@ -1,0 +1,277 @@
+"""The runtime: executes a verified manifest's programs on a backend (SPEC §5).
+
+Load: resolve kernel modules, allocate buffers at the var maxima, back each state arena at its
+full reservation (`pages` pages, `slots` line slots), bind weights. Then `step` runs one program
+over a list of cells, and `copy`/`park`/`wake`/`land` execute the pool's plans as data.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any, Iterable
+
+import numpy as np
+
+from manifests import derive, expr
+from manifests.schema import Manifest
+from runtime.backend import Backend, KernelError, make_backend, map_kernel_exceptions
+from runtime.protocol import Protocol
+from runtime.step import Cell, LineTable, PageTable, bucket, stage
+from runtime.weights import bind, read_tensors
+
+
+class Runtime:
+    def __init__(
+        self,
+        manifest: Manifest,
+        weights: list | dict,
+        pages: int,
+        slots: int = 0,
+        backend: str | Backend = "cpu",
+        max_seqs: int | None = None,
+        host_bytes: int = 0,
+    ):
+        self.manifest = m = manifest
+        self.backend = make_backend(backend) if isinstance(backend, str) else backend
+        self.protocol = Protocol(m)
+        self.unit = derive.page_unit(m)
+        self.reach = derive.reach(m)
+        self.lined = derive.is_lined(m)
+        self.pages = pages
+        self.slots = slots if self.lined else 0
+        self.max_seqs = min(max_seqs or self.protocol.max_groups, self.protocol.max_groups)
+        self.rows_var = self.protocol.rows_var
+        self.groups_var = self.protocol.groups_var
+        self.groups_max = m.vars[self.groups_var].max
+        be = self.backend
+
+        self.modules = {n: importlib.import_module(mod.impl) for n, mod in m.modules.items()}
+        env = m.var_max()
+        self.buffers: dict[str, Any] = {}
+        for b in m.buffers.values():
+            raw = be.zeros(b.nbytes(env))
+            self.buffers[b.name] = be.view(raw, b.dtype)
+        tensors = weights if isinstance(weights, dict) else read_tensors(weights)
+        for name, data in bind(m, tensors).items():
+            be.upload(be.view(self._raw(name), "u8"), data)
+
+        # states: paged arenas hold `pages` pages, lined arenas `slots` slots
+        self.paged = [s for s in sorted(m.states.values(), key=lambda s: s.name) if s.paged]
+        self.lined_states = [s for s in sorted(m.states.values(), key=lambda s: s.name) if s.lined]
+        self.page_bytes = {s.name: self.unit * s.bytes_per_token for s in self.paged}
+        self.slot_bytes = {s.name: s.bytes_per_seq for s in self.lined_states}
+        self.arenas: dict[str, Any] = {}
+        for s in m.states.values():
+            n = self.page_bytes[s.name] * pages if s.paged else s.bytes_per_seq * self.slots if s.lined else s.bytes
+            self.arenas[s.name] = be.zeros(max(n, 8))
+        self.host_page_bytes = sum(self.page_bytes.values())
+        self.host_slot_bytes = sum(self.slot_bytes.values())
+        self.host = be.host_zeros(host_bytes) if host_bytes else None
+
+        self.fills: dict[str, list[str]] = {}
+        for b in m.buffers.values():
+            if b.kind == "input" and b.fill:
+                self.fills.setdefault(b.fill, []).append(b.name)
+        self.page_tables = [
+            PageTable(b.name, b.shape[-1], self.unit // b.domain.stride) for b in derive.page_tables(m)
+        ]
+        self.line_tables = [
+            LineTable(b.name, b.shape[0], m.states[b.domain.index_into].bytes_per_seq // b.domain.stride)
+            for b in derive.line_tables(m)
+        ]
+        self.pad: Cell | None = None
+        self._kernels: dict[tuple[str, str], Any] = {}
+
+    # -- memory ----------------------------------------------------------------------------------
+
+    def _raw(self, name: str):
+        return self.buffers[name]
+
+    def set_pad(self, page: int, slot: int | None) -> None:
+        """The pad lease's page and slot, which padding cells write and read."""
+        self.pad = Cell([page], slot, [], 0)
+        if slot is not None:
+            self.zero_slot(slot)
+
+    def zero_slot(self, slot: int) -> None:
+        for s in self.lined_states:
+            self.backend.zero(self.arenas[s.name], slot * s.bytes_per_seq, s.bytes_per_seq)
+
+    def zero_page(self, page: int) -> None:
+        for s in self.paged:
+            pb = self.page_bytes[s.name]
+            self.backend.zero(self.arenas[s.name], page * pb, pb)
+
+    def land(self, remap) -> None:
+        """Execute a pool Remap: the arenas are backed whole, so mapping is bookkeeping; zero what is made."""
+        for kind, ident in getattr(remap, "made", ()):
+            if kind == "slot" or getattr(kind, "value", None) == "slot":
+                self.zero_slot(ident)
+            else:
+                self.zero_page(ident)
+
+    def copy(self, copies) -> None:
+        """Device-to-device page and slot copies (a pool Copies plan)."""
+        be = self.backend
+        for s in self.paged:
+            pb, arena = self.page_bytes[s.name], self.arenas[s.name]
+            for src, dst, n in _runs(copies.pages):
+                be.copy(arena, dst * pb, arena, src * pb, n * pb)
+        if copies.slot is not None:
+            src, dst = copies.slot
+            for s in self.lined_states:
+                sb, arena = s.bytes_per_seq, self.arenas[s.name]
+                be.copy(arena, dst * sb, arena, src * sb, sb)
+
+    def park(self, copies) -> None:
+        """Device to host: pages (id -> host offset), slot (id -> host offset)."""
+        self._host_copy(copies, to_host=True)
+
+    def wake(self, copies) -> None:
+        """Host to device: pages (host offset -> id), slot (host offset -> id)."""
+        self._host_copy(copies, to_host=False)
+
+    def _host_copy(self, copies, to_host: bool) -> None:
+        be, host = self.backend, self.host
+        if host is None:
+            raise KernelError("no host tier was allocated (host_bytes=0)")
+        hp = self.host_page_bytes
+        pairs = [(a, b) if to_host else (b, a) for a, b in copies.pages]  # (device page, host offset)
+        off = 0
+        for s in self.paged:
+            pb, arena = self.page_bytes[s.name], self.arenas[s.name]
+            if len(self.paged) == 1:
+                for dev, h, n in _host_runs(pairs, hp):
+                    if to_host:
+                        be.copy(host, h, arena, dev * pb, n * pb)
+                    else:
+                        be.copy(arena, dev * pb, host, h, n * pb)
+            else:
+                for dev, h in pairs:
+                    if to_host:
+                        be.copy(host, h + off, arena, dev * pb, pb)
+                    else:
+                        be.copy(arena, dev * pb, host, h + off, pb)
+            off += pb
+        if copies.slot is not None:
+            dev, h = copies.slot if to_host else (copies.slot[1], copies.slot[0])
+            off = 0
+            for s in self.lined_states:
+                sb, arena = s.bytes_per_seq, self.arenas[s.name]
+                if to_host:
+                    be.copy(host, h + off, arena, dev * sb, sb)
+                else:
+                    be.copy(arena, dev * sb, host, h + off, sb)
+                off += sb
+
+    def read_state(self, pages: list[int], slot: int | None, tokens: int) -> bytes:
+        """The bytes of a sequence's first `tokens` token slots and its line (for A/B comparisons)."""
+        self.backend.synchronize()
+        out = []
+        for s in self.paged:
+            tb = s.bytes_per_token
+            arena = self.backend.download(self.arenas[s.name], self.pages * self.page_bytes[s.name])
+            for q in range(tokens):
+                slot_id = pages[q // self.unit] * self.unit + q % self.unit
+                out.append(arena[slot_id * tb : (slot_id + 1) * tb].tobytes())
+        if slot is not None:
+            for s in self.lined_states:
+                arena = self.backend.download(self.arenas[s.name], self.slots * s.bytes_per_seq)
+                out.append(arena[slot * s.bytes_per_seq : (slot + 1) * s.bytes_per_seq].tobytes())
+        return b"".join(out)
+
+    # -- running -----------------------------------------------------------------------------------
+
+    def step(self, program: str, cells: list[Cell]) -> list[Cell]:
+        """Run `program` over `cells` (each feeds the same number of rows); fill each cell's `tokens`."""
+        m = self.manifest
+        prog = m.programs[program]
+        fwd = next(f for f in self.protocol.forwards if f.program == program)
+        if not cells:
+            return cells
+        per = len(cells[0].ids)
+        if any(len(c.ids) != per for c in cells):
+            raise ValueError("every cell of a step feeds the same number of rows")
+        if fwd.rows is not None and per != fwd.rows:
+            raise ValueError(f"program {program} takes {fwd.rows} row(s) per sequence, got {per}")
+        n = len(cells)
+        cap = min(self.max_seqs, fwd.groups)
+        if n > cap:
+            raise ValueError(f"{n} cells is over program {program}'s {cap} groups")
+        b = 1 if fwd.rows is None else bucket(n, cap)
+        if self.pad is None and b > n:
+            raise ValueError("padding needs a pad page (set_pad)")
+        padded = list(cells)
+        if b > n:
+            pad = Cell(self.pad.pages, self.pad.slot, [0] * per, 0)
+            padded += [pad] * (b - n)
+        env = {self.rows_var: b * per, self.groups_var: b}
+        pad_slot = self.pad.slot if self.pad is not None and self.pad.slot is not None else 0
+        host = stage(padded, per, self.unit, self.fills, self.page_tables, self.line_tables, self.groups_max, pad_slot)
+        be = self.backend
+        for name, arr in host.items():
+            buf = self.buffers[name]
+            be.upload(buf, arr.astype(buf.dtype, copy=False))
+        for call in prog.calls:
+            self._call(call, env)
+        if fwd.emits:
+            k = fwd.width
+            toks = be.download(self.buffers[fwd.emits], b * k)
+            counts = be.download(self.buffers[fwd.count], b) if fwd.count else np.ones(b, np.int64)
+            for g, c in enumerate(cells):
+                c.tokens = [int(t) for t in toks[g * k : g * k + int(counts[g])]]
+        else:
+            for c in cells:
+                c.tokens = []
+        return cells
+
+    def _call(self, call, env: dict[str, int]) -> None:
+        m = self.manifest
+        op = m.ops[call.op]
+        vals: list[Any] = []
+        for a in call.args:
+            if a.kind == "buf":
+                buf = self.buffers[a.value]
+                vals.append(buf[a.offset // buf.itemsize :] if a.offset else buf)
+            elif a.kind == "state":
+                arena = self.arenas[a.value]
+                vals.append(self.backend.view(arena[a.offset :] if a.offset else arena, "u64"))
+            elif a.kind == "var":
+                vals.append(env[a.value])
+            elif a.kind == "expr":
+                vals.append(expr.evaluate(a.value, env))
+            else:
+                vals.append(a.value)
+        for launch in op.launches:
+            key = (launch.module, launch.entry)
+            fn = self._kernels.get(key)
+            if fn is None:
+                fn = self._kernels[key] = self.backend.kernel(self.modules[launch.module], launch.entry)
+            args = [vals[v] if kind == "param" else v for kind, v in launch.args]
+            grid = 1
+            for g in launch.grid:
+                grid *= expr.evaluate(g, env)
+            with map_kernel_exceptions(call.op, launch.entry):
+                self.backend.launch(fn, grid, launch.block[0], args)
+
+
+def _runs(pairs: Iterable[tuple[int, int]]) -> list[tuple[int, int, int]]:
+    """Fold consecutive (src, dst) page pairs into (src, dst, count) runs."""
+    out: list[list[int]] = []
+    for s, d in pairs:
+        if out and out[-1][0] + out[-1][2] == s and out[-1][1] + out[-1][2] == d:
+            out[-1][2] += 1
+        else:
+            out.append([s, d, 1])
+    return [tuple(r) for r in out]
+
+
+def _host_runs(pairs, host_page: int) -> list[tuple[int, int, int]]:
+    """Fold consecutive (device page, host offset) pairs into (page, offset, count) runs."""
+    out: list[list[int]] = []
+    for d, h in pairs:
+        if out and out[-1][0] + out[-1][2] == d and out[-1][1] + out[-1][2] * host_page == h:
+            out[-1][2] += 1
+        else:
+            out.append([d, h, 1])
+    return [tuple(r) for r in out]

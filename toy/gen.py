@@ -1,0 +1,164 @@
+"""`kern gen`: write the ten toy manifests (five shapes and their `-ref` twins), the salt, the config.
+
+The generated set ships as `manifests/toy/` + `manifests/toy.toml`; a test holds `kern gen --out
+manifests` to reproducing it byte for byte.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import tomli_w
+
+from toy import model
+from toy.kernels import build_hash
+
+CANDIDATE_BLOCK = 256
+REFERENCE_BLOCK = 128
+SEQS = 256
+LINE_BYTES = 1 << 20
+
+
+@dataclass(frozen=True)
+class Shape:
+    name: str
+    bytes_per_token: int
+    page: int
+    width: int
+    tokens_max: int
+    lined: bool
+    rows: int
+
+    @property
+    def context(self) -> int:
+        return self.page * self.width
+
+
+SHAPES = (
+    Shape("toy-paged", 4096, 16, 512, 2048, False, 1),
+    Shape("toy-stateful", 4096, 16, 512, 2048, True, 1),
+    Shape("toy-spec", 4096, 16, 512, 2048, False, 4),
+    Shape("toy-stateful-spec", 4096, 16, 512, 2048, True, 4),
+    Shape("toy-big", 65536, 64, 1024, 8192, False, 1),
+)
+
+
+def _launch(entry: str, block: int, grid: str, params: list[str], literals: list[tuple[str, int]]) -> dict:
+    return {
+        "module": "toy",
+        "entry": entry,
+        "block": [block, 1, 1],
+        "grid": [grid, 1, 1],
+        "params": params + [t for t, _ in literals],
+        "args": [{"param": i} for i in range(len(params))] + [{t: v} for t, v in literals],
+    }
+
+
+def _op(params: list[str], launch: dict) -> dict:
+    return {"params": params, "impl": {"launches": [launch]}}
+
+
+def manifest(shape: Shape, block: int) -> dict:
+    s = shape
+    geometry = [("i64", s.bytes_per_token), ("i32", s.page), ("i32", s.width)]
+    line = [("i64", LINE_BYTES)] if s.lined else []
+    buffers: dict = {
+        "token_ids": {"dtype": "i64", "shape": ["tokens"], "kind": "input", "fill": "token", "domain": {"min": 0, "max": model.EOS}},
+        "positions": {"dtype": "i64", "shape": ["tokens"], "kind": "input", "fill": "position", "domain": {"min": 0, "max": s.context - 1}},
+        "slot_mapping": {"dtype": "i64", "shape": ["tokens"], "kind": "input", "fill": "slot", "domain": {"index_into": "kv"}},
+        "block_table": {"dtype": "i32", "shape": ["seqs", s.width], "kind": "input", "domain": {"index_into": "kv", "stride": s.page}},
+        "seq_lens": {"dtype": "i32", "shape": ["seqs"], "kind": "input", "fill": "seq_len", "domain": {"min": 1, "max": s.context}},
+    }
+    if s.lined:
+        buffers["mem.line"] = {"dtype": "i32", "shape": [1, "seqs"], "kind": "input", "domain": {"index_into": "mem", "stride": LINE_BYTES}}
+    buffers["next_token"] = {"dtype": "i64", "shape": ["seqs"], "kind": "output", "fill": "tokens", "domain": {"min": 0, "max": model.EOS}}
+    if s.rows > 1:
+        buffers["round_tokens"] = {"dtype": "i64", "shape": ["seqs", s.rows], "kind": "output", "fill": "tokens", "domain": {"min": 0, "max": model.EOS}}
+        buffers["count"] = {"dtype": "i32", "shape": ["seqs"], "kind": "output", "fill": "count", "domain": {"min": 1, "max": s.rows}}
+    buffers["salt"] = {"dtype": "i64", "shape": [model.WORDS], "kind": "weight", "bind": [{"tensor": "salt"}]}
+
+    i64, i32 = "in buffer<i64>", "in buffer<i32>"
+    write = [i64, i64, i64, "inout state", i64]
+    ops = {"write": _op(write, _launch("toy_write", block, "tokens", write, [("i64", s.bytes_per_token)]))}
+    if s.lined:
+        fold = [i64, i64, i32, "inout state", i64, "i32"]
+        ops["fold"] = _op(fold, _launch("toy_fold", block, "seqs", fold, line))
+        predict = [i32, i32, "in state", i32, "in state", i64, "out buffer<i64>"]
+        ops["predict"] = _op(predict, _launch("toy_predict_mem", block, "seqs", predict, geometry + line))
+    else:
+        predict = [i32, i32, "in state", i64, "out buffer<i64>"]
+        ops["predict"] = _op(predict, _launch("toy_predict", block, "seqs", predict, geometry))
+    if s.rows > 1:
+        rnd = [i64, i64, i64, i32, "inout state"] + ([i32, "inout state"] if s.lined else []) + [i64, "out buffer<i64>", "out buffer<i32>"]
+        entry = "toy_round_mem" if s.lined else "toy_round"
+        ops["round"] = _op(rnd, _launch(entry, block, "seqs", rnd, geometry + [("i32", s.rows)] + line))
+
+    b = lambda name: {"buf": name}  # noqa: E731
+    st = lambda name: {"state": name}  # noqa: E731
+    write_call = {"op": "write", "args": [b("token_ids"), b("positions"), b("slot_mapping"), st("kv"), b("salt")]}
+    if s.lined:
+        predict_call = {"op": "predict", "args": [b("seq_lens"), b("block_table"), st("kv"), b("mem.line"), st("mem"), b("salt"), b("next_token")]}
+        fold_args = [b("token_ids"), b("positions"), b("mem.line"), st("mem"), b("salt")]
+        prefill = [write_call, {"op": "fold", "args": fold_args + [{"var": "tokens"}]}, predict_call]
+        decode = [write_call, {"op": "fold", "args": fold_args + [{"i32": 1}]}, predict_call]
+    else:
+        predict_call = {"op": "predict", "args": [b("seq_lens"), b("block_table"), st("kv"), b("salt"), b("next_token")]}
+        prefill = [write_call]
+        decode = [write_call, predict_call]
+    programs = {
+        "prefill": {"batch": {"groups": 1, "rows": "tokens"}, "calls": prefill},
+        "decode": {"batch": {"groups": SEQS, "rows": 1}, "graph": True, "calls": decode},
+    }
+    if s.rows > 1:
+        args = [b("token_ids"), b("positions"), b("slot_mapping"), b("block_table"), st("kv")]
+        args += [b("mem.line"), st("mem")] if s.lined else []
+        args += [b("salt"), b("round_tokens"), b("count")]
+        programs["round"] = {"batch": {"groups": SEQS, "rows": s.rows}, "graph": True, "calls": [{"op": "round", "args": args}]}
+
+    states: dict = {"kv": {"bytes_per_token": s.bytes_per_token}}
+    if s.lined:
+        states["mem"] = {"bytes_per_seq": LINE_BYTES}
+    return {
+        "schema_version": 5,
+        "model": s.name,
+        "vars": {"tokens": {"max": s.tokens_max, "axis": "rows"}, "seqs": {"max": SEQS, "axis": "groups"}},
+        "states": states,
+        "buffers": buffers,
+        "modules": {"toy": {"impl": "toy.kernels", "block": block, "sha256": build_hash({"block": block})}},
+        "ops": ops,
+        "programs": programs,
+    }
+
+
+def salt() -> np.ndarray:
+    return np.array(model.SALT, dtype=np.int64)
+
+
+def generate(out: str | Path) -> list[Path]:
+    """Write the toy set under `out`; return the paths written."""
+    from safetensors.numpy import save_file
+
+    out = Path(out)
+    (out / "toy").mkdir(parents=True, exist_ok=True)
+    written = []
+    targets = {}
+    for shape in SHAPES:
+        for name, block in ((shape.name, CANDIDATE_BLOCK), (f"{shape.name}-ref", REFERENCE_BLOCK)):
+            path = out / "toy" / f"{name}.json"
+            path.write_text(json.dumps(manifest(shape, block), indent=1) + "\n")
+            written.append(path)
+        targets[shape.name] = {
+            "manifest": f"toy/{shape.name}.json",
+            "reference": f"toy/{shape.name}-ref.json",
+            "weights": ["toy/salt.safetensors"],
+        }
+    salt_path = out / "toy" / "salt.safetensors"
+    save_file({"salt": salt()}, str(salt_path))
+    written.append(salt_path)
+    config = out / "toy.toml"
+    config.write_text("# The toy targets (written by `kern gen`). Paths are relative to this file.\n\n" + tomli_w.dumps({"targets": targets}))
+    written.append(config)
+    return written

@@ -1,0 +1,224 @@
+"""The toy kernels on the CPU (numba njit, cached).
+
+Each entry takes `(grid, tile, *args)`: `grid` is the launch's grid, `tile` the build's block
+size, used as the width of the reduction tiles a sum is split into (the `-ref` build tiles
+differently and must agree bit for bit). Arrays are flat; states are u64 views of their arenas.
+All arithmetic is u64 and wraps.
+"""
+
+import numpy as np
+from numba import njit, prange
+
+U = np.uint64
+GOLDEN = U(0x9E3779B97F4A7C15)
+MIX1 = U(0xBF58476D1CE4E5B9)
+MIX2 = U(0x94D049BB133111EB)
+K_T = U(0x100000001B3)
+K_P = U(0x9E3779B1)
+K_W = U(0xC2B2AE35)
+POISON = U(0xBAD0BAD0BAD0BAD0)
+HEAD = 64
+EOS = 256
+
+
+@njit(cache=True, inline="always")
+def splitmix(x):
+    x = x + GOLDEN
+    x = (x ^ (x >> U(30))) * MIX1
+    x = (x ^ (x >> U(27))) * MIX2
+    return x ^ (x >> U(31))
+
+
+@njit(cache=True, inline="always")
+def rotl(x, k):
+    k = U(k) & U(63)
+    if k == U(0):
+        return x
+    return (x << k) | (x >> (U(64) - k))
+
+
+@njit(cache=True, inline="always")
+def mark(t, p, w, salt):
+    return splitmix((U(t) * K_T) ^ (U(p) * K_P) ^ (U(w) * K_W) ^ U(salt[w & 63]))
+
+
+@njit(cache=True, inline="always")
+def fold(c, t, p, salt):
+    return rotl(c, 7) ^ mark(t, p, 0, salt)
+
+
+@njit(cache=True, inline="always")
+def next_of(s):
+    if (s >> U(56)) % U(96) == U(0):
+        return EOS
+    return np.int64(s % U(256))
+
+
+@njit(cache=True, inline="always")
+def fill_slot(kv, base, words, t, p, salt, tile):
+    """Write slot (t, p) at `base`; return the sum of its heads rotated by p."""
+    s = U(0)
+    for w in range(HEAD):
+        v = mark(t, p, w, salt)
+        kv[base + w] = v
+        s += rotl(v, p)
+    for t0 in range(HEAD, words, tile):
+        for w in range(t0, min(t0 + tile, words)):
+            kv[base + w] = splitmix(kv[base + (w & 63)] ^ U(w))
+    return s
+
+
+@njit(cache=True, inline="always")
+def read_slot(kv, base, words, q, tile):
+    """Sum the slot's heads rotated by q, tile by tile; count tails that disagree with their head."""
+    s = U(0)
+    bad = 0
+    for t0 in range(0, words, tile):
+        part = U(0)
+        for w in range(t0, min(t0 + tile, words)):
+            v = kv[base + w]
+            if w < HEAD:
+                part += rotl(v, q)
+            elif v != splitmix(kv[base + (w & 63)] ^ U(w)):
+                bad += 1
+        s += part
+    return s, bad
+
+
+@njit(cache=True, inline="always")
+def seq_sum(kv, block_table, g, n, words, page, width, tile):
+    """The sequence sum over positions [0, n) of page-table row g, POISON folded in if any tail is bad."""
+    s = U(0)
+    bad = 0
+    for q in range(n):
+        slot = np.int64(block_table[g * width + q // page]) * page + q % page
+        part, b = read_slot(kv, slot * words, words, q, tile)
+        s += part
+        bad += b
+    if bad:
+        s ^= POISON
+    return s
+
+
+@njit(cache=True, inline="always")
+def line_read(mem, base, words, tile):
+    """A line's carry, or carry ^ POISON if a tail word disagrees."""
+    c = mem[base]
+    bad = 0
+    for t0 in range(2, words, tile):
+        for w in range(t0, min(t0 + tile, words)):
+            if mem[base + w] != splitmix(c ^ U(w)):
+                bad += 1
+    if bad:
+        return c ^ POISON
+    return c
+
+
+@njit(cache=True, inline="always")
+def carry_at(mem, base, c, p0):
+    """The position check: a line continues only at the position it says."""
+    if p0 == 0:
+        return U(0)
+    if mem[base + 1] != U(p0):
+        return c ^ POISON
+    return c
+
+
+@njit(cache=True, inline="always")
+def line_write(mem, base, words, c, pos, tile):
+    mem[base] = c
+    mem[base + 1] = U(pos)
+    for t0 in range(2, words, tile):
+        for w in range(t0, min(t0 + tile, words)):
+            mem[base + w] = splitmix(c ^ U(w))
+
+
+@njit(cache=True, parallel=True)
+def toy_write(grid, tile, token_ids, positions, slot_mapping, kv, salt, bpt):
+    words = bpt // 8
+    for r in prange(grid):
+        fill_slot(kv, slot_mapping[r] * words, words, token_ids[r], positions[r], salt, tile)
+
+
+@njit(cache=True, parallel=True)
+def toy_predict(grid, tile, seq_lens, block_table, kv, salt, next_token, bpt, page, width):
+    words = bpt // 8
+    for g in prange(grid):
+        n = min(np.int64(seq_lens[g]), np.int64(width) * page)
+        next_token[g] = next_of(seq_sum(kv, block_table, g, n, words, page, width, tile))
+
+
+@njit(cache=True, parallel=True)
+def toy_predict_mem(grid, tile, seq_lens, block_table, kv, line_index, mem, salt, next_token, bpt, page, width, line_bytes):
+    words = bpt // 8
+    lwords = line_bytes // 8
+    for g in prange(grid):
+        n = min(np.int64(seq_lens[g]), np.int64(width) * page)
+        s = seq_sum(kv, block_table, g, n, words, page, width, tile)
+        line = np.int64(line_index[g])
+        c = U(0)
+        if line > 0:
+            c = line_read(mem, line * lwords, lwords, tile)
+        next_token[g] = next_of(s + c)
+
+
+@njit(cache=True, parallel=True)
+def toy_fold(grid, tile, token_ids, positions, line_index, mem, salt, rows, line_bytes):
+    lwords = line_bytes // 8
+    for g in prange(grid):
+        line = np.int64(line_index[g])
+        if line <= 0:
+            continue
+        base = line * lwords
+        r0 = g * rows
+        p0 = positions[r0]
+        c = carry_at(mem, base, line_read(mem, base, lwords, tile), p0)
+        for i in range(rows):
+            c = fold(c, token_ids[r0 + i], positions[r0 + i], salt)
+        line_write(mem, base, lwords, c, p0 + rows, tile)
+
+
+@njit(cache=True, inline="always")
+def _round(g, tile, token_ids, positions, slot_mapping, block_table, kv, line_index, mem, salt, out, count, bpt, page, width, rows, line_bytes):
+    words = bpt // 8
+    r0 = g * rows
+    p0 = positions[r0]
+    s = seq_sum(kv, block_table, g, p0, words, page, width, tile)
+    lwords = line_bytes // 8
+    line = np.int64(line_index[g]) if line_bytes > 0 else np.int64(0)
+    c = U(0)
+    if line > 0:
+        base = line * lwords
+        c = carry_at(mem, base, line_read(mem, base, lwords, tile), p0)
+    t = token_ids[r0]
+    taken = 1
+    keep = c
+    for i in range(rows):
+        p = p0 + i
+        s += fill_slot(kv, slot_mapping[r0 + i] * words, words, t, p, salt, tile)
+        if line > 0:
+            c = fold(c, t, p, salt)
+        n = next_of(s + c)
+        out[r0 + i] = n
+        if i == 0:
+            taken = 1 + np.int64(s % U(rows))
+        if i == taken - 1:
+            keep = c
+        t = n
+    count[g] = taken
+    if line > 0:
+        line_write(mem, line * lwords, lwords, keep, p0 + taken, tile)
+
+
+@njit(cache=True, parallel=True)
+def toy_round(grid, tile, token_ids, positions, slot_mapping, block_table, kv, salt, out, count, bpt, page, width, rows):
+    none = np.zeros(1, np.int32)
+    nomem = np.zeros(1, np.uint64)
+    for g in prange(grid):
+        _round(g, tile, token_ids, positions, slot_mapping, block_table, kv, none, nomem, salt, out, count, bpt, page, width, rows, 0)
+
+
+@njit(cache=True, parallel=True)
+def toy_round_mem(grid, tile, token_ids, positions, slot_mapping, block_table, kv, line_index, mem, salt, out, count, bpt, page, width, rows, line_bytes):
+    for g in prange(grid):
+        _round(g, tile, token_ids, positions, slot_mapping, block_table, kv, line_index, mem, salt, out, count, bpt, page, width, rows, line_bytes)
