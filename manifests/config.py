@@ -1,0 +1,104 @@
+"""Targets: the TOML config (`[targets.NAME]` tables) and how a name or a path resolves to one.
+
+A target name resolves through `--config`, else the nearest `kern.toml` walking up from the
+working directory, else the packaged `manifests/toy.toml`. A manifest given by path loads its
+weights from `--weights`, by default every `*.safetensors` beside it.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+PACKAGED = Path(__file__).parent / "toy.toml"
+TARGET_KEYS = {"manifest", "reference", "weights", "tokenizer", "kernels"}
+TOP_KEYS = {"targets", "gpu", "capacity", "kernels", "test", "run"}
+
+
+class ConfigError(ValueError):
+    """A config that cannot be read, or a target it does not name."""
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    manifest: Path
+    reference: Path | None = None
+    weights: tuple[Path, ...] = ()
+    tokenizer: Path | None = None
+    kernels: Path | None = None
+
+
+@dataclass(frozen=True)
+class Config:
+    path: Path
+    targets: dict[str, Target] = field(default_factory=dict)
+
+
+def find_config(explicit: str | Path | None = None, cwd: Path | None = None) -> Path:
+    if explicit is not None:
+        return Path(explicit)
+    here = (cwd or Path.cwd()).resolve()
+    for d in (here, *here.parents):
+        if (d / "kern.toml").is_file():
+            return d / "kern.toml"
+    return PACKAGED
+
+
+def load_config(path: str | Path) -> Config:
+    path = Path(path)
+    try:
+        raw = tomllib.loads(path.read_text())
+    except OSError as exc:
+        raise ConfigError(f"config {path}: cannot read: {exc.strerror or exc}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config {path}: not valid TOML: {exc}") from exc
+    problems = [f"unknown key {k!r}" for k in raw if k not in TOP_KEYS]
+    base = path.parent
+    targets = {}
+    tables = raw.get("targets", {})
+    if not isinstance(tables, dict):
+        problems.append("targets: expected tables [targets.NAME]")
+        tables = {}
+    for name, t in tables.items():
+        if not isinstance(t, dict):
+            problems.append(f"targets.{name}: expected a table")
+            continue
+        problems += [f"targets.{name}.{k}: unknown key" for k in t if k not in TARGET_KEYS]
+        if "manifest" not in t:
+            problems.append(f"targets.{name}.manifest: missing")
+            continue
+        rel = lambda v: (base / Path(v).expanduser()) if v is not None else None  # noqa: E731
+        weights = t.get("weights", [])
+        if isinstance(weights, str):
+            weights = [weights]
+        targets[name] = Target(
+            name,
+            rel(t["manifest"]),
+            rel(t.get("reference")),
+            tuple(rel(w) for w in weights),
+            rel(t.get("tokenizer")),
+            rel(t.get("kernels")),
+        )
+    if problems:
+        raise ConfigError(f"config {path}: " + "; ".join(problems))
+    return Config(path, targets)
+
+
+def resolve(what: str, config: str | Path | None = None, weights: list[str] | None = None) -> Target:
+    """A target by name (through the config) or a manifest by path."""
+    p = Path(what)
+    if what.endswith(".json") or p.is_file():
+        if not p.is_file():
+            raise ConfigError(f"manifest {what} does not exist")
+        ws = tuple(Path(w) for w in weights) if weights else tuple(sorted(p.parent.glob("*.safetensors")))
+        return Target(p.stem, p, None, ws)
+    cfg = load_config(find_config(config))
+    if what not in cfg.targets:
+        known = ", ".join(sorted(cfg.targets)) or "none"
+        raise ConfigError(f"unknown target {what!r} in {cfg.path} (targets: {known})")
+    t = cfg.targets[what]
+    if weights:
+        t = Target(t.name, t.manifest, t.reference, tuple(Path(w) for w in weights), t.tokenizer, t.kernels)
+    return t

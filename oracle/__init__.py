@@ -1,0 +1,1 @@
+"""Answers without the server: `kern run`, `kern test`, the reference loader, the answer cache."""

@@ -1,0 +1,138 @@
+"""The `kern` command: gen, run, test (and serve, registered by the server package)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from manifests import ManifestError, load
+from manifests.config import ConfigError, resolve
+from runtime.backend import KernelError
+from runtime.protocol import ProtocolError
+from runtime.sequence import RequestError, generate, single
+from runtime.weights import WeightsError
+
+USER_ERRORS = (ManifestError, ConfigError, RequestError, ProtocolError, WeightsError, KernelError)
+
+
+def fail(msg: str, code: int = 2) -> None:
+    click.echo(f"kern: error: {msg}", err=True)
+    sys.exit(code)
+
+
+def parse_ids(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.replace(" ", "").split(",") if x != ""]
+    except ValueError:
+        raise click.BadParameter(f"expected comma-separated integers, got {text!r}") from None
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--config", type=click.Path(dir_okay=False), default=None, help="TOML with [targets.NAME] tables (default: nearest kern.toml, else the packaged toy config).")
+@click.pass_context
+def main(ctx: click.Context, config: str | None) -> None:
+    """kern: a manifest-driven runtime for paged-KV models, its toy model, and its oracles."""
+    ctx.obj = {"config": config}
+
+
+@main.command()
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="Directory to write toy/*.json, toy/salt.safetensors and toy.toml into.")
+def gen(out: str) -> None:
+    """Write the ten toy manifests, their salt and their config."""
+    from toy.gen import generate as gen_toy
+
+    paths = gen_toy(out)
+    click.echo(f"{sum(p.suffix == '.json' for p in paths)} manifests, salt and config -> {out}")
+
+
+def _target(ctx, what: str, weights: tuple[str, ...]):
+    t = resolve(what, ctx.obj["config"], list(weights) or None)
+    return t, load(t.manifest)
+
+
+@main.command()
+@click.argument("target")
+@click.option("--prompt", default=None, help="Prompt text (its UTF-8 bytes are the ids). Default: 'The capital of France is'.")
+@click.option("--prompt-ids", default=None, help="Prompt as comma-separated token ids (0..256).")
+@click.option("--steps", default=32, show_default=True, type=int, help="Most tokens to generate.")
+@click.option("--rows", default=None, type=int, help="Rows per step: 1 = plain decode, else a speculative round (default: the widest declared).")
+@click.option("--chunk", default=None, type=int, help="Prefill chunk in tokens (default: the manifest's tokens bound; may only be lowered).")
+@click.option("--backend", default="cpu", type=click.Choice(["auto", "cpu", "gpu"]), show_default=True)
+@click.option("--capacity", default=None, type=int, help="Tokens the state may hold (default: exactly this sequence's room plus the pad).")
+@click.option("--weights", multiple=True, help="Weights file(s) (default: the target's, or every *.safetensors beside a manifest path).")
+@click.option("--gpu", "--device", "device", default=None, help="GPU index (accepted for the Rust kern's sake).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
+@click.pass_context
+def run(ctx, target, prompt, prompt_ids, steps, rows, chunk, backend, capacity, weights, device, as_json) -> None:
+    """Generate greedily for one sequence through the runtime, no server."""
+    if prompt is not None and prompt_ids is not None:
+        fail("give --prompt or --prompt-ids, not both")
+    if steps < 1:
+        fail(f"--steps must be >= 1, got {steps}")
+    ids = parse_ids(prompt_ids) if prompt_ids is not None else list((prompt if prompt is not None else "The capital of France is").encode())
+    try:
+        t, m = _target(ctx, target, weights)
+        from runtime.protocol import Protocol
+
+        rows = rows or Protocol(m).widest
+        rt, cell = single(m, list(t.weights), len(ids), steps, rows, backend, capacity)
+        g = generate(rt, cell, ids, steps, rows, chunk)
+    except USER_ERRORS as exc:
+        fail(str(exc))
+    text = bytes(g.ids).decode("utf-8", "replace")
+    if as_json:
+        click.echo(json.dumps({"target": t.name, "prompt_ids": ids, "ids": g.ids, "text": text, "rows": rows,
+                               "rounds": g.rounds, "drafted": g.drafted, "accepted": g.accepted}))
+        return
+    click.echo(bytes(t for t in ids if t < 256).decode("utf-8", "replace") + text)
+    click.echo(f"generated ids: {g.ids}", err=True)
+
+
+@main.command("test")
+@click.argument("target", required=False)
+@click.option("--manifest", "cand", default=None, type=click.Path(dir_okay=False), help="Candidate manifest (B), instead of a target.")
+@click.option("--reference", "ref", default=None, type=click.Path(dir_okay=False), help="Reference manifest (A), instead of the target's.")
+@click.option("--steps", default=32, show_default=True, type=int)
+@click.option("--backend", default="cpu", type=click.Choice(["auto", "cpu", "gpu"]), show_default=True)
+@click.option("--weights", multiple=True, help="Weights file(s) for both builds.")
+@click.option("--gpu", "--device", "device", default=None, help="GPU index (accepted for the Rust kern's sake).")
+@click.pass_context
+def test_cmd(ctx, target, cand, ref, steps, backend, weights, device) -> None:
+    """A/B the candidate build against its -ref twin: ids and final state bytes. Exit 0 PASS, 1 FAIL, 2 INCONCLUSIVE."""
+    from oracle.abtest import ab_test
+
+    try:
+        if target:
+            t = resolve(target, ctx.obj["config"], list(weights) or None)
+            cand_path, ref_path, ws = Path(cand or t.manifest), ref or t.reference, list(t.weights)
+            if ref_path is None:
+                fail(f"target {target} has no reference manifest to test against")
+        else:
+            if not (cand and ref):
+                fail("give a TARGET, or both --manifest and --reference")
+            cand_path, ref_path = Path(cand), Path(ref)
+            ws = list(weights) or sorted(str(p) for p in cand_path.parent.glob("*.safetensors"))
+        a, b = load(ref_path), load(cand_path)
+    except USER_ERRORS as exc:
+        fail(str(exc))
+    code = ab_test(a, b, ws, steps, backend, echo=click.echo)
+    sys.exit(code)
+
+
+def _register_optional() -> None:
+    try:
+        from serve.cli import serve_command
+    except ImportError:
+        return
+    main.add_command(serve_command, "serve")
+    main.add_command(serve_command, "server")
+
+
+_register_optional()
+
+
+if __name__ == "__main__":
+    main()
