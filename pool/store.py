@@ -1,0 +1,181 @@
+"""Frozen pages as chains of nodes, slots with holders, and the `Store` that holds both.
+
+A node's page is never written after the node exists. Holding a node holds every page up to the root;
+the last holder of a node gives its page back to the node's owner (the device `Pool` or the `Host`)
+and lets go of its parent, iteratively, so a 200k-page chain releases without recursion.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+__all__ = ["Copies", "Node", "Slot", "Store", "release_chain"]
+
+
+class Owner(Protocol):
+    def _give_node(self, node: "Node") -> None: ...
+
+    def _give_slot(self, slot: "Slot") -> None: ...
+
+
+class Node:
+    """One frozen page, its parent, and its holders (children, stores, leases).
+
+    `Node(page, parent, owner)` takes over the caller's hold on `parent` and is born with one holder:
+    the caller. `twin` is a device node's weak link to its host copy: live while the host node is.
+    """
+
+    __slots__ = ("page", "parent", "refs", "depth", "twin", "owner")
+
+    def __init__(self, page: int, parent: Node | None, owner: Owner) -> None:
+        self.page = page
+        self.parent = parent
+        self.refs = 1
+        self.depth = parent.depth + 1 if parent is not None else 1
+        self.twin: Node | None = None
+        self.owner = owner
+
+    def __repr__(self) -> str:
+        return f"Node(page={self.page}, depth={self.depth}, refs={self.refs})"
+
+    def hold(self) -> Node:
+        assert self.refs > 0, f"{self!r} is already released"
+        self.refs += 1
+        return self
+
+    def ancestor(self, depth: int) -> Node | None:
+        """The node at `depth` on this chain (None for depth 0); not held."""
+        assert 0 <= depth <= self.depth, f"{depth=} {self.depth=}"
+        node: Node | None = self
+        while node is not None and node.depth > depth:
+            node = node.parent
+        return node
+
+    def live_twin(self) -> Node | None:
+        twin = self.twin
+        return twin if twin is not None and twin.refs > 0 else None
+
+
+def release_chain(node: Node | None) -> None:
+    """Drop one hold on `node`; free every node whose last holder this was, walking up."""
+    while node is not None:
+        node.refs -= 1
+        assert node.refs >= 0, f"{node!r} released twice"
+        if node.refs:
+            return
+        node.owner._give_node(node)
+        node = node.parent
+
+
+def chain_of(node: Node | None) -> list[Node]:
+    """The nodes from the root down to `node`."""
+    out: list[Node] = []
+    while node is not None:
+        out.append(node)
+        node = node.parent
+    out.reverse()
+    return out
+
+
+class Slot:
+    """One sequence slot (a device slot id or a host offset) and its holders."""
+
+    __slots__ = ("id", "owner", "refs", "stored")
+
+    def __init__(self, id: int, owner: Owner, stored: bool = False) -> None:
+        self.id = id
+        self.owner = owner
+        self.refs = 1
+        # held by stores (a snapshot), not by a writing lease
+        self.stored = stored
+
+    def __repr__(self) -> str:
+        return f"Slot({self.id}, refs={self.refs})"
+
+    def hold(self) -> Slot:
+        assert self.refs > 0, f"{self!r} is already released"
+        self.refs += 1
+        return self
+
+    def release(self) -> None:
+        self.refs -= 1
+        assert self.refs >= 0, f"{self!r} released twice"
+        if self.refs == 0:
+            self.owner._give_slot(self)
+
+
+@dataclass(slots=True)
+class Copies:
+    """A byte-move plan, executed at once while its handles are alive, never stored.
+
+    Attributes:
+        pages: (src, dst) page moves: device ids, or (device id, host offset) for a park, or
+               (host offset, device id) for a restore from the host.
+        slot:  (src, dst) of the sequence slot, or None.
+    """
+
+    pages: list[tuple[int, int]] = field(default_factory=list)
+    slot: tuple[int, int] | None = None
+
+    def __bool__(self) -> bool:
+        return bool(self.pages) or self.slot is not None
+
+
+class Store:
+    """`tokens` tokens of frozen state: a chain of `ceil(tokens/unit)` pages (none if slot-only) and
+    maybe a slot. A store with a slot holds the recurrent state just after exactly `tokens` tokens.
+
+    Value semantics with explicit holders: `clone()` is another holder of the same bytes, `release()`
+    lets go of this one; the last release frees them.
+    """
+
+    __slots__ = ("tokens", "_tip", "_slot", "_live")
+
+    def __init__(self, tokens: int, tip: Node | None, slot: Slot | None) -> None:
+        assert tokens >= 1, f"{tokens=}"
+        assert tip is not None or slot is not None, "a store holds pages or a slot"
+        self.tokens = tokens
+        self._tip = tip
+        self._slot = slot
+        self._live = True
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(tokens={self.tokens}, pages={self.page_ids()}, slot={self.seq_slot()})"
+
+    @property
+    def has_slot(self) -> bool:
+        return self._slot is not None
+
+    @property
+    def pages(self) -> int:
+        """Pages in the chain: 0 for a slot-only store."""
+        return self._tip.depth if self._tip is not None else 0
+
+    @property
+    def live(self) -> bool:
+        return self._live
+
+    def page_ids(self) -> list[int]:
+        """Page ids (or host offsets) from the root."""
+        return [n.page for n in chain_of(self._tip)]
+
+    def seq_slot(self) -> int | None:
+        return self._slot.id if self._slot is not None else None
+
+    def _nodes(self) -> list[Node]:
+        assert self._live, f"{self!r} used after release"
+        return chain_of(self._tip)
+
+    def clone(self) -> Store:
+        assert self._live, f"cloning a released {type(self).__name__}"
+        tip = self._tip.hold() if self._tip is not None else None
+        slot = self._slot.hold() if self._slot is not None else None
+        return type(self)(self.tokens, tip, slot)
+
+    def release(self) -> None:
+        assert self._live, f"{type(self).__name__} released twice"
+        self._live = False
+        release_chain(self._tip)
+        if self._slot is not None:
+            self._slot.release()
