@@ -96,10 +96,13 @@ def parse(text: str | dict, source: str = "<manifest>") -> Manifest:
             raise ManifestError(source, [f"not valid JSON: {exc}"]) from exc
     err = _Errors()
     m = _parse(raw, err, source)
-    if m is not None and not err.problems:
+    if m is not None:
         from manifests.verify import verify
 
-        verify(m, err)
+        # declarations that failed to parse are left out; references to them are not re-reported
+        broken = {n for sec in ("vars", "states", "buffers", "modules", "ops", "programs") for n in raw[sec]} - {
+            *m.vars, *m.states, *m.buffers, *m.modules, *m.ops, *m.programs}
+        verify(m, err, broken)
     if err.problems or m is None:
         raise ManifestError(source, err.problems or ["unreadable"])
     return m

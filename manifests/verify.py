@@ -21,7 +21,9 @@ MAX_BUFFER_BYTES = 1 << 40
 MAX_GRID = (1 << 31) - 1
 
 
-def verify(m: Manifest, err: "_Errors") -> None:
+def verify(m: Manifest, err: "_Errors", broken: set[str] = frozenset()) -> None:
+    """Add every cross-field problem to `err`; references to `broken` names (already reported) are skipped."""
+    err = _Quiet(err, broken)
     used: set[tuple[str, str]] = set()
     _vars(m, err)
     _buffers(m, err, used)
@@ -29,6 +31,18 @@ def verify(m: Manifest, err: "_Errors") -> None:
     _ops(m, err, used)
     _programs(m, err, used)
     _unused(m, err, used)
+
+
+class _Quiet:
+    """Drops the problems that only repeat a parse error: a reference to a declaration that did not parse."""
+
+    def __init__(self, err, broken: set[str]):
+        self.err, self.broken = err, broken
+
+    def add(self, path: str, msg: str) -> None:
+        if any(f"'{n}'" in msg for n in self.broken) or any(f" {n} " in f" {msg} " for n in self.broken):
+            return
+        self.err.add(path, msg)
 
 
 def _vars(m: Manifest, err: "_Errors") -> None:

@@ -72,16 +72,15 @@ def fill_slot(kv, base, words, t, p, salt, tile):
 def read_slot(kv, base, words, q, tile):
     """Sum the slot's heads rotated by q, tile by tile; count tails that disagree with their head."""
     s = U(0)
-    bad = 0
-    for t0 in range(0, words, tile):
+    for t0 in range(0, HEAD, tile):
         part = U(0)
-        for w in range(t0, min(t0 + tile, words)):
-            v = kv[base + w]
-            if w < HEAD:
-                part += rotl(v, q)
-            elif v != splitmix(kv[base + (w & 63)] ^ U(w)):
-                bad += 1
+        for w in range(t0, min(t0 + tile, HEAD)):
+            part += rotl(kv[base + w], q)
         s += part
+    bad = 0
+    for t0 in range(HEAD, words, tile):
+        for w in range(t0, min(t0 + tile, words)):
+            bad += kv[base + w] != splitmix(kv[base + (w & 63)] ^ U(w))
     return s, bad
 
 

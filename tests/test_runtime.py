@@ -1,0 +1,100 @@
+"""The runtime equals toy/model.py on every shape, chunk size and row count."""
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from runtime.sequence import RequestError, generate, single
+from runtime.step import BUCKETS, Cell, bucket
+from tests.toyrun import SHAPES, SPEC_SHAPES, target
+from toy import model
+
+prompts = st.lists(st.integers(0, 255), min_size=1, max_size=300)
+
+
+def run(name, ids, steps, rows=1, chunk=None):
+    m, w = target(name)
+    rt, cell = single(m, w, len(ids), steps, rows)
+    return generate(rt, cell, ids, steps, rows, chunk)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ids=prompts, chunk=st.sampled_from([1, 7, 16, 64, None]), steps=st.integers(1, 24))
+def test_runtime_equals_the_reference(shape, ids, chunk, steps):
+    """For any prompt (ids 0-255, 1-300 tokens), chunk and step count, the runtime's greedy ids are the model's."""
+    m, _ = target(shape)
+    rows_choices = (1, 4) if shape in SPEC_SHAPES else (1,)
+    want = model.generate(ids, steps, m.raw)
+    for rows in rows_choices:
+        assert run(shape, ids, steps, rows, chunk).ids == want
+
+
+@pytest.mark.parametrize("shape", SPEC_SHAPES)
+def test_rounds_accept_about_half_the_drafts(shape):
+    """count = 1 + S % rows is uniform, so over many rounds acceptance lands inside ACCEPT_PCT."""
+    drafted = accepted = 0
+    for i in range(6):
+        g = run(shape, list(f"{i}. The village market opened before dawn.".encode()), 48, rows=4)
+        drafted += g.drafted
+        accepted += g.accepted
+    assert drafted > 60
+    lo, hi = model.ACCEPT_PCT
+    assert lo <= 100 * accepted / drafted <= hi
+
+
+def test_toy_big_writes_64_kib_per_token():
+    m, w = target("toy-big")
+    ids = list(b"Rain had turned the trail to mud")
+    rt, cell = single(m, w, len(ids), 8, 1)
+    g = generate(rt, cell, ids, 8, 1)
+    assert g.ids == model.generate(ids, 8, m.raw)
+    state = rt.read_state(cell.pages, cell.slot, g.length)
+    assert len(state) == g.length * 65536
+    words = memoryview(state).cast("Q")
+    # every word of every slot was written: tails are functions of heads, none left zero
+    assert all(words[q * 8192 + 8191] != 0 for q in range(g.length))
+
+
+def test_emitting_prefill_takes_the_first_token_from_the_last_chunk():
+    m, _ = target("toy-stateful")
+    ids = list(b"Photosynthesis converts light")
+    assert run("toy-stateful", ids, 1, chunk=5).ids == model.generate(ids, 1, m.raw)
+
+
+@pytest.mark.parametrize("n,cap,want", [(1, 256, 1), (3, 256, 4), (17, 256, 24), (200, 256, 256), (5, 5, 5), (3, 2, 3), (257, 256, 257)])
+def test_bucket_ladder(n, cap, want):
+    assert bucket(n, cap) == want
+    assert bucket(n, cap) >= n
+
+
+def test_padding_cells_leave_live_answers_alone():
+    """A batch of 3 padded to 4 answers each live sequence as the model does."""
+    m, w = target("toy-stateful")
+    from runtime.runtime import Runtime
+
+    rt = Runtime(m, w, pages=1 + 3 * 4, slots=5, max_seqs=8)
+    rt.set_pad(0, 1)
+    prompts = [list(b"abc"), list(b"hello world"), list(b"x")]
+    cells = [Cell(list(range(1 + 4 * i, 5 + 4 * i)), 2 + i, p, 0) for i, p in enumerate(prompts)]
+    for c in cells:
+        rt.zero_slot(c.slot)
+        rt.step("prefill", [c])
+    firsts = [c.tokens[0] for c in cells]
+    assert firsts == [model.generate(p, 1, m.raw)[0] for p in prompts]
+    step = [Cell(c.pages, c.slot, [t], len(p)) for c, t, p in zip(cells, firsts, prompts)]
+    rt.step("decode", step)
+    assert [c.tokens[0] for c in step] == [model.generate(p, 2, m.raw)[1] for p in prompts]
+
+
+def test_bad_requests_are_refused_by_name():
+    m, w = target("toy-paged")
+    rt, cell = single(m, w, 3, 4, 1)
+    with pytest.raises(RequestError, match="0..256"):
+        generate(rt, cell, [1, 2, 257], 4, 1)
+    with pytest.raises(RequestError, match="empty"):
+        generate(rt, cell, [], 4, 1)
+    with pytest.raises(RequestError, match="steps"):
+        generate(rt, cell, [1], 0, 1)
+    with pytest.raises(RequestError, match="reach"):
+        single(m, w, 8190, 8, 1)
