@@ -205,6 +205,11 @@ class Prefix:
                 parent.children[child.edge[0]] = child
             break
 
+    def clear(self) -> None:
+        """Remove every entry, releasing what the index holds."""
+        for e in list(self._entries.values()):
+            self._remove(e)
+
     # operations
 
     def insert(self, key, store: Any) -> None:

@@ -225,3 +225,29 @@ def test_swap_remove_moves_the_last_in():
     items = [1, 2, 3, 4]
     assert swap_remove(items, 1) == 2 and items == [1, 4, 3]
     assert swap_remove(items, 2) == 3 and items == [1, 4]
+
+
+class K:
+    """A stand-in store for the prefix index: tokens, a slot flag, and a count of its holders."""
+
+    __slots__ = ("tokens", "has_slot", "name", "holders", "live")
+
+    def __init__(self, tokens: int, has_slot: bool = False, name: str = "", holders: list | None = None) -> None:
+        self.tokens = tokens
+        self.has_slot = has_slot
+        self.name = name
+        self.holders = holders if holders is not None else [0]
+        self.holders[0] += 1
+        self.live = True
+
+    def __repr__(self) -> str:
+        return f"K({self.tokens}, {self.has_slot}, {self.name!r})"
+
+    def clone(self) -> "K":
+        assert self.live, f"cloning a released {self!r}"
+        return K(self.tokens, self.has_slot, self.name, self.holders)
+
+    def release(self) -> None:
+        assert self.live, f"{self!r} released twice"
+        self.live = False
+        self.holders[0] -= 1
