@@ -19,7 +19,7 @@ def run(name, ids, steps, rows=1, chunk=None):
 
 
 @pytest.mark.parametrize("shape", SHAPES)
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(ids=prompts, chunk=st.sampled_from([1, 7, 16, 64, None]), steps=st.integers(1, 24))
 def test_runtime_equals_the_reference(shape, ids, chunk, steps):
     """For any prompt (ids 0-255, 1-300 tokens), chunk and step count, the runtime's greedy ids are the model's."""
@@ -98,3 +98,16 @@ def test_bad_requests_are_refused_by_name():
         generate(rt, cell, [1], 0, 1)
     with pytest.raises(RequestError, match="reach"):
         single(m, w, 8190, 8, 1)
+
+
+LONG = list(("Compilers optimize loops by hoisting invariant computations out of them, which means " * 4).encode())[:300]
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("chunk", [1, 7, 16, 64, None])
+def test_a_300_token_prompt_at_every_chunk_size(shape, chunk):
+    """The longest drawn prompt length, at each chunk size the issue names, on every shape and row count."""
+    m, _ = target(shape)
+    want = model.generate(LONG, 16, m.raw)
+    for rows in (1, 4) if shape in SPEC_SHAPES else (1,):
+        assert run(shape, LONG, 16, rows, chunk).ids == want
