@@ -1,0 +1,36 @@
+"""The checks of one target: recorded in order, printed as they complete, filtered by `--scenarios`.
+
+A check is ``(name, ok, note)``: ok True passes, False fails (gated), None is reported only. Steps
+that run only because a named check depends on them add nothing; ``error`` is always recorded.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from verdicts import Check
+
+__all__ = ["Checks", "mark"]
+
+
+def mark(ok: bool | None) -> str:
+    return {True: "[ok  ]", False: "[FAIL]", None: "[info]"}[ok]
+
+
+class Checks:
+    def __init__(self, wanted: set[str] | None = None, echo: Callable[[str], None] = print):
+        self.wanted = wanted
+        self.echo = echo
+        self.list: list[Check] = []
+
+    def reports(self, name: str) -> bool:
+        return name == "error" or self.wanted is None or name in self.wanted
+
+    def add(self, name: str, ok: bool | None, note: str) -> None:
+        if not self.reports(name):
+            return
+        self.list.append(Check(name=name, ok=ok, note=note))
+        self.echo(f"  {mark(ok)} {name}: {note}")
+
+    def failed(self) -> list[str]:
+        return [c["name"] for c in self.list if c["ok"] is False]

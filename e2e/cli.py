@@ -1,0 +1,138 @@
+"""The `e2e` command: every target of a config through `kern test` and the server (SPEC §10).
+
+Exit codes: 0 every gated check passed; 1 a gated check failed; 2 usage or config error (an
+unknown target or scenario name included); 125 nothing could run (every target skipped), so
+``git bisect run e2e ...`` skips untestable commits.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+import time
+from pathlib import Path
+
+import click
+
+from e2e.checks import Checks
+from e2e.config import ConfigError, GateTarget, load_targets
+from e2e.gate import Options, Run, run_target
+from e2e.report import junit, write_report, write_summary
+from e2e.scenarios import CHECKS, plan
+from oracle.cache import Cache, KernRun, kern_run_identity
+from oracle.reference import PACKAGED_MODEL, Reference, ReferenceError
+
+__all__ = ["main"]
+
+EXIT_USAGE = 2
+GREEDY = ("--targets", "--scenarios")
+
+
+def _names(values: tuple[str, ...]) -> list[str]:
+    return [n for v in values for n in v.replace(",", " ").split()]
+
+
+def _greedy(argv: list[str]) -> list[str]:
+    """Let ``--targets a b`` and ``--scenarios x y`` take several words, as the Rust gate's nargs did."""
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        w = argv[i]
+        out.append(w)
+        i += 1
+        if w in GREEDY:
+            words = []
+            while i < len(argv) and not argv[i].startswith("-"):
+                words.append(argv[i])
+                i += 1
+            out.append(",".join(words))
+    return out
+
+
+def _oracles(t: GateTarget, reference: Path | None, out: Path, backend: str):
+    runner = KernRun(t.manifest, t.weights, backend,
+                     Cache(out / t.name / "oracle.json", kern_run_identity(t.manifest, t.weights, backend)))
+    if reference is None:
+        return runner, None
+    return Reference(reference, t.manifest), runner
+
+
+def _skipped(t: GateTarget, reason: str) -> dict:
+    click.echo(f"== {t.name}\n  skipped: {reason}")
+    return {"target": t.name, "skipped": reason, "facts": {}, "counters": {}, "checks": [], "wall_s": 0.0}
+
+
+def gate_target(t: GateTarget, opts: Options, reference: Path | None, wanted: set[str] | None) -> dict:
+    if t.skipped:
+        return _skipped(t, t.skipped)
+    steps = plan(t, wanted, reference is not None)
+    if wanted is not None and not any(set(s.checks) & wanted for s in steps):
+        return _skipped(t, "no selected check applies")
+    click.echo(f"== {t.name} ({t.ranks} rank(s), {'stateful' if t.lined else 'paged'}, rows {t.widest})")
+    t0 = time.monotonic()
+    oracle, runner = _oracles(t, reference, opts.out, opts.backend)
+    checks = Checks(wanted, echo=click.echo)
+    run = Run(t, opts, oracle, runner, checks, echo=click.echo)
+    run_target(run, steps)
+    wall = round(time.monotonic() - t0, 1)
+    click.echo(f"  {t.name}: {wall:.1f}s")
+    return {"target": t.name, "skipped": None, "facts": run.facts, "counters": run.counters,
+            "checks": checks.list, "wall_s": wall}
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--config", type=click.Path(dir_okay=False), default=None,
+              help="TOML with [targets.NAME] tables (default: nearest kern.toml, else the packaged toy config).")
+@click.option("--targets", multiple=True, help="Target names (space or comma separated; default: all).")
+@click.option("--scenarios", multiple=True, help=f"Check names to report (default: all): {', '.join(CHECKS)}.")
+@click.option("--reference", type=click.Path(dir_okay=False), default=str(PACKAGED_MODEL), show_default=True,
+              help="model.py with generate() and ACCEPT_PCT: the exact oracle.")
+@click.option("--no-reference", is_flag=True, help="No reference: gate against `kern run` (cached in oracle.json).")
+@click.option("--out", type=click.Path(file_okay=False), default="results", show_default=True)
+@click.option("--max-tokens", type=click.IntRange(min=1), default=64, show_default=True)
+@click.option("--backend", type=click.Choice(["auto", "cpu", "gpu"]), default="auto", show_default=True)
+@click.option("--port", type=click.IntRange(0, 65530), default=18060, show_default=True,
+              help="Sessions use port, +1, ... +4; 0 picks a free port for each.")
+@click.option("--capacity", type=click.IntRange(min=1), default=16384, show_default=True,
+              help="--capacity of the sessions that do not size their own pool.")
+@click.option("--server-flags", default="", help="Extra server flags for every session (session flags override).")
+@click.option("--kern", default=None, help="Command that runs `kern` (default: this Python's oracle.cli).")
+@click.option("--load-timeout", type=float, default=600.0, show_default=True)
+@click.option("--junit", "junit_path", type=click.Path(dir_okay=False), default=None, help="Write JUnit XML here.")
+def cli(config, targets, scenarios, reference, no_reference, out, max_tokens, backend, port, capacity,
+        server_flags, kern, load_timeout, junit_path) -> None:
+    """Gate every target of a config through the server, token-exact against an oracle."""
+    wanted = set(_names(scenarios)) or None
+    unknown = sorted((wanted or set()) - set(CHECKS))
+    if unknown:
+        raise click.UsageError(f"unknown scenario(s) {', '.join(unknown)} (checks: {', '.join(CHECKS)})")
+    try:
+        cfg, chosen = load_targets(config, _names(targets) or None)
+    except ConfigError as exc:
+        raise click.UsageError(str(exc)) from None
+    ref = None if no_reference else Path(reference)
+    if ref is not None:
+        try:
+            Reference(ref, {})
+        except ReferenceError as exc:
+            raise click.UsageError(str(exc)) from None
+    opts = Options(cfg.resolve(), Path(out), max_tokens, backend, port, server_flags, capacity, load_timeout,
+                   shlex.split(kern) if kern else None)
+    reports = [gate_target(t, opts, ref, wanted) for t in chosen]
+    for r in reports:
+        write_report(opts.out, r)
+    table, code = write_summary(opts.out, reports)
+    click.echo("\n" + table)
+    if junit_path:
+        Path(junit_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(junit_path).write_text(junit(reports))
+    sys.exit(code)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = _greedy(list(sys.argv[1:] if argv is None else argv))
+    cli.main(args=args, prog_name="e2e")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,165 @@
+"""A client of one server session: completions with request ids mirrored, tokenize, stats, hang-up.
+
+The server names requests ``req-0``, ``req-1``, ... in arrival order; the client mirrors that with a
+counter under a lock that goes up for every completion the server accepted (a 400 is not counted),
+and prefers the id the server reports in its ``kern`` object when there is one.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from e2e.session import Session
+
+__all__ = ["Answer", "Client", "Rejected"]
+
+
+class Rejected(RuntimeError):
+    """The server refused a request (an HTTP error status)."""
+
+    def __init__(self, status: int, body: Any):
+        err = body.get("error", {}) if isinstance(body, dict) else {}
+        self.status = status
+        self.code = err.get("code") if isinstance(err, dict) else None
+        self.body = body
+        super().__init__(f"HTTP {status}: {json.dumps(body)[:300]}")
+
+
+@dataclass
+class Answer:
+    """One completion: the answer ids without the stop token, and what the response said."""
+
+    ids: list[int]
+    stop: int | None
+    prompt_ids: list[int]
+    cached: int
+    finish: str | None
+    request: str
+    tier: str | None = None
+    snapshot: str | None = None
+    raw: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def fed(self) -> list[int]:
+        """The answer as a next turn feeds it back: with the stop token when it ended on stop."""
+        return self.ids + ([self.stop] if self.stop is not None else [])
+
+
+class Client:
+    def __init__(self, session: Session, model: str, timeout: float = 900.0, api_key: str | None = None):
+        self.session = session
+        self.model = model
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.http = httpx.Client(base_url=session.url, timeout=timeout, headers=headers,
+                                 limits=httpx.Limits(max_connections=64))
+        self._lock = threading.Lock()
+        self._next = 0
+
+    def close(self) -> None:
+        self.http.close()
+
+    def _take_id(self) -> str:
+        with self._lock:
+            rid = f"req-{self._next}"
+            self._next += 1
+            return rid
+
+    def _post(self, path: str, body: dict[str, Any], timeout: float | None = None) -> httpx.Response:
+        try:
+            kw = {"timeout": timeout} if timeout is not None else {}
+            return self.http.post(path, json=body, **kw)
+        except httpx.TransportError:
+            self.session.check()  # a server that died says so, with its exit code
+            raise
+
+    def complete(self, prompt: str | list[int], max_tokens: int, timeout: float | None = None) -> Answer:
+        body = {"model": self.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+                "return_token_ids": True}
+        r = self._post("/v1/completions", body, timeout)
+        try:
+            data = r.json()
+        except ValueError:
+            data = {"text": r.text[:300]}
+        if r.status_code != 200:
+            if r.status_code >= 500:
+                self._take_id()
+            raise Rejected(r.status_code, data)
+        mirrored = self._take_id()
+        choice = data["choices"][0]
+        ids = list(choice.get("token_ids") or [])
+        stop = None
+        if choice.get("finish_reason") == "stop" and ids:
+            stop = ids.pop()  # the server ends a stopped answer with its stop token
+        details = (data.get("usage") or {}).get("prompt_tokens_details") or {}
+        k = data.get("kern") or {}
+        return Answer(ids, stop, list(choice.get("prompt_token_ids") or []), int(details.get("cached_tokens") or 0),
+                      choice.get("finish_reason"), k.get("request_id") or mirrored, k.get("cache_tier"),
+                      k.get("snapshot"), data)
+
+    def tokenize(self, text: str) -> list[int]:
+        r = self._post("/tokenize", {"model": self.model, "prompt": text})
+        if r.status_code != 200:
+            raise Rejected(r.status_code, r.json())
+        return list(r.json()["tokens"])
+
+    def stats(self) -> dict[str, Any] | None:
+        """``GET /stats``, or None when the server has none (the Rust kern-serve)."""
+        try:
+            r = self.http.get("/stats", timeout=30)
+        except httpx.TransportError:
+            self.session.check()
+            raise
+        if r.status_code != 200:
+            return None
+        try:
+            return r.json()
+        except ValueError:
+            return None
+
+    def hang_up(self, prompt: str, chunks: int = 3, max_tokens: int = 4096, timeout: float = 120.0) -> int:
+        """Stream a completion, read `chunks` ``data:`` lines, close the socket; how many were read."""
+        self._take_id()
+        body = json.dumps({"model": self.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+                           "stream": True}).encode()
+        head = (f"POST /v1/completions HTTP/1.1\r\nHost: {self.session.host}:{self.session.port}\r\n"
+                f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n")
+        got = 0
+        with socket.create_connection((self.session.host, self.session.port), timeout=timeout) as s:
+            s.sendall(head.encode() + body)
+            f = s.makefile("rb")
+            while got < chunks:
+                line = f.readline()
+                if not line:
+                    break
+                if line.startswith(b"data:"):
+                    got += 1
+            f.close()
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        return got
+
+    def run_all(self, calls: list[tuple[str | list[int], int]]) -> list[Answer | BaseException]:
+        """Send every call at once, one thread each; answers (or errors) in call order."""
+        out: list[Any] = [None] * len(calls)
+
+        def one(i: int, prompt: str | list[int], n: int) -> None:
+            try:
+                out[i] = self.complete(prompt, n)
+            except BaseException as exc:  # reported per request by the caller
+                out[i] = exc
+
+        threads = [threading.Thread(target=one, args=(i, p, n), daemon=True) for i, (p, n) in enumerate(calls)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return out
+

@@ -1,0 +1,83 @@
+"""The gate's targets: a config's `[targets.NAME]` tables, and what the driver reads of each manifest.
+
+A target is skipped (not failed) when its manifest, reference manifest or a weights file is
+missing, or its manifest is not JSON; `--targets` naming a target the config lacks is a usage error.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from manifests.config import ConfigError, find_config, load_config
+
+__all__ = ["ConfigError", "GateTarget", "load_targets"]
+
+
+@dataclass(frozen=True)
+class GateTarget:
+    name: str
+    manifest: Path
+    reference: Path | None
+    weights: tuple[Path, ...]
+    model: str
+    lined: bool
+    widest: int
+    ranks: int
+    skipped: str | None
+
+    @property
+    def spec(self) -> bool:
+        return self.widest > 1
+
+
+def _widest(m: dict[str, Any]) -> int:
+    rows = [p.get("batch", {}).get("rows") for p in m.get("programs", {}).values()]
+    return max([r for r in rows if isinstance(r, int)] or [1])
+
+
+def _ranks(m: dict[str, Any]) -> int:
+    groups = (m.get("topology") or {}).get("groups") or {}
+    sizes = groups.values() if isinstance(groups, dict) else groups
+    n = 1
+    for g in sizes:
+        n *= int(g)
+    return n
+
+
+def _target(t) -> GateTarget:
+    skipped = None
+    m: dict[str, Any] = {}
+    if not t.manifest.is_file():
+        skipped = f"manifest {t.manifest} missing"
+    else:
+        try:
+            m = json.loads(t.manifest.read_text())
+        except ValueError as exc:
+            skipped = f"manifest {t.manifest} is not JSON: {exc}"
+    if skipped is None and t.reference is not None and not t.reference.is_file():
+        skipped = f"reference manifest {t.reference} missing"
+    for w in t.weights:
+        if skipped is None and not w.exists():
+            skipped = f"weights {w} missing"
+    weights = t.weights or tuple(sorted(t.manifest.parent.glob("*.safetensors")))
+    lined = any((s or {}).get("bytes_per_seq", 0) for s in m.get("states", {}).values())
+    return GateTarget(t.name, t.manifest, t.reference, weights, m.get("model", t.name), lined,
+                      _widest(m), _ranks(m), skipped)
+
+
+def load_targets(config: str | Path | None, names: list[str] | None) -> tuple[Path, list[GateTarget]]:
+    """The config's path and its targets (all, or `names` in the given order)."""
+    path = find_config(config)
+    cfg = load_config(path)
+    if names:
+        unknown = [n for n in names if n not in cfg.targets]
+        if unknown:
+            known = ", ".join(sorted(cfg.targets)) or "none"
+            raise ConfigError(f"unknown target(s) {', '.join(unknown)} in {path} (targets: {known})")
+        chosen = [cfg.targets[n] for n in names]
+    else:
+        chosen = list(cfg.targets.values())
+    return path, [_target(t) for t in chosen]

@@ -1,0 +1,166 @@
+"""One target through the gate: `kern test`, then each session's steps in order (SPEC §10).
+
+`Run` is the target's context: its options, oracles, checks, the sessions it started and what
+earlier steps found (cold answers, turn-2 ids and hits) for later ones. Any exception in a step
+ends the target with a gated ``error`` check; a server that exited says so with its exit code.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from e2e.checks import Checks
+from e2e.client import Answer, Client
+from e2e.config import GateTarget
+from e2e.session import ServerExited, Session, free_port, merge_flags, server_command, split_flags
+from e2e.stats import Stats
+
+__all__ = ["Options", "Run", "run_target"]
+
+SESSION_PORTS = {"default": 0, "host": 1, "slots": 2, "rows1": 3, "wake_room": 4}
+
+
+@dataclass
+class Options:
+    config: Path
+    out: Path
+    max_tokens: int = 64
+    backend: str = "auto"
+    port: int = 18060
+    server_flags: str = ""
+    capacity: int = 16384
+    load_timeout: float = 600.0
+    kern: list[str] | None = None
+    kern_test_timeout: float = 3600.0
+
+
+@dataclass
+class Live:
+    session: Session
+    client: Client
+    stats: Stats
+
+
+@dataclass
+class Run:
+    target: GateTarget
+    opts: Options
+    oracle: Any
+    runner: Any
+    checks: Checks
+    echo: Callable[[str], None] = print
+    facts: dict[str, dict[str, Any]] = field(default_factory=dict)
+    counters: dict[str, dict[str, Any]] = field(default_factory=dict)
+    live: Live | None = None
+    # what earlier steps found
+    cold: list[Answer] = field(default_factory=list)
+    first_turns: dict[int, list[str]] = field(default_factory=dict)
+    snapshots: dict[str, str | None] = field(default_factory=dict)
+    suffix: list[int] = field(default_factory=list)
+    turn2: list[dict[str, Any]] = field(default_factory=list)
+    host_cold: list[list[int]] = field(default_factory=list)
+    burst: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def dir(self) -> Path:
+        return self.opts.out / self.target.name
+
+    @property
+    def m(self) -> int:
+        return self.opts.max_tokens
+
+    @property
+    def page(self) -> int:
+        return int(self.facts["default"]["page"])
+
+    @property
+    def rows(self) -> int:
+        f = self.facts.get("default", {})
+        return int(f.get("rows", self.target.widest))
+
+    @property
+    def stateful(self) -> bool:
+        f = self.facts.get("default", {})
+        if "checkpoints" in f:
+            return f["checkpoints"] == "at request end"
+        return self.target.lined
+
+    # sessions
+    def open(self, name: str, flags: list[str]) -> Live:
+        """Start session `name` (a fresh server) with its own flags over the base and --server-flags."""
+        self.close()
+        o = self.opts
+        port = free_port() if o.port == 0 else o.port + SESSION_PORTS[name]
+        base = [("--backend", [o.backend]), ("--capacity", [str(o.capacity)])]
+        argv = merge_flags(base, split_flags(o.server_flags), split_flags(flags))
+        cmd = server_command(o.kern, o.config, self.target.name, port, argv)
+        s = Session(name, cmd, port, self.dir / f"server-{name}.log", load_timeout=o.load_timeout)
+        try:
+            facts = s.start()
+        except BaseException:
+            s.stop(kill=True)
+            raise
+        self.facts[name] = facts
+        if name == "default":
+            self.echo("  facts: " + ", ".join(f"{k}={facts[k]}" for k in
+                      ("ranks", "pages", "page", "rows", "checkpoints", "seq_slots", "max_request_tokens", "load_s")
+                      if k in facts))
+        c = Client(s, self.target.model)
+        self.live = Live(s, c, Stats(c, s.log))
+        return self.live
+
+    def close(self) -> None:
+        if self.live is None:
+            return
+        live, self.live = self.live, None
+        live.client.close()
+        try:
+            live.session.check()
+        finally:
+            live.session.stop()
+
+    def need(self, name: str) -> Live:
+        assert self.live is not None and self.live.session.name == name, f"{name=} not open"
+        return self.live
+
+    def answer(self, prompt: str | list[int], max_tokens: int | None = None, **kw) -> Answer:
+        a = self.need_any().client.complete(prompt, max_tokens or self.m, **kw)
+        self.snapshots[a.request] = a.snapshot
+        return a
+
+    def need_any(self) -> Live:
+        assert self.live is not None, "no session open"
+        return self.live
+
+    def prompt_ids(self, a: Answer, prompt: str | list[int]) -> list[int]:
+        return a.prompt_ids or (list(prompt.encode()) if isinstance(prompt, str) else list(prompt))
+
+
+def run_target(run: Run, steps: list) -> None:
+    """Every step, in order, opening each step's session when it first needs one."""
+    try:
+        for step in steps:
+            if step.session is not None and (run.live is None or run.live.session.name != step.session):
+                run.open(step.session, step.flags(run) if step.flags else [])
+            step.run(run)
+        run.close()
+    except Exception as exc:  # any failure ends the target as a gated error
+        note = f"{type(exc).__name__}: {exc}"
+        if run.live is not None and not isinstance(exc, ServerExited):
+            s = run.live.session
+            if not s.alive() and s.proc is not None:
+                note += f" (server {s.name} exited with code {s.proc.returncode}; log tail: {s.log.tail(8)})"
+        run.checks.add("error", False, note[:2000])
+        live, run.live = run.live, None
+        if live is not None:
+            live.client.close()
+            live.session.stop()
+
+
+def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
+    t0 = time.monotonic()
+    out = fn()
+    return out, time.monotonic() - t0

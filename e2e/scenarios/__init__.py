@@ -1,0 +1,64 @@
+"""The gate's steps: which session each runs in, which checks it adds, what it needs first.
+
+`--scenarios` names checks; `plan` keeps the steps that add a named check and, transitively, the
+steps they depend on (which then run unreported). Steps run in `STEPS` order, which is the session
+order of SPEC §10: kern_test, default, host, slots, rows1, wake_room.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from e2e.config import GateTarget
+from e2e.scenarios import abort, concurrent, conc1, host, kern_test, repeat, rows1, slots, turn2, wake_room
+
+__all__ = ["CHECKS", "STEPS", "Step", "plan"]
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str
+    session: str | None
+    checks: tuple[str, ...]
+    deps: tuple[str, ...]
+    run: Callable
+    flags: Callable | None = None
+    applies: Callable[[GateTarget], bool] = lambda t: True
+
+
+STEPS: tuple[Step, ...] = (
+    Step("kern_test", None, ("kern_test",), (), kern_test.run, applies=lambda t: t.reference is not None),
+    Step("conc1", "default", ("conc1_equals_run",), (), conc1.run),
+    Step("run_equals_reference", None, ("run_equals_reference",), (), conc1.run_equals_reference),
+    Step("repeat", "default", ("repeat_hit",), ("conc1",), repeat.run),
+    Step("turn2", "default", ("turn2_hit", "turn2_warm_equals_run"), ("conc1", "repeat"), turn2.run),
+    Step("concurrent", "default", ("concurrent",), ("conc1",), concurrent.run),
+    Step("spec_acceptance", "default", ("spec_acceptance",), ("concurrent",), concurrent.spec_acceptance,
+         applies=lambda t: t.spec),
+    Step("abort", "default", ("abort",), ("conc1",), abort.run),
+    Step("host_cold", "host", ("turn2_warm_equals_cold",), ("turn2",), host.cold, flags=host.flags),
+    Step("park_wake", "host", ("park_wake",), ("host_cold",), host.park_wake, flags=host.flags),
+    Step("slot_growth", "slots", ("slot_growth",), ("turn2",), slots.run, flags=slots.flags,
+         applies=lambda t: t.lined),
+    Step("rows1", "rows1", ("rows1_equals_run", "rows1_vs_spec"), ("conc1",), rows1.run, flags=rows1.flags,
+         applies=lambda t: t.spec),
+    Step("wake_room", "wake_room", ("wake_room",), ("turn2",), wake_room.run, flags=wake_room.flags),
+)
+
+CHECKS: tuple[str, ...] = tuple(c for s in STEPS for c in s.checks)
+
+
+def plan(target: GateTarget, wanted: set[str] | None, has_reference: bool) -> list[Step]:
+    """The steps to run for `target`, in order: those adding a wanted check, and their dependencies."""
+    by_name = {s.name: s for s in STEPS}
+    applicable = [s for s in STEPS if s.applies(target)
+                  and (s.name != "run_equals_reference" or has_reference)]
+    chosen = {s.name for s in applicable if wanted is None or set(s.checks) & wanted}
+    todo = list(chosen)
+    while todo:
+        for d in by_name[todo.pop()].deps:
+            if d not in chosen:
+                chosen.add(d)
+                todo.append(d)
+    return [s for s in STEPS if s.name in chosen]

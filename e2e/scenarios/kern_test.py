@@ -1,0 +1,24 @@
+"""kern_test: the A/B of the kernel builds, before any server starts; gated on exit 0."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+VERDICTS = {0: "PASS", 1: "FAIL", 2: "INCONCLUSIVE"}
+
+
+def run(r) -> None:
+    base = r.opts.kern or [sys.executable, "-m", "oracle.cli"]
+    cmd = [*base, "--config", str(r.opts.config), "test", r.target.name, "--backend", r.opts.backend]
+    r.dir.mkdir(parents=True, exist_ok=True)
+    log = r.dir / "kern-test.log"
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=r.opts.kern_test_timeout)
+        out, code = p.stdout + p.stderr, p.returncode
+    except subprocess.TimeoutExpired as exc:
+        out, code = f"{exc}", None
+    log.write_text("$ " + " ".join(cmd) + "\n" + out)
+    last = next((ln for ln in reversed(out.splitlines()) if ln.strip()), "")
+    verdict = VERDICTS.get(code, "timeout" if code is None else f"exit {code}")
+    r.checks.add("kern_test", code == 0, f"{verdict}; {last[:160]}")

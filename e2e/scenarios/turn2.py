@@ -1,0 +1,53 @@
+"""turn2_hit and turn2_warm_equals_run: prompt + answer (+ stop) + suffix, sent as ids.
+
+Ids, not text: re-tokenizing the answer's text may not give its ids back. A hit must reach its
+floor (whole pages below the first prompt's last token, or the whole first prompt when stateful),
+or be 0 with its own first turns not kept.
+"""
+
+from __future__ import annotations
+
+from e2e.prompts import SUFFIX
+from verdicts import Same, turn2_hit
+
+TURNS = 4
+
+
+def floor(page: int, stateful: bool):
+    return (lambda n: n) if stateful else (lambda n: (n - 1) // page * page)
+
+
+def unkept(r) -> set[str]:
+    said = {req for req, snap in r.snapshots.items() if snap == "not kept"}
+    logged = {str(ln["request"]) for ln in r.need_any().session.log.lines("not kept") if "request" in ln}
+    return said | logged
+
+
+def run(r) -> None:
+    r.suffix = r.need("default").client.tokenize(SUFFIX)
+    r.turn2 = []
+    for i in range(TURNS):
+        cold = r.cold[i]
+        ids = cold.prompt_ids + cold.fed + r.suffix
+        a = r.answer(ids)
+        r.turn2.append({"ids": ids, "warm_ids": a.ids, "cached": a.cached, "prompt_len": len(cold.prompt_ids)})
+    lost = unkept(r)
+    entries = [(t["cached"], t["prompt_len"], r.first_turns[i]) for i, t in enumerate(r.turn2)]
+    f = floor(r.page, r.stateful)
+    ok = turn2_hit(entries, f, lost)
+    cached = [t["cached"] for t in r.turn2]
+    mine = sorted({q for _, _, reqs in entries for q in reqs} & lost)
+    note = f"cached {cached} (floor {[f(t['prompt_len']) for t in r.turn2]})"
+    if mine:
+        note += f"; not kept: {', '.join(mine)}"
+    r.checks.add("turn2_hit", ok, note)
+    same = Same(r.oracle, r.rows)
+    answered = 0
+    for i, t in enumerate(r.turn2):
+        want = r.oracle.run(t["ids"], r.m, r.rows)
+        if want is None:
+            continue
+        answered += 1
+        same.add(f"turn 2 of prompt {i + 1}", t["ids"], t["warm_ids"], want)
+    if answered:
+        r.checks.add("turn2_warm_equals_run", same.ok, str(same))

@@ -1,0 +1,156 @@
+"""A server session: one fresh server process per scenario group, its log, its teardown.
+
+Ready means the ready line (`` scheduler ready ``) and `` serving `` are logged and the port answers
+HTTP (any status: the Rust server logs ``serving`` before it binds). A server that exits while
+loading or mid-scenario raises `ServerExited` with its exit code and log tail, never a hang.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from e2e.log import Log, kv
+
+__all__ = ["ServerExited", "ServerError", "Session", "free_port", "merge_flags", "server_command", "split_flags"]
+
+EXIT_MEANINGS = {101: "scheduler crashed", -9: "killed", -15: "terminated"}
+
+
+class ServerError(RuntimeError):
+    """A server that could not be brought up (timeout, never ready)."""
+
+
+class ServerExited(ServerError):
+    """The server process exited while it should have been serving."""
+
+    def __init__(self, session: str, code: int, tail: str):
+        meaning = EXIT_MEANINGS.get(code)
+        super().__init__(f"server {session} exited with code {code}" + (f" ({meaning})" if meaning else "")
+                         + (f"; log tail: {tail}" if tail else ""))
+        self.code = code
+        self.tail = tail
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def split_flags(text: str | list[str] | None) -> list[tuple[str, list[str]]]:
+    """``--a 1 --flag --b x y`` → ``[("--a", ["1"]), ("--flag", []), ("--b", ["x", "y"])]``.
+
+    Unlike the Rust gate's flag/value pairs, a lone boolean flag does not break the grouping.
+    """
+    import shlex
+
+    words = shlex.split(text) if isinstance(text, str) else list(text or [])
+    out: list[tuple[str, list[str]]] = []
+    for w in words:
+        if w.startswith("--") or not out:
+            out.append((w, []))
+        else:
+            out[-1][1].append(w)
+    return out
+
+
+def merge_flags(*layers: list[tuple[str, list[str]]]) -> list[str]:
+    """Later layers override earlier ones flag by flag; repeats within one layer are kept."""
+    merged: list[tuple[str, list[str]]] = []
+    for layer in layers:
+        names = {f for f, _ in layer}
+        merged = [(f, v) for f, v in merged if f not in names] + list(layer)
+    return [w for f, v in merged for w in (f, *v)]
+
+
+class Session:
+    """One server process: `start` waits for ready, `stop` sends SIGTERM (kill after `term_timeout`)."""
+
+    def __init__(self, name: str, cmd: list[str], port: int, log_path: str | Path,
+                 host: str = "127.0.0.1", load_timeout: float = 600.0, term_timeout: float = 60.0):
+        self.name = name
+        self.cmd = cmd
+        self.port = port
+        self.host = host
+        self.url = f"http://{host}:{port}"
+        self.log = Log(log_path)
+        self.load_timeout = load_timeout
+        self.term_timeout = term_timeout
+        self.proc: subprocess.Popen | None = None
+        self.facts: dict[str, Any] = {}
+        self.exit_code: int | None = None
+
+    def start(self) -> dict[str, Any]:
+        """Start the server and wait until it is ready; the facts of its ready line (plus ``load_s``)."""
+        self.log.path.parent.mkdir(parents=True, exist_ok=True)
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        t0 = time.monotonic()
+        with open(self.log.path, "wb") as f:
+            f.write(("$ " + " ".join(self.cmd) + "\n").encode())
+            f.flush()
+            self.proc = subprocess.Popen(self.cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         env=env, start_new_session=True)
+        while True:
+            self.check()
+            ready = self.log.raw("scheduler ready")
+            if ready and self.log.raw("serving") and self._answers():
+                self.facts = dict(kv(ready[-1]), load_s=round(time.monotonic() - t0, 1))
+                return self.facts
+            if time.monotonic() - t0 > self.load_timeout:
+                self.stop(kill=True)
+                raise ServerError(f"server {self.name} not ready after {self.load_timeout:.0f}s; log tail: "
+                                  + self.log.tail())
+            time.sleep(0.1)
+
+    def _answers(self) -> bool:
+        try:
+            httpx.get(self.url + "/v1/models", timeout=2.0)
+            return True
+        except httpx.HTTPError:
+            return False
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def check(self) -> None:
+        """Raise `ServerExited` if the process is gone."""
+        if self.proc is not None and self.proc.poll() is not None:
+            self.exit_code = self.proc.returncode
+            raise ServerExited(self.name, self.proc.returncode, self.log.tail(8))
+
+    def stop(self, kill: bool = False) -> int | None:
+        """SIGTERM (or SIGKILL), wait, kill after `term_timeout`; the exit code."""
+        p = self.proc
+        if p is None:
+            return self.exit_code
+        if p.poll() is None:
+            try:
+                p.send_signal(signal.SIGKILL if kill else signal.SIGTERM)
+                p.wait(self.term_timeout)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+            except ProcessLookupError:
+                pass
+        self.exit_code = p.returncode
+        return self.exit_code
+
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def server_command(kern: list[str] | None, config: Path, target: str, port: int, flags: list[str]) -> list[str]:
+    base = kern or [sys.executable, "-m", "oracle.cli"]
+    return [*base, "--config", str(config), "serve", target, "--port", str(port), *flags]
