@@ -337,3 +337,25 @@ def test_released_handles_refuse():
         a.release()
     with pytest.raises(PoolError):
         p.checkpoint(a, 4)
+
+
+def test_all_is_sorted_and_complete():
+    import pool
+
+    assert pool.__all__ == sorted(pool.__all__)
+    public = {n for n in dir(pool) if not n.startswith("_") and n[0].isupper() or n in ("runs", "chunks_for", "chunk_size")}
+    modules = {"chunks", "denied", "geometry", "host", "lease", "pages", "prefix", "store"}
+    assert public - modules == set(pool.__all__)
+
+
+def test_pool_imports_nothing_of_the_project():
+    import ast
+    import pathlib
+
+    for path in pathlib.Path(__file__).parents[1].joinpath("pool").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            for name in names:
+                top = name.split(".")[0]
+                assert top in {"pool", "__future__", "bisect", "dataclasses", "enum", "heapq", "math", "typing"}, (path, name)
