@@ -1,0 +1,13 @@
+"""The OpenAI-compatible HTTP server and its continuous-batching scheduler (SPEC §7).
+
+    cli.py        `kern serve` / `kern-serve`: flags, wiring, uvicorn
+    engine.py     builds the runtime, pool, host tier and prefix index for one target
+    scheduler.py  the thread that owns them: admit, step, commit
+    admission.py  room for one request: lookup, one ask, evict on Busy, land remaps
+    request.py    one request's state as the scheduler sees it
+    app.py        FastAPI routes
+    validate.py   request bodies -> prompts, or OpenAI-style errors
+    stats.py      counters, gauges, /stats, /metrics, the 5 s stats line
+    logs.py       key=value event lines
+    faults.py     deliberate misbehaviour for testing the gate
+"""

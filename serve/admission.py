@@ -1,0 +1,129 @@
+"""Room for one request (SPEC §6 "Room"): look the prefix up, ask the pool once for the whole
+request; on Busy release the hit, evict once, look up again and ask again; on Remapping land the plan
+and ask again. A resident hit restores into the lease, a parked hit is woken straight into it.
+"""
+
+from __future__ import annotations
+
+from pool import Denied, Lease, Tier
+from serve import logs
+from serve.engine import Engine
+from serve.request import Request
+from serve.stats import Counters
+
+__all__ = ["WAIT", "Admission"]
+
+WAIT = "wait"
+"""Busy with no resident snapshot left to evict: the request waits at the head of the queue."""
+
+
+class Admission:
+    def __init__(self, engine: Engine, counters: Counters) -> None:
+        self.engine = engine
+        self.counters = counters
+        self.emits = engine.runtime.protocol.prefill_emits
+
+    def admit(self, req: Request) -> str | tuple[int, str, str, str | None] | None:
+        """None when `req` now holds its lease; WAIT; or an error (status, message, code, param)."""
+        e = self.engine
+        hit = self._lookup(req.ids)
+        while True:
+            got = self._ask(req, hit)
+            if isinstance(got, Lease):
+                break
+            if got == Denied.Remapping:
+                self.land()
+                continue
+            if hit is not None:
+                hit.release()
+                hit = None
+            if got == Denied.Busy:
+                if not self.evict():
+                    return WAIT
+                hit = self._lookup(req.ids)
+                continue
+            if got == Denied.ExceedsPool:
+                return (400, f"this request needs room for {req.room} tokens, which no layout of the pool "
+                        f"holds with a sequence slot", "kv_budget_exceeded", None)
+            limit = got.limit if got.limit is not None else e.max_request_tokens
+            return (400, f"this request needs room for {req.room} tokens (prompt + max_tokens + rows - 1); "
+                    f"one sequence holds at most {limit}", "context_length_exceeded", None)
+        req.lease = got
+        if hit is not None:
+            n = hit.len
+            self.counters.add("prefix_hit_tokens", n)
+            if hit.tier is Tier.DEVICE:
+                self.counters.add("resident_hits")
+                self.counters.add("resident_hit_tokens", n)
+            else:
+                self.counters.add("host_hits")
+                self.counters.add("host_hit_tokens", n)
+                self.counters.add("wakes")
+                self.counters.add("wake_tokens", n)
+                req.woken = True
+            req.cached, req.tier = n, hit.tier.value
+            hit.release()
+        req.pos = req.cached
+        req.page_mark = req.cached // e.unit
+        req.fed_end = len(req.ids) if self.emits else len(req.ids) - 1
+        req.anchor = req.ids[-1]
+        return None
+
+    def _lookup(self, ids: list[int]):
+        hit = self.engine.prefix.lookup(ids)
+        if hit is not None and hit.tier is Tier.HOST and "drop-wake" in self.engine.faults:
+            hit.release()
+            return None
+        return hit
+
+    def _ask(self, req: Request, hit) -> Lease | Denied:
+        e, rt = self.engine, self.engine.runtime
+        if hit is None:
+            got = e.pool.lease(req.room)
+            if isinstance(got, Lease) and got.slot is not None:
+                rt.zero_slot(got.slot)
+            return got
+        if hit.tier is Tier.DEVICE:
+            got = e.pool.restore(hit.store, hit.len, req.room)
+            if isinstance(got, Denied):
+                return got
+            lease, copies = got
+            rt.copy(copies)
+            return lease
+        got = e.host.restore(hit.store, e.pool, hit.len, req.room)
+        if isinstance(got, Denied):
+            return got
+        lease, copies = got
+        rt.wake(copies)
+        return lease
+
+    def land(self) -> None:
+        """Execute the pool's pending remap and tell it the plan landed."""
+        plan = self.engine.pool.take_pending()
+        if plan is not None:
+            self.engine.runtime.land(plan)
+            self.engine.pool.complete(plan)
+            self.counters.add("remaps")
+
+    def evict(self) -> bool:
+        """Park (or drop) the coldest resident snapshot; False when nothing is resident."""
+        e = self.engine
+        park = self._park if e.host is not None and "no-park" not in e.faults else None
+        ev = e.prefix.evict(park)
+        if ev is None:
+            return False
+        if ev.parked:
+            self.counters.add("parks")
+            logs.event("parked", "DEBUG", tokens=len(ev.key))
+        else:
+            self.counters.add("evictions")
+        self.counters.add("host_evictions", ev.dropped)
+        return True
+
+    def _park(self, store):
+        got = self.engine.host.park(store)
+        if isinstance(got, Denied):
+            return got
+        parked, copies = got
+        self.engine.runtime.park(copies)
+        return parked

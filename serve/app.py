@@ -1,0 +1,246 @@
+"""The HTTP side (FastAPI): OpenAI-compatible routes over the scheduler thread.
+
+A handler validates, names the request (req-N, in arrival order), submits it, and awaits its updates
+on an asyncio queue the scheduler feeds through `call_soon_threadsafe`. A client that hangs up (seen
+while waiting or when the stream's generator is closed) has its request aborted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import codecs
+import json
+import time
+
+from fastapi import FastAPI, Request as HttpRequest
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from serve import validate
+from serve.engine import Engine
+from serve.request import EOS, Done, Request, Update
+from serve.scheduler import Scheduler
+from serve.stats import prometheus
+from serve.validate import ApiError, Ask
+
+__all__ = ["make_app"]
+
+POLL_S = 0.25
+
+
+class Disconnected(Exception):
+    """The client hung up."""
+
+
+def _error(exc: ApiError) -> JSONResponse:
+    return JSONResponse(exc.body(), status_code=exc.status)
+
+
+def make_app(scheduler: Scheduler, engine: Engine, api_key: str | None = None) -> FastAPI:
+    app = FastAPI(title="kern", docs_url=None, redoc_url=None, openapi_url=None)
+    model = engine.model
+    created = int(time.time())
+
+    @app.exception_handler(ApiError)
+    async def _api_error(_, exc: ApiError):
+        return _error(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_, exc: RequestValidationError):
+        return _error(ApiError(400, f"invalid request: {str(exc)[:300]}", code="invalid_request"))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_, exc: StarletteHTTPException):
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+        return _error(ApiError(exc.status_code, str(exc.detail), code=code))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_, exc: Exception):
+        return _error(ApiError(500, f"internal error: {type(exc).__name__}: {exc}", code="internal_error",
+                               type="server_error"))
+
+    def auth(request: HttpRequest) -> None:
+        if api_key is None:
+            return
+        got = request.headers.get("authorization", "")
+        if got != f"Bearer {api_key}":
+            raise ApiError(401, "incorrect or missing API key", code="invalid_api_key")
+
+    async def body_of(request: HttpRequest) -> dict:
+        auth(request)
+        return validate.parse(await request.body())
+
+    @app.get("/health")
+    async def health():
+        if scheduler.ready.is_set() and scheduler.is_alive():
+            return {"status": "ok"}
+        return JSONResponse({"status": "starting"}, status_code=503)
+
+    @app.get("/v1/models")
+    async def models(request: HttpRequest):
+        auth(request)
+        return {"object": "list", "data": [{"id": model, "object": "model", "created": created, "owned_by": "kern",
+                                            "max_model_len": engine.max_request_tokens}]}
+
+    @app.post("/tokenize")
+    async def tokenize(request: HttpRequest):
+        ids = validate.tokenize(await body_of(request), model)
+        return {"tokens": ids, "count": len(ids), "max_model_len": engine.max_request_tokens}
+
+    @app.post("/detokenize")
+    async def detokenize(request: HttpRequest):
+        return {"prompt": validate.detokenize(await body_of(request), model)}
+
+    @app.get("/stats")
+    async def stats():
+        return await asyncio.wrap_future(scheduler.query(scheduler.stats))
+
+    @app.get("/metrics")
+    async def metrics():
+        s = await asyncio.wrap_future(scheduler.query(scheduler.stats))
+        return PlainTextResponse(prometheus(s), media_type="text/plain; version=0.0.4")
+
+    @app.post("/v1/completions")
+    async def completions(request: HttpRequest):
+        ask = validate.completion(await body_of(request), model)
+        return await answer(request, ask)
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: HttpRequest):
+        ask = validate.chat(await body_of(request), model)
+        return await answer(request, ask)
+
+    async def answer(request: HttpRequest, ask: Ask):
+        validate.room(ask, engine.rows, engine.reach, engine.pages * engine.unit, engine.max_request_tokens)
+        loop = asyncio.get_running_loop()
+        q: asyncio.Queue[Update] = asyncio.Queue()
+        req = Request(scheduler.name(), ask.ids, ask.max_tokens, engine.rows,
+                      lambda u: loop.call_soon_threadsafe(q.put_nowait, u), t_arrive=time.monotonic())
+        scheduler.submit(req)
+        try:
+            first = await _next(q, request)
+        except (Disconnected, asyncio.CancelledError):
+            scheduler.abort(req)
+            return None
+        if first.done is not None and first.done.error is not None:
+            status, message, code, param = first.done.error
+            return _error(ApiError(status, message, param, code))
+        reply = Reply(req, ask, model)
+        if ask.stream:
+            return StreamingResponse(stream(request, q, req, reply, first), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Request-Id": req.id})
+        update = first
+        try:
+            while True:
+                reply.add(update)
+                if update.done is not None:
+                    break
+                update = await _next(q, request)
+        except (Disconnected, asyncio.CancelledError):
+            scheduler.abort(req)
+            return None
+        if update.done.reason is None:
+            return _error(ApiError(503, "the request was aborted (the server is stopping)", code="aborted",
+                                   type="server_error"))
+        return reply.whole()
+
+    async def stream(request: HttpRequest, q: asyncio.Queue, req: Request, reply: Reply, first: Update):
+        done = False
+        try:
+            update = first
+            while True:
+                chunk = reply.chunk(update)
+                yield f"data: {json.dumps(chunk, separators=(',', ':'))}\n\n"
+                if update.done is not None:
+                    done = True
+                    break
+                update = await _next(q, request)
+            yield "data: [DONE]\n\n"
+        except Disconnected:
+            pass
+        finally:
+            if not done:
+                scheduler.abort(req)
+
+    return app
+
+
+async def _next(q: asyncio.Queue, request: HttpRequest) -> Update:
+    while True:
+        try:
+            return await asyncio.wait_for(q.get(), POLL_S)
+        except asyncio.TimeoutError:
+            if await request.is_disconnected():
+                raise Disconnected() from None
+
+
+class Reply:
+    """Builds one request's response: whole, or as stream chunks whose texts concatenate to it."""
+
+    def __init__(self, req: Request, ask: Ask, model: str) -> None:
+        self.req = req
+        self.ask = ask
+        self.model = model
+        self.tokens: list[int] = []
+        self.created = int(time.time())
+        self.decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        self.done: Done | None = None
+        self.sent_role = False
+        self.sent_prompt = False
+
+    def add(self, update: Update) -> str:
+        self.tokens.extend(update.tokens)
+        if update.done is not None:
+            self.done = update.done
+        text = self.decoder.decode(bytes(t for t in update.tokens if t != EOS), final=update.done is not None)
+        return text
+
+    def _usage(self) -> dict:
+        n = len(self.ask.ids)
+        return {"prompt_tokens": n, "completion_tokens": len(self.tokens), "total_tokens": n + len(self.tokens),
+                "prompt_tokens_details": {"cached_tokens": self.done.cached if self.done else 0}}
+
+    def _kern(self) -> dict:
+        d = self.done
+        return {"request_id": self.req.id, "cache_tier": d.tier if d else None, "snapshot": d.snapshot if d else "none"}
+
+    def _head(self, chunk: bool) -> dict:
+        kind = ("chat.completion" if self.ask.chat else "text_completion") + (".chunk" if chunk and self.ask.chat else "")
+        prefix = "chatcmpl" if self.ask.chat else "cmpl"
+        return {"id": f"{prefix}-{self.req.id}", "object": kind, "created": self.created, "model": self.model}
+
+    def whole(self) -> dict:
+        text = validate.text_of(self.tokens)
+        choice: dict = {"index": 0, "finish_reason": self.done.reason, "logprobs": None}
+        if self.ask.chat:
+            choice["message"] = {"role": "assistant", "content": text}
+        else:
+            choice["text"] = text
+            choice["stop_reason"] = None
+        if self.ask.return_token_ids:
+            choice["token_ids"] = list(self.tokens)
+            choice["prompt_token_ids"] = list(self.ask.ids)
+        return {**self._head(False), "choices": [choice], "usage": self._usage(), "kern": self._kern()}
+
+    def chunk(self, update: Update) -> dict:
+        text = self.add(update)
+        last = update.done is not None
+        choice: dict = {"index": 0, "finish_reason": self.done.reason if last else None, "logprobs": None}
+        if self.ask.chat:
+            delta: dict = {"content": text}
+            if not self.sent_role:
+                delta["role"] = "assistant"
+                self.sent_role = True
+            choice["delta"] = delta
+        else:
+            choice["text"] = text
+        choice["token_ids"] = list(update.tokens)
+        if self.ask.return_token_ids and not self.sent_prompt:
+            choice["prompt_token_ids"] = list(self.ask.ids)
+            self.sent_prompt = True
+        out = {**self._head(True), "choices": [choice]}
+        if last:
+            out["usage"] = self._usage()
+            out["kern"] = self._kern()
+        return out

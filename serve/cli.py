@@ -1,0 +1,112 @@
+"""`kern serve TARGET` / `kern server TARGET` / `kern-serve TARGET`: the flags of SPEC §7.
+
+Exit codes: 0 after SIGTERM (or SIGINT) drained; 2 for flags or a target that cannot be served;
+101 when the scheduler thread crashed.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+
+import click
+
+from serve.faults import FAULTS
+
+__all__ = ["main", "serve_command"]
+
+_FAULT_HELP = "; ".join(f"{k}: {v}" for k, v in FAULTS.items())
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("target")
+@click.option("--port", default=8000, show_default=True, type=int, help="Port to listen on (0: any free port; the `serving` line names it).")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind.")
+@click.option("--capacity", default=None, type=int, help="Tokens the pool holds, rounded down to a page (default: 16384 on the CPU; on the GPU the free memory less 1 GiB less --reserve-gib).")
+@click.option("--host-gib", default=0.0, show_default=True, type=float, help="Host tier for parked snapshots, GiB (0: none).")
+@click.option("--max-seqs", default=None, type=int, help="Most sequences running at once (default 256, at most min(seqs.max, tokens.max / rows)).")
+@click.option("--chunk", default=None, type=int, help="Prefill chunk in tokens (default: the manifest's tokens bound; may only be lowered).")
+@click.option("--rows", default=None, type=int, help="Rows per step: 1 = plain decode, else a speculative round (default: the widest declared).")
+@click.option("--backend", default="auto", show_default=True, type=click.Choice(["auto", "cpu", "gpu"]))
+@click.option("--gpus", "--device", "device", default=None, help="GPU index (one rank).")
+@click.option("--reserve-gib", default=4.0, show_default=True, type=float, help="GPU memory left out of the default capacity, GiB.")
+@click.option("--weights", multiple=True, help="Weights file(s) (default: the target's, or every *.safetensors beside a manifest path).")
+@click.option("--api-key", default=None, help="Require `Authorization: Bearer KEY` on /v1/*, /tokenize and /detokenize.")
+@click.option("--served-model-name", default=None, help="Model name to answer to (default: the manifest's model).")
+@click.option("--config", "config", default=None, type=click.Path(dir_okay=False), help="TOML with [targets.NAME] tables (as `kern --config`).")
+@click.option("--stats-every", default=5.0, show_default=True, type=float, help="Seconds per `stats` log window.")
+@click.option("--fault", "faults", multiple=True, type=click.Choice(sorted(FAULTS)), help=f"Misbehave on purpose, for testing the gate (repeatable). {_FAULT_HELP}.")
+@click.pass_context
+def serve_command(ctx, target, port, host, capacity, host_gib, max_seqs, chunk, rows, backend, device, reserve_gib,
+                  weights, api_key, served_model_name, config, stats_every, faults) -> None:
+    """Serve TARGET (a config target name or a manifest path) over OpenAI-compatible HTTP."""
+    from manifests import ManifestError
+    from manifests.config import ConfigError
+    from pool import GeometryError, PoolError
+    from runtime.backend import KernelError
+    from runtime.protocol import ProtocolError
+    from runtime.weights import WeightsError
+    from serve import logs
+    from serve.engine import EngineError, Options, build
+    from serve.faults import Faults
+
+    if config is None and ctx.obj and isinstance(ctx.obj, dict):
+        config = ctx.obj.get("config")
+    opts = Options(capacity=capacity, host_gib=host_gib, max_seqs=max_seqs, chunk=chunk, rows=rows, backend=backend,
+                   device=device, reserve_gib=reserve_gib, weights=tuple(weights), config=config, faults=Faults(faults))
+    try:
+        engine = build(target, opts)
+    except (ManifestError, ConfigError, EngineError, ProtocolError, WeightsError, KernelError, GeometryError,
+            PoolError) as exc:
+        click.echo(f"kern serve: error: {exc}", err=True)
+        sys.exit(2)
+    if served_model_name:
+        engine.model = served_model_name
+    sys.exit(run(engine, host, port, api_key, stats_every))
+
+
+def run(engine, host: str, port: int, api_key: str | None, stats_every: float = 5.0) -> int:
+    import uvicorn
+
+    from serve import logs
+    from serve.app import make_app
+    from serve.scheduler import Scheduler
+
+    scheduler = Scheduler(engine, stats_every)
+    f = engine.facts()
+    ready = dict(ranks=1, pages=f["pages"], page=f["page"])
+    if engine.lined:
+        ready["seq_slots"] = f["seq_slots"]
+    host_gib = engine.host_bytes / (1 << 30)
+    ready.update(max_seqs=engine.max_seqs, max_seqs_per_rank=engine.max_seqs, max_request_tokens=f["max_request_tokens"],
+                 chunk=engine.chunk, rows=engine.rows, checkpoints=f["checkpoints"], host_gib=host_gib,
+                 host_gib_per_rank=host_gib, model=engine.model, backend=engine.backend, faults=",".join(sorted(engine.faults.names)) or "none")
+    scheduler.start()
+    scheduler.ready.wait()
+    logs.event("scheduler ready", **ready)
+
+    class Server(uvicorn.Server):
+        async def startup(self, sockets=None) -> None:
+            await super().startup(sockets)
+            if self.started:
+                bound = [s.getsockname()[1] for srv in self.servers for s in srv.sockets]
+                logs.event("serving", model=engine.model, host=host, port=bound[0] if bound else port)
+
+    app = make_app(scheduler, engine, api_key)
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
+                            timeout_graceful_shutdown=30, lifespan="off")
+    server = Server(config)
+    # uvicorn re-raises the signal it drained on; let that land here, harmlessly, so we exit 0
+    signal.signal(signal.SIGTERM, lambda *_: None)
+    server.run()
+    if not server.started:
+        return 1
+    scheduler.stop()
+    scheduler.join(timeout=30)
+    logs.event("stopped", model=engine.model)
+    return 0
+
+
+def main() -> None:
+    """The `kern-serve` entry: the same command, standalone."""
+    serve_command(prog_name="kern-serve")

@@ -1,0 +1,151 @@
+"""What one server holds for its target: the runtime, the pool (with its pad), the host tier and the
+prefix index, sized from the flags of SPEC §7. Built on the main thread, then owned by the scheduler.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from manifests import derive, load
+from manifests.config import resolve
+from pool import Geometry, Host, Lease, Pool, Prefix, chunk_size, chunks_for
+from runtime.runtime import Runtime
+from serve.faults import Faults
+
+__all__ = ["Engine", "EngineError", "Options", "build"]
+
+GIB = 1 << 30
+CPU_CAPACITY = 16384
+
+
+class EngineError(ValueError):
+    """Flags the target cannot be served with (a bad --rows, a pool too small for the pad, ...)."""
+
+
+@dataclass(slots=True)
+class Options:
+    capacity: int | None = None
+    host_gib: float = 0.0
+    max_seqs: int | None = None
+    chunk: int | None = None
+    rows: int | None = None
+    backend: str = "cpu"
+    device: str | None = None
+    reserve_gib: float = 4.0
+    weights: tuple[str, ...] = ()
+    config: str | None = None
+    faults: Faults = field(default_factory=Faults)
+
+
+@dataclass(slots=True)
+class Engine:
+    model: str
+    manifest_path: str
+    runtime: Runtime
+    pool: Pool
+    pad: Lease
+    host: Host | None
+    prefix: Prefix
+    rows: int
+    chunk: int
+    max_seqs: int
+    lined: bool
+    unit: int
+    reach: int
+    backend: str
+    host_bytes: int
+    seq_slots: int
+    faults: Faults
+
+    @property
+    def pad_pages(self) -> int:
+        return len(self.pad.pages)
+
+    @property
+    def pages(self) -> int:
+        """The pool's page capacity (pages x page is 'the whole pool')."""
+        return self.pool.pages_max
+
+    @property
+    def max_request_tokens(self) -> int:
+        return self.pool.max_seq_tokens
+
+    @property
+    def checkpoints(self) -> str:
+        return "at request end" if self.lined else "every page"
+
+    def facts(self) -> dict:
+        return {
+            "model": self.model, "page": self.unit, "pages": self.pages, "pad_pages": self.pad_pages,
+            "max_request_tokens": self.max_request_tokens, "rows": self.rows, "chunk": self.chunk,
+            "max_seqs": self.max_seqs, "seq_slots": self.seq_slots, "checkpoints": self.checkpoints,
+            "host_bytes": self.host_bytes, "reach": self.reach, "backend": self.backend,
+        }
+
+
+def _gpu_capacity(backend, geometry: Geometry, first_slots: int, reserve_gib: float) -> int:
+    import cupy
+
+    free, _ = cupy.cuda.runtime.memGetInfo()
+    per_token = sum(b for _, b in geometry.paged) or 1
+    # the runtime backs pages and slots at their full reservations: leave the slots' share out
+    left = free - GIB - int(reserve_gib * GIB) - 2 * first_slots * geometry.slot_size
+    return max(left // per_token, 0)
+
+
+def build(what: str, opts: Options) -> Engine:
+    """Resolve the target, size the pool, load the runtime, lease the pad."""
+    if opts.device is not None and opts.backend != "cpu":
+        os.environ.setdefault("CUDA_VISIBLE_DEVICES", str(opts.device).split(",")[0])
+    target = resolve(what, opts.config, list(opts.weights) or None)
+    m = load(target.manifest)
+    from runtime.backend import make_backend
+    from runtime.protocol import Protocol
+
+    proto = Protocol(m)
+    backend = make_backend(opts.backend)
+    unit, reach, lined = derive.page_unit(m), derive.reach(m), derive.is_lined(m)
+    rows = opts.rows if opts.rows is not None else proto.widest
+    proto.check_rows(rows, unit)
+    chunk_max = proto.chunk_max
+    chunk = opts.chunk if opts.chunk is not None else chunk_max
+    if not 1 <= chunk <= chunk_max:
+        raise EngineError(f"--chunk {chunk} must be in 1..{chunk_max} (it may only be lowered)")
+    seqs_max = m.vars[proto.groups_var].max
+    cap = min(seqs_max, chunk_max // rows, proto.max_groups)
+    max_seqs = opts.max_seqs if opts.max_seqs is not None else 256
+    if max_seqs < 1:
+        raise EngineError(f"--max-seqs {max_seqs} must be >= 1")
+    max_seqs = min(max_seqs, cap)
+    geometry = Geometry(**derive.geometry(m))
+    first_slots = max_seqs + 2 if geometry.has_slots else 0
+    if opts.capacity is not None:
+        capacity = opts.capacity
+    elif backend.name == "cpu":
+        capacity = CPU_CAPACITY
+    else:
+        capacity = _gpu_capacity(backend, geometry, first_slots, opts.reserve_gib)
+    capacity = capacity // unit * unit
+    if capacity < 2 * unit:
+        raise EngineError(f"--capacity {capacity} tokens is under two pages of {unit} (the pad takes one)")
+    chunk_bytes = chunk_size(geometry)
+    chunks = chunks_for(geometry, capacity, first_slots, chunk_bytes)
+    pool = Pool(geometry, chunk_bytes, chunks, first_slots, tokens=capacity)
+    host_bytes = int(opts.host_gib * GIB)
+    host = None
+    if host_bytes > 0:
+        grain = geometry.page_size or geometry.slot_size
+        host_bytes = host_bytes // grain * grain
+        host = Host(host_bytes, grain, geometry.page_size, geometry.slot_size)
+    rt = Runtime(m, list(target.weights), pages=max(pool.pages_max, 1), slots=pool.slots_max, backend=backend,
+                 max_seqs=max_seqs, host_bytes=host_bytes)
+    pad = pool.lease_pad()
+    if not isinstance(pad, Lease):
+        raise EngineError(f"the pool cannot lease the pad ({pad!r}); raise --capacity")
+    rt.set_pad(pad.pages[0], pad.slot)
+    return Engine(
+        model=m.model, manifest_path=str(target.manifest), runtime=rt, pool=pool, pad=pad, host=host,
+        prefix=Prefix(unit), rows=rows, chunk=chunk, max_seqs=max_seqs, lined=lined, unit=unit, reach=reach,
+        backend=backend.name, host_bytes=host_bytes, seq_slots=pool.slots, faults=opts.faults,
+    )
