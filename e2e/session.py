@@ -20,7 +20,7 @@ import httpx
 
 from e2e.log import Log, kv
 
-__all__ = ["ServerExited", "ServerError", "Session", "free_port", "merge_flags", "server_command", "split_flags"]
+__all__ = ["ServerExited", "ServerError", "Session", "free_port", "merge_flags", "project_env", "server_command", "split_flags"]
 
 EXIT_MEANINGS = {101: "scheduler crashed", -9: "killed", -15: "terminated"}
 
@@ -92,7 +92,7 @@ class Session:
     def start(self) -> dict[str, Any]:
         """Start the server and wait until it is ready; the facts of its ready line (plus ``load_s``)."""
         self.log.path.parent.mkdir(parents=True, exist_ok=True)
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        env = project_env()
         t0 = time.monotonic()
         with open(self.log.path, "wb") as f:
             f.write(("$ " + " ".join(self.cmd) + "\n").encode())
@@ -149,6 +149,13 @@ class Session:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def project_env() -> dict[str, str]:
+    """The environment of a child `kern`: this checkout first on the path, so it runs the code gated."""
+    root = str(Path(__file__).resolve().parent.parent)
+    path = os.environ.get("PYTHONPATH")
+    return dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=root + (os.pathsep + path if path else ""))
 
 
 def server_command(kern: list[str] | None, config: Path, target: str, port: int, flags: list[str]) -> list[str]:

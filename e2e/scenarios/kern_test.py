@@ -5,6 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+from e2e.session import project_env
+
 VERDICTS = {0: "PASS", 1: "FAIL", 2: "INCONCLUSIVE"}
 
 
@@ -14,7 +16,7 @@ def run(r) -> None:
     r.dir.mkdir(parents=True, exist_ok=True)
     log = r.dir / "kern-test.log"
     try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=r.opts.kern_test_timeout)
+        p = subprocess.run(cmd, capture_output=True, text=True, env=project_env(), timeout=r.opts.kern_test_timeout)
         out, code = p.stdout + p.stderr, p.returncode
     except subprocess.TimeoutExpired as exc:
         out, code = f"{exc}", None
