@@ -1,0 +1,178 @@
+"""The GPU backend: cupy arrays, numba.cuda kernels, pinned host memory (SPEC §5).
+
+    gpu_available()   True when cupy imports, sees a CUDA device, and numba.cuda works
+    GpuBackend        the Backend on one device
+
+Ordering. Kernels, uploads, downloads, device-to-device copies and zeroing run on the runtime's
+stream, in the order the runtime issues them. Host-tier copies (park and wake) run on one transfer
+stream for both directions, so a host page reused before an earlier copy landed stays ordered.
+Each host copy first waits for the runtime's stream (it reads what the kernels wrote, or overwrites
+what they read), and the runtime's stream then waits for the copy, so nothing issued after a park
+overwrites its pages before they landed and nothing reads a woken page before it landed, while
+the host thread never blocks. `synchronize` drains both streams; `download` drains the runtime's.
+
+Importing this module makes numba.cuda importable under numpy >= 2.5, where numba-cuda 0.30
+still reaches for `np.row_stack`: the alias below is the one place that is done. Import this
+module before `numba.cuda` (or `toy.kernels.cuda`).
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from runtime.backend import _NP, Backend, KernelError
+
+if not hasattr(np, "row_stack"):  # numpy 2.5 removed it; numba-cuda 0.30 still uses it
+    np.row_stack = np.vstack
+
+# Launch arguments are cupy arrays: numba would otherwise synchronize the stream each one names
+# (cupy's current stream) at every launch. This backend orders its streams itself.
+os.environ.setdefault("NUMBA_CUDA_ARRAY_INTERFACE_SYNC", "0")
+os.environ.setdefault("NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS", "0")  # a decode step's grid is small by design
+
+_SIMULATED = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
+
+try:
+    import cupy as cp
+except ImportError as exc:  # the CUDA simulator needs no cupy; the backend does
+    if not _SIMULATED:
+        raise ImportError(f"the GPU backend needs cupy: {exc}") from exc
+    cp = None
+
+_MEMCPY_DEFAULT = 4  # cudaMemcpyDefault: direction from the pointers (unified addressing)
+
+
+def numba_cuda():
+    """numba.cuda, with array-interface synchronisation off (see above)."""
+    from numba import cuda
+
+    for modname in ("numba.cuda.core.config", "numba.core.config"):
+        try:
+            mod = __import__(modname, fromlist=["_"])
+        except ImportError:
+            continue
+        if hasattr(mod, "CUDA_ARRAY_INTERFACE_SYNC"):
+            mod.CUDA_ARRAY_INTERFACE_SYNC = False
+        if hasattr(mod, "CUDA_LOW_OCCUPANCY_WARNINGS"):
+            mod.CUDA_LOW_OCCUPANCY_WARNINGS = False
+    return cuda
+
+
+def gpu_available() -> bool:
+    """True when cupy sees a CUDA device and numba.cuda can launch on it."""
+    if cp is None:
+        return False
+    try:
+        if cp.cuda.runtime.getDeviceCount() < 1:
+            return False
+        return bool(numba_cuda().is_available())
+    except Exception:  # no driver, no device, a broken toolkit: no GPU
+        return False
+
+
+def _is_host(arr) -> bool:
+    """Host memory (numpy, pinned or not) as opposed to a device array (which exports CAI)."""
+    return not hasattr(arr, "__cuda_array_interface__")
+
+
+def _ptr(arr, off: int) -> int:
+    return (arr.ctypes.data if _is_host(arr) else arr.data.ptr) + off
+
+
+class GpuBackend(Backend):
+    name = "gpu"
+
+    def __init__(self, device: int = 0):
+        if cp is None:
+            raise KernelError("the GPU backend needs cupy")
+        self.device = cp.cuda.Device(device)
+        self.device.use()
+        self.cuda = numba_cuda()
+        self.stream = cp.cuda.Stream(non_blocking=True)  # kernels and device work
+        self.xfer = cp.cuda.Stream(non_blocking=True)  # host-tier copies, both directions
+        self.nb_stream = self.cuda.external_stream(self.stream.ptr)
+
+    # -- memory ---------------------------------------------------------------------------------
+
+    def zeros(self, nbytes: int):
+        with self.stream:
+            return cp.zeros(nbytes, cp.uint8)
+
+    def host_zeros(self, nbytes: int) -> np.ndarray:
+        """Pinned (page-locked) host memory, zeroed."""
+        mem = cp.cuda.alloc_pinned_memory(max(nbytes, 1))
+        arr = np.frombuffer(mem, np.uint8, nbytes)
+        arr[:] = 0
+        return arr
+
+    def view(self, arr, dtype: str):
+        return arr.view(np.dtype(_NP[dtype]))
+
+    def upload(self, dst, src: np.ndarray) -> None:
+        src = np.ascontiguousarray(src)
+        if src.dtype != dst.dtype:
+            src = src.astype(dst.dtype)
+        if _is_host(dst):
+            self.xfer.synchronize()
+            dst[: src.size] = src
+            return
+        if src.size:
+            # from pageable memory the call returns once `src` is staged, so it may be freed after
+            cp.cuda.runtime.memcpyAsync(dst.data.ptr, src.ctypes.data, src.nbytes, _MEMCPY_DEFAULT, self.stream.ptr)
+
+    def download(self, src, n: int) -> np.ndarray:
+        if _is_host(src):
+            self.xfer.synchronize()
+            return np.array(src[:n])
+        out = np.empty(n, src.dtype)
+        if n:
+            cp.cuda.runtime.memcpyAsync(out.ctypes.data, src.data.ptr, out.nbytes, _MEMCPY_DEFAULT, self.stream.ptr)
+        self.stream.synchronize()
+        return out
+
+    def copy(self, dst, dst_off: int, src, src_off: int, nbytes: int) -> None:
+        """Byte copy: device to device on the runtime's stream; to or from the host tier on the
+        transfer stream, ordered both ways against the runtime's stream (module docstring)."""
+        if nbytes <= 0:
+            return
+        hd, hs = _is_host(dst), _is_host(src)
+        if hd and hs:
+            self.xfer.synchronize()
+            dst[dst_off : dst_off + nbytes] = src[src_off : src_off + nbytes]
+            return
+        if not hd and not hs:
+            d, s = _ptr(dst, dst_off), _ptr(src, src_off)
+            if d != s and d < s + nbytes and s < d + nbytes:  # overlapping ranges: through a temporary
+                with self.stream:
+                    tmp = cp.empty(nbytes, cp.uint8)
+                cp.cuda.runtime.memcpyAsync(tmp.data.ptr, s, nbytes, _MEMCPY_DEFAULT, self.stream.ptr)
+                s = tmp.data.ptr
+            if d != s:
+                cp.cuda.runtime.memcpyAsync(d, s, nbytes, _MEMCPY_DEFAULT, self.stream.ptr)
+            return
+        self.xfer.wait_event(self.stream.record())
+        cp.cuda.runtime.memcpyAsync(_ptr(dst, dst_off), _ptr(src, src_off), nbytes, _MEMCPY_DEFAULT, self.xfer.ptr)
+        self.stream.wait_event(self.xfer.record())
+
+    def zero(self, arr, off: int, nbytes: int) -> None:
+        if nbytes <= 0:
+            return
+        if _is_host(arr):
+            self.xfer.synchronize()
+            arr[off : off + nbytes] = 0
+            return
+        cp.cuda.runtime.memsetAsync(arr.data.ptr + off, 0, nbytes, self.stream.ptr)
+
+    # -- kernels --------------------------------------------------------------------------------
+
+    def kernel(self, module, entry: str):
+        return module.entry(self.name, entry)
+
+    def launch(self, fn, grid: int, block: int, args: list) -> None:
+        fn(grid, block, *args, stream=self.nb_stream)
+
+    def synchronize(self) -> None:
+        self.stream.synchronize()
+        self.xfer.synchronize()
