@@ -1,0 +1,195 @@
+"""Shared fixtures: a real `kern serve` process on an ephemeral 127.0.0.1 port.
+
+`kern_server(target, *flags)` starts one (CPU backend, `--port 0`; the `serving` log line names the
+port), waits for /health, and the fixture always ends it at teardown. The process runs from this
+checkout (`python -m serve`, PYTHONPATH set), whatever the installed console scripts point at.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SERVING = re.compile(r" serving .*\bport=(\d+)")
+
+
+@dataclass
+class ServerProcess:
+    """A running server: its process, base URL and log file."""
+
+    proc: subprocess.Popen
+    log_path: Path
+    port: int = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def client(self, timeout: float = 120.0, **kw):
+        import httpx
+
+        return httpx.Client(base_url=self.url, timeout=timeout, **kw)
+
+    def stats(self) -> dict:
+        import httpx
+
+        r = httpx.get(self.url + "/stats", timeout=30)
+        r.raise_for_status()
+        return r.json()
+
+    def wait_exit(self, timeout: float) -> int | None:
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def stop(self, timeout: float = 20.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            if self.wait_exit(timeout) is None:
+                self.proc.kill()
+        return self.proc.wait()
+
+
+def start_server(target: str, *flags: str, log_path: Path, backend: str = "cpu", timeout: float = 120.0) -> ServerProcess:
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    cmd = [sys.executable, "-m", "serve", target, "--backend", backend, "--port", "0", *flags]
+    log = open(log_path, "wb")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=env)
+    log.close()
+    server = ServerProcess(proc, log_path)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited {proc.returncode} before serving:\n{server.log()[-3000:]}")
+        m = SERVING.search(server.log())
+        if m:
+            server.port = int(m.group(1))
+            break
+        time.sleep(0.05)
+    else:
+        proc.kill()
+        raise RuntimeError(f"server did not start within {timeout}s:\n{server.log()[-3000:]}")
+    import httpx
+
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(server.url + "/health", timeout=5).status_code == 200:
+                return server
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.05)
+    proc.kill()
+    raise RuntimeError(f"server never became healthy:\n{server.log()[-3000:]}")
+
+
+@pytest.fixture
+def kern_server(tmp_path):
+    """A factory: `kern_server("toy-paged", "--max-seqs", "2")` -> ServerProcess, ended at teardown."""
+    started: list[ServerProcess] = []
+
+    def start(target: str, *flags: str, **kw) -> ServerProcess:
+        s = start_server(target, *flags, log_path=tmp_path / f"server-{len(started)}.log", **kw)
+        started.append(s)
+        return s
+
+    yield start
+    for s in started:
+        if s.proc.poll() is None:
+            s.proc.kill()
+            s.proc.wait()
+
+
+# -- helpers for the server tests (import them: `from conftest import PROMPTS, ask, oracle`) -------
+
+PROMPTS = [
+    "The lighthouse keeper had not seen a ship in eleven days, and the silence of the bay was starting to feel like",
+    "To make a proper risotto, begin by warming the stock in a separate pan, because cold stock",
+    "In 1911 the expedition reached the plateau with only three sledges left. The diary for that week records",
+    "A hash map trades memory for speed: instead of scanning every entry, it computes",
+    "The village market opened before dawn. By the time the sun cleared the hills, the fish stalls",
+    "Photosynthesis converts light into chemical energy in two stages. In the first stage, chlorophyll",
+    "She unfolded the map on the hood of the car and traced the river with one finger until",
+    "The difference between a symphony and a concerto is mostly a question of who",
+    "When the bridge was finally closed for repairs, the town council discovered that nobody",
+    "A good chess opening does three things: it develops pieces, controls the center, and",
+    "Rain had turned the trail to mud, so the surveyors camped early and spent the evening",
+    "Compilers optimize loops by hoisting invariant computations out of them, which means",
+]
+SUFFIX = "\n\nNow explain that again for a ten-year-old, in two sentences."
+EOS = 256
+
+
+def manifest_dict(target: str) -> dict:
+    import json
+
+    from manifests.config import resolve
+
+    return json.loads(Path(resolve(target).manifest).read_text())
+
+
+def oracle(target: str, ids: list[int], max_tokens: int) -> list[int]:
+    """toy/model.py's answer as the server reports it: with the stop token when it stopped."""
+    from toy.model import generate
+
+    out = generate(list(ids), max_tokens, manifest_dict(target))
+    return out + [EOS] if len(out) < max_tokens else out
+
+
+def ask(server: ServerProcess, ids: list[int], max_tokens: int, stream: bool = False, model: str | None = None) -> dict:
+    """One completion over plain HTTP: {"ids", "cached", "finish", "kern", "text"}."""
+    import json
+
+    import httpx
+
+    body = {"prompt": list(ids), "max_tokens": max_tokens, "return_token_ids": True, "stream": stream}
+    if model:
+        body["model"] = model
+    if not stream:
+        r = httpx.post(server.url + "/v1/completions", json=body, timeout=300)
+        assert r.status_code == 200, r.text
+        d = r.json()
+        c = d["choices"][0]
+        return {"ids": c["token_ids"], "cached": d["usage"]["prompt_tokens_details"]["cached_tokens"],
+                "finish": c["finish_reason"], "kern": d["kern"], "text": c["text"]}
+    out: list[int] = []
+    text = ""
+    last = None
+    with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=300) as r:
+        assert r.status_code == 200, r.read()
+        for line in r.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            last = json.loads(line[6:])
+            out += last["choices"][0]["token_ids"]
+            text += last["choices"][0]["text"]
+    return {"ids": out, "cached": last["usage"]["prompt_tokens_details"]["cached_tokens"],
+            "finish": last["choices"][0]["finish_reason"], "kern": last["kern"], "text": text}
+
+
+def assert_nothing_leaked(server: ServerProcess, timeout: float = 10.0) -> dict:
+    """Idle: no lease but the pad, pages = pad + snapshots, slots = snapshots + the pad's."""
+    deadline = time.monotonic() + timeout
+    while True:
+        s = server.stats()
+        g, f = s["gauges"], s["facts"]
+        ok = (g["running"] == 0 and g["waiting"] == 0 and g["leases"] == 0
+              and g["pages_used"] == f["pad_pages"] + g["snapshot_pages"]
+              and (f["seq_slots"] == 0 or g["slots_used"] == g["snapshot_slots"] + 1))
+        if ok:
+            return s
+        if time.monotonic() > deadline:
+            raise AssertionError(f"leaked: {g}")
+        time.sleep(0.1)
