@@ -1,0 +1,115 @@
+"""Faults: a client hanging up mid-stream has its request aborted and its lease returned; a crash of
+the scheduler thread ends the process with 101 at once, with no request left hanging; SIGTERM drains
+and exits 0. And the injected faults really misbehave, so the gate's checks have something to catch.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+import time
+
+import httpx
+import openai
+
+from conftest import EOS, PROMPTS, SUFFIX, ask, assert_nothing_leaked, oracle
+
+
+LONG = list(b"The difference between a symphony and a concerto is")
+
+
+def _hang_up_after(server, ids, chunks: int = 3, max_tokens: int = 200) -> None:
+    body = {"prompt": ids, "max_tokens": max_tokens, "stream": True}
+    with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=60) as r:
+        seen = 0
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                seen += 1
+                if seen == chunks:
+                    break
+
+
+def test_a_hang_up_mid_stream_aborts_and_returns_the_lease(kern_server):
+    target = "toy-paged"
+    server = kern_server(target, "--max-seqs", "8")
+    ids = LONG
+    assert len(oracle(target, ids, 200)) == 200  # no stop: the hang-up lands mid-stream
+    _hang_up_after(server, ids)
+    assert_nothing_leaked(server)
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+    stream = client.completions.create(model=target, prompt=ids, max_tokens=48, stream=True,
+                                       extra_body={"return_token_ids": True})
+    got, text = [], ""
+    for chunk in stream:
+        got += chunk.choices[0].token_ids
+        text += chunk.choices[0].text
+    assert got == oracle(target, ids, 48)
+    assert text == bytes(t for t in got if t != EOS).decode("utf-8", "replace")
+    s = assert_nothing_leaked(server)
+    assert "abort" in server.log()
+    assert s["counters"]["requests"] == 2
+
+
+def test_a_scheduler_crash_exits_101_at_once(kern_server):
+    server = kern_server("toy-paged", "--fault", "raise-in-scheduler")
+    outcome = {}
+
+    def call():
+        try:
+            outcome["r"] = httpx.post(server.url + "/v1/completions", json={"prompt": "hello", "max_tokens": 32},
+                                      timeout=30)
+        except httpx.HTTPError as exc:
+            outcome["error"] = exc
+
+    t0 = time.monotonic()
+    th = threading.Thread(target=call)
+    th.start()
+    assert server.wait_exit(10) == 101
+    th.join(10)
+    assert not th.is_alive(), "a request hung after the scheduler crashed"
+    assert "error" in outcome or outcome["r"].status_code >= 500
+    assert time.monotonic() - t0 < 10
+    assert "scheduler crashed" in server.log()
+
+
+def test_sigterm_drains_and_exits_0(kern_server):
+    target = "toy-stateful"
+    server = kern_server(target)
+    ids = list(PROMPTS[1].encode())
+    result = {}
+    th = threading.Thread(target=lambda: result.setdefault("r", ask(server, ids, 64)))
+    th.start()
+    deadline = time.monotonic() + 10
+    while server.stats()["gauges"]["running"] == 0 and "r" not in result and time.monotonic() < deadline:
+        time.sleep(0.01)
+    server.proc.send_signal(signal.SIGTERM)
+    assert server.wait_exit(30) == 0
+    th.join(10)
+    assert result["r"]["ids"] == oracle(target, ids, 64)
+
+
+def test_injected_faults_misbehave(kern_server):
+    target = "toy-paged"
+    server = kern_server(target, "--fault", "wrong-token", "--fault", "no-checkpoint", "--fault", "leak-lease")
+    ids = list(PROMPTS[0].encode())
+    want = oracle(target, ids, 24)
+    got = ask(server, ids, 24)
+    assert got["ids"] != want and sum(a != b for a, b in zip(got["ids"], want)) == 1
+    assert ask(server, ids, 24)["cached"] == 0  # no-checkpoint: nothing to hit
+    _hang_up_after(server, LONG)
+    time.sleep(1.0)
+    assert server.stats()["gauges"]["leases"] == 1  # leak-lease: the aborted lease never came back
+
+
+def test_keep_overshoot_misbehaves(kern_server):
+    # keep-overshoot keeps prompt 3's overshot snapshot (toy-stateful-spec): turn 2 then answers wrong
+    target = "toy-stateful-spec"
+    server = kern_server(target, "--fault", "keep-overshoot")
+    ids = list(PROMPTS[2].encode())
+    first = ask(server, ids, 256)
+    assert first["ids"] == oracle(target, ids, 256) and first["kern"]["snapshot"] == "kept"
+    ids2 = ids + first["ids"] + list(SUFFIX.encode())
+    second = ask(server, ids2, 64)
+    assert second["cached"] > 0 and second["ids"] != oracle(target, ids2, 64)
+    assert json.dumps(server.stats())  # still serving
