@@ -85,12 +85,15 @@ class Engine:
 
 
 def _gpu_capacity(backend, geometry: Geometry, first_slots: int, reserve_gib: float) -> int:
+    """Free device memory less 1 GiB less the reserve, in tokens. The runtime backs the page arena
+    and the slot arena each at its full reservation (the whole budget), so a lined target gets half."""
     import cupy
 
     free, _ = cupy.cuda.runtime.memGetInfo()
+    left = free - GIB - int(reserve_gib * GIB)
+    if geometry.has_slots:
+        left = left // 2 - first_slots * geometry.slot_size
     per_token = sum(b for _, b in geometry.paged) or 1
-    # the runtime backs pages and slots at their full reservations: leave the slots' share out
-    left = free - GIB - int(reserve_gib * GIB) - 2 * first_slots * geometry.slot_size
     return max(left // per_token, 0)
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from concurrent.futures import ThreadPoolExecutor
 
+import httpx
 import pytest
 
 from conftest import PROMPTS, SUFFIX, ask, assert_nothing_leaked, oracle
@@ -84,3 +85,22 @@ def test_rows_1_answers_the_same(kern_server, target):
         assert ask(server, ids, M)["ids"] == oracle(target, ids, M)
     s = assert_nothing_leaked(server)
     assert s["counters"]["rounds"] == 0
+
+
+@pytest.mark.parametrize("target, parks", [("toy-stateful", 1), ("toy-paged", 0)])
+def test_wake_room_fits_exactly_one_turn_2(kern_server, target, parks):
+    # the pool holds one worst-case turn 2 and the pad: a lined target parks its snapshot once and
+    # wakes it into the lease; a paged one continues in place; a request filling the pool is refused
+    page = 16
+    ids = list(PROMPTS[0].encode())
+    first = oracle(target, ids, M)
+    ids2 = turn2(ids, first)
+    capacity = (math.ceil((len(ids2) + M) / page) + 1) * page
+    server = kern_server(target, "--capacity", str(capacity), "--host-gib", "0.25")
+    assert ask(server, ids, M)["ids"] == first
+    got = ask(server, ids2, M)
+    assert got["ids"] == oracle(target, ids2, M) and got["cached"] > 0
+    c = assert_nothing_leaked(server)["counters"]
+    assert c["parks"] == parks and c["wakes"] == parks
+    r = httpx.post(server.url + "/v1/completions", json={"prompt": [65] * 8, "max_tokens": capacity - 8}, timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
