@@ -52,7 +52,7 @@ class Answer:
 
 
 class Client:
-    def __init__(self, session: Session, model: str, timeout: float = 900.0, api_key: str | None = None):
+    def __init__(self, session: Session, model: str, timeout: float = 300.0, api_key: str | None = None):
         self.session = session
         self.model = model
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -75,7 +75,7 @@ class Client:
             kw = {"timeout": timeout} if timeout is not None else {}
             return self.http.post(path, json=body, **kw)
         except httpx.TransportError:
-            self.session.check()  # a server that died says so, with its exit code
+            self.session.check(grace=5.0)  # a server that died says so, with its exit code
             raise
 
     def complete(self, prompt: str | list[int], max_tokens: int, timeout: float | None = None) -> Answer:
@@ -113,7 +113,7 @@ class Client:
         try:
             r = self.http.get("/stats", timeout=30)
         except httpx.TransportError:
-            self.session.check()
+            self.session.check(grace=5.0)
             raise
         if r.status_code != 200:
             return None

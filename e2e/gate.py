@@ -7,7 +7,6 @@ ends the target with a gated ``error`` check; a server that exited says so with 
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -159,8 +158,3 @@ def run_target(run: Run, steps: list) -> None:
             live.client.close()
             live.session.stop()
 
-
-def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
-    t0 = time.monotonic()
-    out = fn()
-    return out, time.monotonic() - t0

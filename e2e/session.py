@@ -121,8 +121,13 @@ class Session:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
-    def check(self) -> None:
-        """Raise `ServerExited` if the process is gone."""
+    def check(self, grace: float = 0.0) -> None:
+        """Raise `ServerExited` if the process is gone (or goes within `grace` seconds)."""
+        if self.proc is not None and grace > 0:
+            try:
+                self.proc.wait(grace)
+            except subprocess.TimeoutExpired:
+                pass
         if self.proc is not None and self.proc.poll() is not None:
             self.exit_code = self.proc.returncode
             raise ServerExited(self.name, self.proc.returncode, self.log.tail(8))
