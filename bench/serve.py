@@ -27,7 +27,8 @@ PROMPT = "The lighthouse keeper had not seen a ship in eleven days, and the sile
 
 
 def start(target: str, backend: str, log: Path) -> tuple[subprocess.Popen, str]:
-    env = dict(os.environ, PYTHONPATH=str(REPO))
+    path = os.environ.get("PYTHONPATH")
+    env = dict(os.environ, PYTHONPATH=str(REPO) + (os.pathsep + path if path else ""))
     cmd = [sys.executable, "-m", "serve", target, "--backend", backend, "--port", "0", "--max-seqs", "64"]
     with open(log, "wb") as f:
         proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=REPO, env=env)

@@ -17,7 +17,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from serve import validate
+from serve import logs, validate
 from serve.engine import Engine
 from serve.request import EOS, Done, Request, Update
 from serve.scheduler import Scheduler
@@ -111,7 +111,12 @@ def make_app(scheduler: Scheduler, engine: Engine, api_key: str | None = None) -
         ask = validate.chat(await body_of(request), model)
         return await answer(request, ask)
 
+    warned: list[str] = []
+
     async def answer(request: HttpRequest, ask: Ask):
+        if ask.sampling and not warned:
+            warned.append(ask.sampling)
+            logs.event("sampling ignored", "WARN", params=ask.sampling, decoding="greedy")
         validate.room(ask, engine.rows, engine.reach, engine.pages * engine.unit, engine.max_request_tokens)
         loop = asyncio.get_running_loop()
         q: asyncio.Queue[Update] = asyncio.Queue()

@@ -44,6 +44,7 @@ class Ask:
     return_token_ids: bool
     include_usage: bool
     chat: bool
+    sampling: str = ""  # non-greedy parameters asked for (served greedily anyway)
 
 
 def parse(raw: bytes) -> dict:
@@ -136,13 +137,18 @@ def _common(body: dict, chat_: bool) -> tuple[int, bool, bool, bool]:
     return mt, _bool(body, "stream"), _bool(body, "return_token_ids"), include_usage
 
 
+def _sampling(body: dict) -> str:
+    asked = [k for k, greedy in (("temperature", 0), ("top_p", 1), ("top_k", -1)) if body.get(k) not in (None, greedy)]
+    return ",".join(asked)
+
+
 def completion(body: dict, served: str) -> Ask:
     check_model(body, served)
     if "prompt" not in body:
         raise ApiError(400, "'prompt' is required", "prompt", "missing_required_parameter")
     ids = _ids(body["prompt"], "prompt")
     mt, stream, rti, usage = _common(body, False)
-    return Ask(ids, mt, stream, rti, usage, False)
+    return Ask(ids, mt, stream, rti, usage, False, _sampling(body))
 
 
 def chat(body: dict, served: str) -> Ask:
@@ -167,7 +173,7 @@ def chat(body: dict, served: str) -> Ask:
     # the chat template: the contents concatenated, nothing added
     ids = _ids("".join(text), "messages")
     mt, stream, rti, usage = _common(body, True)
-    return Ask(ids, mt, stream, rti, usage, True)
+    return Ask(ids, mt, stream, rti, usage, True, _sampling(body))
 
 
 def tokenize(body: dict, served: str) -> list[int]:
