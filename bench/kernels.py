@@ -52,6 +52,9 @@ def main() -> None:
         rt.step("prefill", [Cell(c.pages, c.slot, [(i + q) % 256 for q in range(args.tokens)], 0)])
     step = [Cell(c.pages, c.slot, [1], args.tokens - 1) for c in cells]
     predict_args = None
+    if args.backend == "gpu":
+        gpu_figures(rt, m, step, args)
+        return
 
     def run_predict():
         rt.step("decode", step)
@@ -77,6 +80,49 @@ def main() -> None:
     print(f"{'predict (decode step: write+predict)':<34}{rate:>10.2f}")
     print(f"{'ceiling: ' + xp.__name__ + ' sum, same bytes':<34}{ceiling:>10.2f}")
     print(f"{'ratio':<34}{rate / ceiling:>10.2f}")
+
+
+def gpu_figures(rt: Runtime, m, step: list[Cell], args) -> None:
+    """The predict kernel alone (the decode program's predict call, launched through the runtime)
+    against cupy's sum over the same bytes, both timed with CUDA events on the runtime's stream."""
+    import cupy as cp
+
+    be = rt.backend
+    rt.step("decode", step)  # stages seq_lens and the page table for these cells
+    b = len(step)
+    env = {rt.rows_var: b, rt.groups_var: b}
+    predict = [c for c in m.programs["decode"].calls if c.op == "predict"]
+    unit = manifests.page_unit(m)
+    bpt = next(s.bytes_per_token for s in m.states.values() if s.paged)
+    read = b * args.tokens * bpt
+    per_seq = -(-args.tokens // unit)
+    arena = rt.arenas["kv"]
+    used = be.view(arena[unit * bpt : (1 + b * per_seq) * unit * bpt], "u64")  # the sequences' pages
+
+    def timed(fn, n):
+        with be.stream:
+            fn()  # warm (compiles on first use)
+            start, stop = cp.cuda.Event(), cp.cuda.Event()
+            start.record(be.stream)
+            for _ in range(n):
+                fn()
+            stop.record(be.stream)
+            stop.synchronize()
+        return cp.cuda.get_elapsed_time(start, stop) / 1e3 / n
+
+    def run_predict():
+        for call in predict:
+            rt._call(call, env)
+
+    n = max(args.repeat, 10)
+    dt = min(timed(run_predict, n) for _ in range(3))
+    ceil_dt = min(timed(lambda: cp.sum(used), n) for _ in range(3))
+    rate, ceiling = read / dt / 1e9, used.nbytes / ceil_dt / 1e9
+    print(f"target {args.target}, backend gpu: {b} seqs x {args.tokens} tokens x {bpt} B = {read / 2**20:.0f} MiB read by predict")
+    print(f"{'figure':<40}{'GB/s':>10}{'ms':>10}")
+    print(f"{'predict kernel (split read + combine)':<40}{rate:>10.1f}{dt * 1e3:>10.3f}")
+    print(f"{'ceiling: cupy sum, same bytes':<40}{ceiling:>10.1f}{ceil_dt * 1e3:>10.3f}")
+    print(f"{'ratio':<40}{rate / ceiling:>10.2f}")
 
 
 if __name__ == "__main__":
