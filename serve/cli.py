@@ -97,7 +97,8 @@ def run(engine, host: str, port: int, api_key: str | None, stats_every: float = 
                             timeout_graceful_shutdown=30, lifespan="off")
     server = Server(config)
     # uvicorn re-raises the signal it drained on; let that land here, harmlessly, so we exit 0
-    signal.signal(signal.SIGTERM, lambda *_: None)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: None)
     server.run()
     if not server.started:
         return 1
