@@ -37,6 +37,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=256, help="tokens per sequence (default 256)")
     ap.add_argument("--backend", default="cpu", choices=["cpu", "gpu"])
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--split-blocks", default="", help="GPU: comma-separated toy.kernels.cuda.SPLIT_BLOCKS values to time too")
     args = ap.parse_args()
 
     t = load_config(PACKAGED).targets[args.target]
@@ -114,15 +115,23 @@ def gpu_figures(rt: Runtime, m, step: list[Cell], args) -> None:
         for call in predict:
             rt._call(call, env)
 
+    from toy.kernels import cuda as gk
+
     n = max(args.repeat, 10)
     dt = min(timed(run_predict, n) for _ in range(3))
     ceil_dt = min(timed(lambda: cp.sum(used), n) for _ in range(3))
     rate, ceiling = read / dt / 1e9, used.nbytes / ceil_dt / 1e9
     print(f"target {args.target}, backend gpu: {b} seqs x {args.tokens} tokens x {bpt} B = {read / 2**20:.0f} MiB read by predict")
-    print(f"{'figure':<40}{'GB/s':>10}{'ms':>10}")
-    print(f"{'predict kernel (split read + combine)':<40}{rate:>10.1f}{dt * 1e3:>10.3f}")
-    print(f"{'ceiling: cupy sum, same bytes':<40}{ceiling:>10.1f}{ceil_dt * 1e3:>10.3f}")
-    print(f"{'ratio':<40}{rate / ceiling:>10.2f}")
+    print(f"{'figure':<44}{'GB/s':>10}{'ms':>10}")
+    print(f"{f'predict kernel (SPLIT_BLOCKS {gk.SPLIT_BLOCKS})':<44}{rate:>10.1f}{dt * 1e3:>10.3f}")
+    print(f"{'ceiling: cupy sum, same bytes':<44}{ceiling:>10.1f}{ceil_dt * 1e3:>10.3f}")
+    print(f"{'ratio':<44}{rate / ceiling:>10.2f}")
+    default = gk.SPLIT_BLOCKS
+    for v in [int(x) for x in args.split_blocks.split(",") if x.strip()]:
+        gk.SPLIT_BLOCKS = v
+        d = min(timed(run_predict, n) for _ in range(3))
+        print(f"{f'  variant: SPLIT_BLOCKS {v}':<44}{read / d / 1e9:>10.1f}{d * 1e3:>10.3f}  ratio {ceil_dt / d:.2f}")
+    gk.SPLIT_BLOCKS = default
 
 
 if __name__ == "__main__":

@@ -149,32 +149,37 @@ def _part(splits, lens, lstride, cap, block_table, kv, bpt, page, width, psum, p
     bad = ZERO
     fast = nt % 64 == 0 and words >= HEAD
     hw = tid & 63
+    unt = U(nt)
     for q in range(q0, q1):
         base = (I(block_table[g * width + q // page]) * page + q % page) * words
         if fast:
-            # every word this thread reads in the slot has the same head word, w & 63 == tid & 63
-            h = kv[base + hw]
+            # every word this thread reads in the slot has the same head word, w & 63 == tid & 63;
+            # unsigned indices spare the negative-index wraparound on every load
+            ub = U(base)
+            h = kv[ub + U(hw)]
             w = tid
             if w < HEAD:
                 s += rotl(h, q)
                 w += nt
             step = 4 * nt
             while w + 3 * nt < words:
-                v0 = kv[base + w]
-                v1 = kv[base + w + nt]
-                v2 = kv[base + w + 2 * nt]
-                v3 = kv[base + w + 3 * nt]
-                if v0 != splitmix(h ^ U(w)):
+                uw = U(w)
+                v0 = kv[ub + uw]
+                v1 = kv[ub + uw + unt]
+                v2 = kv[ub + uw + U(2) * unt]
+                v3 = kv[ub + uw + U(3) * unt]
+                if v0 != splitmix(h ^ uw):
                     bad += ONE
-                if v1 != splitmix(h ^ U(w + nt)):
+                if v1 != splitmix(h ^ (uw + unt)):
                     bad += ONE
-                if v2 != splitmix(h ^ U(w + 2 * nt)):
+                if v2 != splitmix(h ^ (uw + U(2) * unt)):
                     bad += ONE
-                if v3 != splitmix(h ^ U(w + 3 * nt)):
+                if v3 != splitmix(h ^ (uw + U(3) * unt)):
                     bad += ONE
                 w += step
             while w < words:
-                if kv[base + w] != splitmix(h ^ U(w)):
+                uw = U(w)
+                if kv[ub + uw] != splitmix(h ^ uw):
                     bad += ONE
                 w += nt
         else:
