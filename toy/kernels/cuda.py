@@ -338,26 +338,42 @@ def _fold(token_ids, positions, line_index, mem, salt, rows, lwords):
 
 # -- the entries: fn(grid, block, *args) like the CPU's ---------------------------------------------
 
-_SCRATCH: dict = {}
+_SCRATCH: dict = {}  # (what, stream key) -> device array; insertion-ordered, the oldest dropped past 64
+
+
+def _stream_key(stream) -> int:
+    """The CUDA stream's handle: launches on one stream are ordered, so they may share scratch."""
+    if not stream:
+        return 0
+    h = getattr(stream, "handle", None)
+    try:
+        return int(h)  # cuda-python's CUstream
+    except (TypeError, ValueError):
+        v = getattr(h, "value", None)  # ctypes c_void_p
+        return int(v) if v is not None else id(stream)
+
+
+def _cached(key, make):
+    got = _SCRATCH.get(key)
+    if got is None:
+        got = _SCRATCH[key] = make()
+        while len(_SCRATCH) > 64:
+            del _SCRATCH[next(iter(_SCRATCH))]
+    return got
 
 
 def _scratch(name, stream, n, dtype):
-    """A cached device array of at least n elements, one per stream: launches on one stream are
-    ordered, so they may share it. The entry holds the stream, so its id is not reused."""
-    key = (name, id(stream))
-    got = _SCRATCH.get(key)
-    if got is None or got[1].size < n:
-        got = _SCRATCH[key] = (stream, cuda.device_array(max(n, 1), dtype))
-    return got[1]
+    """A device array of at least n elements for launches on `stream`."""
+    key = (name, _stream_key(stream))
+    got = _cached(key, lambda: cuda.device_array(max(n, 1), dtype))
+    if got.size < n:
+        got = _SCRATCH[key] = cuda.device_array(n, dtype)
+    return got
 
 
 def _none(stream):
     """Stand-ins for the line index and arena of a target without a line (never read)."""
-    key = ("none", id(stream))
-    got = _SCRATCH.get(key)
-    if got is None:
-        got = _SCRATCH[key] = (stream, (cuda.to_device(np.zeros(1, np.int32)), cuda.to_device(np.zeros(1, np.uint64))))
-    return got[1]
+    return _cached(("none", _stream_key(stream)), lambda: (cuda.to_device(np.zeros(1, np.int32)), cuda.to_device(np.zeros(1, np.uint64))))
 
 
 def _splits(grid, cap):
