@@ -122,9 +122,9 @@ class Client:
         except ValueError:
             return None
 
-    def hang_up(self, prompt: str, chunks: int = 3, max_tokens: int = 4096, timeout: float = 120.0) -> int:
-        """Stream a completion, read `chunks` ``data:`` lines, close the socket; how many were read."""
-        self._take_id()
+    def hang_up(self, prompt: str, chunks: int = 3, max_tokens: int = 4096, timeout: float = 120.0) -> tuple[str, int]:
+        """Stream a completion, read `chunks` ``data:`` lines, close the socket; its id and the lines read."""
+        rid = self._take_id()
         body = json.dumps({"model": self.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
                            "stream": True}).encode()
         head = (f"POST /v1/completions HTTP/1.1\r\nHost: {self.session.host}:{self.session.port}\r\n"
@@ -144,7 +144,7 @@ class Client:
                 s.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
-        return got
+        return rid, got
 
     def run_all(self, calls: list[tuple[str | list[int], int]]) -> list[Answer | BaseException]:
         """Send every call at once, one thread each; answers (or errors) in call order."""

@@ -1,5 +1,9 @@
-"""abort: read 3 stream chunks and hang up; the next answer is unchanged and nothing leaked.
+"""abort: read 3 stream chunks and hang up; the request is aborted, the next answer is unchanged and
+nothing leaked.
 
+The hung-up prompt is the fill variant with the longest answer (the oracle's, up to 4096 tokens),
+so the request is still running when the client hangs up: a toy answer that stops after a few
+dozen tokens can finish before the server sees the socket close, and then no abort is exercised.
 Nothing leaked, when idle (SPEC §7): no lease, every used page the pad's or a snapshot's, and on
 lined targets every used slot a snapshot's or the pad's.
 """
@@ -8,10 +12,17 @@ from __future__ import annotations
 
 import time
 
-from e2e.prompts import PROMPTS
+from e2e.prompts import PROMPTS, variant
 from verdicts import Same
 
 CHUNKS = 3
+HANG_UP_TOKENS = 4096
+CANDIDATES = 24
+
+
+def longest(r) -> str:
+    lengths = {n: len(r.oracle.run(list(variant(n).encode()), HANG_UP_TOKENS, r.rows) or []) for n in range(CANDIDATES)}
+    return variant(max(lengths, key=lambda n: (lengths[n], -n)))
 
 
 def leaks(s: dict) -> list[str]:
@@ -29,16 +40,34 @@ def leaks(s: dict) -> list[str]:
     return out
 
 
+def ended(log, rid: str, timeout: float = 10.0) -> str | None:
+    """The ``reason`` of the request's ``finished`` line, waiting a little for it; None if never logged."""
+    t0 = time.monotonic()
+    while True:
+        reasons = [ln.get("reason") for ln in log.lines("finished") if ln.get("request") == rid]
+        if reasons or time.monotonic() - t0 > timeout:
+            return reasons[-1] if reasons else None
+        time.sleep(0.1)
+
+
 def run(r) -> None:
     live = r.need("default")
-    got = live.client.hang_up(PROMPTS[5], CHUNKS)
+    rid, got = live.client.hang_up(longest(r), CHUNKS, HANG_UP_TOKENS)
     time.sleep(1.0)
+    reason = ended(live.session.log, rid)
     a = r.answer(PROMPTS[0])
     same = Same(r.oracle, r.rows)
     same.add("prompt 1", r.cold[0].prompt_ids, a.ids, r.cold[0].ids)
     idle = live.stats.idle()
     leaked = leaks(idle) if live.stats.has_endpoint else []
-    note = f"read {got}/{CHUNKS} chunks then hung up; next answer {same}"
-    note += f"; leaked: {', '.join(leaked)}" if leaked else ("; nothing leaked" if live.stats.has_endpoint
-                                                             else "; no /stats to check leaks")
-    r.checks.add("abort", got == CHUNKS and same.ok and not leaked, note)
+    problems = []
+    if got != CHUNKS:
+        problems.append(f"read only {got} chunks")
+    if reason is not None and reason != "abort":
+        problems.append(f"{rid} finished by {reason}, not abort")
+    if leaked:
+        problems.append("leaked: " + ", ".join(leaked))
+    note = f"read {got}/{CHUNKS} chunks of {rid} then hung up ({reason or 'no finished line'}); next answer {same}"
+    note += "".join(f"; {p}" for p in problems) if problems else (
+        "; nothing leaked" if live.stats.has_endpoint else "; no /stats to check leaks")
+    r.checks.add("abort", not problems and same.ok, note)

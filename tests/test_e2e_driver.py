@@ -1,0 +1,126 @@
+"""The e2e driver against real `kern serve` processes on the CPU, and each fault it must catch.
+
+Every gated check is shown able to fail: the server is started with `--fault NAME` (through
+``--server-flags``) and the check that guards that behaviour fails, with exit code 1. Sessions use
+ephemeral ports (``--port 0``) and are always torn down.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from e2e.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+TOY = ROOT / "manifests" / "toy"
+EXIT_PASS, EXIT_FAIL, EXIT_USAGE, EXIT_NOTHING_RAN = 0, 1, 2, 125
+
+
+def gate(tmp_path: Path, *args: str, max_tokens: int = 12) -> tuple[int, dict[str, dict]]:
+    out = tmp_path / "results"
+    argv = ["--out", str(out), "--backend", "cpu", "--port", "0", "--max-tokens", str(max_tokens), *args]
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    reports = {p.parent.name: json.loads(p.read_text()) for p in out.glob("*/report.json")}
+    return exc.value.code, reports
+
+
+def checks(report: dict) -> dict[str, dict]:
+    return {c["name"]: c for c in report["checks"]}
+
+
+def test_passing_gate_on_toy_paged(tmp_path):
+    code, reports = gate(tmp_path, "--targets", "toy-paged", "--junit", str(tmp_path / "junit.xml"))
+    r = reports["toy-paged"]
+    got = checks(r)
+    assert code == EXIT_PASS, r["checks"]
+    assert set(got) == {"kern_test", "conc1_equals_run", "run_equals_reference", "repeat_hit", "turn2_hit",
+                        "turn2_warm_equals_run", "concurrent", "abort", "turn2_warm_equals_cold", "park_wake",
+                        "wake_room"}
+    assert all(c["ok"] for c in got.values())
+    assert "cached [96, 80, 96, 64]" in got["repeat_hit"]["note"]
+    assert r["counters"]["host"]["parks"] >= 1 and r["facts"]["default"]["page"] == 16
+    out = tmp_path / "results"
+    assert (out / "summary.md").read_text().startswith("| target | checks | result |")
+    for name in ("server-default.log", "server-host.log", "server-wake_room.log", "kern-test.log", "oracle.json"):
+        assert (out / "toy-paged" / name).is_file(), name
+    assert 'name="toy-paged"' in (tmp_path / "junit.xml").read_text()
+
+
+def test_passing_gate_on_a_lined_spec_target(tmp_path):
+    code, reports = gate(tmp_path, "--targets", "toy-stateful-spec", "--scenarios", "repeat_hit", "turn2_hit",
+                         "turn2_warm_equals_run", "spec_acceptance", "slot_growth", "rows1_equals_run", "wake_room")
+    got = checks(reports["toy-stateful-spec"])
+    assert code == EXIT_PASS, got
+    assert set(got) == {"repeat_hit", "turn2_hit", "turn2_warm_equals_run", "spec_acceptance", "slot_growth",
+                        "rows1_equals_run", "wake_room"}
+    assert "cached [0, 0, 0, 0]" in got["repeat_hit"]["note"]
+
+
+# each fault, and the check that catches it
+
+# keep-overshoot needs a first turn whose last round overshoots: at 32 tokens prompt 4's does on
+# toy-stateful-spec (its turn 2 then hits a snapshot that folded tokens the client never got)
+FAULTS = [
+    pytest.param("wrong-token", "toy-paged", ["conc1_equals_run"], "conc1_equals_run", 12, id="wrong-token"),
+    pytest.param("no-checkpoint", "toy-paged", ["repeat_hit", "turn2_hit"], "repeat_hit", 12, id="no-checkpoint"),
+    pytest.param("no-park", "toy-stateful", ["park_wake"], "park_wake", 12, id="no-park"),
+    pytest.param("drop-wake", "toy-paged", ["park_wake"], "park_wake", 12, id="drop-wake"),
+    pytest.param("leak-lease", "toy-paged", ["abort"], "abort", 12, id="leak-lease"),
+    pytest.param("keep-overshoot", "toy-stateful-spec", ["turn2_warm_equals_run"], "turn2_warm_equals_run", 32,
+                 id="keep-overshoot"),
+    pytest.param("raise-in-scheduler", "toy-paged", ["conc1_equals_run"], "error", 12, id="raise-in-scheduler"),
+]
+
+
+@pytest.mark.parametrize("fault, target, scenarios, caught, max_tokens", FAULTS)
+def test_each_fault_fails_its_check(tmp_path, fault, target, scenarios, caught, max_tokens):
+    code, reports = gate(tmp_path, "--targets", target, "--scenarios", *scenarios,
+                         "--server-flags", f"--fault {fault}", max_tokens=max_tokens)
+    got = checks(reports[target])
+    assert code == EXIT_FAIL, got
+    assert got[caught]["ok"] is False, got
+    if fault == "raise-in-scheduler":
+        assert "code 101" in got["error"]["note"]
+
+
+def test_no_checkpoint_also_fails_turn2_hit(tmp_path):
+    code, reports = gate(tmp_path, "--targets", "toy-stateful", "--scenarios", "turn2_hit",
+                         "--server-flags", "--fault no-checkpoint")
+    assert code == EXIT_FAIL and checks(reports["toy-stateful"])["turn2_hit"]["ok"] is False
+
+
+# usage and nothing-ran
+
+@pytest.mark.parametrize("args", [
+    pytest.param(["--targets", "toy-paged", "no-such-target"], id="unknown-target"),
+    pytest.param(["--scenarios", "conc1_equals_run", "no_such_check"], id="unknown-scenario"),
+    pytest.param(["--config", "/nonexistent/kern.toml"], id="unreadable-config"),
+    pytest.param(["--reference", "/nonexistent/model.py"], id="missing-reference"),
+])
+def test_usage_errors_exit_2(tmp_path, args):
+    code, reports = gate(tmp_path, *args)
+    assert code == EXIT_USAGE and reports == {}
+
+
+def test_every_target_skipped_exits_125(tmp_path):
+    cfg = tmp_path / "kern.toml"
+    cfg.write_text('[targets.gone]\nmanifest = "gone/missing.json"\n')
+    code, reports = gate(tmp_path, "--config", str(cfg))
+    assert code == EXIT_NOTHING_RAN
+    assert reports["gone"]["skipped"].startswith("manifest") and reports["gone"]["checks"] == []
+    assert "nothing ran" in (tmp_path / "results" / "summary.md").read_text()
+
+
+def test_a_failing_kern_test_exits_1_without_a_server(tmp_path):
+    cfg = tmp_path / "kern.toml"
+    cfg.write_text(f'[targets.mixed]\nmanifest = "{TOY}/toy-paged.json"\nreference = "{TOY}/toy-stateful-ref.json"\n')
+    code, reports = gate(tmp_path, "--config", str(cfg), "--scenarios", "kern_test")
+    got = checks(reports["mixed"])
+    # gated on exit 0: FAIL and INCONCLUSIVE (these builds share no case) both fail it
+    assert code == EXIT_FAIL and got["kern_test"]["ok"] is False
+    assert got["kern_test"]["note"].startswith(("FAIL", "INCONCLUSIVE"))
+    assert not list((tmp_path / "results" / "mixed").glob("server-*.log"))
