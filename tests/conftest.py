@@ -1,7 +1,8 @@
 """Shared fixtures: a real `kern serve` process on an ephemeral 127.0.0.1 port.
 
-`kern_server(target, *flags)` starts one (CPU backend, `--port 0`; the `serving` log line names the
-port), waits for /health, and the fixture always ends it at teardown. The process runs from this
+`kern_server(target, *flags)` starts one (`--port 0`; the `serving` log line names the port; the
+CPU backend, or the one `KERN_TEST_BACKEND` names, so `KERN_TEST_BACKEND=gpu` runs the server tests
+on a GPU), waits for /health, and the fixture always ends it at teardown. The process runs from this
 checkout (`python -m serve`, PYTHONPATH set), whatever the installed console scripts point at.
 """
 
@@ -20,6 +21,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 SERVING = re.compile(r" serving .*\bport=(\d+)")
+BACKEND = os.environ.get("KERN_TEST_BACKEND", "cpu")
 
 
 @dataclass
@@ -63,7 +65,7 @@ class ServerProcess:
         return self.proc.wait()
 
 
-def start_server(target: str, *flags: str, log_path: Path, backend: str = "cpu", timeout: float = 120.0) -> ServerProcess:
+def start_server(target: str, *flags: str, log_path: Path, backend: str = BACKEND, timeout: float = 120.0) -> ServerProcess:
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     cmd = [sys.executable, "-m", "serve", target, "--backend", backend, "--port", "0", *flags]
     log = open(log_path, "wb")
