@@ -116,21 +116,7 @@ def kern_server(tmp_path):
 
 # -- helpers for the server tests (import them: `from conftest import PROMPTS, ask, oracle`) -------
 
-PROMPTS = [
-    "The lighthouse keeper had not seen a ship in eleven days, and the silence of the bay was starting to feel like",
-    "To make a proper risotto, begin by warming the stock in a separate pan, because cold stock",
-    "In 1911 the expedition reached the plateau with only three sledges left. The diary for that week records",
-    "A hash map trades memory for speed: instead of scanning every entry, it computes",
-    "The village market opened before dawn. By the time the sun cleared the hills, the fish stalls",
-    "Photosynthesis converts light into chemical energy in two stages. In the first stage, chlorophyll",
-    "She unfolded the map on the hood of the car and traced the river with one finger until",
-    "The difference between a symphony and a concerto is mostly a question of who",
-    "When the bridge was finally closed for repairs, the town council discovered that nobody",
-    "A good chess opening does three things: it develops pieces, controls the center, and",
-    "Rain had turned the trail to mud, so the surveyors camped early and spent the evening",
-    "Compilers optimize loops by hoisting invariant computations out of them, which means",
-]
-SUFFIX = "\n\nNow explain that again for a ten-year-old, in two sentences."
+from e2e.prompts import PROMPTS, SUFFIX  # noqa: E402  (the gate's fixed inputs, SPEC §10)
 EOS = 256
 
 
