@@ -32,8 +32,10 @@ class Admission:
             if isinstance(got, Lease):
                 break
             if got == Denied.Remapping:
-                self.land()
-                continue
+                if "no-remap" not in e.faults:
+                    self.land()
+                    continue
+                got = Denied.Busy  # the fault: the plan is never landed, the request waits as on Busy
             if hit is not None:
                 hit.release()
                 hit = None
@@ -45,6 +47,8 @@ class Admission:
             if got == Denied.ExceedsPool:
                 return (400, f"this request needs room for {req.room} tokens, which no layout of the pool "
                         f"holds with a sequence slot", "kv_budget_exceeded", None)
+            if "pad-in-limit" in e.faults and req.room <= e.pages * e.unit:
+                return WAIT  # the fault's limit says it fits once room frees: it never does
             limit = got.limit if got.limit is not None else e.max_request_tokens
             return (400, f"this request needs room for {req.room} tokens (prompt + max_tokens + rows - 1); "
                     f"one sequence holds at most {limit}", "context_length_exceeded", None)
@@ -88,7 +92,8 @@ class Admission:
             if isinstance(got, Denied):
                 return got
             lease, copies = got
-            rt.copy(copies)
+            if "skip-restore-copy" not in e.faults:
+                rt.copy(copies)
             return lease
         got = e.host.restore(hit.store, e.pool, hit.len, req.room)
         if isinstance(got, Denied):

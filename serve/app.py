@@ -117,7 +117,9 @@ def make_app(scheduler: Scheduler, engine: Engine, api_key: str | None = None) -
         if ask.sampling and not warned:
             warned.append(ask.sampling)
             logs.event("sampling ignored", "WARN", params=ask.sampling, decoding="greedy")
-        validate.room(ask, engine.rows, engine.reach, engine.pages * engine.unit, engine.max_request_tokens)
+        pool_tokens = engine.pages * engine.unit
+        limit = pool_tokens if "pad-in-limit" in engine.faults else engine.max_request_tokens
+        validate.room(ask, engine.rows, engine.reach, pool_tokens, limit)
         loop = asyncio.get_running_loop()
         q: asyncio.Queue[Update] = asyncio.Queue()
         req = Request(scheduler.name(), ask.ids, ask.max_tokens, engine.rows,

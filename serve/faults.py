@@ -12,6 +12,18 @@ FAULTS = {
     "leak-lease": "never return an aborted request's lease",
     "keep-overshoot": "keep snapshots a speculative round overshot (under the answer's key)",
     "raise-in-scheduler": "the scheduler thread raises after its first step",
+    "wrong-token-batched": "in a decode step or round that batches more than one sequence, every sequence "
+                           "but the first gets its first emitted token off (xor 1; fed back as its anchor): "
+                           "sequences in a batch disturb each other, one at a time they answer right",
+    "reject-drafts": "take only row 0 of every speculative round (count treated as 1): paged answers stay "
+                     "right, accepted rows (and the acceptance rate) drop to 0",
+    "no-remap": "never land the pool's remap plans: Remapping is handled as Busy (evict, else wait for a "
+                "lease to end), so line slots never grow; the plan stays pending, unlanded, and requests "
+                "are seated from slots that snapshots and finished leases give back",
+    "skip-restore-copy": "a resident prefix hit restores into the lease without executing the copy plan "
+                         "(the partial page and the line are never copied)",
+    "pad-in-limit": "the one-sequence limit counts the pad's page: a request whose room is the whole pool "
+                    "passes validation and then waits for room forever, neither rejected nor seated",
 }
 
 

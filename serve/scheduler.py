@@ -217,8 +217,16 @@ class Scheduler(threading.Thread):
             part = batch[at : at + groups]
             cells = [Cell(r.lease.pages, r.lease.slot, [r.anchor] * rows, r.pos) for r in part]
             self._step(rt.protocol.forward(len(cells), rows).program, cells)
+            if "wrong-token-batched" in self.engine.faults and len(cells) > 1:
+                # the bug this fault stands for: a batch's rows bound wrongly, so every sequence but
+                # the first gets its neighbour's row; here its first token off
+                for cell in cells[1:]:
+                    if cell.tokens and cell.tokens[0] != EOS:
+                        cell.tokens[0] ^= 1
             for req, cell in zip(part, cells):
                 toks = cell.tokens
+                if rows > 1 and "reject-drafts" in self.engine.faults:
+                    toks = toks[:1]  # count treated as 1: the drafted rows are thrown away
                 req.pos += len(toks)
                 if rows > 1:
                     self.counters.add("rounds")
