@@ -8,6 +8,7 @@ ephemeral ports (``--port 0``) and are always torn down.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -73,7 +74,29 @@ FAULTS = [
     pytest.param("keep-overshoot", "toy-stateful-spec", ["turn2_warm_equals_run"], "turn2_warm_equals_run", 32,
                  id="keep-overshoot"),
     pytest.param("raise-in-scheduler", "toy-paged", ["conc1_equals_run"], "error", 12, id="raise-in-scheduler"),
+    # one at a time it answers right: only the burst's batched steps disturb each other
+    pytest.param("wrong-token-batched", "toy-paged", ["conc1_equals_run", "concurrent"], "concurrent", 12,
+                 id="wrong-token-batched"),
+    # the answers stay right (every drafted row is the greedy token); only the acceptance drops
+    pytest.param("reject-drafts", "toy-spec", ["concurrent", "spec_acceptance"], "spec_acceptance", 12,
+                 id="reject-drafts"),
+    pytest.param("no-remap", "toy-stateful", ["slot_growth"], "slot_growth", 12, id="no-remap"),
+    pytest.param("skip-restore-copy", "toy-stateful", ["turn2_warm_equals_run", "turn2_warm_equals_cold"],
+                 "turn2_warm_equals_cold", 12, id="skip-restore-copy"),
+    # an existing fault shows rows1_equals_run can fail (its server runs plain decode, --rows 1)
+    pytest.param("wrong-token", "toy-spec", ["rows1_equals_run"], "rows1_equals_run", 12, id="wrong-token-rows1"),
 ]
+
+# checks that must still pass under the fault: each fault is caught by its own check, not by a
+# neighbour (what the note of the failing check says is asserted too)
+STILL_PASS = {
+    "wrong-token-batched": ["conc1_equals_run"],
+    "reject-drafts": ["concurrent"],
+}
+NOTES = {
+    "reject-drafts": "serial 0.0%, burst 0.0%",
+    "no-remap": "0 remaps",
+}
 
 
 @pytest.mark.parametrize("fault, target, scenarios, caught, max_tokens", FAULTS)
@@ -83,8 +106,50 @@ def test_each_fault_fails_its_check(tmp_path, fault, target, scenarios, caught, 
     got = checks(reports[target])
     assert code == EXIT_FAIL, got
     assert got[caught]["ok"] is False, got
+    for name in STILL_PASS.get(fault, []):
+        assert got[name]["ok"] is True, got
+    if fault in NOTES:
+        assert NOTES[fault] in got[caught]["note"], got
     if fault == "raise-in-scheduler":
         assert "code 101" in got["error"]["note"]
+    if fault == "reject-drafts":
+        c = reports[target]["counters"]["default"]
+        assert c["rounds"] > 0 and c["drafted_rows"] > 0 and c["accepted_rows"] == 0, c
+    if fault == "no-remap":
+        c = reports[target]["counters"]["slots"]
+        assert c["remaps"] == 0 and c["slots"] == int(reports[target]["facts"]["slots"]["seq_slots"]), c
+        assert c["leases"] == 0 and c["waiting"] == 0, c  # every request was seated and finished
+
+
+def test_pad_in_limit_fails_wake_room_without_hanging(tmp_path, monkeypatch):
+    # the exact-fill request is neither rejected nor seated: it waits until the client gives up. The
+    # scenario bounds that wait by its turn-2 timeout (SPEC: 60 s), lowered here to keep the test short
+    from e2e.scenarios import wake_room
+
+    monkeypatch.setattr(wake_room, "TURN2_TIMEOUT", 10.0)
+    code, reports = gate(tmp_path, "--targets", "toy-paged", "--scenarios", "wake_room",
+                         "--server-flags", "--fault pad-in-limit")
+    got = checks(reports["toy-paged"])
+    assert code == EXIT_FAIL and got["wake_room"]["ok"] is False, got
+    note = got["wake_room"]["note"]
+    assert "the exact-fill request" in note and "hung" in note, note
+    assert "turn 2 1/1 identical" in note and "did not complete" not in note, note
+
+
+def test_a_broken_build_fails_run_equals_reference(tmp_path):
+    # kern run (no server) on a build whose write kernel fills half of each token slot, held to the reference
+    raw = json.loads((TOY / "toy-paged.json").read_text())
+    launch = raw["ops"]["write"]["impl"]["launches"][0]
+    launch["args"][-1] = {"i64": raw["states"]["kv"]["bytes_per_token"] // 2}
+    (tmp_path / "broken.json").write_text(json.dumps(raw))
+    shutil.copy(TOY / "salt.safetensors", tmp_path / "salt.safetensors")
+    cfg = tmp_path / "kern.toml"
+    cfg.write_text('[targets.broken]\nmanifest = "broken.json"\n')
+    code, reports = gate(tmp_path, "--config", str(cfg), "--scenarios", "run_equals_reference")
+    got = checks(reports["broken"])
+    assert code == EXIT_FAIL and got["run_equals_reference"]["ok"] is False, got
+    assert got["run_equals_reference"]["note"].startswith("0/12 identical"), got
+    assert not list((tmp_path / "results" / "broken").glob("server-*.log"))  # no server needed
 
 
 def test_no_checkpoint_also_fails_turn2_hit(tmp_path):

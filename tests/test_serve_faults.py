@@ -113,3 +113,19 @@ def test_keep_overshoot_misbehaves(kern_server):
     second = ask(server, ids2, 64)
     assert second["cached"] > 0 and second["ids"] != oracle(target, ids2, 64)
     assert json.dumps(server.stats())  # still serving
+
+
+def test_every_fault_is_listed_under_help_and_consulted():
+    from pathlib import Path
+
+    from click.testing import CliRunner
+
+    from serve.cli import serve_command
+    from serve.faults import FAULTS
+
+    out = "".join(CliRunner().invoke(serve_command, ["--help"]).output.split())  # click wraps at hyphens
+    serve = Path(__file__).resolve().parent.parent / "serve"
+    src = "".join(p.read_text() for p in serve.glob("*.py") if p.name != "faults.py")
+    for name in FAULTS:
+        assert f"{name}:" in out, name  # the catalogue's description, not only the choice list
+        assert f'"{name}" in' in src or f'"{name}" not in' in src, f"{name} is never consulted"
