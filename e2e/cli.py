@@ -7,16 +7,20 @@ unknown target or scenario name included); 125 nothing could run (every target s
 
 from __future__ import annotations
 
+import concurrent.futures
+import dataclasses
 import shlex
 import sys
+import threading
 import time
 from pathlib import Path
+from typing import Callable
 
 import click
 
 from e2e.checks import Checks
 from e2e.config import ConfigError, GateTarget, load_targets
-from e2e.gate import Options, Run, run_target
+from e2e.gate import SESSION_PORTS, Options, Run, run_target
 from e2e.report import junit, write_report, write_summary
 from e2e.scenarios import CHECKS, plan
 from oracle.cache import Cache, KernRun, kern_run_identity
@@ -25,6 +29,7 @@ from oracle.reference import PACKAGED_MODEL, Reference, ReferenceError
 __all__ = ["main"]
 
 EXIT_USAGE = 2
+SESSIONS = len(SESSION_PORTS)
 GREEDY = ("--targets", "--scenarios")
 
 
@@ -57,27 +62,47 @@ def _oracles(t: GateTarget, reference: Path | None, out: Path, backend: str):
     return Reference(reference, t.manifest), runner
 
 
-def _skipped(t: GateTarget, reason: str) -> dict:
-    click.echo(f"== {t.name}\n  skipped: {reason}")
+def _skipped(t: GateTarget, reason: str, echo: Callable[[str], None]) -> dict:
+    echo(f"== {t.name}\n  skipped: {reason}")
     return {"target": t.name, "skipped": reason, "facts": {}, "counters": {}, "checks": [], "wall_s": 0.0}
 
 
-def gate_target(t: GateTarget, opts: Options, reference: Path | None, wanted: set[str] | None) -> dict:
+def gate_target(t: GateTarget, opts: Options, reference: Path | None, wanted: set[str] | None,
+                echo: Callable[[str], None] = click.echo) -> dict:
     if t.skipped:
-        return _skipped(t, t.skipped)
+        return _skipped(t, t.skipped, echo)
     steps = plan(t, wanted, reference is not None)
     if wanted is not None and not any(set(s.checks) & wanted for s in steps):
-        return _skipped(t, "no selected check applies")
-    click.echo(f"== {t.name} ({t.ranks} rank(s), {'stateful' if t.lined else 'paged'}, rows {t.widest})")
+        return _skipped(t, "no selected check applies", echo)
+    echo(f"== {t.name} ({t.ranks} rank(s), {'stateful' if t.lined else 'paged'}, rows {t.widest})")
     t0 = time.monotonic()
     oracle, runner = _oracles(t, reference, opts.out, opts.backend)
-    checks = Checks(wanted, echo=click.echo)
-    run = Run(t, opts, oracle, runner, checks, echo=click.echo)
+    checks = Checks(wanted, echo=echo)
+    run = Run(t, opts, oracle, runner, checks, echo=echo)
     run_target(run, steps)
     wall = round(time.monotonic() - t0, 1)
-    click.echo(f"  {t.name}: {wall:.1f}s")
+    echo(f"  {t.name}: {wall:.1f}s")
     return {"target": t.name, "skipped": None, "facts": run.facts, "counters": run.counters,
             "checks": checks.list, "wall_s": wall}
+
+
+def gate_all(chosen: list[GateTarget], opts: Options, ref: Path | None, wanted: set[str] | None, jobs: int) -> list[dict]:
+    """Every target, `jobs` at a time; reports in the order chosen, whatever order they finish in."""
+    if jobs == 1 or len(chosen) < 2:
+        return [gate_target(t, opts, ref, wanted) for t in chosen]
+    lock = threading.Lock()
+
+    def one(i: int, t: GateTarget) -> dict:
+        def echo(line: str) -> None:
+            with lock:
+                click.echo(f"[{t.name}] {line.lstrip()}")
+
+        # fixed ports: each target its own block of session ports
+        o = opts if opts.port == 0 else dataclasses.replace(opts, port=opts.port + i * SESSIONS)
+        return gate_target(t, o, ref, wanted, echo)
+
+    with concurrent.futures.ThreadPoolExecutor(jobs) as ex:
+        return list(ex.map(one, range(len(chosen)), chosen))
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -92,15 +117,17 @@ def gate_target(t: GateTarget, opts: Options, reference: Path | None, wanted: se
 @click.option("--max-tokens", type=click.IntRange(min=1), default=64, show_default=True)
 @click.option("--backend", type=click.Choice(["auto", "cpu", "gpu"]), default="auto", show_default=True)
 @click.option("--port", type=click.IntRange(0, 65530), default=18060, show_default=True,
-              help="Sessions use port, +1, ... +4; 0 picks a free port for each.")
+              help="Sessions use port, +1, ... +4 (target i of --jobs adds 5i); 0 picks a free port for each.")
 @click.option("--capacity", type=click.IntRange(min=1), default=16384, show_default=True,
               help="--capacity of the sessions that do not size their own pool.")
 @click.option("--server-flags", default="", help="Extra server flags for every session (session flags override).")
 @click.option("--kern", default=None, help="Command that runs `kern` (default: this Python's oracle.cli).")
 @click.option("--load-timeout", type=float, default=600.0, show_default=True)
+@click.option("--jobs", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Targets gated at once (each in its own server processes; progress lines carry the target).")
 @click.option("--junit", "junit_path", type=click.Path(dir_okay=False), default=None, help="Write JUnit XML here.")
 def cli(config, targets, scenarios, reference, no_reference, out, max_tokens, backend, port, capacity,
-        server_flags, kern, load_timeout, junit_path) -> None:
+        server_flags, kern, load_timeout, jobs, junit_path) -> None:
     """Gate every target of a config through the server, token-exact against an oracle."""
     wanted = set(_names(scenarios)) or None
     unknown = sorted((wanted or set()) - set(CHECKS))
@@ -118,7 +145,7 @@ def cli(config, targets, scenarios, reference, no_reference, out, max_tokens, ba
             raise click.UsageError(str(exc)) from None
     opts = Options(cfg.resolve(), Path(out), max_tokens, backend, port, server_flags, capacity, load_timeout,
                    shlex.split(kern) if kern else None)
-    reports = [gate_target(t, opts, ref, wanted) for t in chosen]
+    reports = gate_all(chosen, opts, ref, wanted, jobs)
     for r in reports:
         write_report(opts.out, r)
     table, code = write_summary(opts.out, reports)

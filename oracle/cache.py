@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import threading
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -98,6 +99,9 @@ class KernRun:
     """
 
     kind = "kern run"
+    # one sequence at a time in this process: numba's CPU threading layer and a GPU stream are
+    # not for concurrent callers (e2e --jobs gates several targets from threads)
+    _lock = threading.Lock()
     exact = False
     available = True
     accept_pct = None
@@ -122,8 +126,9 @@ class KernRun:
 
         if self._manifest is None:
             self._manifest = load(self.manifest_path)
-        rt, cell = single(self._manifest, self.weights, len(ids), steps, rows, self.backend)
-        out = [int(t) for t in generate(rt, cell, ids, steps, rows, self.chunk).ids]
+        with KernRun._lock:
+            rt, cell = single(self._manifest, self.weights, len(ids), steps, rows, self.backend)
+            out = [int(t) for t in generate(rt, cell, ids, steps, rows, self.chunk).ids]
         if self.cache is not None:
             self.cache.put(ids, steps, rows, out)
         return out

@@ -189,3 +189,18 @@ def test_a_failing_kern_test_exits_1_without_a_server(tmp_path):
     assert code == EXIT_FAIL and got["kern_test"]["ok"] is False
     assert got["kern_test"]["note"].startswith(("FAIL", "INCONCLUSIVE"))
     assert not list((tmp_path / "results" / "mixed").glob("server-*.log"))
+
+
+def test_jobs_gates_several_targets_at_once(tmp_path, capsys):
+    """--jobs 2: both targets gated concurrently, reports in the order asked, progress lines tagged."""
+    code, reports = gate(tmp_path, "--targets", "toy-big", "toy-paged", "--scenarios", "conc1_equals_run",
+                         "repeat_hit", "--jobs", "2")
+    assert code == EXIT_PASS, reports
+    assert set(reports) == {"toy-big", "toy-paged"}
+    for r in reports.values():
+        assert {c["name"] for c in r["checks"]} == {"conc1_equals_run", "repeat_hit"}
+        assert all(c["ok"] for c in r["checks"])
+    out = capsys.readouterr().out
+    assert "[toy-paged] [ok  ] repeat_hit" in out and "[toy-big] [ok  ] conc1_equals_run" in out
+    table = (tmp_path / "results" / "summary.md").read_text()
+    assert table.index("toy-big") < table.index("toy-paged")  # the order asked, not the finishing order
