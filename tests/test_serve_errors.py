@@ -115,3 +115,25 @@ def test_healthy_and_right_after_the_matrix(server):
     assert "kern_prefix_cache_hits_total" in httpx.get(server.url + "/metrics", timeout=10).text
     assert_nothing_leaked(server)
     assert ask is not None
+
+
+def test_metrics_agree_with_stats(server):
+    """/metrics is Prometheus text carrying the same numbers as /stats, hits split by tier."""
+    ids = list(b"A repeated prompt, long enough to fill more than one whole page of sixteen tokens")
+    for _ in range(2):
+        assert _post(server, "/v1/completions", json={"prompt": ids, "max_tokens": 4}).status_code == 200
+    text = httpx.get(server.url + "/metrics", timeout=10).text
+    stats = server.stats()
+    samples = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            samples[name] = float(value)
+    c, g = stats["counters"], stats["gauges"]
+    assert samples['kern_prefix_cache_hits_total{tier="device"}'] == c["resident_hits"] >= 1
+    assert samples['kern_prefix_cache_hit_tokens_total{tier="device"}'] == c["resident_hit_tokens"] >= 64
+    assert samples['kern_prefix_cache_hits_total{tier="host"}'] == c["host_hits"]
+    for name, value in c.items():
+        assert samples[f"kern_{name}_total"] == value, name
+    for name in ("running", "waiting", "pages_used", "parked_entries", "leases"):
+        assert samples[f"kern_{name}"] == g[name], name
