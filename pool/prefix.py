@@ -128,6 +128,10 @@ class Prefix:
         """Every entry's key and tier, in key order (a scan: for tests and /stats)."""
         return sorted((k, e.tier) for k, e in self._entries.items())
 
+    def resident_stores(self) -> list:
+        """The device stores the entries hold, in key order (a scan: for /stats' snapshot gauges)."""
+        return [self._entries[k].device for k in sorted(self._entries) if self._entries[k].device is not None]
+
     def parked_lengths(self) -> list[int]:
         return sorted(len(k) for k, e in self._entries.items() if e.device is None)
 

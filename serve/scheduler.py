@@ -329,16 +329,11 @@ class Scheduler(threading.Thread):
 
 
 def snapshot_holdings(prefix) -> tuple[set[int], set[int]]:
-    """Device pages and slots the index's resident snapshots hold, recounted from their stores.
-
-    The pool exposes no iterator over the index's stores, so this reads `Prefix._entries`.
-    """
+    """Device pages and slots the index's resident snapshots hold, recounted from their stores, so a
+    page the tallies lost track of shows up as a leak."""
     pages: set[int] = set()
     slots: set[int] = set()
-    for entry in prefix._entries.values():
-        store = entry.device
-        if store is None:
-            continue
+    for store in prefix.resident_stores():
         pages.update(store.page_ids())
         if store.seq_slot() is not None:
             slots.add(store.seq_slot())

@@ -312,3 +312,15 @@ def test_lookup_matches_the_brute_force_model(mode, seed):
 def test_same_seed_same_trace():
     """Determinism: two runs with the same seed give identical traces."""
     assert brute_force_run("accept", 7, 1500) == brute_force_run("accept", 7, 1500)
+
+
+def test_resident_stores_lists_exactly_the_device_copies():
+    ix = Prefix(UNIT)
+    a, b = K(8, name="a"), K(6, name="b")
+    ix.insert(toks(8), a)
+    ix.insert([5] * 6, b)
+    assert ix.resident_stores() == [a, b]  # key order: toks(8) = [3, 10, ...] sorts before [5] * 6
+    assert ix.evict(accept) == Evicted(tuple(toks(8)), True, 0)  # a is the colder: parked
+    assert ix.resident_stores() == [b]
+    assert ix.evict() == Evicted((5,) * 6, False, 0)
+    assert ix.resident_stores() == []
