@@ -129,9 +129,9 @@ def build(what: str, opts: Options) -> Engine:
         capacity = CPU_CAPACITY
     else:
         capacity = _gpu_capacity(backend, geometry, first_slots, opts.reserve_gib)
-    capacity = capacity // unit * unit
-    if capacity < 2 * unit:
+    if capacity // unit < 2:
         raise EngineError(f"--capacity {capacity} tokens is under two pages of {unit} (the pad takes one)")
+    capacity = capacity // unit * unit
     chunk_bytes = chunk_size(geometry)
     chunks = chunks_for(geometry, capacity, first_slots, chunk_bytes)
     pool = Pool(geometry, chunk_bytes, chunks, first_slots, tokens=capacity)

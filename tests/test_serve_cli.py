@@ -1,0 +1,29 @@
+"""`kern serve` refuses bad flags with one line naming the flag, exit 2, before binding anything."""
+
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO
+
+
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        pytest.param(["toy-nope"], "unknown target 'toy-nope'", id="unknown-target"),
+        pytest.param(["toy-paged", "--rows", "3"], "--rows 3", id="rows-not-declared"),
+        pytest.param(["toy-paged", "--capacity", "8"], "--capacity 8 tokens is under two pages of 16", id="capacity-tiny"),
+        pytest.param(["toy-paged", "--chunk", "99999"], "--chunk 99999", id="chunk-over"),
+        pytest.param(["toy-stateful", "--max-seqs", "0"], "--max-seqs 0", id="max-seqs-0"),
+        pytest.param(["no/such.json"], "does not exist", id="missing-manifest"),
+    ],
+)
+def test_bad_flags_are_one_clear_line(args, needle):
+    r = subprocess.run([sys.executable, "-m", "serve", *args, "--backend", "cpu", "--port", "0"],
+                       capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert r.returncode == 2, r.stderr
+    assert "Traceback" not in r.stderr
+    lines = [l for l in r.stderr.splitlines() if l.strip()]
+    assert len(lines) == 1 and lines[0].startswith("kern serve: error:"), r.stderr
+    assert needle in lines[0]
