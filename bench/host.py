@@ -23,14 +23,9 @@ import manifests
 from manifests.config import PACKAGED, load_config
 from runtime.runtime import Runtime
 
+from kernels import best_of  # bench/kernels.py, beside this script
 
-def best_of(n: int, fn) -> float:
-    best = float("inf")
-    for _ in range(n):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
+
 
 
 def snapshots(pages: int, rng, lo: int, hi: int) -> list[tuple[int, int]]:

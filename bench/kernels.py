@@ -52,7 +52,6 @@ def main() -> None:
     for i, c in enumerate(cells):  # write every slot with the toy's own kernel
         rt.step("prefill", [Cell(c.pages, c.slot, [(i + q) % 256 for q in range(args.tokens)], 0)])
     step = [Cell(c.pages, c.slot, [1], args.tokens - 1) for c in cells]
-    predict_args = None
     if args.backend == "gpu":
         gpu_figures(rt, m, step, args)
         return
@@ -75,7 +74,6 @@ def main() -> None:
     ceil_dt = best_of(args.repeat, lambda: (xp.sum(used), rt.backend.synchronize()))
     ceil_bytes = used.nbytes
     rate, ceiling = read / dt / 1e9, ceil_bytes / ceil_dt / 1e9
-    del predict_args
     print(f"target {args.target}, backend {args.backend}: {args.seqs} seqs x {args.tokens} tokens x {bpt} B = {read / 2**20:.0f} MiB")
     print(f"{'figure':<34}{'GB/s':>10}")
     print(f"{'predict (decode step: write+predict)':<34}{rate:>10.2f}")

@@ -246,4 +246,4 @@ def _unused(m: Manifest, err: "_Errors", used: set) -> None:
     for kind, section in (("var", m.vars), ("state", m.states), ("buffer", m.buffers), ("module", m.modules), ("op", m.ops)):
         for name in section:
             if (kind, name) not in used:
-                err.add(f"{kind if kind != 'buffer' else 'buffer'}s.{name}", f"declared but never used")
+                err.add(f"{kind}s.{name}", "declared but never used")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from manifests.derive import page_unit, reach
 from manifests.schema import Manifest
 from runtime.protocol import ProtocolError
 from runtime.runtime import Runtime
@@ -38,8 +39,6 @@ def room(prompt: int, steps: int, rows: int) -> int:
 
 def single(manifest: Manifest, weights, prompt: int, steps: int, rows: int, backend="cpu", capacity: int | None = None) -> tuple[Runtime, Cell]:
     """A runtime holding one sequence's room (plus the pad), and that sequence's empty cell."""
-    rt_probe_unit = None
-    from manifests.derive import page_unit, reach
 
     unit = page_unit(manifest)
     need = room(prompt, steps, rows)
@@ -53,7 +52,6 @@ def single(manifest: Manifest, weights, prompt: int, steps: int, rows: int, back
     cell = Cell(list(range(1, pages + 1)), 2 if rt.lined else None, [], 0)
     if rt.lined:
         rt.zero_slot(2)
-    del rt_probe_unit
     return rt, cell
 
 
