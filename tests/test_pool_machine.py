@@ -2,7 +2,7 @@
 
 from hypothesis import settings
 from hypothesis import strategies as st
-from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invariant, rule
+from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, initialize, invariant, rule
 
 from pool import Denied, Lease, Pool
 from test_pool_models import HYBRID4, Device, Mapping, fold
@@ -31,6 +31,16 @@ class PoolMachine(RuleBasedStateMachine):
             self.map.land_pending()
             got = fn()
         return got
+
+    @initialize(target=leases, tokens=st.integers(1, 32))
+    def first_lease(self, tokens):
+        # every bundle a rule draws from has something in it from the start, so hypothesis does
+        # not throw away most of its draws on rules that cannot run yet
+        return self.lease(tokens)
+
+    @initialize(target=checkpoints)
+    def empty_checkpoint(self):
+        return None
 
     @rule(target=leases, tokens=st.integers(1, 32))
     def lease(self, tokens):
