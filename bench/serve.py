@@ -3,9 +3,15 @@ toy-stateful (a real `kern serve` process over HTTP), and the scheduler's time p
 kernels (from /stats: whole iterations less the runtime steps inside them).
 
     python bench/serve.py [--targets toy-paged toy-stateful] [--concurrency 1 12 64] [--max-tokens 64]
+    python bench/serve.py --backend gpu --graphs both     # CUDA graphs against launch by launch
 
 Each row is measured in the same run as the concurrency-1 row of its target, which is its ceiling
-for per-request latency and its floor for throughput (`x c1`). Never gates CI.
+for per-request latency and its floor for throughput (`x c1`). A second table splits a step's time
+(per step, ms): host staging of the fills, their upload, issuing the launches (or a graph replay),
+the kernels of decode steps alone (device time by CUDA events on a GPU), the token readback, and
+the scheduler outside the step. With `--graphs both` every target runs twice, with captured graphs
+and with `--no-graphs`, and each graph row is printed beside the plain row of the same concurrency
+(`x plain`). Never gates CI.
 """
 
 from __future__ import annotations
@@ -26,10 +32,10 @@ SERVING = re.compile(r" serving .*\bport=(\d+)")
 PROMPT = "The lighthouse keeper had not seen a ship in eleven days, and the silence of the bay was"
 
 
-def start(target: str, backend: str, log: Path) -> tuple[subprocess.Popen, str]:
+def start(target: str, backend: str, log: Path, extra: tuple[str, ...] = ()) -> tuple[subprocess.Popen, str]:
     path = os.environ.get("PYTHONPATH")
     env = dict(os.environ, PYTHONPATH=str(REPO) + (os.pathsep + path if path else ""))
-    cmd = [sys.executable, "-m", "serve", target, "--backend", backend, "--port", "0", "--max-seqs", "64"]
+    cmd = [sys.executable, "-m", "serve", target, "--backend", backend, "--port", "0", "--max-seqs", "64", *extra]
     with open(log, "wb") as f:
         proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=REPO, env=env)
     deadline = time.monotonic() + 120
@@ -64,41 +70,81 @@ def timing(url: str) -> dict:
     return httpx.get(url + "/stats", timeout=30).json()["timing"]
 
 
+SPLIT = ("rt_stage", "rt_upload", "rt_launch", "rt_readback")
+
+
+def measure(target: str, backend: str, concurrency: list[int], max_tokens: int, log: Path,
+            extra: tuple[str, ...]) -> list[dict]:
+    """One server: a row per concurrency, with tokens/s and where a step's time went."""
+    proc, url = start(target, backend, log, extra)
+    rows = []
+    try:
+        burst(url, 2, 4, 0)  # warm: kernels loaded, arenas touched
+        for k, n in enumerate(concurrency, 1):
+            t0, s0 = time.perf_counter(), timing(url)
+            tokens = burst(url, n, max_tokens, k)
+            wall, s1 = time.perf_counter() - t0, timing(url)
+            d = {key: s1[key] - s0[key] for key in s1 if isinstance(s1[key], (int, float))}
+            steps = max(d["steps"], 1)
+            row = dict(target=target, conc=n, tokens=tokens, tok_s=tokens / wall, steps=d["steps"],
+                       kern_ms=1000 * d["step_s"] / steps, sched_ms=1000 * (d["loop_s"] - d["step_s"]) / steps)
+            for key in SPLIT:
+                row[key] = 1000 * d.get(key, 0.0) / steps
+            row["decode_kernel_ms"] = 1000 * d.get("rt_decode_kernel", 0.0) / max(d.get("rt_decode_steps", 0), 1)
+            rows.append(row)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    return rows
+
+
 def main() -> None:
+    from tabulate import tabulate
+
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--targets", nargs="+", default=["toy-paged", "toy-stateful"])
     ap.add_argument("--concurrency", nargs="+", type=int, default=[1, 12, 64])
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--backend", default="cpu", choices=["auto", "cpu", "gpu"])
+    ap.add_argument("--graphs", default="on", choices=["on", "off", "both"],
+                    help="captured CUDA graphs for decode (on), launch by launch (off), or both side by side")
     args = ap.parse_args()
+    modes = {"on": [("graphs", ())], "off": [("plain", ("--no-graphs",))],
+             "both": [("plain", ("--no-graphs",)), ("graphs", ())]}[args.graphs]
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for target in args.targets:
-            proc, url = start(target, args.backend, Path(tmp) / f"{target}.log")
-            try:
-                burst(url, 2, 4, 0)  # warm: kernels loaded, arenas touched
-                base = None
-                for k, n in enumerate(args.concurrency, 1):
-                    t0, s0 = time.perf_counter(), timing(url)
-                    tokens = burst(url, n, args.max_tokens, k)
-                    wall, s1 = time.perf_counter() - t0, timing(url)
-                    steps = max(s1["steps"] - s0["steps"], 1)
-                    kern_ms = 1000 * (s1["step_s"] - s0["step_s"]) / steps
-                    sched_ms = 1000 * ((s1["loop_s"] - s0["loop_s"]) - (s1["step_s"] - s0["step_s"])) / steps
-                    tok_s = tokens / wall
-                    base = base or tok_s
-                    rows.append((target, n, tokens, tok_s, tok_s / base, steps, kern_ms, sched_ms, sched_ms / kern_ms))
-            finally:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(30)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-    head = ("target", "conc", "tokens", "tok/s", "x c1", "steps", "kernel ms/step", "sched ms/step", "sched/kernel")
-    print(" | ".join(head))
+            for mode, extra in modes:
+                for r in measure(target, args.backend, args.concurrency, args.max_tokens,
+                                 Path(tmp) / f"{target}-{mode}.log", extra):
+                    rows.append(dict(r, mode=mode))
+    base = {}
+    plain = {}
     for r in rows:
-        print(" | ".join([r[0], str(r[1]), str(r[2]), f"{r[3]:.1f}", f"{r[4]:.2f}", str(r[5]), f"{r[6]:.3f}",
-                          f"{r[7]:.3f}", f"{r[8]:.3f}"]))
+        base.setdefault((r["target"], r["mode"]), r["tok_s"])
+        r["x_c1"] = r["tok_s"] / base[(r["target"], r["mode"])]
+        if r["mode"] == "plain":
+            plain[(r["target"], r["conc"])] = r
+    print(tabulate(
+        [(r["target"], r["mode"], r["conc"], r["tokens"], f"{r['tok_s']:.1f}", f"{r['x_c1']:.2f}",
+          f"{r['tok_s'] / plain[(r['target'], r['conc'])]['tok_s']:.2f}" if (r["target"], r["conc"]) in plain else "-",
+          r["steps"], f"{r['kern_ms']:.3f}", f"{r['sched_ms']:.3f}", f"{r['sched_ms'] / max(r['kern_ms'], 1e-9):.3f}")
+         for r in rows],
+        headers=("target", "mode", "conc", "tokens", "tok/s", "x c1", "x plain", "steps", "step ms", "sched ms/step",
+                 "sched/step"), tablefmt="github"))
+    print()
+    print("where a step's time goes (ms per step; decode kernel = device time of a decode step's kernels)")
+    print(tabulate(
+        [(r["target"], r["mode"], r["conc"], *(f"{r[k]:.3f}" for k in SPLIT), f"{r['sched_ms']:.3f}",
+          f"{r['decode_kernel_ms']:.4f}",
+          f"{r['decode_kernel_ms'] / max(plain[(r['target'], r['conc'])]['decode_kernel_ms'], 1e-9):.2f}"
+          if (r["target"], r["conc"]) in plain else "-")
+         for r in rows],
+        headers=("target", "mode", "conc", "stage", "upload", "launch", "readback", "sched", "decode kernel",
+                 "x plain"), tablefmt="github"))
 
 
 if __name__ == "__main__":

@@ -54,6 +54,26 @@ class Backend:
     def synchronize(self) -> None:
         pass
 
+    # -- timing and graphs (a backend that cannot capture returns None and runs every step plainly) --
+
+    def mark(self) -> Any:
+        """A point on the device's timeline (the CPU runs kernels as they are issued: a clock)."""
+        import time
+
+        return time.perf_counter()
+
+    def elapsed_ms(self, start: Any, end: Any) -> float:
+        """Device time between two marks; call after the work between them has finished."""
+        return 1000.0 * (end - start)
+
+    def capture(self, fn: Callable[[], None]) -> Any:
+        """Record `fn`'s launches as a replayable graph without running them, or None if this
+        backend has no graphs."""
+        return None
+
+    def replay(self, graph: Any) -> None:
+        raise NotImplementedError
+
 
 _NP = {"i32": "int32", "i64": "int64", "u8": "uint8", "f32": "float32", "u64": "uint64", "bf16": "uint16"}
 

@@ -93,6 +93,7 @@ class GpuBackend(Backend):
         self.stream = cp.cuda.Stream(non_blocking=True)  # kernels and device work
         self.xfer = cp.cuda.Stream(non_blocking=True)  # host-tier copies, both directions
         self.nb_stream = self.cuda.external_stream(self.stream.ptr)
+        self._views: dict[tuple[int, int, str], object] = {}  # numba views of cupy arrays (see _nb)
 
     # -- memory ---------------------------------------------------------------------------------
 
@@ -171,8 +172,47 @@ class GpuBackend(Backend):
         return module.entry(self.name, entry)
 
     def launch(self, fn, grid: int, block: int, args: list) -> None:
-        fn(grid, block, *args, stream=self.nb_stream)
+        fn(grid, block, *[self._nb(a) for a in args], stream=self.nb_stream)
+
+    def _nb(self, a):
+        """A numba view of a cupy array, made once per (address, length, dtype) and kept. numba
+        would otherwise take each cupy argument through DLPack at every launch, which makes its
+        stream wait on cupy's current one: host time on every launch, and a dependency on
+        uncaptured work that breaks a graph capture."""
+        if cp is None or not isinstance(a, cp.ndarray):
+            return a
+        key = (a.data.ptr, a.size, a.dtype.str)
+        v = self._views.get(key)
+        if v is None:
+            v = self._views[key] = self.cuda.from_cuda_array_interface(a.__cuda_array_interface__, owner=a, sync=False)
+        return v
 
     def synchronize(self) -> None:
         self.stream.synchronize()
         self.xfer.synchronize()
+
+    # -- timing and graphs ----------------------------------------------------------------------
+
+    def mark(self):
+        return self.stream.record()
+
+    def elapsed_ms(self, start, end) -> float:
+        end.synchronize()
+        return float(cp.cuda.get_elapsed_time(start, end))
+
+    def capture(self, fn):
+        """Capture `fn`'s launches on the runtime's stream as a CUDA graph (relaxed mode, so a lazy
+        module load inside it is not an error). The work is recorded, not run: replay it to run."""
+        self.stream.begin_capture()  # cupy's default mode is relaxed
+        try:
+            fn()
+        except BaseException:
+            try:
+                self.stream.end_capture()
+            except Exception:  # the capture was already invalidated by what failed
+                pass
+            raise
+        return self.stream.end_capture()
+
+    def replay(self, graph) -> None:
+        graph.launch(self.stream)

@@ -8,7 +8,9 @@ over a list of cells, and `copy`/`park`/`wake`/`land` execute the pool's plans a
 from __future__ import annotations
 
 import importlib
-from typing import Any, Iterable
+import time
+from dataclasses import dataclass, fields
+from typing import Any, Callable, Iterable
 
 import numpy as np
 
@@ -30,6 +32,7 @@ class Runtime:
         backend: str | Backend = "cpu",
         max_seqs: int | None = None,
         host_bytes: int = 0,
+        graphs: bool = True,
     ):
         self.manifest = m = manifest
         self.backend = make_backend(backend) if isinstance(backend, str) else backend
@@ -81,6 +84,11 @@ class Runtime:
         ]
         self.pad: Cell | None = None
         self._kernels: dict[tuple[str, str], Any] = {}
+        # graphs: (program, bucket) -> a captured graph, or None where capture failed (run plainly)
+        self.graphs = graphs
+        self._graphs: dict[tuple[str, int], Any] = {}
+        self._warm: set[tuple[str, int]] = set()
+        self.timing = StepTiming()
 
     # -- memory ----------------------------------------------------------------------------------
 
@@ -207,13 +215,18 @@ class Runtime:
             padded += [pad] * (b - n)
         env = {self.rows_var: b * per, self.groups_var: b}
         pad_slot = self.pad.slot if self.pad is not None and self.pad.slot is not None else 0
+        t0 = time.perf_counter()
         host = stage(padded, per, self.unit, self.fills, self.page_tables, self.line_tables, self.groups_max, pad_slot)
+        t1 = time.perf_counter()
         be = self.backend
         for name, arr in host.items():
             buf = self.buffers[name]
             be.upload(buf, arr.astype(buf.dtype, copy=False))
-        for call in prog.calls:
-            self._call(call, env)
+        t2 = time.perf_counter()
+        m0 = be.mark()
+        self._run_calls(program, b, lambda: [self._call(call, env) for call in prog.calls], prog.graph)
+        m1 = be.mark()
+        t3 = time.perf_counter()
         if fwd.emits:
             k = fwd.width
             toks = be.download(self.buffers[fwd.emits], b * k)
@@ -223,7 +236,37 @@ class Runtime:
         else:
             for c in cells:
                 c.tokens = []
+        t4 = time.perf_counter()
+        self.timing.add(fwd.rows is not None, stage=t1 - t0, upload=t2 - t1, launch=t3 - t2, readback=t4 - t3,
+                        kernel=be.elapsed_ms(m0, m1) / 1000.0)
         return cells
+
+    def _run_calls(self, program: str, b: int, run: Callable[[], Any], graph: bool) -> None:
+        """Run a step's calls: plainly, or for a `graph: true` program as a captured graph per bucket.
+
+        A bucket's first step runs plainly (it loads the kernels and sizes their scratch); its second
+        is captured and then replayed, as is every later one. A backend without graphs, or a capture
+        that fails, runs plainly from then on. The graph holds the buffers' and arenas' addresses,
+        which never move after load, and reads its inputs from the buffers the step just uploaded."""
+        key = (program, b)
+        if not (graph and self.graphs) or self._graphs.get(key, 0) is None:
+            run()
+            return
+        g = self._graphs.get(key)
+        if g is None:
+            if key not in self._warm:
+                self._warm.add(key)
+                run()
+                return
+            try:
+                g = self.backend.capture(run)
+            except Exception:  # a launch that cannot be captured: this bucket runs plainly
+                g = None
+            self._graphs[key] = g
+            if g is None:
+                run()
+                return
+        self.backend.replay(g)
 
     def _call(self, call, env: dict[str, int]) -> None:
         m = self.manifest
@@ -253,6 +296,33 @@ class Runtime:
                 grid *= expr.evaluate(g, env)
             with map_kernel_exceptions(call.op, launch.entry):
                 self.backend.launch(fn, grid, launch.block[0], args)
+
+
+@dataclass
+class StepTiming:
+    """Where a step's time goes, summed over steps (seconds): host staging of the fills, their
+    upload, issuing the launches (or a graph replay), the kernels themselves (device time between
+    two marks on the runtime's stream: CUDA events on a GPU), and the readback of the tokens."""
+
+    steps: int = 0
+    decode_steps: int = 0  # steps of constant-rows programs (decode, rounds), not prefill chunks
+    stage: float = 0.0
+    upload: float = 0.0
+    launch: float = 0.0
+    kernel: float = 0.0
+    readback: float = 0.0
+    decode_kernel: float = 0.0
+
+    def add(self, decode: bool, **spent: float) -> None:
+        self.steps += 1
+        for k, v in spent.items():
+            setattr(self, k, getattr(self, k) + v)
+        if decode:
+            self.decode_steps += 1
+            self.decode_kernel += spent["kernel"]
+
+    def as_dict(self) -> dict[str, float]:
+        return {f"rt_{f.name}": getattr(self, f.name) for f in fields(self)}
 
 
 def _runs(pairs: Iterable[tuple[int, int]]) -> list[tuple[int, int, int]]:

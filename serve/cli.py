@@ -35,10 +35,11 @@ _FAULT_HELP = "; ".join(f"{k}: {v}" for k, v in FAULTS.items())
 @click.option("--served-model-name", default=None, help="Model name to answer to (default: the manifest's model).")
 @click.option("--config", "config", default=None, type=click.Path(dir_okay=False), help="TOML with [targets.NAME] tables (as `kern --config`).")
 @click.option("--stats-every", default=5.0, show_default=True, type=float, help="Seconds per `stats` log window.")
+@click.option("--no-graphs", is_flag=True, help="Run `graph: true` programs launch by launch instead of as captured CUDA graphs (GPU; for comparison).")
 @click.option("--fault", "faults", multiple=True, type=click.Choice(sorted(FAULTS)), help=f"Misbehave on purpose, for testing the gate (repeatable). {_FAULT_HELP}.")
 @click.pass_context
 def serve_command(ctx, target, port, host, capacity, host_gib, max_seqs, chunk, rows, backend, device, reserve_gib,
-                  weights, api_key, served_model_name, config, stats_every, faults) -> None:
+                  weights, api_key, served_model_name, config, stats_every, no_graphs, faults) -> None:
     """Serve TARGET (a config target name or a manifest path) over OpenAI-compatible HTTP."""
     from manifests import ManifestError
     from manifests.config import ConfigError
@@ -53,7 +54,8 @@ def serve_command(ctx, target, port, host, capacity, host_gib, max_seqs, chunk, 
     if config is None and ctx.obj and isinstance(ctx.obj, dict):
         config = ctx.obj.get("config")
     opts = Options(capacity=capacity, host_gib=host_gib, max_seqs=max_seqs, chunk=chunk, rows=rows, backend=backend,
-                   device=device, reserve_gib=reserve_gib, weights=tuple(weights), config=config, faults=Faults(faults))
+                   device=device, reserve_gib=reserve_gib, weights=tuple(weights), config=config, faults=Faults(faults),
+                   graphs=not no_graphs)
     try:
         engine = build(target, opts)
     except (ManifestError, ConfigError, EngineError, ProtocolError, WeightsError, KernelError, GeometryError,

@@ -36,6 +36,7 @@ class Options:
     weights: tuple[str, ...] = ()
     config: str | None = None
     faults: Faults = field(default_factory=Faults)
+    graphs: bool = True  # capture `graph: true` programs as CUDA graphs (GPU)
 
 
 @dataclass(slots=True)
@@ -142,7 +143,7 @@ def build(what: str, opts: Options) -> Engine:
         host_bytes = host_bytes // grain * grain
         host = Host(host_bytes, grain, geometry.page_size, geometry.slot_size)
     rt = Runtime(m, list(target.weights), pages=max(pool.pages_max, 1), slots=pool.slots_max, backend=backend,
-                 max_seqs=max_seqs, host_bytes=host_bytes)
+                 max_seqs=max_seqs, host_bytes=host_bytes, graphs=opts.graphs)
     pad = pool.lease_pad()
     if not isinstance(pad, Lease):
         raise EngineError(f"the pool cannot lease the pad ({pad!r}); raise --capacity")

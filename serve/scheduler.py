@@ -324,7 +324,8 @@ class Scheduler(threading.Thread):
             "counters": dict(c.values),
             "gauges": self.gauges(),
             "parked_lengths": self.engine.prefix.parked_lengths(),
-            "timing": {"steps": c["steps"], "step_s": c.step_s, "loop_s": c.loop_s, "tokens": c.tokens},
+            "timing": {"steps": c["steps"], "step_s": c.step_s, "loop_s": c.loop_s, "tokens": c.tokens,
+                       **self.engine.runtime.timing.as_dict()},
         }
 
 

@@ -363,9 +363,11 @@ def _cached(key, make):
 
 
 def _scratch(name, stream, n, dtype):
-    """A device array of at least n elements for launches on `stream`."""
+    """A device array of at least n elements for launches on `stream`. It starts large enough for
+    any split read of up to 4096 sequences (grid * splits < SPLIT_BLOCKS + grid), so it never moves
+    once made: a captured CUDA graph holds its address."""
     key = (name, _stream_key(stream))
-    got = _cached(key, lambda: cuda.device_array(max(n, 1), dtype))
+    got = _cached(key, lambda: cuda.device_array(max(n, 2 * SPLIT_BLOCKS), dtype))
     if got.size < n:
         got = _SCRATCH[key] = cuda.device_array(n, dtype)
     return got
