@@ -146,6 +146,10 @@ class Session:
                 p.wait()
             except ProcessLookupError:
                 pass
+        try:  # whatever the server started (a pipeline's stages) goes with it: it leads its session
+            os.killpg(p.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
         self.exit_code = p.returncode
         return self.exit_code
 

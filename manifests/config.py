@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 PACKAGED = Path(__file__).parent / "toy.toml"
-TARGET_KEYS = {"manifest", "reference", "weights", "tokenizer", "kernels"}
+TARGET_KEYS = {"manifest", "reference", "weights", "tokenizer", "kernels", "stages", "cut"}
 TOP_KEYS = {"targets", "gpu", "capacity", "kernels", "test", "run"}
 
 
@@ -28,6 +28,8 @@ class Target:
     weights: tuple[Path, ...] = ()
     tokenizer: Path | None = None
     kernels: Path | None = None
+    stages: int = 1  # served as a pipeline of this many stages (kern serve --stages; e2e passes it)
+    cut: tuple[int, ...] = ()  # the cut points for those stages (default: balanced calls per stage)
 
 
 @dataclass(frozen=True)
@@ -80,10 +82,24 @@ def load_config(path: str | Path) -> Config:
             tuple(rel(w) for w in weights),
             rel(t.get("tokenizer")),
             rel(t.get("kernels")),
+            *_pipeline(name, t, problems),
         )
     if problems:
         raise ConfigError(f"config {path}: " + "; ".join(problems))
     return Config(path, targets)
+
+
+def _pipeline(name: str, t: dict, problems: list[str]) -> tuple[int, tuple[int, ...]]:
+    stages, cut = t.get("stages", 1), t.get("cut", [])
+    if not isinstance(stages, int) or isinstance(stages, bool) or stages < 1:
+        problems.append(f"targets.{name}.stages: expected a positive integer, got {stages!r}")
+        stages = 1
+    if not isinstance(cut, list) or not all(isinstance(a, int) and not isinstance(a, bool) for a in cut):
+        problems.append(f"targets.{name}.cut: expected a list of call indices, got {cut!r}")
+        cut = []
+    elif cut and len(cut) != stages - 1:
+        problems.append(f"targets.{name}.cut: {len(cut)} cut point(s) for {stages} stages (expected {stages - 1})")
+    return stages, tuple(cut)
 
 
 def resolve(what: str, config: str | Path | None = None, weights: list[str] | None = None) -> Target:
@@ -100,5 +116,6 @@ def resolve(what: str, config: str | Path | None = None, weights: list[str] | No
         raise ConfigError(f"unknown target {what!r} in {cfg.path} (targets: {known})")
     t = cfg.targets[what]
     if weights:
-        t = Target(t.name, t.manifest, t.reference, tuple(Path(w) for w in weights), t.tokenizer, t.kernels)
+        t = Target(t.name, t.manifest, t.reference, tuple(Path(w) for w in weights), t.tokenizer, t.kernels,
+                   t.stages, t.cut)
     return t

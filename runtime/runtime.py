@@ -190,8 +190,12 @@ class Runtime:
 
     # -- running -----------------------------------------------------------------------------------
 
-    def step(self, program: str, cells: list[Cell]) -> list[Cell]:
-        """Run `program` over `cells` (each feeds the same number of rows); fill each cell's `tokens`."""
+    def step(self, program: str, cells: list[Cell], arrive: dict | None = None, leave: dict | None = None) -> list[Cell]:
+        """Run `program` over `cells` (each feeds the same number of rows); fill each cell's `tokens`.
+
+        A pipeline stage passes `arrive` (buffers crossing in, uploaded before the calls) and `leave`
+        (a dict keyed by the names crossing out; each gets its host bytes after the calls, at this
+        step's size)."""
         m = self.manifest
         prog = m.programs[program]
         fwd = next(f for f in self.protocol.forwards if f.program == program)
@@ -222,11 +226,16 @@ class Runtime:
         for name, arr in host.items():
             buf = self.buffers[name]
             be.upload(buf, arr.astype(buf.dtype, copy=False))
+        for name, arr in (arrive or {}).items():
+            buf = self.buffers[name]
+            be.upload(buf, np.asarray(arr).reshape(-1).view(buf.dtype))
         t2 = time.perf_counter()
         m0 = be.mark()
         self._run_calls(program, b, lambda: [self._call(call, env) for call in prog.calls], prog.graph)
         m1 = be.mark()
         t3 = time.perf_counter()
+        for name in leave or ():
+            leave[name] = be.download(self.buffers[name], m.buffers[name].nbytes(env) // self.buffers[name].itemsize)
         if fwd.emits:
             k = fwd.width
             toks = be.download(self.buffers[fwd.emits], b * k)

@@ -36,10 +36,18 @@ _FAULT_HELP = "; ".join(f"{k}: {v}" for k, v in FAULTS.items())
 @click.option("--config", "config", default=None, type=click.Path(dir_okay=False), help="TOML with [targets.NAME] tables (as `kern --config`).")
 @click.option("--stats-every", default=5.0, show_default=True, type=float, help="Seconds per `stats` log window.")
 @click.option("--no-graphs", is_flag=True, help="Run `graph: true` programs launch by launch instead of as captured CUDA graphs (GPU; for comparison).")
+@click.option("--stages", default=None, type=int, help="Serve as a pipeline of N stages on this machine: cut TARGET (at the layer boundaries that balance calls per stage, or --at) and start N-1 stage processes; this process is stage 0, the head.")
+@click.option("--at", "at", default=None, help="Cut points (call indices, comma separated) for --stages, instead of the balanced ones.")
+@click.option("--pp-listen", default=None, help="Head: bind the pipeline's control socket here (tcp://HOST:PORT) and wait for stages started separately with --pp-head.")
+@click.option("--pp-head", default=None, help="Run as a pipeline stage (TARGET is its stage manifest) for the head at this address (tcp://HOST:PORT); no HTTP.")
+@click.option("--pp-timeout", default=60.0, show_default=True, type=float, help="Seconds a pipeline peer may stay silent (or an item unanswered) before this process exits non-zero.")
+@click.option("--pp-bind", default="127.0.0.1", show_default=True, help="Stage: the address its activation socket binds (the previous stage connects to it).")
+@click.option("--pp-parent", default=None, type=int, hidden=True, help="Stage: end when this process (the head that started it) ends.")
 @click.option("--fault", "faults", multiple=True, type=click.Choice(sorted(FAULTS)), help=f"Misbehave on purpose, for testing the gate (repeatable). {_FAULT_HELP}.")
 @click.pass_context
 def serve_command(ctx, target, port, host, capacity, host_gib, max_seqs, chunk, rows, backend, device, reserve_gib,
-                  weights, api_key, served_model_name, config, stats_every, no_graphs, faults) -> None:
+                  weights, api_key, served_model_name, config, stats_every, no_graphs, stages, at, pp_listen, pp_head,
+                  pp_timeout, pp_bind, pp_parent, faults) -> None:
     """Serve TARGET (a config target name or a manifest path) over OpenAI-compatible HTTP."""
     from manifests import ManifestError
     from manifests.config import ConfigError
@@ -56,15 +64,47 @@ def serve_command(ctx, target, port, host, capacity, host_gib, max_seqs, chunk, 
     opts = Options(capacity=capacity, host_gib=host_gib, max_seqs=max_seqs, chunk=chunk, rows=rows, backend=backend,
                    device=device, reserve_gib=reserve_gib, weights=tuple(weights), config=config, faults=Faults(faults),
                    graphs=not no_graphs)
+    from serve.pipeline.plan import PlanError
+
+    errors = (ManifestError, ConfigError, EngineError, ProtocolError, WeightsError, KernelError, GeometryError,
+              PoolError, PlanError)
+    if pp_timeout <= 0:
+        click.echo(f"kern serve: error: --pp-timeout {pp_timeout} must be positive", err=True)
+        sys.exit(2)
+    if pp_head is not None:
+        from serve.pipeline.stage import StageOptions, serve_stage
+
+        sopts = StageOptions(weights=tuple(weights), config=config, capacity=capacity, host_gib=host_gib,
+                             backend=backend, device=device, reserve_gib=reserve_gib,
+                             timeout=pp_timeout, bind=pp_bind, parent=pp_parent)
+        try:
+            sys.exit(serve_stage(target, pp_head, sopts))
+        except errors as exc:
+            click.echo(f"kern serve: error: {exc}", err=True)
+            sys.exit(2)
+    head = None
     try:
-        engine = build(target, opts)
-    except (ManifestError, ConfigError, EngineError, ProtocolError, WeightsError, KernelError, GeometryError,
-            PoolError) as exc:
+        from serve.pipeline.plan import pipeline_paths
+
+        plan = pipeline_paths(target, stages, at, config, list(weights) or None, bool(pp_listen))
+        if plan is None:
+            engine = build(target, opts)
+        else:
+            from serve.pipeline.head import PipelineOptions, build_head
+
+            paths, target_weights = plan
+            if target_weights and not weights:
+                opts.weights = tuple(str(w) for w in target_weights)
+            engine, head = build_head(paths, opts, PipelineOptions(listen=pp_listen, timeout=pp_timeout))
+    except errors as exc:
         click.echo(f"kern serve: error: {exc}", err=True)
         sys.exit(2)
     if served_model_name:
         engine.model = served_model_name
-    sys.exit(run(engine, host, port, api_key, stats_every))
+    code = run(engine, host, port, api_key, stats_every)
+    if head is not None:
+        head.stop()
+    sys.exit(code)
 
 
 def run(engine, host: str, port: int, api_key: str | None, stats_every: float = 5.0) -> int:

@@ -1,0 +1,207 @@
+"""The head of a pipeline (stage 0): HTTP, the scheduler and the only pool, driving its stages.
+
+`build_head` binds the control socket, starts the other stages on this machine (or waits for ones
+started with `--pp-head`), takes each one's Hello {stage, cut, pages, page bytes, host pages, where
+it listens}, sizes the pool to the fewest pages any stage holds and the host tier to the fewest host
+pages, answers each with a Table {pages, pad, max_seqs, host pages, where to send}, loads stage 0
+here and waits until every stage is ready. Then the scheduler runs as for one process, with a
+`Pipeline` in place of the runtime.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import zmq
+
+from serve import logs
+from serve.pipeline.liveness import EXIT_PIPELINE, HeadWatch, die
+from serve.pipeline.stage import cut_of
+from serve.pipeline.transport import Message, ZmqWire
+from serve.pipeline.work import StageWork, arriving
+
+__all__ = ["PipelineOptions", "Head", "build_head", "stage_paths"]
+
+GIB = 1 << 30
+
+
+@dataclass(slots=True)
+class PipelineOptions:
+    listen: str | None = None  # bind here and wait for stages started elsewhere
+    timeout: float = 60.0
+    stage_backends: tuple[str, ...] = ()  # per stage 1.., default the head's backend
+    stage_devices: tuple[str, ...] = ()
+
+
+@dataclass
+class Head:
+    """What the head holds beside the engine: the watcher and the stage processes it started."""
+
+    watch: HeadWatch
+    procs: list = field(default_factory=list)
+    ctx: zmq.Context | None = None
+
+    def stop(self) -> None:
+        """Drain is the scheduler's; here: tell the stages to end and reap the ones we started."""
+        self.watch.stop_stages()
+        deadline = time.monotonic() + 10
+        for p in self.procs:
+            try:
+                p.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+def stage_paths(what: str) -> list[Path]:
+    """A cut directory's stage manifests, in stage order (every `*.json` carrying a `cut`)."""
+    from manifests import load
+
+    d = Path(what)
+    found = []
+    for p in sorted(d.glob("*.json")):
+        m = load(p)
+        cid, k, n = cut_of(m)
+        if n > 1:
+            found.append((k, n, cid, p))
+    if not found:
+        raise ValueError(f"{what}: no stage manifests (JSON with a `cut`) in this directory")
+    ids = {cid for _, _, cid, _ in found}
+    n = found[0][1]
+    ks = sorted(k for k, _, _, _ in found)
+    if len(ids) != 1 or ks != list(range(n)):
+        raise ValueError(f"{what}: the stage manifests are not one whole cut (stages {ks} of {n}, ids {sorted(ids)})")
+    return [p for _, _, _, p in sorted(found)]
+
+
+def _spawn(path: Path, k: int, head_addr: str, opts, pp: PipelineOptions, weights) -> subprocess.Popen:
+    backend = pp.stage_backends[k - 1] if len(pp.stage_backends) >= k else opts.backend
+    device = pp.stage_devices[k - 1] if len(pp.stage_devices) >= k else opts.device
+    cmd = [sys.executable, "-m", "serve", str(path), "--pp-head", head_addr, "--pp-timeout", str(pp.timeout),
+           "--backend", backend, "--host-gib", str(opts.host_gib), "--pp-parent", str(os.getpid())]
+    if device is not None:
+        cmd += ["--device", str(device)]
+    if opts.capacity is not None:
+        cmd += ["--capacity", str(opts.capacity)]
+    for w in weights:
+        cmd += ["--weights", str(w)]
+    return subprocess.Popen(cmd, stdin=subprocess.DEVNULL)
+
+
+def _await(watch: HeadWatch, kind: str, want: set[int], timeout: float, procs) -> dict[int, Message]:
+    """Every stage in `want`'s `kind` message; a stage process that exits first, or silence past
+    the limit, ends the head."""
+    got: dict[int, Message] = {}
+    deadline = time.monotonic() + timeout
+    while set(got) != want:
+        for k, p in procs:
+            if p.poll() is not None:
+                die("pp stage lost", stage=k, reason=f"exited with {p.returncode} before it was {kind}")
+        left = deadline - time.monotonic()
+        if left <= 0:
+            die("pp stage lost", stages=",".join(map(str, sorted(want - set(got)))), reason=f"no {kind}",
+                pp_timeout=timeout)
+        try:
+            msg = watch.inbox.get(timeout=min(left, 0.25))
+        except queue.Empty:
+            continue
+        if msg.kind != kind:
+            die("pp protocol error", reason=f"expected {kind}, got {msg.kind!r}")
+        got[int(msg.head["stage"])] = msg
+    return got
+
+
+def build_head(paths: list[Path], opts, pp: PipelineOptions):
+    """The engine for stage 0 with a Pipeline as its runtime, and the Head that stops the stages."""
+    from manifests import derive, load
+    from manifests.config import resolve
+    from pool import Geometry, Host, Lease, Pool, Prefix, chunk_size, chunks_for
+    from runtime.backend import make_backend
+    from runtime.protocol import Protocol
+    from runtime.runtime import Runtime
+    from serve.engine import CPU_CAPACITY, Engine, EngineError, _gpu_capacity
+    from serve.pipeline.pipeline import Pipeline
+
+    if opts.device is not None and opts.backend != "cpu":
+        os.environ.setdefault("CUDA_VISIBLE_DEVICES", str(opts.device).split(",")[0])
+    manifests = [load(p) for p in paths]
+    m0, last = manifests[0], manifests[-1]
+    cid, _, n = cut_of(m0)
+    target = resolve(str(paths[0]), opts.config, list(opts.weights) or None)
+    if derive.is_lined(m0) or any(derive.is_lined(m) for m in manifests):
+        raise EngineError("a pipeline serves paged targets only (lined states through stages come later)")
+    proto0, proto = Protocol(m0), Protocol(last)
+    backend = make_backend(opts.backend)
+    unit, reach = derive.page_unit(m0), derive.reach(m0)
+    rows = opts.rows if opts.rows is not None else proto.widest
+    proto.check_rows(rows, unit)
+    chunk_max = proto.chunk_max
+    chunk = opts.chunk if opts.chunk is not None else chunk_max
+    if not 1 <= chunk <= chunk_max:
+        raise EngineError(f"--chunk {chunk} must be in 1..{chunk_max} (it may only be lowered)")
+    seqs_max = m0.vars[proto0.groups_var].max
+    max_seqs = min(opts.max_seqs if opts.max_seqs is not None else 256, seqs_max, chunk_max // rows, proto.max_groups)
+    if max_seqs < 1:
+        raise EngineError(f"--max-seqs {opts.max_seqs} must be >= 1")
+    geometry = Geometry(**derive.geometry(m0))
+    if opts.capacity is not None:
+        capacity = opts.capacity
+    elif backend.name == "cpu":
+        capacity = CPU_CAPACITY
+    else:
+        capacity = _gpu_capacity(backend, geometry, 0, opts.reserve_gib)
+    hpb0 = unit * sum(b for _, b in geometry.paged)  # one page of every paged state: a host page here
+
+    ctx = zmq.Context()
+    ctl = ZmqWire.make(ctx, zmq.ROUTER, bind=pp.listen or "tcp://127.0.0.1:*", send_timeout=pp.timeout)
+    watch = HeadWatch(ctl, list(range(1, n)), pp.timeout)
+    watch.start()
+    head = Head(watch, ctx=ctx)
+    logs.event("pp head listening", address=ctl.address, stages=n, cut=cid)
+    procs = []
+    if pp.listen is None:
+        for k in range(1, n):
+            procs.append((k, _spawn(paths[k], k, ctl.address, opts, pp, target.weights)))
+        head.procs = [p for _, p in procs]
+    hellos = _await(watch, "hello", set(range(1, n)), pp.timeout, procs)
+    for k, h in hellos.items():
+        if h.head["cut"] != cid or int(h.head["stages"]) != n:
+            die("pp stage refused", stage=k, reason=f"cut {h.head['cut']} of {h.head['stages']} stages, the head "
+                f"serves cut {cid} of {n}", code=EXIT_PIPELINE)
+    fewest = min([capacity // unit] + [int(h.head["pages"]) for h in hellos.values()])
+    capacity = fewest * unit
+    if fewest < 2:
+        raise EngineError(f"the fewest pages any stage holds is {fewest}: under two pages (the pad takes one)")
+    host_pages = min([int(opts.host_gib * GIB) // hpb0] + [int(h.head["host_pages"]) for h in hellos.values()])
+    chunk_bytes = chunk_size(geometry)
+    pool = Pool(geometry, chunk_bytes, chunks_for(geometry, capacity, 0, chunk_bytes), 0, tokens=capacity)
+    host = Host(host_pages, 1, 1, 0) if host_pages > 0 else None  # counted in pages: each stage maps its bytes
+    pad = pool.lease_pad()
+    if not isinstance(pad, Lease):
+        raise EngineError(f"the pool cannot lease the pad ({pad!r}); raise --capacity")
+    table = {"pages": pool.pages_max, "slots": 0, "pad_page": pad.pages[0], "pad_slot": None, "max_seqs": max_seqs,
+             "host_pages": host_pages}
+    sends = [arriving(manifests[k + 1]) if k + 1 < n else [] for k in range(n)]
+    for k in range(1, n):
+        down = hellos[k + 1].head["up"] if k + 1 < n else None
+        watch.post(f"s{k}".encode(), Message("table", {**table, "down": down, "send": sends[k]}))
+    local = Runtime(m0, list(target.weights), pages=pool.pages_max, slots=0, backend=backend, max_seqs=max_seqs,
+                    host_bytes=host_pages * hpb0)
+    local.set_pad(pad.pages[0], None)
+    _await(watch, "ready", set(range(1, n)), pp.timeout, procs)
+    down = ZmqWire.make(ctx, zmq.PUSH, connect=hellos[1].head["up"], send_timeout=pp.timeout)
+    runtime = Pipeline(StageWork(local, sends[0]), proto, down, watch, n, pp.timeout, hpb0)
+    logs.event("pp ready", stages=n, cut=cid, pages=pool.pages_max, stage_pages=",".join(
+        [str(fewest)] + [str(hellos[k].head["pages"]) for k in range(1, n)]), host_pages=host_pages)
+    engine = Engine(
+        model=m0.model, manifest_path=str(paths[0]), runtime=runtime, pool=pool, pad=pad, host=host,
+        prefix=Prefix(unit), rows=rows, chunk=chunk, max_seqs=max_seqs, lined=False, unit=unit, reach=reach,
+        backend=backend.name, host_bytes=host_pages * hpb0, seq_slots=pool.slots, faults=opts.faults,
+    )
+    return engine, head

@@ -1,0 +1,191 @@
+"""Liveness between the head and its stages, made explicit: ZeroMQ reconnects silently and a receive
+from a dead peer just waits, so each side runs a watcher thread with a socket of its own that trades
+heartbeats and ends the process when the other side falls silent past `--pp-timeout`.
+
+    HeadWatch   the head's control socket (ROUTER): heartbeats out, heartbeats and replies in; a stage
+                silent past the limit, or whose connection closed, ends the head (EXIT_PIPELINE)
+    StageWatch  a stage's heartbeat socket (DEALER): a head silent past the limit, a closed
+                connection, or a parent that exited ends the stage
+    die_with_parent   ask Linux to SIGKILL this process when its parent dies (PR_SET_PDEATHSIG)
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import queue
+import signal
+import sys
+import threading
+import time
+
+import zmq
+
+from serve import logs
+from serve.pipeline.transport import Message, ZmqWire
+
+__all__ = ["EXIT_PIPELINE", "HeadWatch", "StageWatch", "die_with_parent", "interval_for", "hb_identity"]
+
+EXIT_PIPELINE = 3
+"""The exit code of a head whose stage is gone, or of a stage whose head or neighbour is gone."""
+
+
+def interval_for(timeout: float) -> float:
+    """Heartbeat period: a quarter of the limit, at most 1 s."""
+    return max(0.05, min(1.0, timeout / 4))
+
+
+def hb_identity(stage: int) -> bytes:
+    return f"s{stage}.hb".encode()
+
+
+def die(event: str, code: int = EXIT_PIPELINE, **fields) -> None:
+    """Log one clear line and end the process now (threads and sockets included)."""
+    logs.event(event, "ERROR", **fields)
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def die_with_parent(parent: int | None) -> None:
+    """SIGKILL this process when its parent dies; exit at once if that already happened."""
+    if parent is None:
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass  # not Linux: StageWatch's parent check still ends us
+    if os.getppid() != parent:
+        die("pp head gone", reason="parent exited before the stage started", parent=parent)
+
+
+class HeadWatch(threading.Thread):
+    """Owns the head's control wire from the start: every message but a heartbeat (hello, ready,
+    done) goes to `inbox`; heartbeats go only to stages already heard from."""
+
+    def __init__(self, ctl: ZmqWire, stages: list[int], timeout: float) -> None:
+        super().__init__(name="pp-watch", daemon=True)
+        self.ctl = ctl
+        self.stages = stages
+        self.timeout = timeout
+        self.interval = interval_for(timeout)
+        self.inbox: queue.Queue = queue.Queue()
+        self.known: set[bytes] = set()
+        now = time.monotonic()
+        self.seen = {k: now for k in stages}
+        self._stop = threading.Event()
+        self._outbox: queue.Queue = queue.Queue()
+
+    def post(self, to: bytes, msg: Message) -> None:
+        """Send `msg` to a peer identity from any thread (the watcher sends it)."""
+        self._outbox.put((to, msg))
+
+    def stop_stages(self) -> None:
+        """Tell every stage to end (each exits 0), then stop watching."""
+        for k in self.stages:
+            if hb_identity(k) in self.known:
+                self.post(hb_identity(k), Message("stop"))
+        deadline = time.monotonic() + 2.0
+        while not self._outbox.empty() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        self._stop.set()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def run(self) -> None:
+        last_beat = 0.0
+        while not self._stop.is_set():
+            msg = self.ctl.recv(self.interval / 2)
+            now = time.monotonic()
+            if msg is not None:
+                self._handle(msg, now)
+            while not self._outbox.empty():
+                to, out = self._outbox.get_nowait()
+                self._send(to, out)
+            if now - last_beat >= self.interval:
+                last_beat = now
+                for k in self.stages:
+                    if hb_identity(k) in self.known:
+                        self._send(hb_identity(k), Message("hb"))
+            for k, t in self.seen.items():
+                if now - t > self.timeout:
+                    die("pp stage lost", stage=k, reason="no heartbeat", silent_s=round(now - t, 1),
+                        pp_timeout=self.timeout)
+
+    def _stage_of(self, sender: bytes | None) -> int | None:
+        try:
+            return int(sender.decode().split(".")[0][1:])
+        except (AttributeError, ValueError):
+            return None
+
+    def _handle(self, msg: Message, now: float) -> None:
+        k = self._stage_of(msg.sender)
+        if k in self.seen:
+            self.seen[k] = now
+            self.known.add(msg.sender)
+        if msg.kind == "error":
+            die("pp stage failed", stage=k, error=msg.head.get("error", "?"))
+        elif msg.kind != "hb":
+            self.inbox.put(msg)
+
+    def _send(self, to: bytes, msg: Message) -> None:
+        if self._stop.is_set():
+            return
+        try:
+            self.ctl.send(msg, to=to)
+        except zmq.ZMQError as exc:
+            # ROUTER_MANDATORY: the peer's connection is gone (EHOSTUNREACH) or stuck (EAGAIN)
+            die("pp stage lost", stage=self._stage_of(to), reason=f"its connection closed ({exc.strerror})")
+
+
+class StageWatch(threading.Thread):
+    """A stage's heartbeat socket: beats to the head; a silent or disconnected head, or a dead
+    parent, ends this process."""
+
+    def __init__(self, ctx: zmq.Context, head: str, stage: int, timeout: float, parent: int | None = None) -> None:
+        super().__init__(name="pp-watch", daemon=True)
+        self.wire = ZmqWire.make(ctx, zmq.DEALER, connect=head, identity=hb_identity(stage),
+                                 send_timeout=timeout)
+        self.monitor = self.wire.sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+        self.stage = stage
+        self.timeout = timeout
+        self.interval = interval_for(timeout)
+        self.parent = parent
+        self.stopped = threading.Event()
+
+    def run(self) -> None:
+        seen = time.monotonic()
+        connected = False
+        last_beat = 0.0
+        poller = zmq.Poller()
+        poller.register(self.wire.sock, zmq.POLLIN)
+        poller.register(self.monitor, zmq.POLLIN)
+        while True:
+            ready = dict(poller.poll(int(self.interval * 500)))
+            now = time.monotonic()
+            if self.monitor in ready:
+                from zmq.utils.monitor import recv_monitor_message
+
+                ev = recv_monitor_message(self.monitor)["event"]
+                if ev == zmq.EVENT_CONNECTED:
+                    connected = True
+                elif ev == zmq.EVENT_DISCONNECTED and connected:
+                    die("pp head gone", stage=self.stage, reason="its connection closed")
+            if self.wire.sock in ready:
+                msg = self.wire.recv(0)
+                seen = now
+                if msg is not None and msg.kind == "stop":
+                    self.stopped.set()
+                    return
+            if now - last_beat >= self.interval:
+                last_beat = now
+                try:
+                    self.wire.send(Message("hb"))
+                except zmq.ZMQError:
+                    pass  # the silence check below decides
+            if now - seen > self.timeout:
+                die("pp head gone", stage=self.stage, reason="no heartbeat", silent_s=round(now - seen, 1),
+                    pp_timeout=self.timeout)
+            if self.parent is not None and os.getppid() != self.parent:
+                die("pp head gone", stage=self.stage, reason="parent exited", parent=self.parent)

@@ -1,0 +1,95 @@
+"""Which stage manifests `kern serve` runs: a cut directory as given, or TARGET cut into `--stages`
+stages at `--at`, the config's `cut = [...]`, or the layer boundaries that balance calls per stage.
+"""
+
+from __future__ import annotations
+
+import atexit
+import shutil
+import tempfile
+from pathlib import Path
+
+__all__ = ["PlanError", "balanced", "pipeline_paths", "parse_at"]
+
+
+class PlanError(ValueError):
+    """A pipeline that cannot be made as asked (bad --at, more stages than boundaries, ...)."""
+
+
+def parse_at(at: str | None) -> list[int] | None:
+    if at is None:
+        return None
+    try:
+        points = [int(x) for x in at.replace(" ", "").split(",") if x]
+    except ValueError:
+        raise PlanError(f"--at {at!r}: expected call indices separated by commas (e.g. 6,12)") from None
+    if not points:
+        raise PlanError(f"--at {at!r}: no cut points")
+    return points
+
+
+def balanced(calls: int, candidates: list[int], stages: int) -> list[int]:
+    """stages-1 increasing cut points out of `candidates` (the call indices a cut may fall on),
+    each the nearest to an even share of `calls` that keeps them increasing."""
+    if len(candidates) < stages - 1:
+        raise PlanError(f"{stages} stages need {stages - 1} cut points; the manifest has {len(candidates)} "
+                        f"place(s) to cut ({', '.join(map(str, candidates)) or 'none'})")
+    out: list[int] = []
+    for i in range(1, stages):
+        ideal = i * calls / stages
+        lo = out[-1] if out else 0
+        left = stages - 1 - i  # points still to place after this one
+        usable = [c for c in candidates if c > lo]
+        usable = usable[: len(usable) - left] if left else usable
+        out.append(min(usable, key=lambda c: (abs(c - ideal), c)))
+    return out
+
+
+def _driven_calls(m) -> int:
+    return min(len(p.calls) for p in m.programs.values() if p.batched)
+
+
+def _cut_module():
+    try:
+        from manifests import cut as cutmod
+    except ImportError as exc:  # pragma: no cover - until `kern cut` is installed
+        raise PlanError(f"cutting a target needs manifests.cut ({exc}); give a cut directory instead") from exc
+    return cutmod
+
+
+def pipeline_paths(what: str, stages: int | None, at: str | None, config, weights, listen: bool):
+    """(stage manifest paths, weights) to serve as a pipeline, or None for a single process."""
+    from manifests.config import resolve
+
+    p = Path(what)
+    if p.is_dir():
+        from serve.pipeline.head import stage_paths
+
+        if stages not in (None, 1) or at is not None:
+            raise PlanError(f"{what} is a cut directory: it already says its stages (drop --stages/--at)")
+        return stage_paths(what), None
+    target = resolve(what, config, weights)
+    n = stages if stages is not None else target.stages
+    if n < 1:
+        raise PlanError(f"--stages {n} must be >= 1")
+    if n == 1:
+        if listen:
+            raise PlanError("--pp-listen needs --stages N (N >= 2) or a cut directory")
+        if at is not None:
+            raise PlanError("--at needs --stages N (N >= 2)")
+        return None
+    from manifests import load
+
+    m = load(target.manifest)
+    cutmod = _cut_module()
+    points = parse_at(at) or (list(target.cut) if target.cut and stages in (None, target.stages) else None)
+    if points is None:
+        calls = _driven_calls(m)
+        candidates = [a for a in range(1, calls) if cutmod.can_cut(m, [a])]
+        points = balanced(calls, candidates, n)
+    if len(points) != n - 1:
+        raise PlanError(f"{n} stages need {n - 1} cut point(s); got {len(points)}: {points}")
+    out = Path(tempfile.mkdtemp(prefix="kern-cut-"))
+    atexit.register(shutil.rmtree, out, True)
+    paths = cutmod.write_stages(m, points, out)
+    return [Path(x) for x in paths], target.weights

@@ -1,0 +1,158 @@
+"""A pipeline stage process (`kern serve STAGE.json --pp-head ADDR`): no HTTP, no pool of its own.
+
+    Hello {stage, stages, cut, pages, page_bytes, host_pages, up}  ->  Table {pages, pad, max_seqs,
+    host_pages, down}  ->  load  ->  Ready  ->  items, in order, until told to stop.
+
+Each item's plans are carried out on this stage's states first, then its calls; the buffers crossing
+out go to the next stage with the item's header, or, from the last stage, each cell's tokens go back
+to the head as `done`. One `pp item` line per item. Any error ends the process (after telling the
+head); a silent head, a closed connection or a dead parent ends it too (StageWatch).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import traceback
+from dataclasses import dataclass
+
+import zmq
+
+from serve import logs
+from serve.pipeline.liveness import EXIT_PIPELINE, StageWatch, die, die_with_parent
+from serve.pipeline.transport import Message, ZmqWire
+from serve.pipeline.work import StageWork, cells_of
+
+__all__ = ["StageOptions", "cut_of", "serve_stage"]
+
+GIB = 1 << 30
+
+
+@dataclass(slots=True)
+class StageOptions:
+    weights: tuple[str, ...] = ()
+    config: str | None = None
+    capacity: int | None = None
+    host_gib: float = 0.0
+    backend: str = "cpu"
+    device: str | None = None
+    reserve_gib: float = 4.0
+    timeout: float = 60.0
+    bind: str = "127.0.0.1"
+    parent: int | None = None
+
+
+def cut_of(m) -> tuple[str, int, int]:
+    """(id, stage, stages) of a stage manifest; an uncut manifest is the only stage of itself."""
+    c = getattr(m, "cut", None)
+    if c is None:
+        return "", 0, 1
+    if isinstance(c, dict):
+        return str(c["id"]), int(c["stage"]), int(c["stages"])
+    return str(c.id), int(c.stage), int(c.stages)
+
+
+def stage_pages(m, geometry, opts: StageOptions, backend) -> int:
+    """The pages this stage could hold: --capacity, or the CPU default, or the GPU's free memory."""
+    from manifests import derive
+    from serve.engine import CPU_CAPACITY, _gpu_capacity
+
+    unit = derive.page_unit(m)
+    if opts.capacity is not None:
+        cap = opts.capacity
+    elif backend.name == "cpu":
+        cap = CPU_CAPACITY
+    else:
+        cap = _gpu_capacity(backend, geometry, 0, opts.reserve_gib)
+    return cap // unit
+
+
+def serve_stage(what: str, head: str, opts: StageOptions) -> int:
+    """Run one stage until the head says stop (0); a lost peer or an error ends it non-zero."""
+    die_with_parent(opts.parent)
+    from manifests import derive, load
+    from manifests.config import resolve
+    from pool import Geometry
+    from runtime.backend import make_backend
+
+    if opts.device is not None and opts.backend != "cpu":
+        os.environ.setdefault("CUDA_VISIBLE_DEVICES", str(opts.device).split(",")[0])
+    target = resolve(what, opts.config, list(opts.weights) or None)
+    m = load(target.manifest)
+    cut, k, stages = cut_of(m)
+    if k == 0:
+        raise ValueError(f"{target.manifest} is stage 0 of its cut (or no stage at all): stage 0 is the head")
+    ctx = zmq.Context()
+    watch = StageWatch(ctx, head, k, opts.timeout, opts.parent)
+    watch.start()
+    ctl = ZmqWire.make(ctx, zmq.DEALER, connect=head, identity=f"s{k}".encode(), send_timeout=opts.timeout)
+    up = ZmqWire.make(ctx, zmq.PULL, bind=f"tcp://{opts.bind}:*", send_timeout=opts.timeout)
+    try:
+        return _run(m, target, k, stages, cut, ctx, ctl, up, watch, opts, make_backend(opts.backend),
+                    Geometry(**derive.geometry(m)))
+    except Exception as exc:
+        msg = f"{type(exc).__name__}: {exc}"
+        traceback.print_exc()
+        try:
+            ctl.send(Message("error", {"error": msg}))
+            time.sleep(0.2)
+        except zmq.ZMQError:
+            pass
+        die("pp stage failed", code=1, stage=k, error=msg)
+        return 1
+
+
+def _run(m, target, k, stages, cut, ctx, ctl, up, watch, opts, backend, geometry) -> int:
+    from manifests import derive
+    from runtime.runtime import Runtime
+
+    pages = stage_pages(m, geometry, opts, backend)
+    host_page_bytes = derive.page_unit(m) * sum(b for _, b in geometry.paged)  # a host page, on this stage
+    host_pages = int(opts.host_gib * GIB) // host_page_bytes if host_page_bytes else 0
+    ctl.send(Message("hello", {"stage": k, "stages": stages, "cut": cut, "pages": pages,
+                               "page_bytes": host_page_bytes, "host_pages": host_pages, "up": up.address,
+                               "pid": os.getpid(), "lined": bool(geometry.has_slots)}))
+    table = _expect(ctl, "table", opts.timeout, k)
+    t = table.head
+    rt = Runtime(m, list(target.weights), pages=t["pages"], slots=t.get("slots", 0), backend=backend,
+                 max_seqs=t["max_seqs"], host_bytes=t["host_pages"] * host_page_bytes)
+    rt.set_pad(t["pad_page"], t.get("pad_slot"))
+    work = StageWork(rt, t.get("send", []))
+    down = None
+    if t.get("down"):
+        down = ZmqWire.make(ctx, zmq.PUSH, connect=t["down"], send_timeout=opts.timeout)
+    last = k == stages - 1
+    ctl.send(Message("ready", {"stage": k}))
+    logs.event("pp stage ready", stage=k, stages=stages, pid=os.getpid(), cut=cut, pages=t["pages"], page_bytes=host_page_bytes,
+               host_pages=t["host_pages"], up=up.address, down=t.get("down") or "head")
+    while not watch.stopped.is_set():
+        msg = up.recv(0.25)
+        if msg is None:
+            continue
+        if msg.kind != "item":
+            raise ValueError(f"stage {k} got a {msg.kind!r} message where an item belongs")
+        h = msg.head
+        issued = time.time()
+        work.apply(h["plans"])
+        cells = cells_of(h["cells"])
+        leave = work.run(h["program"], cells, msg.arrays)
+        if last:
+            ctl.send(Message("done", {"item": h["item"], "tokens": [c.tokens for c in cells]}))
+        else:
+            down.send(Message("item", h, leave))
+        done = time.time()
+        logs.event("pp item", stage=k, item=h["item"], program=h["program"], rows=sum(len(c.ids) for c in cells),
+                   issued_us=int(issued * 1e6), done_us=int(done * 1e6))
+    logs.event("pp stage stopped", stage=k)
+    return 0
+
+
+def _expect(ctl: ZmqWire, kind: str, timeout: float, k: int) -> Message:
+    msg = ctl.recv(timeout)
+    if msg is None:
+        die("pp head gone", stage=k, reason=f"no {kind} within {timeout} s")
+    if msg.kind == "refuse":
+        die("pp stage refused", code=EXIT_PIPELINE, stage=k, reason=msg.head.get("reason", "?"))
+    if msg.kind != kind:
+        raise ValueError(f"stage {k} expected {kind!r} from the head, got {msg.kind!r}")
+    return msg
