@@ -4,6 +4,7 @@ kernels (from /stats: whole iterations less the runtime steps inside them).
 
     python bench/serve.py [--targets toy-paged toy-stateful] [--concurrency 1 12 64] [--max-tokens 64]
     python bench/serve.py --backend gpu --graphs both     # CUDA graphs against launch by launch
+    python bench/serve.py --stages 1 2 3 [--ttft-tokens 8192]      # the pipeline (bench/serve_pp.py)
 
 Each row is measured in the same run as the concurrency-1 row of its target, which is its ceiling
 for per-request latency and its floor for throughput (`x c1`). A second table splits a step's time
@@ -111,7 +112,22 @@ def main() -> None:
     ap.add_argument("--backend", default="cpu", choices=["auto", "cpu", "gpu"])
     ap.add_argument("--graphs", default="on", choices=["on", "off", "both"],
                     help="captured CUDA graphs for decode (on), launch by launch (off), or both side by side")
+    ap.add_argument("--stages", nargs="+", type=int, default=None,
+                    help="Pipeline rows instead: TTFT through these stage counts, packed vs unpacked through the most.")
+    ap.add_argument("--pp-target", default="toy-layers", help="The target the pipeline rows serve.")
+    ap.add_argument("--ttft-tokens", type=int, default=8192, help="The long prompt's tokens.")
+    ap.add_argument("--ttft-reps", type=int, default=2, help="TTFT is the best of this many prompts.")
+    ap.add_argument("--pack-concurrency", type=int, default=16)
+    ap.add_argument("--pack-tokens", type=int, default=512, help="Tokens per prompt of the packed/unpacked burst.")
+    ap.add_argument("--serve-flag", action="append", default=[], help="Extra kern serve flag (repeatable), e.g. --serve-flag=--gpus=0.")
     args = ap.parse_args()
+    if args.stages:
+        import serve_pp
+
+        with tempfile.TemporaryDirectory() as tmp:
+            serve_pp.run(args.pp_target, args.stages, args.backend, args.ttft_tokens, args.ttft_reps,
+                         args.pack_concurrency, args.pack_tokens, Path(tmp), args.serve_flag)
+        return
     modes = {"on": [("graphs", ())], "off": [("plain", ("--no-graphs",))],
              "both": [("plain", ("--no-graphs",)), ("graphs", ())]}[args.graphs]
     rows = []

@@ -43,11 +43,12 @@ _FAULT_HELP = "; ".join(f"{k}: {v}" for k, v in FAULTS.items())
 @click.option("--pp-timeout", default=60.0, show_default=True, type=float, help="Seconds a pipeline peer may stay silent (or an item unanswered) before this process exits non-zero.")
 @click.option("--pp-bind", default="127.0.0.1", show_default=True, help="Stage: the address its activation socket binds (the previous stage connects to it).")
 @click.option("--pp-parent", default=None, type=int, hidden=True, help="Stage: end when this process (the head that started it) ends.")
+@click.option("--pp-share", default=1, type=int, hidden=True, help="Stage: processes sharing this GPU; the default capacity takes 1/N of its free memory.")
 @click.option("--fault", "faults", multiple=True, type=click.Choice(sorted(FAULTS)), help=f"Misbehave on purpose, for testing the gate (repeatable). {_FAULT_HELP}.")
 @click.pass_context
 def serve_command(ctx, target, port, host, capacity, host_gib, max_seqs, chunk, rows, backend, device, reserve_gib,
                   weights, api_key, served_model_name, config, stats_every, no_graphs, stages, at, pp_listen, pp_head,
-                  pp_timeout, pp_bind, pp_parent, faults) -> None:
+                  pp_timeout, pp_bind, pp_parent, pp_share, faults) -> None:
     """Serve TARGET (a config target name or a manifest path) over OpenAI-compatible HTTP."""
     from manifests import ManifestError
     from manifests.config import ConfigError
@@ -76,7 +77,7 @@ def serve_command(ctx, target, port, host, capacity, host_gib, max_seqs, chunk, 
 
         sopts = StageOptions(weights=tuple(weights), config=config, capacity=capacity, host_gib=host_gib,
                              backend=backend, device=device, reserve_gib=reserve_gib,
-                             timeout=pp_timeout, bind=pp_bind, parent=pp_parent)
+                             timeout=pp_timeout, bind=pp_bind, parent=pp_parent, share=pp_share)
         try:
             sys.exit(serve_stage(target, pp_head, sopts))
         except errors as exc:

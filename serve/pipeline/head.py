@@ -35,8 +35,7 @@ GIB = 1 << 30
 class PipelineOptions:
     listen: str | None = None  # bind here and wait for stages started elsewhere
     timeout: float = 60.0
-    stage_backends: tuple[str, ...] = ()  # per stage 1.., default the head's backend
-    stage_devices: tuple[str, ...] = ()
+    share: int = 1  # processes sharing this device's free memory (the default --capacity on a GPU)
 
 
 @dataclass
@@ -81,12 +80,14 @@ def stage_paths(what: str) -> list[Path]:
 
 
 def _spawn(path: Path, k: int, head_addr: str, opts, pp: PipelineOptions, weights) -> subprocess.Popen:
-    backend = pp.stage_backends[k - 1] if len(pp.stage_backends) >= k else opts.backend
-    device = pp.stage_devices[k - 1] if len(pp.stage_devices) >= k else opts.device
+    """Stage k on this machine, on the head's backend and device (stages started separately with
+    --pp-head choose their own)."""
     cmd = [sys.executable, "-m", "serve", str(path), "--pp-head", head_addr, "--pp-timeout", str(pp.timeout),
-           "--backend", backend, "--host-gib", str(opts.host_gib), "--pp-parent", str(os.getpid())]
-    if device is not None:
-        cmd += ["--device", str(device)]
+           "--backend", opts.backend, "--host-gib", str(opts.host_gib), "--pp-parent", str(os.getpid())]
+    if opts.device is not None:
+        cmd += ["--device", str(opts.device)]
+    if opts.capacity is None and opts.backend != "cpu":
+        cmd += ["--pp-share", str(pp.share)]  # the stages and the head split one device's free memory
     if opts.capacity is not None:
         cmd += ["--capacity", str(opts.capacity)]
     for w in weights:
@@ -155,7 +156,9 @@ def build_head(paths: list[Path], opts, pp: PipelineOptions):
     elif backend.name == "cpu":
         capacity = CPU_CAPACITY
     else:
-        capacity = _gpu_capacity(backend, geometry, 0, opts.reserve_gib)
+        if pp.listen is None:
+            pp.share = n  # this machine's stages share the head's device
+        capacity = _gpu_capacity(backend, geometry, 0, opts.reserve_gib) // pp.share
     hpb0 = unit * sum(b for _, b in geometry.paged)  # one page of every paged state: a host page here
 
     ctx = zmq.Context()
@@ -192,7 +195,7 @@ def build_head(paths: list[Path], opts, pp: PipelineOptions):
         down = hellos[k + 1].head["up"] if k + 1 < n else None
         watch.post(f"s{k}".encode(), Message("table", {**table, "down": down, "send": sends[k]}))
     local = Runtime(m0, list(target.weights), pages=pool.pages_max, slots=0, backend=backend, max_seqs=max_seqs,
-                    host_bytes=host_pages * hpb0)
+                    host_bytes=host_pages * hpb0, graphs=opts.graphs)
     local.set_pad(pad.pages[0], None)
     _await(watch, "ready", set(range(1, n)), pp.timeout, procs)
     down = ZmqWire.make(ctx, zmq.PUSH, connect=hellos[1].head["up"], send_timeout=pp.timeout)

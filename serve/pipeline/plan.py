@@ -49,12 +49,34 @@ def _driven_calls(m) -> int:
     return min(len(p.calls) for p in m.programs.values() if p.batched)
 
 
-def _cut_module():
+def _cut(m, at: list[int]):
+    """manifests.cut's stages, its refusal as a PlanError."""
+    from manifests.cut import CutError, cut
+
     try:
-        from manifests import cut as cutmod
-    except ImportError as exc:  # pragma: no cover - until `kern cut` is installed
-        raise PlanError(f"cutting a target needs manifests.cut ({exc}); give a cut directory instead") from exc
-    return cutmod
+        return cut(m, at)
+    except CutError as exc:
+        raise PlanError(f"cannot cut {m.model} at {','.join(map(str, at))}: {exc}") from exc
+
+
+def _cuts(m, at: list[int]) -> bool:
+    try:
+        _cut(m, at)
+    except PlanError:
+        return False
+    return True
+
+
+def write_stages(m, at: list[int], out: Path) -> list[Path]:
+    """Cut `m` at `at` and write each stage's manifest into `out`, in stage order."""
+    import json
+
+    paths = []
+    for st in _cut(m, at):
+        p = out / f"{m.model}.stage{st.index}.json"
+        p.write_text(json.dumps(st.raw, indent=1) + "\n")
+        paths.append(p)
+    return paths
 
 
 def pipeline_paths(what: str, stages: int | None, at: str | None, config, weights, listen: bool):
@@ -81,15 +103,12 @@ def pipeline_paths(what: str, stages: int | None, at: str | None, config, weight
     from manifests import load
 
     m = load(target.manifest)
-    cutmod = _cut_module()
     points = parse_at(at) or (list(target.cut) if target.cut and stages in (None, target.stages) else None)
     if points is None:
         calls = _driven_calls(m)
-        candidates = [a for a in range(1, calls) if cutmod.can_cut(m, [a])]
-        points = balanced(calls, candidates, n)
+        points = balanced(calls, [a for a in range(1, calls) if _cuts(m, [a])], n)
     if len(points) != n - 1:
         raise PlanError(f"{n} stages need {n - 1} cut point(s); got {len(points)}: {points}")
     out = Path(tempfile.mkdtemp(prefix="kern-cut-"))
     atexit.register(shutil.rmtree, out, True)
-    paths = cutmod.write_stages(m, points, out)
-    return [Path(x) for x in paths], target.weights
+    return write_stages(m, points, out), target.weights

@@ -40,6 +40,7 @@ class StageOptions:
     timeout: float = 60.0
     bind: str = "127.0.0.1"
     parent: int | None = None
+    share: int = 1  # processes sharing this device: the default capacity takes 1/share of its free memory
 
 
 def cut_of(m) -> tuple[str, int, int]:
@@ -63,7 +64,7 @@ def stage_pages(m, geometry, opts: StageOptions, backend) -> int:
     elif backend.name == "cpu":
         cap = CPU_CAPACITY
     else:
-        cap = _gpu_capacity(backend, geometry, 0, opts.reserve_gib)
+        cap = _gpu_capacity(backend, geometry, 0, opts.reserve_gib) // max(opts.share, 1)
     return cap // unit
 
 
