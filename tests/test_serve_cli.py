@@ -17,6 +17,11 @@ from conftest import REPO
         pytest.param(["toy-paged", "--chunk", "99999"], "--chunk 99999", id="chunk-over"),
         pytest.param(["toy-stateful", "--max-seqs", "0"], "--max-seqs 0", id="max-seqs-0"),
         pytest.param(["no/such.json"], "does not exist", id="missing-manifest"),
+        pytest.param(["toy-paged", "--pp-timeout", "0"], "--pp-timeout 0.0 must be positive", id="pp-timeout-0"),
+        pytest.param(["toy-paged", "--at", "3"], "--at needs --stages N", id="at-without-stages"),
+        pytest.param(["toy-paged", "--pp-listen", "tcp://127.0.0.1:0"], "--pp-listen needs --stages N", id="listen-alone"),
+        pytest.param(["toy-paged", "--stages", "0"], "--stages 0 must be >= 1", id="stages-0"),
+        pytest.param(["tests"], "no stage manifests", id="dir-without-stages"),
     ],
 )
 def test_bad_flags_are_one_clear_line(args, needle):
