@@ -95,6 +95,21 @@ class Pipeline:
             c.tokens = toks
         return cells
 
+    def hold_partial(self, wait_s: float = 0.005) -> bool:
+        """Whether a partial prefill item should wait: yes while `stages` items are in flight (a
+        full one goes at once). Answers already in are collected first; when it says hold, it has
+        waited up to `wait_s` for the oldest answer, so a scheduler asking again does not spin."""
+        while self.in_flight and not self.watch.inbox.empty():
+            self._collect()
+        if len(self.in_flight) < self.stages:
+            return False
+        try:
+            msg = self.watch.inbox.get(timeout=wait_s)
+        except queue.Empty:
+            return True
+        self._collect(msg)
+        return True
+
     def wait(self, item: int) -> None:
         """Collect answers, in order, until `item`'s is in."""
         while self.in_flight and self.in_flight[0] <= item:
@@ -105,10 +120,10 @@ class Pipeline:
         while self.in_flight:
             self._collect()
 
-    def _collect(self) -> tuple[int, list]:
+    def _collect(self, msg=None) -> tuple[int, list]:
         want = self.in_flight[0]
         try:
-            msg = self.watch.inbox.get(timeout=self.timeout)
+            msg = msg or self.watch.inbox.get(timeout=self.timeout)
         except queue.Empty:
             die("pp item timed out", item=want, in_flight=len(self.in_flight), pp_timeout=self.timeout)
         if msg.kind != "done":

@@ -1,0 +1,103 @@
+"""The head's Pipeline against a scripted last stage: plans ride the next item in the order made,
+at most `stages` items are in flight, a cell's tokens wait for their own item's answer only when
+read, and a partial prefill item is held only while the pipeline is full."""
+
+from __future__ import annotations
+
+import queue
+from types import SimpleNamespace
+
+from pool import Copies
+from runtime.step import Cell
+from serve.pipeline.pipeline import Pipeline
+from serve.pipeline.transport import Message
+
+
+class FakeRuntime:
+    """Stage 0: records what ran on it, in order."""
+
+    unit, reach, lined, host_page_bytes = 16, 1024, False, 100
+
+    def __init__(self) -> None:
+        self.log: list = []
+        self.manifest = SimpleNamespace(buffers={})
+
+    def copy(self, c):
+        self.log.append(("copy", c.pages))
+
+    def park(self, c):
+        self.log.append(("park", c.pages))
+
+    def wake(self, c):
+        self.log.append(("wake", c.pages))
+
+    def step(self, program, cells, arrive=None, leave=None):
+        self.log.append(("step", program))
+
+
+class FakeWork:
+    def __init__(self) -> None:
+        self.runtime = FakeRuntime()
+
+    def run(self, program, cells, arrays):
+        self.runtime.step(program, cells)
+        return {}
+
+
+class Down:
+    def __init__(self) -> None:
+        self.sent: list[Message] = []
+
+    def send(self, msg, to=None):
+        self.sent.append(msg)
+
+
+def _pipe(stages=3):
+    proto = SimpleNamespace(forwards=[SimpleNamespace(program="prefill", emits="t"),
+                                      SimpleNamespace(program="decode", emits="t")])
+    watch = SimpleNamespace(inbox=queue.Queue())
+    down = Down()
+    return Pipeline(FakeWork(), proto, down, watch, stages, 5.0, 100), watch, down
+
+
+def _answer(watch, item, tokens):
+    watch.inbox.put(Message("done", {"item": item, "tokens": tokens}))
+
+
+def test_plans_ride_the_next_item_and_run_here_at_once():
+    p, _, down = _pipe()
+    p.copy(Copies([(1, 2)], None))
+    p.park(Copies([(3, 7)], None))  # host page 7 is byte 700 here (host page of 100 bytes)
+    p.step("prefill", [Cell([1], None, [5, 6], 0)])
+    assert p.local.log == [("copy", [(1, 2)]), ("park", [(3, 700)]), ("step", "prefill")]
+    assert down.sent[0].head["plans"] == [["copy", [[1, 2]], None], ["park", [[3, 7]], None]]
+    p.step("prefill", [Cell([1], None, [7], 2)])
+    assert down.sent[1].head["plans"] == [] and [m.head["item"] for m in down.sent] == [0, 1]
+
+
+def test_tokens_wait_for_their_own_item_and_in_flight_is_bounded():
+    p, watch, _ = _pipe(stages=2)
+    a = p.step("prefill", [Cell([1], None, [1, 2], 0)])[0]
+    b = p.step("prefill", [Cell([2], None, [3], 0)])[0]
+    assert list(p.in_flight) == [0, 1]
+    _answer(watch, 0, [[11]])
+    _answer(watch, 1, [[22]])
+    c = p.step("decode", [Cell([1], None, [9], 2)])[0]  # a third item: the oldest answer is taken first
+    assert list(p.in_flight) == [1, 2]
+    assert b.tokens == [22] and list(p.in_flight) == [2]  # reading b waited for item 1 only
+    assert a.tokens == [11]
+    _answer(watch, 2, [[33]])
+    assert c.tokens[:1] == [33] and not p.in_flight
+
+
+def test_a_partial_item_is_held_only_while_the_pipeline_is_full():
+    p, watch, _ = _pipe(stages=2)
+    assert not p.hold_partial()
+    p.step("prefill", [Cell([1], None, [1], 0)])
+    assert not p.hold_partial()
+    p.step("prefill", [Cell([2], None, [1], 0)])
+    assert p.hold_partial(wait_s=0.01)  # full, nothing answered
+    assert list(p.in_flight) == [0, 1]
+    _answer(watch, 0, [[5]])
+    assert not p.hold_partial()  # the answer in hand frees a place
+    assert list(p.in_flight) == [1]
