@@ -36,6 +36,7 @@ GIB = 1 << 30
 class PipelineOptions:
     listen: str | None = None  # bind here and wait for stages started elsewhere
     timeout: float = 60.0
+    startup: float = 180.0  # how long stages may take to say hello and to load (at least `timeout`)
     share: int = 1  # processes sharing this device's free memory (the default --capacity on a GPU)
 
 
@@ -180,7 +181,8 @@ def build_head(paths: list[Path], opts, pp: PipelineOptions):
         for k in range(1, n):
             procs.append((k, _spawn(paths[k], k, ctl.address, opts, pp, target.weights)))
         head.procs = [p for _, p in procs]
-    hellos = _await(watch, "hello", set(range(1, n)), pp.timeout, procs)
+    startup = max(pp.startup, pp.timeout)
+    hellos = _await(watch, "hello", set(range(1, n)), startup, procs)
     for k, h in hellos.items():
         if h.head["cut"] != cid or int(h.head["stages"]) != n:
             die("pp stage refused", stage=k, reason=f"cut {h.head['cut']} of {h.head['stages']} stages, the head "
@@ -205,7 +207,7 @@ def build_head(paths: list[Path], opts, pp: PipelineOptions):
     local = Runtime(m0, list(target.weights), pages=pool.pages_max, slots=0, backend=backend, max_seqs=max_seqs,
                     host_bytes=host_pages * hpb0, graphs=opts.graphs)
     local.set_pad(pad.pages[0], None)
-    _await(watch, "ready", set(range(1, n)), pp.timeout, procs)
+    _await(watch, "ready", set(range(1, n)), startup, procs)
     down = ZmqWire.make(ctx, zmq.PUSH, connect=hellos[1].head["up"], send_timeout=pp.timeout)
     runtime = Pipeline(StageWork(local, sends[0]), proto, down, watch, n, pp.timeout, hpb0)
     logs.event("pp ready", stages=n, cut=cid, pages=pool.pages_max, stage_pages=",".join(

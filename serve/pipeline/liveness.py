@@ -109,7 +109,7 @@ class HeadWatch(threading.Thread):
                     if hb_identity(k) in self.known:
                         self._send(hb_identity(k), Message("hb"))
             for k, t in self.seen.items():
-                if now - t > self.timeout:
+                if hb_identity(k) in self.known and now - t > self.timeout:  # startup has its own deadline
                     die("pp stage lost", stage=k, reason="no heartbeat", silent_s=round(now - t, 1),
                         pp_timeout=self.timeout)
 

@@ -113,7 +113,7 @@ def _run(m, target, k, stages, cut, ctx, ctl, up, watch, opts, backend, geometry
     ctl.send(Message("hello", {"stage": k, "stages": stages, "cut": cut, "pages": pages,
                                "page_bytes": host_page_bytes, "host_pages": host_pages, "up": up.address,
                                "pid": os.getpid(), "lined": bool(geometry.has_slots)}))
-    table = _expect(ctl, "table", opts.timeout, k)
+    table = _expect(ctl, "table", max(opts.timeout, 180.0), k)  # the head may still be starting others
     t = table.head
     rt = Runtime(m, list(target.weights), pages=t["pages"], slots=t.get("slots", 0), backend=backend,
                  max_seqs=t["max_seqs"], host_bytes=t["host_pages"] * host_page_bytes)
