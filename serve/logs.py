@@ -10,7 +10,7 @@ import sys
 import threading
 import time
 
-__all__ = ["event", "fmt"]
+__all__ = ["Limiter", "event", "fmt"]
 
 _lock = threading.Lock()
 
@@ -38,3 +38,54 @@ def event(name: str, level: str = "INFO", **fields) -> None:
     with _lock:
         sys.stderr.write(line + "\n")
         sys.stderr.flush()
+
+
+class Limiter:
+    """Repeated events, held to at most two lines per reason per interval: the first occurrence of a
+    reason is written as it comes, later ones within `interval` seconds are only counted, and the
+    count is written (`repeated=N`) at the next occurrence after the interval or at `flush()`.
+
+        limit = Limiter(interval=10.0)
+        limit("client disconnected", "WARN", reason="mid-body", path="/v1/completions")
+
+    The reason is the `reason` field (else the event name). `write` and `clock` are injectable for
+    tests; the defaults write event lines to stderr.
+    """
+
+    def __init__(self, interval: float = 10.0, write=None, clock=time.monotonic) -> None:
+        self.interval = interval
+        self._write = write or event
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._since: dict[str, float] = {}  # reason -> when its current interval began
+        self._held: dict[str, tuple[int, str, str, dict]] = {}  # reason -> (count, name, level, last fields)
+
+    def __call__(self, name: str, level: str = "WARN", **fields) -> bool:
+        """Log one occurrence; True when it was written, False when it was only counted."""
+        reason = str(fields.get("reason", name))
+        now = self._clock()
+        with self._lock:
+            since = self._since.get(reason)
+            if since is not None and now - since < self.interval:
+                n = self._held.get(reason, (0,))[0]
+                self._held[reason] = (n + 1, name, level, fields)
+                return False
+            held = self._held.pop(reason, None)
+            self._since[reason] = now
+        if held is not None:
+            self._summary(reason, held, now - since)
+        self._write(name, level, **fields)
+        return True
+
+    def flush(self) -> None:
+        """Write the counts held back so far (call it periodically, and at exit)."""
+        now = self._clock()
+        with self._lock:
+            held, self._held = self._held, {}
+            since = dict(self._since)
+        for reason, h in held.items():
+            self._summary(reason, h, now - since[reason])
+
+    def _summary(self, reason: str, held: tuple, span: float) -> None:
+        n, name, level, fields = held
+        self._write(name, level, **{**fields, "repeated": n, "over_s": round(span, 3)})

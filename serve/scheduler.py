@@ -104,6 +104,9 @@ class Scheduler(threading.Thread):
                 t0 = time.perf_counter()
                 self._run(self._schedule())
                 self.counters.loop_s += time.perf_counter() - t0
+                # what just finished freed room: admit now, so the next drain only blocks when nothing
+                # runs and the queue's head cannot be admitted
+                self._admit()
             if self.window.due():
                 self.window.flush(self.gauges())
 
