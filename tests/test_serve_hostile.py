@@ -18,7 +18,7 @@ def test_scheduler_never_waits_with_admissible_work():
     """Property: every blocking read of the scheduler's inbox happens with an empty queue; on a pool
     that fits one request at a time, six queued requests are each answered exactly."""
     target = "toy-paged"
-    engine = build(target, Options(capacity=352, backend="cpu"))
+    engine = build(target, Options(capacity=160, backend="cpu"))
     sched = Scheduler(engine)
     blocked_with: list[int] = []
     get = sched.inbox.get
@@ -29,7 +29,7 @@ def test_scheduler_never_waits_with_admissible_work():
         return get(block, timeout)
 
     sched.inbox.get = watched_get
-    n, prompt_len, max_tokens = 6, 250, 24  # room 274: two never fit in 352 less the pad
+    n, prompt_len, max_tokens = 6, 100, 16  # room 116: two never fit in 160 less the pad
     done = [threading.Event() for _ in range(n)]
     got: list[list[int]] = [[] for _ in range(n)]
     prompts = [[(i * 7 + k) % 256 for k in range(prompt_len)] for i in range(n)]
