@@ -2,23 +2,29 @@
 
 A handler validates, names the request (req-N, in arrival order), submits it, and awaits its updates
 on an asyncio queue the scheduler feeds through `call_soon_threadsafe`. A client that hangs up (seen
-while waiting or when the stream's generator is closed) has its request aborted.
+while waiting or when the stream's generator is closed) has its request aborted, and costs one line
+through the log limiter. Every request that was accepted ends with its whole answer or an error: a
+request cut off (by the drain's deadline, or a handler cancelled at shutdown) gets a 503, and a stream
+an error event, never a success without an answer.
 """
 
 from __future__ import annotations
 
 import asyncio
 import codecs
+import hmac
 import json
 import time
 
 from fastapi import FastAPI, Request as HttpRequest
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from serve import logs, validate
 from serve.engine import Engine
+from serve.guard import Limits
 from serve.request import EOS, Done, Request, Update
 from serve.scheduler import Scheduler
 from serve.stats import prometheus
@@ -33,18 +39,36 @@ class Disconnected(Exception):
     """The client hung up."""
 
 
-def _error(exc: ApiError) -> JSONResponse:
-    return JSONResponse(exc.body(), status_code=exc.status)
+def _error(exc: ApiError, headers: dict | None = None) -> JSONResponse:
+    if exc.status == 413:  # the rest of a body too large is not worth reading
+        headers = {**(headers or {}), "Connection": "close"}
+    return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
 
 
-def make_app(scheduler: Scheduler, engine: Engine, api_key: str | None = None) -> FastAPI:
+def _cut(message: str = "the server stopped before this request finished") -> ApiError:
+    return ApiError(503, message, code="server_shutting_down", type="server_error")
+
+
+def make_app(scheduler: Scheduler, engine: Engine, api_key: str | None = None, limits: Limits | None = None,
+             limit_log: logs.Limiter | None = None, protect_stats: bool = False) -> FastAPI:
+    """The routes. `limits` bounds bodies and /tokenize; `limit_log` takes repeated events (hang-ups);
+    `protect_stats` puts /stats and /metrics behind `api_key` too. `app.state.cancelled` counts
+    handlers cancelled at shutdown (each answered a 503)."""
     app = FastAPI(title="kern", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.cancelled = 0
     model = engine.model
     created = int(time.time())
+    limits = limits or Limits()
+    limit_log = limit_log or logs.Limiter()
 
     @app.exception_handler(ApiError)
     async def _api_error(_, exc: ApiError):
         return _error(exc)
+
+    @app.exception_handler(ClientDisconnect)
+    async def _hung_up(request: HttpRequest, _):
+        limit_log("client disconnected", "INFO", reason="mid_body", path=request.url.path)
+        return Response(status_code=400)  # nobody reads it
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_, exc: RequestValidationError):
@@ -53,7 +77,7 @@ def make_app(scheduler: Scheduler, engine: Engine, api_key: str | None = None) -
     @app.exception_handler(StarletteHTTPException)
     async def _http(_, exc: StarletteHTTPException):
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
-        return _error(ApiError(exc.status_code, str(exc.detail), code=code))
+        return _error(ApiError(exc.status_code, str(exc.detail), code=code), exc.headers)
 
     @app.exception_handler(Exception)
     async def _unexpected(_, exc: Exception):
@@ -63,15 +87,31 @@ def make_app(scheduler: Scheduler, engine: Engine, api_key: str | None = None) -
     def auth(request: HttpRequest) -> None:
         if api_key is None:
             return
-        got = request.headers.get("authorization", "")
-        if got != f"Bearer {api_key}":
+        scheme, _, key = request.headers.get("authorization", "").strip().partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(key.strip().encode(), api_key.encode()):
             raise ApiError(401, "incorrect or missing API key", code="invalid_api_key")
+
+    def too_large(got: str) -> ApiError:
+        return ApiError(413, f"the request body is {got}; this server takes at most {limits.max_body_bytes} bytes "
+                        "(--max-body-bytes)", code="request_too_large")
+
+    async def read_body(request: HttpRequest) -> bytes:
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limits.max_body_bytes:
+            raise too_large(f"{int(declared)} bytes")
+        parts, size = [], 0
+        async for part in request.stream():
+            size += len(part)
+            if size > limits.max_body_bytes:
+                raise too_large("larger")
+            parts.append(part)
+        return b"".join(parts)
 
     async def body_of(request: HttpRequest) -> dict:
         auth(request)
-        return validate.parse(await request.body())
+        return validate.parse(await read_body(request))
 
-    @app.get("/health")
+    @app.api_route("/health", methods=["GET", "HEAD"])
     async def health():
         if scheduler.ready.is_set() and scheduler.is_alive():
             return {"status": "ok"}
@@ -86,6 +126,9 @@ def make_app(scheduler: Scheduler, engine: Engine, api_key: str | None = None) -
     @app.post("/tokenize")
     async def tokenize(request: HttpRequest):
         ids = validate.tokenize(await body_of(request), model)
+        if len(ids) > limits.max_tokenize_tokens:
+            raise ApiError(413, f"the input is {len(ids)} tokens; /tokenize takes at most {limits.max_tokenize_tokens} "
+                           "(--max-tokenize-tokens)", "prompt", "input_too_large")
         return {"tokens": ids, "count": len(ids), "max_model_len": engine.max_request_tokens}
 
     @app.post("/detokenize")
@@ -93,11 +136,15 @@ def make_app(scheduler: Scheduler, engine: Engine, api_key: str | None = None) -
         return {"prompt": validate.detokenize(await body_of(request), model)}
 
     @app.get("/stats")
-    async def stats():
+    async def stats(request: HttpRequest):
+        if protect_stats:
+            auth(request)
         return await asyncio.wrap_future(scheduler.query(scheduler.stats))
 
     @app.get("/metrics")
-    async def metrics():
+    async def metrics(request: HttpRequest):
+        if protect_stats:
+            auth(request)
         s = await asyncio.wrap_future(scheduler.query(scheduler.stats))
         return PlainTextResponse(prometheus(s), media_type="text/plain; version=0.0.4")
 
@@ -127,12 +174,12 @@ def make_app(scheduler: Scheduler, engine: Engine, api_key: str | None = None) -
         scheduler.submit(req)
         try:
             first = await _next(q, request)
-        except (Disconnected, asyncio.CancelledError):
-            scheduler.abort(req)
-            return None
+        except Disconnected:
+            return hung_up(req, request)
+        except asyncio.CancelledError:
+            return cancelled(req)
         if first.done is not None and first.done.error is not None:
-            status, message, code, param = first.done.error
-            return _error(ApiError(status, message, param, code))
+            return _error(failure(first.done))
         reply = Reply(req, ask, model)
         if ask.stream:
             return StreamingResponse(stream(request, q, req, reply, first), media_type="text/event-stream",
@@ -144,19 +191,40 @@ def make_app(scheduler: Scheduler, engine: Engine, api_key: str | None = None) -
                 if update.done is not None:
                     break
                 update = await _next(q, request)
-        except (Disconnected, asyncio.CancelledError):
-            scheduler.abort(req)
-            return None
+        except Disconnected:
+            return hung_up(req, request)
+        except asyncio.CancelledError:
+            return cancelled(req)
         if update.done.reason is None:
-            return _error(ApiError(503, "the request was aborted (the server is stopping)", code="aborted",
-                                   type="server_error"))
+            return _error(failure(update.done))
         return reply.whole()
+
+    def failure(done: Done) -> ApiError:
+        if done.error is None:
+            return _cut("the request was aborted (the server is stopping)")
+        status, message, code, param = done.error
+        return ApiError(status, message, param, code, type="server_error" if status >= 500 else "invalid_request_error")
+
+    def hung_up(req: Request, request: HttpRequest) -> Response:
+        scheduler.abort(req)
+        limit_log("client disconnected", "INFO", reason="hung_up", path=request.url.path)
+        return Response(status_code=400)  # nobody reads it
+
+    def cancelled(req: Request) -> JSONResponse:
+        # shutdown's last resort (uvicorn cancels handlers past its graceful window): an explicit 503
+        scheduler.abort(req)
+        app.state.cancelled += 1
+        return _error(_cut())
 
     async def stream(request: HttpRequest, q: asyncio.Queue, req: Request, reply: Reply, first: Update):
         done = False
         try:
             update = first
             while True:
+                if update.done is not None and update.done.reason is None:
+                    done = True  # cut off: the stream ends with an error event, not a finish
+                    yield f"data: {json.dumps(failure(update.done).body(), separators=(',', ':'))}\n\n"
+                    break
                 chunk = reply.chunk(update)
                 yield f"data: {json.dumps(chunk, separators=(',', ':'))}\n\n"
                 if update.done is not None:
@@ -165,7 +233,7 @@ def make_app(scheduler: Scheduler, engine: Engine, api_key: str | None = None) -
                 update = await _next(q, request)
             yield "data: [DONE]\n\n"
         except Disconnected:
-            pass
+            limit_log("client disconnected", "INFO", reason="hung_up", path=request.url.path)
         finally:
             if not done:
                 scheduler.abort(req)

@@ -1,20 +1,25 @@
 """`kern serve TARGET` / `kern server TARGET` / `kern-serve TARGET`: the flags of SPEC §7.
 
-Exit codes: 0 after SIGTERM (or SIGINT) drained; 2 for flags or a target that cannot be served;
-101 when the scheduler thread crashed.
+Exit codes: 0 after SIGTERM (or SIGINT) drained; 75 when the drain ran out of --drain-timeout and
+requests were cut off (each answered a 503); 2 for flags or a target that cannot be served; 101 when
+the scheduler thread crashed.
 """
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import sys
 
 import click
 
 from serve.faults import FAULTS
+from serve.guard import Limits
 
 __all__ = ["main", "serve_command"]
 
+EXIT_CUT_OFF = 75  # EX_TEMPFAIL; 3 is uvicorn's own start-up failure
+_D = Limits()
 _FAULT_HELP = "; ".join(f"{k}: {v}" for k, v in FAULTS.items())
 
 
@@ -34,6 +39,14 @@ _FAULT_HELP = "; ".join(f"{k}: {v}" for k, v in FAULTS.items())
 @click.option("--api-key", default=None, help="Require `Authorization: Bearer KEY` on /v1/*, /tokenize and /detokenize.")
 @click.option("--served-model-name", default=None, help="Model name to answer to (default: the manifest's model).")
 @click.option("--config", "config", default=None, type=click.Path(dir_okay=False), help="TOML with [targets.NAME] tables (as `kern --config`).")
+@click.option("--protect-stats", is_flag=True, help="With --api-key, require it on /stats and /metrics too.")
+@click.option("--drain-timeout", default=_D.drain_timeout, show_default=True, type=float, help="On SIGTERM, seconds to finish queued and running requests; then the rest get a 503 and the exit code is 75.")
+@click.option("--max-connections", default=_D.max_connections, show_default=True, type=int, help="Open connections at most; beyond, a new one is answered 503 and closed.")
+@click.option("--header-timeout", default=_D.header_timeout, show_default=True, type=float, help="Seconds for a request's headers to arrive (from its first byte); then a 408 and the connection closes.")
+@click.option("--body-timeout", default=_D.body_timeout, show_default=True, type=float, help="Seconds for a request's body to arrive after its headers; then a 408 and the connection closes.")
+@click.option("--keep-alive", default=_D.keep_alive, show_default=True, type=float, help="Seconds an idle keep-alive connection is held open.")
+@click.option("--max-body-bytes", default=_D.max_body_bytes, show_default=True, type=int, help="Largest request body; a larger one is answered 413.")
+@click.option("--max-tokenize-tokens", default=_D.max_tokenize_tokens, show_default=True, type=int, help="Largest /tokenize input, in tokens; a larger one is answered 413.")
 @click.option("--stats-every", default=5.0, show_default=True, type=float, help="Seconds per `stats` log window.")
 @click.option("--no-graphs", is_flag=True, help="Run `graph: true` programs launch by launch instead of as captured CUDA graphs (GPU; for comparison).")
 @click.option("--stages", default=None, type=int, help="Serve as a pipeline of N stages on this machine: cut TARGET (at the layer boundaries that balance calls per stage, or --at) and start N-1 stage processes; this process is stage 0, the head.")
@@ -48,8 +61,16 @@ _FAULT_HELP = "; ".join(f"{k}: {v}" for k, v in FAULTS.items())
 @click.pass_context
 def serve_command(ctx, target, port, host, capacity, host_gib, max_seqs, chunk, rows, backend, device, reserve_gib,
                   weights, api_key, served_model_name, config, stats_every, no_graphs, stages, at, pp_listen, pp_head,
-                  pp_timeout, pp_bind, pp_parent, pp_share, faults) -> None:
-    """Serve TARGET (a config target name or a manifest path) over OpenAI-compatible HTTP."""
+                  pp_timeout, pp_bind, pp_parent, pp_share, faults, protect_stats, drain_timeout,
+                  max_connections, header_timeout, body_timeout, keep_alive, max_body_bytes, max_tokenize_tokens) -> None:
+    """Serve TARGET (a config target name or a manifest path) over OpenAI-compatible HTTP.
+
+    \b
+    Exit codes: 0 after SIGTERM (or SIGINT) drained every request;
+    75 when --drain-timeout ran out and requests were cut off (each answered a 503);
+    1 or 3 when the server could not start (3: its port is taken); 2 for bad flags or a target that cannot be served;
+    101 when the scheduler thread crashed.
+    """
     from manifests import ManifestError
     from manifests.config import ConfigError
     from pool import GeometryError, PoolError
@@ -60,6 +81,16 @@ def serve_command(ctx, target, port, host, capacity, host_gib, max_seqs, chunk, 
     from serve.engine import EngineError, Options, build
     from serve.faults import Faults
 
+    from serve.guard import fit_descriptors
+
+    limits = Limits(max_connections, header_timeout, body_timeout, keep_alive, max_body_bytes, max_tokenize_tokens,
+                    drain_timeout)
+    try:
+        limits.check()
+        fit_descriptors(limits)
+    except ValueError as exc:
+        click.echo(f"kern serve: error: {exc}", err=True)
+        sys.exit(2)
     if config is None and ctx.obj and isinstance(ctx.obj, dict):
         config = ctx.obj.get("config")
     opts = Options(capacity=capacity, host_gib=host_gib, max_seqs=max_seqs, chunk=chunk, rows=rows, backend=backend,
@@ -102,16 +133,19 @@ def serve_command(ctx, target, port, host, capacity, host_gib, max_seqs, chunk, 
         sys.exit(2)
     if served_model_name:
         engine.model = served_model_name
-    code = run(engine, host, port, api_key, stats_every)
+    code = run(engine, host, port, api_key, stats_every, limits, protect_stats)
     if head is not None:
         head.stop()
     sys.exit(code)
 
 
-def run(engine, host: str, port: int, api_key: str | None, stats_every: float = 5.0) -> int:
+def run(engine, host: str, port: int, api_key: str | None, stats_every: float = 5.0, limits: Limits = _D,
+        protect_stats: bool = False) -> int:
+    import logging
+
     import uvicorn
 
-    from serve import logs
+    from serve import guard, logs
     from serve.app import make_app
     from serve.scheduler import Scheduler
 
@@ -128,16 +162,39 @@ def run(engine, host: str, port: int, api_key: str | None, stats_every: float = 
     scheduler.ready.wait()
     logs.event("scheduler ready", **ready)
 
+    limit_log = logs.Limiter()
+
     class Server(uvicorn.Server):
+        drained = False
+
         async def startup(self, sockets=None) -> None:
+            loop = asyncio.get_running_loop()
+            loop.set_exception_handler(lambda _, ctx: limit_log(
+                "event loop error", "ERROR", reason=str(ctx.get("message", "?"))[:120],
+                error=repr(ctx.get("exception"))[:200]))
             await super().startup(sockets)
             if self.started:
                 bound = [s.getsockname()[1] for srv in self.servers for s in srv.sockets]
                 logs.event("serving", model=engine.model, host=host, port=bound[0] if bound else port)
+                self.flusher = loop.create_task(_flush_every(limit_log))
 
-    app = make_app(scheduler, engine, api_key)
-    config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
-                            timeout_graceful_shutdown=30, lifespan="off")
+        async def shutdown(self, sockets=None) -> None:
+            logs.event("draining", drain_timeout=limits.drain_timeout, connections=len(self.server_state.connections))
+            scheduler.drain(limits.drain_timeout)
+            await super().shutdown(sockets)
+
+        async def _wait_tasks_to_complete(self) -> None:
+            # uvicorn's graceful wait; cancelled when it outlasts timeout_graceful_shutdown
+            await super()._wait_tasks_to_complete()
+            self.drained = True
+
+    app = make_app(scheduler, engine, api_key, limits, limit_log, protect_stats)
+    # past the drain's deadline every handler has its answer or its 503; the grace is for writing them
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False, lifespan="off",
+                            http=guard.protocol(limits, limit_log), timeout_keep_alive=limits.keep_alive,
+                            timeout_graceful_shutdown=limits.drain_timeout + GRACE_S)
+    for name in ("uvicorn.error", "asyncio"):
+        logging.getLogger(name).addFilter(limit_log.logging_filter(name.replace(".error", "")))
     server = Server(config)
     # uvicorn re-raises the signal it drained on; let that land here, harmlessly, so we exit 0
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -147,8 +204,20 @@ def run(engine, host: str, port: int, api_key: str | None, stats_every: float = 
         return 1
     scheduler.stop()
     scheduler.join(timeout=30)
-    logs.event("stopped", model=engine.model)
-    return 0
+    limit_log.flush()
+    cut = scheduler.cut_off + app.state.cancelled + (0 if server.drained else 1)
+    logs.event("stopped", model=engine.model, cut_off=scheduler.cut_off, cancelled=app.state.cancelled,
+               drained=server.drained)
+    return EXIT_CUT_OFF if cut else 0
+
+
+GRACE_S = 5.0
+
+
+async def _flush_every(limit_log) -> None:
+    while True:
+        await asyncio.sleep(limit_log.interval)
+        limit_log.flush()
 
 
 def main() -> None:

@@ -6,9 +6,11 @@ a quote) is double-quoted.
 
 from __future__ import annotations
 
+import logging
 import sys
 import threading
 import time
+import traceback
 
 __all__ = ["Limiter", "event", "fmt"]
 
@@ -89,3 +91,25 @@ class Limiter:
     def _summary(self, reason: str, held: tuple, span: float) -> None:
         n, name, level, fields = held
         self._write(name, level, **{**fields, "repeated": n, "over_s": round(span, 3)})
+
+    def logging_filter(self, name: str) -> logging.Filter:
+        """A filter for a library's logger (uvicorn's, asyncio's): every record becomes the event
+        `name` through this limiter, its reason the message's first line; the first of each reason
+        keeps its traceback. The record itself is dropped."""
+        limiter = self
+
+        class Limited(logging.Filter):
+            def filter(self, record: logging.LogRecord) -> bool:
+                lines = record.getMessage().strip().splitlines() or ["?"]
+                exc = record.exc_info[1] if record.exc_info else None
+                fields = {"reason": lines[0][:120]}
+                if exc is not None:
+                    fields["error"] = f"{type(exc).__name__}: {exc}"[:200]
+                level = {"WARNING": "WARN", "CRITICAL": "ERROR"}.get(record.levelname, record.levelname)
+                if limiter(name, level, **fields) and record.exc_info:
+                    with _lock:
+                        sys.stderr.write("".join(traceback.format_exception(*record.exc_info)))
+                        sys.stderr.flush()
+                return False
+
+        return Limited()

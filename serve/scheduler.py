@@ -52,6 +52,8 @@ class Scheduler(threading.Thread):
         self.window = Window(self.counters, stats_every)
         self.admission = Admission(engine, self.counters)
         self.stopping = False
+        self.cut_at: float | None = None  # draining: the monotonic time unfinished requests are cut off
+        self.cut_off = 0  # requests cut off by a drain's deadline
         self.ready = threading.Event()
         self._names = 0
         self._names_lock = threading.Lock()
@@ -83,6 +85,11 @@ class Scheduler(threading.Thread):
     def stop(self) -> None:
         self.inbox.put(("stop",))
 
+    def drain(self, seconds: float) -> None:
+        """Refuse new requests (a 503 each) but finish the queued and running ones; whatever is still
+        unfinished `seconds` from now is cut off with a 503 and counted in `cut_off`."""
+        self.inbox.put(("drain", time.monotonic() + seconds))
+
     # the thread
 
     def run(self) -> None:
@@ -97,6 +104,8 @@ class Scheduler(threading.Thread):
     def _loop(self) -> None:
         while True:
             self._drain(block=not self.running)
+            if self.cut_at is not None and time.monotonic() >= self.cut_at:
+                self._cut()
             if self.stopping and not self.running and not self.waiting:
                 return
             self._admit()
@@ -111,8 +120,9 @@ class Scheduler(threading.Thread):
                 self.window.flush(self.gauges())
 
     def _drain(self, block: bool) -> None:
+        wait = 1.0 if self.cut_at is None else min(1.0, max(self.cut_at - time.monotonic(), 0.0))
         try:
-            msg = self.inbox.get(timeout=1.0) if block else self.inbox.get_nowait()
+            msg = self.inbox.get(timeout=wait) if block else self.inbox.get_nowait()
         except queue.Empty:
             return
         while True:
@@ -127,7 +137,7 @@ class Scheduler(threading.Thread):
         if kind == "submit":
             req = msg[1]
             self.counters.add("requests")
-            if self.stopping:
+            if self.stopping or self.cut_at is not None:
                 self._reject(req, (503, "the server is shutting down", "server_shutting_down", None))
             else:
                 self.waiting.append(req)
@@ -139,6 +149,8 @@ class Scheduler(threading.Thread):
                 fut.set_result(msg[1]())
             except Exception as exc:  # a query is a read; its failure is the asker's
                 fut.set_exception(exc)
+        elif kind == "drain":
+            self.cut_at = msg[1]
         elif kind == "stop":
             self.stopping = True
             while self.waiting:
@@ -168,7 +180,14 @@ class Scheduler(threading.Thread):
         req.move(Status.ABORTED)
         self._send(req, Update([], Done(None, error=error)))
 
-    def _abort(self, req: Request) -> None:
+    def _cut(self) -> None:
+        error = (503, "the server stopped before this request finished (--drain-timeout ran out)",
+                 "drain_timeout", None)
+        for req in [*self.waiting, *self.running]:
+            self.cut_off += 1
+            self._abort(req, error)
+
+    def _abort(self, req: Request, error=None) -> None:
         if req.status is Status.WAITING:
             self.waiting.remove(req)
         elif req.status is Status.RUNNING:
@@ -183,7 +202,7 @@ class Scheduler(threading.Thread):
         req.move(Status.ABORTED)
         logs.event("finished", "DEBUG", request=req.id, reason="abort", prompt=len(req.ids),
                    generated=len(req.out), elapsed_s=time.monotonic() - req.t_arrive)
-        self._send(req, Update([], Done(None, req.cached, req.tier)))
+        self._send(req, Update([], Done(None, req.cached, req.tier, error=error)))
 
     # one iteration
 
