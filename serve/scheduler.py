@@ -120,7 +120,8 @@ class Scheduler(threading.Thread):
                 self.window.flush(self.gauges())
 
     def _drain(self, block: bool) -> None:
-        wait = 1.0 if self.cut_at is None else min(1.0, max(self.cut_at - time.monotonic(), 0.0))
+        left = None if self.cut_at is None else self.cut_at - time.monotonic()
+        wait = min(1.0, left) if left is not None and left > 0 else 1.0  # wake for a drain's deadline
         try:
             msg = self.inbox.get(timeout=wait) if block else self.inbox.get_nowait()
         except queue.Empty:
