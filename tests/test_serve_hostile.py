@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import threading
@@ -224,6 +225,13 @@ def test_connections_are_capped_and_idle_ones_closed(bounded):
         s.close()
     assert all(_status(r) == 503 for r in refused), refused[:2]
     assert _body(refused[0])["error"]["code"] == "too_many_connections"
+    base = len(os.listdir(f"/proc/{bounded.proc.pid}/fd"))
+    flood = [_sock(bounded) for _ in range(200)]  # held open, unread: the server must let go of its side
+    time.sleep(1.5)  # past the refused connections' linger
+    held = len(os.listdir(f"/proc/{bounded.proc.pid}/fd"))
+    for s in flood:
+        s.close()
+    assert held <= base + 64, f"the server holds {held} descriptors ({base} before 200 more connections)"
     t0 = time.monotonic()
     closed = [_read_all(s, 10) for s in idle]
     assert time.monotonic() - t0 < 5
