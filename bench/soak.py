@@ -324,10 +324,11 @@ def main() -> None:
         flags = [*SERVER_FLAGS, "--capacity", str(args.capacity), "--host-gib", str(args.host_gib)]
         proc, url = start(args.target, flags, log)
         rss: list[tuple[float, int]] = []
-        t0 = time.monotonic()
-        stop_at = t0 + args.seconds
         try:
             Mix(url, oracle, tally, args.seed).completion()  # warm: kernels loaded
+            t0 = time.monotonic()
+            stop_at = t0 + args.seconds
+            rss.append((0.0, rss_kib(proc.pid)))
             def worker(k: int) -> None:
                 mix = Mix(url, oracle, tally, args.seed * 1000 + k)
                 while time.monotonic() < stop_at:
