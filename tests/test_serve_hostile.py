@@ -208,6 +208,11 @@ def _body(raw: bytes) -> dict:
     return json.loads(raw.split(b"\r\n\r\n", 1)[1])
 
 
+def _limited_lines(seconds: float, interval: float = 10.0) -> int:
+    """The most lines one reason may cost through the log limiter over `seconds`: two per interval."""
+    return 2 * (int(seconds // interval) + 2)
+
+
 def _auth(key: str = KEY, scheme: str = "Bearer") -> dict:
     return {"authorization": f"{scheme} {key}"}
 
@@ -216,6 +221,7 @@ def test_connections_are_capped_and_idle_ones_closed(bounded):
     """Finding 3: idle connections are held to --max-connections (one more gets a 503 at once, not an
     fd), closed after --header-timeout with a 408, and the server answers afterwards; a flood of
     refusals costs a bounded number of log lines."""
+    t_start = time.monotonic()
     idle = [_sock(bounded) for _ in range(MAX_CONNECTIONS)]
     time.sleep(0.2)
     refused = []
@@ -232,14 +238,12 @@ def test_connections_are_capped_and_idle_ones_closed(bounded):
     for s in flood:
         s.close()
     assert held <= base + 64, f"the server holds {held} descriptors ({base} before 200 more connections)"
-    t0 = time.monotonic()
-    closed = [_read_all(s, 10) for s in idle]
-    assert time.monotonic() - t0 < 5
+    closed = [_read_all(s, 10) for s in idle]  # without the deadline: nothing within 10 s
     assert all(_status(r) == 408 and _body(r)["error"]["code"] == "header_timeout" for r in closed), closed[:2]
     for s in idle:
         s.close()
     assert httpx.get(bounded.url + "/health", timeout=10).status_code == 200
-    assert bounded.log().count(" connection refused ") <= 2
+    assert bounded.log().count(" connection refused ") <= _limited_lines(time.monotonic() - t_start), "230 refusals"
 
 
 def test_half_sent_headers_and_bodies_are_not_held(bounded):
@@ -247,10 +251,8 @@ def test_half_sent_headers_and_bodies_are_not_held(bounded):
     its connection closes; a keep-alive connection left idle is closed."""
     s = _sock(bounded)
     s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")
-    t0 = time.monotonic()
     raw = _read_all(s)
     assert _status(raw) == 408 and _body(raw)["error"]["code"] == "header_timeout"
-    assert time.monotonic() - t0 < 5
     s.close()
     s = _sock(bounded)
     s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nauthorization: Bearer " + KEY.encode()
@@ -260,9 +262,8 @@ def test_half_sent_headers_and_bodies_are_not_held(bounded):
     s.close()
     s = _sock(bounded)
     s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
-    t0 = time.monotonic()
-    raw = _read_all(s)  # the answer, then the close after --keep-alive
-    assert _status(raw) == 200 and time.monotonic() - t0 < 5
+    raw = _read_all(s)  # the answer, then the close after --keep-alive (else _read_all waits 10 s)
+    assert _status(raw) == 200 and raw.count(b"HTTP/1.1 ") == 1
     s.close()
     assert "Traceback" not in bounded.log()
 
@@ -298,16 +299,19 @@ def test_small_findings(bounded):
     """Finding 5: a hang-up mid-body is at most one log line and no traceback; 405 carries `Allow`;
     HEAD /health answers; the auth scheme is case-insensitive; --protect-stats covers /stats and
     /metrics."""
-    for _ in range(5):
+    t_start = time.monotonic()
+    before = bounded.log().count(" client disconnected ")
+    for _ in range(20):
         s = _sock(bounded)
         s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nauthorization: Bearer " + KEY.encode()
                   + b"\r\ncontent-length: 1000\r\n\r\n{\"prompt\"")
-        time.sleep(0.1)
+        time.sleep(0.05)
         s.close()
     time.sleep(0.5)
     log = bounded.log()
     assert "Traceback" not in log
-    assert log.count(" client disconnected ") <= 2
+    lines = log.count(" client disconnected ") - before
+    assert lines <= _limited_lines(time.monotonic() - t_start), f"{lines} lines for 20 hang-ups"
     r = httpx.get(bounded.url + "/v1/completions", headers=_auth(), timeout=10)
     assert r.status_code == 405 and r.headers["allow"] == "POST" and r.json()["error"]["code"] == "method_not_allowed"
     assert httpx.head(bounded.url + "/health", timeout=10).status_code == 200
