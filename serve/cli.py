@@ -87,6 +87,8 @@ def serve_command(ctx, target, port, host, capacity, host_gib, max_seqs, chunk, 
                     drain_timeout)
     try:
         limits.check()
+        if protect_stats and api_key is None:
+            raise ValueError("--protect-stats needs --api-key (the key it requires on /stats and /metrics)")
         fit_descriptors(limits)
     except ValueError as exc:
         click.echo(f"kern serve: error: {exc}", err=True)

@@ -65,7 +65,11 @@ def fit_descriptors(limits: Limits, spare: int = 256) -> int:
             room = hard - spare - max(64, hard // 5)
             raise ValueError(f"--max-connections {limits.max_connections} needs {need} open files, but this "
                              f"process may open at most {hard} (ulimit -Hn); use at most {max(room, 1)}")
-        resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
+        except (ValueError, OSError) as exc:
+            raise ValueError(f"--max-connections {limits.max_connections} needs {need} open files, but this process "
+                             f"may not open that many ({exc}); use a smaller value") from None
         soft = need
     return soft
 

@@ -22,6 +22,12 @@ from conftest import REPO
         pytest.param(["toy-paged", "--pp-listen", "tcp://127.0.0.1:0"], "--pp-listen needs --stages N", id="listen-alone"),
         pytest.param(["toy-paged", "--stages", "0"], "--stages 0 must be >= 1", id="stages-0"),
         pytest.param(["tests"], "no stage manifests", id="dir-without-stages"),
+        pytest.param(["toy-paged", "--max-connections", "0"], "--max-connections must be at least 1", id="max-connections-0"),
+        pytest.param(["toy-paged", "--header-timeout", "0"], "--header-timeout must be a positive", id="header-timeout-0"),
+        pytest.param(["toy-paged", "--drain-timeout", "-1"], "--drain-timeout must be a positive", id="drain-timeout-negative"),
+        pytest.param(["toy-paged", "--max-body-bytes", "0"], "--max-body-bytes must be at least 1", id="max-body-0"),
+        pytest.param(["toy-paged", "--max-connections", "100000000"], "--max-connections 100000000 needs", id="max-connections-over-fds"),
+        pytest.param(["toy-paged", "--protect-stats"], "--protect-stats needs --api-key", id="protect-stats-no-key"),
     ],
 )
 def test_bad_flags_are_one_clear_line(args, needle):
