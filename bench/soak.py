@@ -217,16 +217,23 @@ class Mix:
         got = []
         try:
             with httpx.stream("POST", self.url + "/v1/completions", json=body, timeout=300) as r:
+                if r.status_code != 200:  # a 503 at the connection cap is an answer, not a wrong one
+                    self.judge(r.status_code, json.loads(r.read()), "slow reader")
+                    return
                 for line in r.iter_lines():
                     time.sleep(0.05)
                     if line.startswith("data: {"):
-                        got += json.loads(line[6:])["choices"][0].get("token_ids", [])
+                        event = json.loads(line[6:])
+                        if "error" in event:
+                            self.judge(503, event, "slow reader error event")
+                            return
+                        got += event["choices"][0].get("token_ids", [])
         except httpx.HTTPError as exc:
             self.tally.add("client errors", f"slow reader: {exc!r}")
             return
         self.tally.add("answers checked")
         if got != self.oracle.want(i, 16):
-            self.tally.add("wrong answers", f"slow reader prompt {i}")
+            self.tally.add("wrong answers", f"slow reader prompt {i}: {got} != {self.oracle.want(i, 16)}")
 
     def idle(self) -> None:
         self.judge_raw(self.raw([], 0), "idle")  # held until the header deadline answers 408
