@@ -2,6 +2,7 @@
 
 A check is ``(name, ok, note)``: ok True passes, False fails (gated), None is reported only. Steps
 that run only because a named check depends on them add nothing; ``error`` is always recorded.
+A check also records how many near-tie tokens its identity verdicts excused (float targets).
 """
 
 from __future__ import annotations
@@ -22,14 +23,18 @@ class Checks:
         self.wanted = wanted
         self.echo = echo
         self.list: list[Check] = []
+        self.excused: dict[str, int] = {}  # near-tie tokens excused, per check
 
     def reports(self, name: str) -> bool:
         return name == "error" or self.wanted is None or name in self.wanted
 
-    def add(self, name: str, ok: bool | None, note: str) -> None:
+    def add(self, name: str, ok: bool | None, note: str, excused: int = 0) -> None:
+        """Record a check; `excused` counts the near-tie tokens its identity verdicts excused."""
         if not self.reports(name):
             return
         self.list.append(Check(name=name, ok=ok, note=note))
+        if excused:
+            self.excused[name] = self.excused.get(name, 0) + excused
         self.echo(f"  {mark(ok)} {name}: {note}")
 
     def failed(self) -> list[str]:

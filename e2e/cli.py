@@ -24,6 +24,7 @@ from e2e.gate import SESSION_PORTS, Options, Run, run_target
 from e2e.report import junit, write_report, write_summary
 from e2e.scenarios import CHECKS, plan
 from oracle.cache import Cache, KernRun, kern_run_identity
+from oracle.probe import Prober
 from oracle.reference import PACKAGED_MODEL, Reference, ReferenceError
 
 __all__ = ["main"]
@@ -55,11 +56,13 @@ def _greedy(argv: list[str]) -> list[str]:
 
 
 def _oracles(t: GateTarget, reference: Path | None, out: Path, backend: str):
-    runner = KernRun(t.manifest, t.weights, backend,
-                     Cache(out / t.name / "oracle.json", kern_run_identity(t.manifest, t.weights, backend)))
+    ident = kern_run_identity(t.manifest, t.weights, backend)
+    # a float target's divergences may be near-ties: the probe gives the runtime's logits at that step
+    prober = Prober(t.manifest, t.weights, backend, out / t.name / "probes", ident) if t.floats else None
+    runner = KernRun(t.manifest, t.weights, backend, Cache(out / t.name / "oracle.json", ident), prober=prober)
     if reference is None:
         return runner, None
-    return Reference(reference, t.manifest), runner
+    return Reference(reference, t.manifest, prober=prober), runner
 
 
 def _skipped(t: GateTarget, reason: str, echo: Callable[[str], None]) -> dict:
@@ -81,9 +84,13 @@ def gate_target(t: GateTarget, opts: Options, reference: Path | None, wanted: se
     run = Run(t, opts, oracle, runner, checks, echo=echo)
     run_target(run, steps)
     wall = round(time.monotonic() - t0, 1)
+    if t.floats:
+        made = getattr(getattr(oracle, "prober", None), "made", 0)
+        per = ", ".join(f"{k} {v}" for k, v in checks.excused.items()) or "none"
+        echo(f"  near-ties excused: {sum(checks.excused.values())} ({per}); {made} probes run")
     echo(f"  {t.name}: {wall:.1f}s")
     return {"target": t.name, "skipped": None, "facts": run.facts, "counters": run.counters,
-            "checks": checks.list, "wall_s": wall}
+            "checks": checks.list, "near_ties": dict(checks.excused), "wall_s": wall}
 
 
 def gate_all(chosen: list[GateTarget], opts: Options, ref: Path | None, wanted: set[str] | None, jobs: int) -> list[dict]:

@@ -27,6 +27,7 @@ class GateTarget:
     widest: int
     ranks: int
     skipped: str | None
+    floats: bool = False  # a `logits` buffer: answers may diverge at near-ties (judged on probes)
 
     @property
     def spec(self) -> bool:
@@ -65,7 +66,7 @@ def _target(t) -> GateTarget:
     weights = t.weights or tuple(sorted(t.manifest.parent.glob("*.safetensors")))
     lined = any((s or {}).get("bytes_per_seq", 0) for s in m.get("states", {}).values())
     return GateTarget(t.name, t.manifest, t.reference, weights, m.get("model", t.name), lined,
-                      _widest(m), _ranks(m), skipped)
+                      _widest(m), _ranks(m), skipped, "logits" in m.get("buffers", {}))
 
 
 def load_targets(config: str | Path | None, names: list[str] | None) -> tuple[Path, list[GateTarget]]:

@@ -1,7 +1,8 @@
 """The gate's outputs: ``<out>/<target>/report.json``, ``<out>/summary.md`` and JUnit XML.
 
 report.json (indent 1): ``{target, skipped, facts, counters: {default, host, slots}, checks:
-[{name, ok, note}], wall_s}``, written even for a skipped target.
+[{name, ok, note}], near_ties: {check: excused tokens}, wall_s}``, written even for a skipped
+target (``near_ties`` lists only checks that excused some: float targets).
 """
 
 from __future__ import annotations

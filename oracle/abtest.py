@@ -2,15 +2,24 @@
 
 4 fixed prompts x chunks {default, 7} x rows {1, widest} x N steps; a case passes when the ids
 and the final state bytes (every token slot the sequence holds, and its line) are identical.
+
+A float target (a manifest with a `logits` buffer) adds in an order its build fixes, so the twins
+may part at a near-tie. Its ids are judged with e2e's rule (`verdicts.Same`): each divergence is
+excused only when the A side's logits at that very step (a probe) put both tokens within 4 bf16
+ULPs of the top, at most 3 per case, A continuing from B's token; and the state bytes are then
+compared with A's state over the same ids (B's answer fed to A as a prompt).
 """
 
 from __future__ import annotations
 
 from typing import Callable
 
+import numpy as np
+
 from manifests.schema import Manifest
 from runtime.protocol import Protocol
 from runtime.sequence import generate, single
+from verdicts import Same, evidence
 
 PROMPTS = (
     "The lighthouse keeper had not seen a ship in eleven days",
@@ -30,7 +39,7 @@ def cases(m: Manifest) -> list[tuple[str, int | None, int]]:
 
 
 def ab_test(a: Manifest, b: Manifest, weights: list, steps: int, backend: str, echo: Callable[[str], None] = print) -> int:
-    ran = failed = 0
+    ran = failed = excused = 0
     for prompt, chunk, rows in cases(b):
         ids = list(prompt.encode())
         label = f"prompt {len(ids)} tokens, chunk {chunk or 'default'}, rows {rows}"
@@ -45,6 +54,21 @@ def ab_test(a: Manifest, b: Manifest, weights: list, steps: int, backend: str, e
             continue
         ran += 1
         (ida, sa), (idb, sb) = got
+        if ida != idb and "logits" in b.buffers:
+            same = Same(_Side(a, weights, backend, chunk), rows)
+            if same.add(label, ids, idb, ida):
+                sa = _state_of(a, weights, backend, ids + idb, len(sb))
+                if sa == sb:
+                    excused += 1
+                    echo(f"  ok    {label}: {len(idb)} ids after {same.excused} near-tie tokens ({'; '.join(same.notes)}), "
+                         f"{len(sb)} state bytes identical")
+                    continue
+                failed += 1
+                echo(f"  FAIL  {label}: ids match after near-ties, state bytes differ from A's over the same ids")
+                continue
+            failed += 1
+            echo(f"  FAIL  {label}: {same}")
+            continue
         if ida != idb:
             failed += 1
             k = next((i for i, (x, y) in enumerate(zip(ida, idb)) if x != y), min(len(ida), len(idb)))
@@ -61,5 +85,33 @@ def ab_test(a: Manifest, b: Manifest, weights: list, steps: int, backend: str, e
     if failed:
         echo(f"FAIL: {failed}/{ran} cases differ between {b.model} (B) and its reference (A)")
         return FAIL
-    echo(f"PASS: {ran}/{ran} cases identical (ids and state bytes)")
+    tail = f", {excused} of them after near-ties" if excused else ""
+    echo(f"PASS: {ran}/{ran} cases identical (ids and state bytes){tail}")
     return PASS
+
+
+class _Side:
+    """The A build as an oracle for `Same`: its greedy continuation, and its logits as evidence."""
+
+    def __init__(self, m: Manifest, weights: list, backend: str, chunk: int | None):
+        self.m, self.weights, self.backend, self.chunk = m, weights, backend, chunk
+
+    def run(self, ids: list[int], steps: int, rows: int) -> list[int]:
+        rt, cell = single(self.m, self.weights, len(ids), steps, rows, self.backend)
+        return generate(rt, cell, ids, steps, rows, self.chunk).ids
+
+    def near_tie(self, context: list[int], a: int, b: int, rows: int) -> str:
+        rt, cell = single(self.m, self.weights, len(context), 1, 1, self.backend)
+        seen: list = []
+        generate(rt, cell, context, 1, 1, self.chunk, on_step=lambda tag, toks: seen.append(rt.logits(1)[0]))
+        if not seen:
+            return "no evidence (A dumped no logits)"
+        bits = np.asarray(seen[0], np.uint32) << np.uint32(16)
+        return evidence([float(x) for x in bits.view(np.float32)], a, b)
+
+
+def _state_of(m: Manifest, weights: list, backend: str, ids: list[int], nbytes: int) -> bytes:
+    """A's state bytes after feeding `ids` (B's prompt and answer), cut to B's state's length."""
+    rt, cell = single(m, weights, len(ids), 1, 1, backend)
+    g = generate(rt, cell, ids, 1, 1)
+    return rt.read_state(cell.pages, cell.slot, len(ids))[:nbytes] if g is not None else b""

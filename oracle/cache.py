@@ -94,8 +94,9 @@ class Cache:
 class KernRun:
     """`kern run` in process: one sequence through the runtime, no server, answers cached.
 
-    It has no logit evidence for the toy (no logits buffer), so `near_tie` returns None and a
-    divergence is never excused.
+    The integer toy has no logits, so `near_tie` returns None there and a divergence is never
+    excused. Given a `prober` (a float target), `near_tie` judges on the probe's logits at that
+    step (`verdicts.evidence`, no reference to check the probe against).
     """
 
     kind = "kern run"
@@ -107,8 +108,9 @@ class KernRun:
     accept_pct = None
 
     def __init__(self, manifest: str | Path, weights: Iterable[str | Path], backend: str = "cpu",
-                 cache: Cache | None = None, chunk: int | None = None):
+                 cache: Cache | None = None, chunk: int | None = None, prober: Any = None):
         self.manifest_path = Path(manifest)
+        self.prober = prober
         self.weights = [str(w) for w in weights]
         self.backend = backend
         self.cache = cache
@@ -134,4 +136,12 @@ class KernRun:
         return out
 
     def near_tie(self, context: list[int], a: int, b: int, rows: int) -> str | None:
-        return None
+        if self.prober is None:
+            return None
+        from verdicts import evidence
+
+        try:
+            _, probe, _ = self.prober.probe(context)
+        except Exception as exc:  # no probe, no evidence: nothing is excused
+            return f"no evidence (probe failed: {type(exc).__name__}: {exc})"
+        return evidence(probe, a, b)

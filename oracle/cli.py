@@ -41,7 +41,7 @@ def main(ctx: click.Context, config: str | None) -> None:
 @main.command()
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="Directory to write toy/*.json, toy/salt.safetensors and toy.toml into.")
 def gen(out: str) -> None:
-    """Write the ten toy manifests, their salt and their config."""
+    """Write the toy manifests (each with its -ref twin), their salt and their config."""
     from toy.gen import generate as gen_toy
 
     paths = gen_toy(out)
@@ -65,8 +65,15 @@ def _target(ctx, what: str, weights: tuple[str, ...]):
 @click.option("--weights", multiple=True, help="Weights file(s) (default: the target's, or every *.safetensors beside a manifest path).")
 @click.option("--gpu", "--device", "device", default=None, help="GPU index (accepted for the Rust kern's sake).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
+@click.option("--probe-dir", type=click.Path(file_okay=False), default=None,
+              help="Write each step's logits here in the Rust kern's probe layout: <tag>.logits.bin (bf16 rows) "
+                   "and <tag>.tokens.bin (i64), tags chunk (an emitting prefill), decode0, decode1, ...")
+@click.option("--probe-steps", type=click.IntRange(min=1), default=None,
+              help="With --probe-dir: stop after this many decode steps (default: every step of the run).")
+@click.option("--probe-labels", default="", help="Accepted for the Rust kern's sake: only logits and tokens are dumped.")
 @click.pass_context
-def run(ctx, target, prompt, prompt_ids, steps, rows, chunk, backend, capacity, weights, device, as_json) -> None:
+def run(ctx, target, prompt, prompt_ids, steps, rows, chunk, backend, capacity, weights, device, as_json,
+        probe_dir, probe_steps, probe_labels) -> None:
     """Generate greedily for one sequence through the runtime, no server."""
     if prompt is not None and prompt_ids is not None:
         fail("give --prompt or --prompt-ids, not both")
@@ -78,8 +85,19 @@ def run(ctx, target, prompt, prompt_ids, steps, rows, chunk, backend, capacity, 
         from runtime.protocol import Protocol
 
         rows = rows or Protocol(m).widest
+        if probe_dir is not None and "logits" not in m.buffers:
+            fail(f"--probe-dir: {t.name} has no logits buffer to dump")
+        if probe_dir is not None and probe_steps is not None:
+            steps = min(steps, probe_steps)
         rt, cell = single(m, list(t.weights), len(ids), steps, rows, backend, capacity)
-        g = generate(rt, cell, ids, steps, rows, chunk)
+        on_step = None
+        if probe_dir is not None:
+            from oracle.probe import write as write_probe
+
+            def on_step(tag: str, tokens: list[int]) -> None:
+                write_probe(Path(probe_dir), tag, rt.logits(1)[0], tokens)
+
+        g = generate(rt, cell, ids, steps, rows, chunk, on_step=on_step)
     except USER_ERRORS as exc:
         fail(str(exc))
     text = bytes(g.ids).decode("utf-8", "replace")

@@ -1,7 +1,13 @@
-"""The reference oracle: a model.py loaded by path, exact, so it excuses nothing (SPEC §8).
+"""The reference oracle: a model.py loaded by path (SPEC §8).
 
 The module must expose ``generate(ids, max_tokens, manifest) -> list[int]`` (the greedy
 continuation, stopping before EOS) and may expose ``ACCEPT_PCT = (lo, hi)``.
+
+On integer targets it is exact and excuses nothing. On a float target (a manifest with a
+``logits`` buffer) whose model.py also exposes ``logits(ids, manifest)`` (bf16 bits of the 257
+logits after `ids`), the runtime adds in another order than the reference, so a divergence may be
+a true near-tie: `near_tie` then probes the runtime at that step (`oracle.probe.Prober`), checks
+the probe against the reference's logits and gives the verdict (`verdicts.evidence`).
 """
 
 from __future__ import annotations
@@ -9,12 +15,14 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import struct
 import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 from oracle.cache import Cache
+from verdicts import evidence
 
 __all__ = ["Reference", "ReferenceError", "load_model"]
 
@@ -56,8 +64,10 @@ class Reference:
     exact = True
     available = True
 
-    def __init__(self, model: str | Path, manifest: dict[str, Any] | str | Path, cache: Cache | None = None):
+    def __init__(self, model: str | Path, manifest: dict[str, Any] | str | Path, cache: Cache | None = None,
+                 prober: Any = None):
         self.path = Path(model)
+        self.prober = prober
         self.module = load_model(self.path)
         if not isinstance(manifest, dict):
             manifest = json.loads(Path(manifest).read_text())
@@ -77,6 +87,22 @@ class Reference:
             self.cache.put(ids, steps, rows, out)
         return out
 
+    @property
+    def floats(self) -> bool:
+        """A float target whose model.py gives logits: divergences may be near-ties."""
+        return "logits" in self.manifest.get("buffers", {}) and callable(getattr(self.module, "logits", None))
+
+    def logits(self, context: list[int]) -> list[float]:
+        """The reference's logits after `context`, as floats (from its bf16 bits)."""
+        bits = [int(b) for b in self.module.logits([int(t) for t in context], self.manifest)]
+        return [struct.unpack("<f", struct.pack("<I", (b & 0xFFFF) << 16))[0] for b in bits]
+
     def near_tie(self, context: list[int], a: int, b: int, rows: int = 1) -> str:
-        # exact arithmetic has no near-ties: every divergence is a real one
-        return f"confident flip: the reference says {b}"
+        if not self.floats or self.prober is None:
+            # exact arithmetic has no near-ties: every divergence is a real one
+            return f"confident flip: the reference says {b}"
+        try:
+            _, probe, _ = self.prober.probe(context)
+        except Exception as exc:  # no probe, no evidence: nothing is excused
+            return f"no evidence (probe failed: {type(exc).__name__}: {exc})"
+        return evidence(probe, a, b, self.logits(context))

@@ -188,6 +188,16 @@ class Runtime:
                 out.append(arena[slot * s.bytes_per_seq : (slot + 1) * s.bytes_per_seq].tobytes())
         return b"".join(out)
 
+    def logits(self, groups: int) -> np.ndarray | None:
+        """The bf16 bits of the last step's `logits` output, one row per group (its first `groups`),
+        or None when the manifest has no `logits` buffer (the integer toy's)."""
+        b = self.manifest.buffers.get("logits")
+        if b is None:
+            return None
+        vocab = int(b.shape[-1])
+        self.backend.synchronize()
+        return self.backend.download(self.buffers["logits"], groups * vocab).reshape(groups, vocab)
+
     # -- running -----------------------------------------------------------------------------------
 
     def step(self, program: str, cells: list[Cell], arrive: dict | None = None, leave: dict | None = None) -> list[Cell]:

@@ -8,6 +8,7 @@ page 0 and slot 1 are the pad's, the sequence takes pages 1.. and slot 2.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 from manifests.derive import page_unit, reach
 from manifests.schema import Manifest
@@ -31,6 +32,7 @@ class Generation:
     pages: list[int] = field(default_factory=list)
     slot: int | None = None
     length: int = 0  # tokens the state holds at the end
+    steps: int = 0  # decode steps or rounds run
 
 
 def room(prompt: int, steps: int, rows: int) -> int:
@@ -63,8 +65,13 @@ def check_ids(ids: list[int], vocab_max: int = EOS) -> None:
         raise RequestError(f"token ids must be integers in 0..{vocab_max}; got {bad[:5]}")
 
 
-def generate(rt: Runtime, cell: Cell, ids: list[int], steps: int, rows: int, chunk: int | None = None) -> Generation:
-    """Greedy continuation of `ids` in `cell` (which holds room for it), stopping before EOS."""
+def generate(rt: Runtime, cell: Cell, ids: list[int], steps: int, rows: int, chunk: int | None = None,
+             on_step: Callable[[str, list[int]], None] | None = None) -> Generation:
+    """Greedy continuation of `ids` in `cell` (which holds room for it), stopping before EOS.
+
+    `on_step(tag, tokens)`, when given, is called after the first prefill chunk of an emitting
+    target (tag ``chunk``) and after each decode step or round (``decode0``, ``decode1``, ...),
+    with what the step emitted, while the runtime still holds the step's outputs (its logits)."""
     check_ids(ids)
     if steps < 1:
         raise RequestError(f"steps must be >= 1, got {steps}")
@@ -85,6 +92,8 @@ def generate(rt: Runtime, cell: Cell, ids: list[int], steps: int, rows: int, chu
         n = min(chunk, len(fed) - pos)
         c = Cell(cell.pages, cell.slot, fed[pos : pos + n], pos)
         rt.step(pre.program, [c])
+        if emits and on_step is not None and pos == 0:
+            on_step("chunk", list(c.tokens))
         pos += n
         if emits:
             first = c.tokens[0]
@@ -102,6 +111,9 @@ def generate(rt: Runtime, cell: Cell, ids: list[int], steps: int, rows: int, chu
         c = Cell(cell.pages, cell.slot, [anchor] * rows, pos)
         rt.step(decode.program, [c])
         toks = c.tokens
+        if on_step is not None:
+            on_step(f"decode{gen.steps}", list(toks))
+        gen.steps += 1
         if rows > 1:
             gen.rounds += 1
             gen.drafted += rows - 1

@@ -22,9 +22,26 @@ FAULTS = {
                 "are seated from slots that snapshots and finished leases give back",
     "skip-restore-copy": "a resident prefix hit restores into the lease without executing the copy plan "
                          "(the partial page and the line are never copied)",
+    "flip-near-ties": "float targets: in every decode step, a sequence whose runner-up byte token sits within "
+                      "4 bf16 ULPs of its top logit takes the runner-up (fed back as its anchor): each such "
+                      "token is a near-tie the gate may excuse, but more than 3 in one answer is not",
     "pad-in-limit": "the one-sequence limit counts the pad's page: a request whose room is the whole pool "
                     "passes validation and then waits for room forever, neither rejected nor seated",
 }
+
+
+def runner_up(bits, ulps: int = 4) -> int | None:
+    """The runner-up byte token of one row of bf16 logit bits when it is within `ulps` bf16 ULPs
+    of the top (EOS, the last logit, is left alone); else None."""
+    import math
+
+    import numpy as np
+
+    vals = (np.asarray(bits[:-1], np.uint32) << np.uint32(16)).view(np.float32).astype(np.float64)
+    order = np.argsort(-vals, kind="stable")
+    top, second = float(vals[order[0]]), float(vals[order[1]])
+    unit = 2.0 ** (math.frexp(abs(top))[1] - 8) if top else 2.0**-133
+    return int(order[1]) if (top - second) / unit <= ulps else None
 
 
 class Faults:

@@ -106,11 +106,12 @@ def test_config_errors(tmp_path):
     assert "weights" in ts[0].skipped
 
 
-def test_packaged_config_has_the_five_toys():
+def test_packaged_config_has_the_five_toys_and_the_float_toy():
     _, ts = load_targets(ROOT / "manifests" / "toy.toml", None)
-    assert {t.name: (t.lined, t.widest) for t in ts} == {
-        "toy-paged": (False, 1), "toy-stateful": (True, 1), "toy-spec": (False, 4),
-        "toy-stateful-spec": (True, 4), "toy-big": (False, 1)}
+    got = {t.name: (t.lined, t.widest, t.floats) for t in ts}
+    want = {"toy-paged": (False, 1, False), "toy-stateful": (True, 1, False), "toy-spec": (False, 4, False),
+            "toy-stateful-spec": (True, 4, False), "toy-big": (False, 1, False), "toy-float": (False, 1, True)}
+    assert {k: got.get(k) for k in want} == want
 
 
 # planning

@@ -1,4 +1,4 @@
-"""`kern gen`: write the ten toy manifests (five shapes and their `-ref` twins), the salt, the config.
+"""`kern gen`: write the toy manifests (five shapes, the float toy, and their `-ref` twins), the salt, the config.
 
 The generated set ships as `manifests/toy/` + `manifests/toy.toml`; a test holds `kern gen --out
 manifests` to reproducing it byte for byte.
@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import tomli_w
 
-from toy import model
+from toy import gen_float, model
 from toy.kernels import build_hash
 
 CANDIDATE_BLOCK = 256
@@ -155,6 +155,13 @@ def generate(out: str | Path) -> list[Path]:
             "reference": f"toy/{shape.name}-ref.json",
             "weights": ["toy/salt.safetensors"],
         }
+    # the float toy: toy-paged's shape, bf16 logits (toy/gen_float.py)
+    for name, block in ((gen_float.NAME, CANDIDATE_BLOCK), (f"{gen_float.NAME}-ref", REFERENCE_BLOCK)):
+        path = out / "toy" / f"{name}.json"
+        path.write_text(json.dumps(gen_float.manifest(manifest(SHAPES[0], block), block), indent=1) + "\n")
+        written.append(path)
+    targets[gen_float.NAME] = {"manifest": f"toy/{gen_float.NAME}.json", "reference": f"toy/{gen_float.NAME}-ref.json",
+                               "weights": ["toy/salt.safetensors"]}
     salt_path = out / "toy" / "salt.safetensors"
     save_file({"salt": salt()}, str(salt_path))
     written.append(salt_path)

@@ -59,6 +59,8 @@ def is_lined(manifest: dict) -> bool:
 
 def generate(ids: list[int], max_tokens: int, manifest: dict) -> list[int]:
     """The greedy continuation of `ids`, at most `max_tokens` long, stopping before EOS."""
+    if is_float(manifest):
+        return _generate_float(ids, max_tokens)
     lined = is_lined(manifest)
     s = c = 0
     for p, t in enumerate(ids):
@@ -73,5 +75,128 @@ def generate(ids: list[int], max_tokens: int, manifest: dict) -> list[int]:
         out.append(t)
         s = (s + slot_sum(t, n)) & MASK
         c = fold(c, t, n)
+        n += 1
+    return out
+
+
+# -- the float toy (toy-float): logits in float32, rounded to bf16 -------------------------------
+#
+# A float manifest (its `buffers` has a `logits` buffer) predicts by logits, not by `next_of`. The
+# state keeps BANKS * 256 float32 sums ("features"); feature f gets, from each position q < n:
+#
+#     y(q, f) = (int(z >> 40) - 2**23) * 2**-23,   z = splitmix(rotl(head_q[f & 63], q) ^ f)
+#     B(q)    = (2**23 + (splitmix(q ^ BIAS_SALT) >> 41)) * 2**(BIAS_EXP - 23 + (q & 3))
+#     a       = fl(fl(a + fl(y(q, f) + B(q))) - B(q))                   (one position's step)
+#
+# B(q) is a large bias a position adds and takes back; it makes the rounding of each step depend
+# on what the accumulator already holds, so two orders of addition round differently, now and
+# then by about a bf16 ULP of the result. The reference (here) adds every position in order into
+# one accumulator. The runtime (toy/float_kernels) adds tiles of `block // 32` positions, each
+# into its own accumulator from 0.0, then the tiles' results in order: another order, fixed by the
+# build and the positions alone.
+#
+# A step reads S, the integer sequence sum (exact, poisoned by a bad tail, as the integer toy's).
+# EOS stays exact: the next token is EOS when next_of(S) says so, and EOS's logit is then bf16's
+# largest finite value, else its lowest. Byte token v's logit is feature
+# bank * 256 + (v ^ perm) rounded to bf16 (nearest, ties to even), bank = (S >> 8) % BANKS and
+# perm = (S >> 16) & 255, so a near tie seldom lasts from one step to the next; the next token
+# is the first byte token with the largest logit.
+
+import numpy as np  # noqa: E402  (the float toy only)
+
+FLOAT_VOCAB = VOCAB_BYTES + 1
+BANKS = 16
+FEATURES = BANKS * VOCAB_BYTES
+BIAS_EXP = 12
+BIAS_SALT = 0xF10A7F10A7F10A7
+EOS_TOP, EOS_LOW = 0x7F7F, 0xFF7F  # bf16 bits of the largest and lowest finite values
+
+_F = np.arange(FEATURES, dtype=np.uint64)
+_W = (np.arange(FEATURES) & 63)
+
+
+def is_float(manifest: dict) -> bool:
+    return "logits" in manifest.get("buffers", {})
+
+
+def _splitmix_np(x: np.ndarray) -> np.ndarray:
+    x = x + np.uint64(0x9E3779B97F4A7C15)
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+def bias(q: int) -> np.float32:
+    mant = (1 << 23) + (splitmix(q ^ BIAS_SALT) >> 41)
+    return np.float32(mant * 2.0 ** (BIAS_EXP - 23 + (q & 3)))
+
+
+def contributions(t: int, q: int) -> np.ndarray:
+    """y(q, f) of the slot (t, q) for every feature: float32 in [-1, 1), exact."""
+    heads = np.array([mark(t, q, w) for w in range(WORDS)], np.uint64)
+    h = heads[_W]
+    k = np.uint64(q & 63)
+    rot = h if k == 0 else (h << k) | (h >> (np.uint64(64) - k))
+    z = _splitmix_np(rot ^ _F)
+    return ((z >> np.uint64(40)).astype(np.int64) - (1 << 23)).astype(np.float32) * np.float32(2.0**-23)
+
+
+def add_position(acc: np.ndarray, t: int, q: int) -> np.ndarray:
+    """One position's step of the reference order, for every feature."""
+    b = bias(q)
+    return (acc + (contributions(t, q) + b)) - b
+
+
+def bf16_bits(x: np.ndarray) -> np.ndarray:
+    """float32 -> bf16 bits, round to nearest, ties to even."""
+    u = np.asarray(x, np.float32).view(np.uint32).astype(np.uint64)
+    return ((u + 0x7FFF + ((u >> np.uint64(16)) & np.uint64(1))) >> np.uint64(16)).astype(np.uint16)
+
+
+def bf16_value(bits) -> np.ndarray:
+    return (np.asarray(bits, np.uint32) << np.uint32(16)).view(np.float32)
+
+
+def float_logits(acc: np.ndarray, s: int) -> np.ndarray:
+    """The 257 bf16 logits (bits) of a step from the feature sums and the integer sum."""
+    bank, perm = (s >> 8) % BANKS, (s >> 16) & 255
+    out = np.empty(FLOAT_VOCAB, np.uint16)
+    out[:VOCAB_BYTES] = bf16_bits(acc[bank * VOCAB_BYTES + (np.arange(VOCAB_BYTES) ^ perm)])
+    out[EOS] = EOS_TOP if next_of(s) == EOS else EOS_LOW
+    return out
+
+
+def float_next(logits_bits: np.ndarray) -> int:
+    if logits_bits[EOS] == EOS_TOP:
+        return EOS
+    return int(np.argmax(bf16_value(logits_bits[:VOCAB_BYTES])))
+
+
+def _float_state(ids: list[int]) -> tuple[np.ndarray, int]:
+    acc = np.zeros(FEATURES, np.float32)
+    s = 0
+    for p, t in enumerate(ids):
+        s = (s + slot_sum(t, p)) & MASK
+        acc = add_position(acc, t, p)
+    return acc, s
+
+
+def logits(ids: list[int], manifest: dict) -> list[int]:
+    """The bf16 bits of the 257 logits that predict the token after `ids` (float manifests)."""
+    acc, s = _float_state(ids)
+    return [int(b) for b in float_logits(acc, s)]
+
+
+def _generate_float(ids: list[int], max_tokens: int) -> list[int]:
+    acc, s = _float_state(ids)
+    out: list[int] = []
+    n = len(ids)
+    while len(out) < max_tokens:
+        t = float_next(float_logits(acc, s))
+        if t == EOS:
+            break
+        out.append(t)
+        s = (s + slot_sum(t, n)) & MASK
+        acc = add_position(acc, t, n)
         n += 1
     return out

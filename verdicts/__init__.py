@@ -2,12 +2,15 @@
 
 - `same`: `Same` (identity with at most `EXCUSED_MAX` near-tie excuses), `divergence`, `Oracle`.
 - `ulp`: `ulp_of` (bf16 ULP), `near_tie` (the 4-ULP rule), `ulps_down`.
+- `evidence`: `evidence` (the verdict text on one disputed token from a probe's logits, checked
+  against the reference's when given), `probe_disagreement`.
 - `hits`: `turn2_hit`.
 - `acceptance`: `accept_rate`, `acceptance_holds`.
 - `gate`: `oracle_gate`, `summarize` (and the `Report`/`Check` shape, the exit codes).
 """
 
 from .acceptance import BURST_SHARE, accept_rate, acceptance_holds
+from .evidence import PROBE_AGREE_ULPS, evidence, probe_disagreement
 from .gate import EXIT_FAIL, EXIT_NOTHING_RAN, EXIT_PASS, Check, Report, oracle_gate, summarize
 from .hits import turn2_hit
 from .same import EXCUSED_MAX, Oracle, Same, divergence
@@ -22,13 +25,16 @@ __all__ = [
     "EXIT_PASS",
     "NEAR_TIE_ULPS",
     "Oracle",
+    "PROBE_AGREE_ULPS",
     "Report",
     "Same",
     "accept_rate",
     "acceptance_holds",
     "divergence",
+    "evidence",
     "near_tie",
     "oracle_gate",
+    "probe_disagreement",
     "summarize",
     "turn2_hit",
     "ulp_of",

@@ -34,7 +34,7 @@ def cold(r) -> None:
         r.host_cold.append(a.ids)
         same.add(f"turn 2 of prompt {i + 1}", t["ids"], t["warm_ids"], a.ids)
     r.checks.add("turn2_warm_equals_cold", same.ok if r.oracle.available else None,
-                 f"warm (default session) vs cold (fresh server): {same}")
+                 f"warm (default session) vs cold (fresh server): {same}", same.excused)
 
 
 def park_wake(r) -> None:
@@ -64,4 +64,4 @@ def park_wake(r) -> None:
             f"{sorted(want & c['parked_lengths'])} of {sorted(want)}), host_evictions {c.get('host_evictions', 0)}, "
             f"evictions {c.get('evictions', 0)}, wakes {wakes}, host_hits {hits}, woken {len(woken)}; "
             f"turn 2 again: {same}")
-    r.checks.add("park_wake", ok, note)
+    r.checks.add("park_wake", ok, note, fill.excused + same.excused)

@@ -50,4 +50,4 @@ def run(r) -> None:
         answered += 1
         same.add(f"turn 2 of prompt {i + 1}", t["ids"], t["warm_ids"], want)
     if answered:
-        r.checks.add("turn2_warm_equals_run", same.ok, str(same))
+        r.checks.add("turn2_warm_equals_run", same.ok, str(same), same.excused)

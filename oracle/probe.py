@@ -1,0 +1,136 @@
+"""Probes: the runtime's logits at one step, in the Rust kern's probe layout (SPEC §9).
+
+`kern run --probe-dir DIR` writes, for each step that emitted (tag ``chunk`` for an emitting
+prefill's first chunk, ``decode0``, ``decode1``, ... for decode steps), ``<tag>.logits.bin`` (the
+bf16 logits the step's tokens were taken from, one row of ``vocab`` little-endian bf16 per
+sequence; one sequence here, so row 0) and ``<tag>.tokens.bin`` (the tokens it emitted, i64 LE).
+`read` takes a dump as the Rust e2e driver does: ``chunk`` then ``decode0``, the first whose row 0
+argmax is the first token of its tokens file (read as i32 and as i64).
+
+`Prober` is the warm probing process: it keeps the manifest loaded and one runtime per size, so a
+probe is a prefill and one decode step, and it keeps every dump under its directory, named by the
+context, beside an ``identity`` file (the `kern run` identity of the artifacts): a dump made by
+other artifacts is thrown away, never reused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import threading
+from pathlib import Path
+from typing import Iterable
+
+import numpy as np
+
+__all__ = ["ProbeError", "Prober", "read", "write"]
+
+TAGS = ("chunk", "decode0")
+
+
+class ProbeError(RuntimeError):
+    """A probe that could not be made or read."""
+
+
+def write(d: Path, tag: str, logits: np.ndarray, tokens: list[int]) -> None:
+    d.mkdir(parents=True, exist_ok=True)
+    (d / f"{tag}.logits.bin").write_bytes(np.ascontiguousarray(logits, dtype="<u2").tobytes())
+    (d / f"{tag}.tokens.bin").write_bytes(np.asarray(tokens, dtype="<i8").tobytes())
+
+
+def bf16_to_f32(raw: bytes) -> list[float]:
+    bits = np.frombuffer(raw, dtype="<u2").astype(np.uint32) << np.uint32(16)
+    return [float(x) for x in bits.view(np.float32)]
+
+
+def read(d: Path, vocab: int) -> tuple[str, list[float], int]:
+    """(tag, row-0 logits as floats, first token) of the first dump whose argmax is its first token."""
+    for tag in TAGS:
+        lp, tp = d / f"{tag}.logits.bin", d / f"{tag}.tokens.bin"
+        if not (lp.is_file() and tp.is_file()):
+            continue
+        raw, traw = lp.read_bytes(), tp.read_bytes()
+        if len(raw) < vocab * 2 or len(traw) < 4:
+            continue
+        row = bf16_to_f32(raw[: vocab * 2])
+        top = max(range(vocab), key=lambda v: (row[v], -v))
+        firsts = {int.from_bytes(traw[:4], "little", signed=True)}
+        if len(traw) >= 8:
+            firsts.add(int.from_bytes(traw[:8], "little", signed=True))
+        if top in firsts:
+            return tag, row, top
+    raise ProbeError(f"no dumped step in {d} produced its first token")
+
+
+def _name(context: list[int]) -> str:
+    return "probe-" + hashlib.sha1(json.dumps(context).encode()).hexdigest()[:12]
+
+
+class Prober:
+    """`kern run --probe-dir` in this process, kept warm; dumps cached under `root` by identity."""
+
+    _lock = threading.Lock()
+    ROOM = 1024  # runtimes are sized in steps of this many tokens
+
+    def __init__(self, manifest: str | Path, weights: Iterable[str | Path], backend: str, root: str | Path,
+                 identity: str):
+        self.manifest_path = Path(manifest)
+        self.weights = [str(w) for w in weights]
+        self.backend = backend
+        self.root = Path(root)
+        self.identity = identity
+        self._manifest = None
+        self._runtimes: dict[int, tuple] = {}
+        self.made = 0  # probes run (not read from the cache)
+        self.vocab = int(json.loads(self.manifest_path.read_text())["buffers"]["logits"]["shape"][-1])
+
+    def _fresh_root(self) -> None:
+        ident = self.root / "identity"
+        if self.root.is_dir() and (not ident.is_file() or ident.read_text().strip() != self.identity):
+            shutil.rmtree(self.root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        ident.write_text(self.identity + "\n")
+
+    def probe(self, context: list[int]) -> tuple[str, list[float], int]:
+        """The runtime's logits predicting the token after `context`: (tag, logits, its argmax)."""
+        context = [int(t) for t in context]
+        with Prober._lock:
+            self._fresh_root()
+            d = self.root / _name(context)
+            try:
+                return read(d, self.vocab)
+            except ProbeError:
+                pass
+            if d.exists():
+                shutil.rmtree(d)
+            self._run(context, d)
+            self.made += 1
+            return read(d, self.vocab)
+
+    def _run(self, context: list[int], d: Path) -> None:
+        from manifests import load
+        from runtime.sequence import generate, single
+        from runtime.step import Cell
+
+        if self._manifest is None:
+            self._manifest = load(self.manifest_path)
+        size = -(-(len(context) + 1) // self.ROOM) * self.ROOM
+        got = self._runtimes.get(size)
+        if got is None:
+            got = self._runtimes[size] = single(self._manifest, self.weights, size - 1, 1, 1, self.backend)
+        rt, cell = got
+        cell = Cell(cell.pages, cell.slot, [], 0)
+        tmp = d.with_name(d.name + ".tmp")
+        if tmp.exists():
+            shutil.rmtree(tmp)
+
+        def dump(tag: str, tokens: list[int]) -> None:
+            rows = rt.logits(1)
+            if rows is not None:
+                write(tmp, tag, rows[0], tokens)
+
+        generate(rt, cell, context, 1, 1, on_step=dump)
+        if not tmp.exists():
+            raise ProbeError(f"{self.manifest_path.name} has no logits to probe")
+        tmp.rename(d)

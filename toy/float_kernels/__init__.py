@@ -1,0 +1,36 @@
+"""The float toy's kernel module (`toy-float`): `toyf_predict` for the CPU (numba) and CUDA.
+
+A float manifest names two modules: `toy` (toy.kernels) for the exact `write`, and `toyf` (this
+one) for the predict that turns the state into bf16 logits (toy/model.py, "the float toy", gives
+the arithmetic and the reference order). `build_hash({"block": B})` covers this module's sources
+and the integer toy kernels' sources it imports, and the build parameters.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+from pathlib import Path
+
+_HERE = Path(__file__).parent
+SOURCES = (_HERE / "cpu.py", _HERE / "cuda.py", _HERE.parent / "kernels" / "cpu.py", _HERE.parent / "kernels" / "cuda.py")
+ENTRIES = ("toyf_predict",)
+
+
+def build_hash(params: dict) -> str:
+    h = hashlib.sha256()
+    for path in SOURCES:
+        if path.exists():
+            name = path.relative_to(_HERE.parent).as_posix()
+            h.update(name.encode() + b"\0" + path.read_bytes() + b"\0")
+    h.update(json.dumps(params, sort_keys=True).encode())
+    return h.hexdigest()
+
+
+def entry(backend: str, name: str):
+    """The launchable kernel `name` for `backend` ("cpu" or "gpu"): `fn(grid, block, *args)`."""
+    if name not in ENTRIES:
+        raise KeyError(f"toy.float_kernels has no entry {name!r} (it has {', '.join(ENTRIES)})")
+    mod = importlib.import_module(f"{__name__}.{'cpu' if backend == 'cpu' else 'cuda'}")
+    return getattr(mod, name)
