@@ -34,3 +34,19 @@ def entry(backend: str, name: str):
         raise KeyError(f"toy.float_kernels has no entry {name!r} (it has {', '.join(ENTRIES)})")
     mod = importlib.import_module(f"{__name__}.{'cpu' if backend == 'cpu' else 'cuda'}")
     return getattr(mod, name)
+
+
+def cuda_constants():
+    """The CUDA source's constants without importing numba.cuda (tests compare them to the model's)."""
+    import ast
+    import types
+
+    values = {}
+    for node in ast.parse((_HERE / "cuda.py").read_text()).body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            name = node.targets[0].id
+            if name in ("VOCAB", "BANKS", "BIAS_EXP", "EOS_TOP", "EOS_LOW"):
+                values[name] = ast.literal_eval(node.value)
+            elif name == "BIAS_SALT":  # U(0x...)
+                values[name] = ast.literal_eval(node.value.args[0])
+    return types.SimpleNamespace(**values)
