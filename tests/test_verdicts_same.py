@@ -192,3 +192,31 @@ def test_inputs_not_mutated_and_sequences_accepted() -> None:
 )
 def test_divergence(a: list[int], b: list[int], text: str) -> None:
     assert divergence(a, b) == text
+
+
+class Moved:
+    """An oracle whose answer from the prompt stops after 3 tokens, and whose continuation after the
+    server's near-tie token 99 is `after` (a near-tie can move where an answer stops)."""
+
+    def __init__(self, after: list[int]):
+        self.after = after
+        self.runs: list[tuple[list[int], int]] = []
+
+    def near_tie(self, context, a, b, rows):
+        return "near-tie: scripted"
+
+    def run(self, ids, steps, rows):
+        self.runs.append((list(ids), steps))
+        return self.after[:steps]
+
+
+def test_a_near_tie_may_move_where_the_answer_stops() -> None:
+    """After an excused token the oracle continues as far as the longer answer: the server's longer
+    answer matches when the oracle's continuation stops where the server's did, and fails when it
+    stops elsewhere (a length mismatch, never excused)."""
+    s = Same(Moved([20, 21, 22]), rows=1)
+    assert s.add("later", PROMPT, [10, 99, 20, 21, 22], [10, 11, 12])
+    assert s.matched == 1 and s.oracle.runs == [([1, 2, 3, 10, 99], 3)]
+    s = Same(Moved([20, 21]), rows=1)
+    assert not s.add("elsewhere", PROMPT, [10, 99, 20, 21, 22], [10, 11, 12])
+    assert s.notes[0].endswith("; then diverge at token 4/5 vs 4: [22] vs []")

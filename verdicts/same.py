@@ -4,6 +4,9 @@ The oracle is duck-typed (`Oracle` below): `near_tie` returns evidence text for 
 token, and only evidence that starts with ``"near-tie"`` excuses it; `run` greedily continues a
 context. An excused token is replaced in the oracle's answer by the server's, and the oracle
 continues from there, so a later divergence is judged on the sequence the server actually ran.
+The continuation may run as far as the longer of the two answers (kern's kept the oracle's first
+length): after a near-tie the sequence differs, so it may stop (EOS) later than the oracle's first
+answer did; if it stops elsewhere than the server's, the lengths still differ and that fails.
 Length mismatches are never excused: they have no disputed token to ask about.
 """
 
@@ -82,9 +85,10 @@ class Same:
             if k is None or not (verdict or "").startswith("near-tie") or excused == EXCUSED_MAX:
                 break
             excused += 1
-            # continue from the server's token; the oracle supplies the rest, keeping the length
+            # continue from the server's token; the oracle supplies the rest, as far as either
+            # answer reached: the excused token may move where the answer stops (its EOS)
             head = want[:k] + [got[k]]
-            steps = len(want) - k - 1
+            steps = max(len(want), len(got)) - k - 1
             rest = self.oracle.run(prompt + head, steps, self.rows) if steps > 0 else []
             if rest is None:
                 notes.append("no continuation from the oracle")

@@ -27,12 +27,14 @@ EOS_LOW = 0xFF7F
 TWO23 = 1 << 23
 Y_SCALE = F(2.0**-23)
 POISON_SCALE = F(2.0**-17)
+POW2_ZERO = 149  # POW2[POW2_ZERO + k] == 2**k, exact in float32 for k in -149..127
+POW2 = np.array([2.0 ** (i - POW2_ZERO) for i in range(POW2_ZERO + 128)], np.float32)
 
 
 @cuda.jit(device=True)
 def bias(q):
     mant = I(TWO23) + I(splitmix(U(q) ^ BIAS_SALT) >> U(41))
-    return F(mant) * F(2.0 ** (BIAS_EXP - 23 + (q & 3)))
+    return F(mant) * POW2[POW2_ZERO + BIAS_EXP - 23 + (q & 3)]
 
 
 @cuda.jit(device=True)
@@ -52,7 +54,7 @@ def bf16_round(x):
     if x == F(0):
         return F(0)
     _, e = math.frexp(x)
-    c = F(math.ldexp(1.5, e + 15))
+    c = F(1.5) * POW2[min(max(e + 15 + POW2_ZERO, 0), POW2_ZERO + 127)]
     return (x + c) - c
 
 
