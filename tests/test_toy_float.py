@@ -202,3 +202,25 @@ def _simulate() -> None:
         (la, na), (lb, nb) = out
         assert np.array_equal(la, lb) and np.array_equal(na, nb), (block, la[:8], lb[:8], na, nb)
     print("simulated: all equal")
+
+
+def test_kern_test_excuses_a_near_tie_between_the_builds(tmp_path, monkeypatch):
+    """A build whose tiles hold 256 positions adds as the reference does (up to 256 positions), so
+    against it the candidate parts at prompt 1's near-tie (token 17): kern test excuses it on the
+    A side's logits, then finds B's state bytes equal to A's over the same ids."""
+    import json
+
+    import manifests
+    from e2e.prompts import PROMPTS
+    from oracle import abtest
+    from toy import gen, gen_float
+
+    wide = tmp_path / "toy-float-wide.json"
+    wide.write_text(json.dumps(gen_float.manifest(gen.manifest(gen.SHAPES[0], 8192), 8192)))
+    a, b = manifests.load(wide), build("toy-float")[0]
+    monkeypatch.setattr(abtest, "PROMPTS", (PROMPTS[0],))
+    lines: list[str] = []
+    assert abtest.ab_test(a, b, build("toy-float")[1], 20, "cpu", lines.append) == abtest.PASS, lines
+    assert "after 1 near-tie tokens" in lines[0] and "(near-tie: top " in lines[0], lines
+    assert lines[-1].startswith("PASS") and "after near-ties" in lines[-1], lines
+

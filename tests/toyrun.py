@@ -1,5 +1,6 @@
 """Helpers for tests that drive the toy targets through the runtime."""
 
+import json
 from functools import lru_cache
 from pathlib import Path
 
@@ -7,7 +8,9 @@ import manifests
 from manifests.config import PACKAGED, load_config
 
 CONFIG = load_config(PACKAGED)
-SHAPES = tuple(CONFIG.targets)
+# the float toy's answers may part from the reference's at near-ties: tests/test_toy_float.py
+FLOAT_SHAPES = tuple(n for n, t in CONFIG.targets.items() if "logits" in json.loads(t.manifest.read_text())["buffers"])
+SHAPES = tuple(n for n in CONFIG.targets if n not in FLOAT_SHAPES)  # the exact toys
 SPEC_SHAPES = ("toy-spec", "toy-stateful-spec")
 
 
