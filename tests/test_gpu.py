@@ -193,3 +193,23 @@ def test_predict_is_the_same_for_any_block_and_split(block, split, monkeypatch):
     clean = s["kv"].copy()
     cpu_k.toy_write(int(rows[0].size), 64, *s["rows"], clean, s["salt"], s["words"] * 8)
     assert np.array_equal(kv.get(), clean)
+
+
+@pytest.mark.parametrize("name", ["toy-float", "toy-float-ref"])
+def test_the_float_toy_is_the_cpus_bit_for_bit(name):
+    """toy-float adds in the same order on both backends, additions only: its logits at every step,
+    its ids and its state bytes on the GPU are the CPU's, bit for bit."""
+    from pathlib import Path
+
+    m = _manifest(Path(CONFIG.targets["toy-float"].manifest).parent / f"{name}.json")
+    w = target("toy-float")[1]
+    for ids in PROMPTS:
+        ids = list(ids)
+        got = {}
+        for be in ("cpu", "gpu"):
+            rt, cell = single(m, w, len(ids), 24, 1, be)
+            rows = []
+            g = generate(rt, cell, ids, 24, 1, on_step=lambda tag, toks, rt=rt: rows.append(rt.logits(1)[0].copy()))
+            got[be] = (g.ids, rt.read_state(cell.pages, cell.slot, g.length), np.array(rows))
+        (ic, sc, lc), (ig, sg, lg) = got["cpu"], got["gpu"]
+        assert ic == ig and sc == sg and np.array_equal(lc, lg), f"{name} prompt {len(ids)}"

@@ -224,3 +224,42 @@ def test_kern_test_excuses_a_near_tie_between_the_builds(tmp_path, monkeypatch):
     assert "after 1 near-tie tokens" in lines[0] and "(near-tie: top " in lines[0], lines
     assert lines[-1].startswith("PASS") and "after near-ties" in lines[-1], lines
 
+
+
+class _ProbedReference:
+    """The reference as `Same`'s oracle, with the runtime's logits at the step as its evidence,
+    checked against the reference's (what e2e's oracle does, without files)."""
+
+    def __init__(self, manifest: dict):
+        self.manifest = manifest
+
+    def run(self, ids, steps, rows):
+        return model.generate(ids, steps, self.manifest)
+
+    def near_tie(self, context, a, b, rows):
+        from verdicts import evidence
+
+        probe = model.bf16_value(runtime_logits("toy-float", context)).astype(float)
+        ref = model.bf16_value(np.array(model.logits(context, self.manifest), np.uint16)).astype(float)
+        return evidence(list(probe), a, b, list(ref))
+
+
+def test_runtime_equals_the_reference_up_to_excused_near_ties():
+    """For any prompt (ids 0-256, 1-120 tokens) and step count, the runtime's answer is the
+    reference's, or parts from it only at near-ties the runtime's own logits show (at most 3)."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    from verdicts import Same
+
+    m, w = build("toy-float")
+
+    @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(ids=st.lists(st.integers(0, 256), min_size=1, max_size=120), steps=st.integers(1, 40))
+    def check(ids, steps):
+        rt, cell = single(m, w, len(ids), steps, 1, "cpu")
+        got = generate(rt, cell, ids, steps, 1).ids
+        same = Same(_ProbedReference(m.raw), 1)
+        assert same.add("p", ids, got, model.generate(ids, steps, m.raw)), same.notes
+
+    check()
