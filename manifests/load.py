@@ -19,6 +19,7 @@ from manifests.schema import (
     Arg,
     Buffer,
     Call,
+    Cut,
     Domain,
     Launch,
     Manifest,
@@ -110,7 +111,7 @@ def parse(text: str | dict, source: str = "<manifest>") -> Manifest:
 
 def _parse(raw: Any, err: _Errors, source: str) -> Manifest | None:
     top = ("schema_version", "model", "vars", "states", "buffers", "modules", "ops", "programs")
-    if not err.fields("manifest", raw, top):
+    if not err.fields("manifest", raw, top, ("cut",)):
         return None
     if raw["schema_version"] != SCHEMA_VERSION:
         err.add("schema_version", f"expected {SCHEMA_VERSION}, got {json.dumps(raw['schema_version'])}")
@@ -126,6 +127,7 @@ def _parse(raw: Any, err: _Errors, source: str) -> Manifest | None:
     modules = {n: m for n, d in raw["modules"].items() if (m := _module(f"modules.{n}", n, d, err))}
     ops = {n: o for n, d in raw["ops"].items() if (o := _op(f"ops.{n}", n, d, err))}
     programs = {n: p for n, d in raw["programs"].items() if (p := _program(f"programs.{n}", n, d, err))}
+    cut = _cut(raw["cut"], err) if "cut" in raw else None
     return Manifest(
         schema_version=raw["schema_version"],
         model=raw["model"] if isinstance(raw["model"], str) else "",
@@ -137,7 +139,23 @@ def _parse(raw: Any, err: _Errors, source: str) -> Manifest | None:
         programs=programs,
         raw=raw,
         source=source,
+        cut=cut,
     )
+
+
+def _cut(d: Any, err: _Errors) -> Cut | None:
+    if not err.fields("cut", d, ("id", "stage", "stages")):
+        return None
+    if not isinstance(d["id"], str) or not re.fullmatch(r"[0-9a-f]{16}", d["id"]):
+        err.add("cut.id", f"expected 16 lowercase hex digits, got {json.dumps(d['id'])}")
+        return None
+    stage, stages = err.int_("cut.stage", d["stage"]), err.int_("cut.stages", d["stages"], 2)
+    if stage is None or stages is None:
+        return None
+    if stage >= stages:
+        err.add("cut.stage", f"stage {stage} of {stages} stages (stages count from 0)")
+        return None
+    return Cut(d["id"], stage, stages)
 
 
 def _var(path: str, name: str, d: Any, err: _Errors) -> Var | None:
@@ -332,16 +350,26 @@ def _arg(path: str, a: Any, err: _Errors) -> Arg | None:
 
 
 def _program(path: str, name: str, d: Any, err: _Errors) -> Program | None:
-    if not err.fields(path, d, ("calls",), ("batch", "graph")):
+    if not err.fields(path, d, ("calls",), ("batch", "graph", "once", "derive")):
         return None
-    groups = rows = None
+    flags = {}
+    for k in ("graph", "once", "derive"):
+        flags[k] = d.get(k, False)
+        if not isinstance(flags[k], bool):
+            err.add(f"{path}.{k}", f"expected true or false, got {json.dumps(flags[k])}")
+            flags[k] = False
+    groups = rows = context = None
     if "batch" in d:
         b = d["batch"]
-        if not err.fields(f"{path}.batch", b, ("groups", "rows")):
+        if not err.fields(f"{path}.batch", b, ("groups", "rows"), ("context",)):
             return None
         groups = err.int_(f"{path}.batch.groups", b["groups"], 1)
         rows = b["rows"]
         if not isinstance(rows, str) and err.int_(f"{path}.batch.rows", rows, 1) is None:
+            return None
+        context = b.get("context")
+        if context is not None and not isinstance(context, str):
+            err.add(f"{path}.batch.context", f"expected a var name, got {json.dumps(context)}")
             return None
         if groups is None:
             return None
@@ -355,4 +383,4 @@ def _program(path: str, name: str, d: Any, err: _Errors) -> Program | None:
             calls.append(Call(c["op"], tuple(args), c.get("label")))
     if not isinstance(d["calls"], list):
         err.add(f"{path}.calls", "expected a list")
-    return Program(name, groups, rows, tuple(calls), bool(d.get("graph", False)))
+    return Program(name, groups, rows, tuple(calls), flags["graph"], flags["once"], flags["derive"], context)

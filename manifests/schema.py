@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 DTYPES = {"i32": 4, "i64": 8, "u8": 1, "f32": 4, "bf16": 2, "u64": 8}
-KINDS = ("input", "output", "inout", "weight", "workspace", "carry")
+KINDS = ("input", "output", "inout", "weight", "source", "workspace", "carry")
 INPUT_FILLS = ("token", "position", "slot", "seq_len", "cu_seqlens")
 OUTPUT_FILLS = ("tokens", "count")
 AXES = ("rows", "groups")
@@ -146,11 +146,20 @@ class Call:
 
 @dataclass(frozen=True, slots=True)
 class Program:
+    """A list of calls. With a batch it is driven by the serving loop; `once` runs after load,
+    `derive` inside load (turning `source` buffers into weights).
+
+    `context` names the var bounding the call's context: the sum over the call's sequences of
+    the length each reaches (pos + rows). Its max is the bound `pack()` and admission use."""
+
     name: str
     groups: int | None  # None: not driven by the serving loop
-    rows: int | str | None  # a constant, or a var name (a chunk of one sequence)
+    rows: int | str | None  # a constant, or a var name (a chunk: rows set per call)
     calls: tuple[Call, ...]
     graph: bool = False
+    once: bool = False
+    derive: bool = False
+    context: str | None = None
 
     @property
     def batched(self) -> bool:
@@ -159,6 +168,15 @@ class Program:
     @property
     def chunked(self) -> bool:
         return isinstance(self.rows, str)
+
+
+@dataclass(frozen=True, slots=True)
+class Cut:
+    """Written by `kern cut` on each stage: the cut's id, this stage's index, how many stages."""
+
+    id: str
+    stage: int
+    stages: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,6 +191,7 @@ class Manifest:
     programs: dict[str, Program]
     raw: dict = field(compare=False, repr=False)
     source: str = ""
+    cut: Cut | None = None
 
     def var_max(self) -> dict[str, int]:
         return {v.name: v.max for v in self.vars.values()}
@@ -182,6 +201,10 @@ class Manifest:
             if v.axis == axis:
                 return v
         raise KeyError(f"no var with axis {axis!r}")
+
+    def driven(self) -> list[Program]:
+        """The programs the serving loop drives (those with a batch)."""
+        return [p for p in self.programs.values() if p.batched]
 
     def filled(self, fill: str) -> list[Buffer]:
         return [b for b in self.buffers.values() if b.fill == fill]

@@ -2,8 +2,11 @@
 
 References resolve; kernel modules import and hash to their `sha256`; launch args agree with
 launch params; an op's impl honours its interface; programs pass buffers of the right kind and
-dtype, read nothing before it is written and write no input or weight; every output and carry is
-written somewhere; every declaration is used; shapes and batches fit their var bounds.
+dtype, read nothing before it is written and write no input or weight (but a derive program, which
+turns sources into weights at load); only derive programs read sources; every output and carry is
+written somewhere; every declaration is used; shapes and batches fit their var bounds; program
+flags combine as the format allows (derive with nothing, once without a batch, a graph only with
+one); a chunk of several sequences is split by a cu_seqlens input.
 """
 
 from __future__ import annotations
@@ -78,10 +81,10 @@ def _buffers(m: Manifest, err: "_Errors", used: set) -> None:
                 err.add(f"{p}.fill", f"fill {b.fill!r} is not allowed on a {b.kind} buffer (allowed: {', '.join(allowed) or 'none'})")
             if b.dtype not in ("i32", "i64"):
                 err.add(f"{p}.fill", f"fills need an i32 or i64 buffer, not {b.dtype}")
-        if b.kind == "weight" and not b.bind:
-            err.add(f"{p}.bind", "a weight needs a bind naming its tensor")
-        if b.bind and b.kind != "weight":
-            err.add(f"{p}.bind", f"only weights bind tensors, this is a {b.kind}")
+        if b.kind == "source" and not b.bind:
+            err.add(f"{p}.bind", "a source needs a bind naming its checkpoint tensor")
+        if b.bind and b.kind not in ("weight", "source"):
+            err.add(f"{p}.bind", f"only weights and sources bind tensors, this is a {b.kind}")
         if b.domain and b.domain.index_into is not None:
             target = b.domain.index_into
             if target in m.states:
@@ -165,22 +168,60 @@ def _fmt(p) -> str:
     return f"{p.direction} {p.what}" + (f"<{p.dtype}>" if p.dtype else "")
 
 
+def _flags(prog, p: str, err: "_Errors") -> None:
+    """derive combines with nothing else; once not with a batch; a graph needs a batch."""
+    if prog.derive:
+        others = [k for k, on in (("batch", prog.batched), ("once", prog.once), ("graph", prog.graph)) if on]
+        if others:
+            err.add(f"{p}.derive", f"a derive program runs inside load and takes no {', '.join(others)}")
+    elif prog.once and prog.batched:
+        err.add(f"{p}.once", "a once program runs after load, not in the serving loop: it takes no batch")
+    elif prog.graph and not prog.batched:
+        err.add(f"{p}.graph", "a graph is captured per call of a driven program: it needs a batch")
+
+
+def _batch(m: Manifest, prog, p: str, err: "_Errors", used: set, rows_var, groups_var) -> None:
+    if isinstance(prog.rows, str):
+        if prog.rows not in m.vars:
+            err.add(f"{p}.batch.rows", f"unknown var {prog.rows!r}")
+        else:
+            used.add(("var", prog.rows))
+    elif rows_var and prog.groups * prog.rows > rows_var.max:
+        err.add(f"{p}.batch", f"groups {prog.groups} x rows {prog.rows} is over vars.{rows_var.name}.max {rows_var.max}")
+    if groups_var and prog.groups > groups_var.max:
+        err.add(f"{p}.batch.groups", f"{prog.groups} is over vars.{groups_var.name}.max {groups_var.max}")
+    if prog.context is not None:
+        if prog.context not in m.vars:
+            err.add(f"{p}.batch.context", f"unknown var {prog.context!r}")
+        elif prog.context in (rows_var and rows_var.name, groups_var and groups_var.name):
+            err.add(f"{p}.batch.context", f"var {prog.context!r} already counts the call's {m.vars[prog.context].axis}")
+        else:
+            used.add(("var", prog.context))
+    passed = {a.value for c in prog.calls for a in c.args if a.kind == "buf"}
+    splits = [b for b in m.filled("cu_seqlens") if b.name in passed]
+    if prog.chunked and prog.groups > 1 and not splits:
+        err.add(f"{p}.batch.groups", f"a chunk of {prog.groups} sequences needs a cu_seqlens input to split its rows")
+    for b in splits:
+        if len(b.shape) != 1:
+            err.add(f"buffers.{b.name}.shape", "a cu_seqlens buffer has one dim")
+            continue
+        d = b.shape[0]
+        room = d if isinstance(d, int) else m.vars[d].max if d in m.vars else None
+        if room is not None and room < prog.groups + 1:
+            err.add(f"buffers.{b.name}.shape", f"holds {room} offsets, {p} packs {prog.groups} sequences (needs {prog.groups + 1})")
+
+
 def _programs(m: Manifest, err: "_Errors", used: set) -> None:
     written_anywhere: set[str] = set()
+    derived: set[str] = set()
     rows_var = next((v for v in m.vars.values() if v.axis == "rows"), None)
     groups_var = next((v for v in m.vars.values() if v.axis == "groups"), None)
     for prog in m.programs.values():
         p = f"programs.{prog.name}"
+        _flags(prog, p, err)
+        at_load = "derive" if prog.derive else "once" if prog.once else None
         if prog.batched:
-            if isinstance(prog.rows, str):
-                if prog.rows not in m.vars:
-                    err.add(f"{p}.batch.rows", f"unknown var {prog.rows!r}")
-                else:
-                    used.add(("var", prog.rows))
-            elif rows_var and prog.groups * prog.rows > rows_var.max:
-                err.add(f"{p}.batch", f"groups {prog.groups} x rows {prog.rows} is over vars.{rows_var.name}.max {rows_var.max}")
-            if groups_var and prog.groups > groups_var.max:
-                err.add(f"{p}.batch.groups", f"{prog.groups} is over vars.{groups_var.name}.max {groups_var.max}")
+            _batch(m, prog, p, err, used, rows_var, groups_var)
         written: set[str] = set()
         for ci, call in enumerate(prog.calls):
             cp = f"{p}.calls[{ci}]"
@@ -206,12 +247,19 @@ def _programs(m: Manifest, err: "_Errors", used: set) -> None:
                         continue
                     if b.dtype != prm.dtype:
                         err.add(ap, f"buffer {a.value} is {b.dtype}, the param wants {prm.dtype}")
-                    if prm.writes and b.kind in ("input", "weight"):
-                        err.add(ap, f"op {call.op} writes {b.kind} buffer {a.value}")
+                    if prm.writes and (b.kind in ("input", "source") or b.kind == "weight" and not prog.derive):
+                        err.add(ap, f"op {call.op} writes {b.kind} buffer {a.value}" + (
+                            " (only a derive program writes weights)" if b.kind == "weight" else ""))
                     if prm.reads and b.kind in ("output", "workspace") and a.value not in written:
                         err.add(ap, f"reads {b.kind} buffer {a.value} before anything in {prog.name} writes it")
+                    if prm.reads and b.kind == "source" and not prog.derive:
+                        err.add(ap, f"reads source buffer {a.value} outside a derive program (a source lives only during load)")
+                    if prm.reads and at_load and b.kind in ("input", "inout"):
+                        err.add(ap, f"a {at_load} program runs at load, before any caller writes {b.kind} buffer {a.value}")
                     if prm.writes:
                         writes.append(a.value)
+                        if prog.derive and b.kind == "weight":
+                            derived.add(a.value)
                 elif a.kind == "state":
                     if a.value not in m.states:
                         err.add(ap, f"unknown state {a.value!r}")
@@ -240,6 +288,8 @@ def _programs(m: Manifest, err: "_Errors", used: set) -> None:
     for b in m.buffers.values():
         if b.kind in ("output", "carry") and b.name not in written_anywhere and ("buffer", b.name) in used:
             err.add(f"buffers.{b.name}", f"{b.kind} is never written by any program")
+        if b.kind == "weight" and not b.bind and b.name not in derived:
+            err.add(f"buffers.{b.name}.bind", "a weight needs a bind naming its tensor, or a derive program that writes it")
 
 
 def _unused(m: Manifest, err: "_Errors", used: set) -> None:

@@ -23,6 +23,7 @@ class Forward:
     emits: str | None  # the `tokens` output it writes
     count: str | None  # the `count` output it writes
     width: int  # tokens per group in the emits buffer
+    context: str | None = None  # the var bounding the call's summed sequence lengths
 
 
 def _writes(m: Manifest, program: str) -> set[str]:
@@ -51,7 +52,7 @@ class Protocol:
             if emits and len(m.buffers[emits].shape) > 1:
                 width = m.buffers[emits].shape[-1]
             rows = None if p.chunked else p.rows
-            self.forwards.append(Forward(p.name, p.groups, rows, emits, count, width))
+            self.forwards.append(Forward(p.name, p.groups, rows, emits, count, width, p.context))
         shapes = [(f.rows, f.groups) for f in self.forwards]
         if len(set(shapes)) != len(shapes):
             raise ProtocolError("two programs accept the same shape")
@@ -82,6 +83,20 @@ class Protocol:
     def prefill_emits(self) -> bool:
         c = self.chunk()
         return bool(c and c.emits)
+
+    @property
+    def context_bound(self) -> int | None:
+        """The chunk program's context bound (its `batch.context` var's max), or None if it declares none."""
+        c = self.chunk()
+        return self.manifest.vars[c.context].max if c and c.context else None
+
+    @property
+    def packs(self) -> bool:
+        """Whether the chunk program takes several sequences per call, split by a cu_seqlens input."""
+        c = self.chunk()
+        return bool(c and self.manifest.filled("cu_seqlens") and any(
+            a.kind == "buf" and self.manifest.buffers[a.value].fill == "cu_seqlens"
+            for call in self.manifest.programs[c.program].calls for a in call.args))
 
     @property
     def chunk_max(self) -> int:
