@@ -1,4 +1,4 @@
-"""The `kern` command: gen, run, test (and serve, registered by the server package)."""
+"""The `kern` command: gen, run, test, cut (and serve, registered by the server package)."""
 
 from __future__ import annotations
 
@@ -138,6 +138,44 @@ def test_cmd(ctx, target, cand, ref, steps, backend, weights, device) -> None:
         fail(str(exc))
     code = ab_test(a, b, ws, steps, backend, echo=click.echo)
     sys.exit(code)
+
+
+@main.command("cut")
+@click.argument("manifest")
+@click.option("--at", "at", required=True, help="Cut points: comma-separated call indices; stage s runs calls at[s-1]..at[s]-1 of every driven program.")
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="Directory for stage-0.json, stage-1.json, ... (and links to the weights).")
+@click.option("--weights", multiple=True, help="Weights file(s) to link beside the stages (default: the target's, or every *.safetensors beside a manifest path).")
+@click.pass_context
+def cut_cmd(ctx, manifest, at, out, weights) -> None:
+    """Split MANIFEST (a path or a target name) into pipeline stages at call indices.
+
+    Buffers live across a cut become outputs of the stage before and inputs (inouts when
+    rewritten) of the stage after; each state region belongs to one stage; once and derive
+    programs are sliced to what each stage reads. Prints each stage's edges and state use."""
+    from manifests.cut import CutError, cut, report
+
+    try:
+        points = parse_ids(at)
+    except click.BadParameter as exc:
+        fail(f"--at: {exc.message}")
+    try:
+        t, m = _target(ctx, manifest, weights)
+        stages = cut(m, points)
+    except CutError as exc:
+        fail(f"cannot cut {manifest} at {at}: {exc}")
+    except (ManifestError, ConfigError) as exc:
+        fail(str(exc))
+    dest = Path(out)
+    dest.mkdir(parents=True, exist_ok=True)
+    for st in stages:
+        (dest / f"stage-{st.index}.json").write_text(json.dumps(st.raw, indent=1) + "\n")
+    for w in t.weights:
+        link = dest / Path(w).name
+        if link.resolve() != Path(w).resolve():
+            link.unlink(missing_ok=True)
+            link.symlink_to(Path(w).resolve())
+    click.echo(report(stages))
+    click.echo(f"{len(stages)} stages -> {dest}")
 
 
 def _register_optional() -> None:

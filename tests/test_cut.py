@@ -217,3 +217,25 @@ def test_fnv1a64_known_values():
     assert fnv1a64(b"") == 0xCBF29CE484222325
     assert fnv1a64(b"a") == 0xAF63DC4C8601EC8C
     assert fnv1a64(b"foobar") == 0x85944171F73967E8
+
+
+def test_kern_cut_writes_verified_stages(tmp_path):
+    from click.testing import CliRunner
+
+    from oracle.cli import main
+
+    src = tmp_path / "m.json"
+    src.write_text(json.dumps(layered()))
+    (tmp_path / "w.safetensors").write_bytes(b"")
+    out = tmp_path / "stages"
+    r = CliRunner().invoke(main, ["cut", str(src), "--at", "1,4", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    assert "3 stages ->" in r.output and "arriving: w0 (inout)" in r.output
+    got = [manifests.load(out / f"stage-{i}.json") for i in range(3)]
+    assert [g.cut.stage for g in got] == [0, 1, 2] and len({g.cut.id for g in got}) == 1
+    assert (out / "w.safetensors").is_symlink()
+    r = CliRunner().invoke(main, ["cut", str(src), "--at", "2", "--out", str(out)])
+    assert r.exit_code == 2
+    assert "cannot cut" in r.output and "state s at offset 0 is touched by stages 0, 1" in r.output
+    r = CliRunner().invoke(main, ["cut", str(src), "--at", "one", "--out", str(out)])
+    assert r.exit_code == 2 and "--at: expected comma-separated integers" in r.output
