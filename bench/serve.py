@@ -13,6 +13,13 @@ the kernels of decode steps alone (device time by CUDA events on a GPU), the tok
 the scheduler outside the step. With `--graphs both` every target runs twice, with captured graphs
 and with `--no-graphs`, and each graph row is printed beside the plain row of the same concurrency
 (`x plain`). Never gates CI.
+
+    python bench/serve.py --pack [--pack-target toy-layers] [--pack-concurrency 16]
+
+Packed prefill against unpacked: the same prompts (distinct, 100 to 700 tokens) sent at once to two
+servers of one target, one packing prefill calls (the default where the manifest declares
+`cu_seqlens`), one started with `--no-pack`; prints each one's prefill calls and prompt tokens per
+second, the ratio to unpacked, and checks the answers are identical.
 """
 
 from __future__ import annotations
@@ -102,13 +109,66 @@ def measure(target: str, backend: str, concurrency: list[int], max_tokens: int, 
     return rows
 
 
+def pack_prompts(n: int) -> list[list[int]]:
+    """n distinct prompts of 100 to 700 tokens (ids), the same every run."""
+    base = PROMPT.encode()
+    return [list((f"{i:03d} ".encode() + base * 8)[: 100 + (i * 211) % 601]) for i in range(n)]
+
+
+def pack_compare(args) -> None:
+    """The same prompts at once to a packing server and a --no-pack one: prefill calls, tok/s, answers."""
+    import httpx
+    from tabulate import tabulate
+
+    prompts = pack_prompts(args.pack_concurrency)
+    rows, answers = [], {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for mode, extra in (("unpacked", ("--no-pack",)), ("packed", ())):
+            proc, url = start(args.pack_target, args.backend, Path(tmp) / f"{mode}.log", extra)
+            try:
+                burst(url, 2, 4, 0)  # warm
+                before = httpx.get(url + "/stats", timeout=30).json()
+
+                def one(ids):
+                    body = {"prompt": ids, "max_tokens": args.max_tokens, "return_token_ids": True}
+                    r = httpx.post(url + "/v1/completions", json=body, timeout=600)
+                    r.raise_for_status()
+                    return r.json()["choices"][0]["token_ids"]
+
+                t0 = time.perf_counter()
+                with ThreadPoolExecutor(len(prompts)) as pool:
+                    answers[mode] = list(pool.map(one, prompts))
+                wall = time.perf_counter() - t0
+                after = httpx.get(url + "/stats", timeout=30).json()
+            finally:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+            if mode == "packed" and not after["facts"].get("pack"):
+                raise SystemExit(f"{args.pack_target} does not pack prefill (its chunk program takes no cu_seqlens)")
+            c0, c1 = before["counters"], after["counters"]
+            tokens = c1["prefill_tokens"] - c0["prefill_tokens"]
+            rows.append((mode, c1["prefill_calls"] - c0["prefill_calls"], tokens, wall, tokens / wall))
+    same = answers["packed"] == answers["unpacked"]
+    print(f"{args.pack_target}, concurrency {len(prompts)}, max_tokens {args.max_tokens}, backend {args.backend}")
+    print(tabulate([(m, calls, tokens, f"{wall:.2f}", f"{tok_s:.1f}", f"{tok_s / rows[0][4]:.2f}")
+                    for m, calls, tokens, wall, tok_s in rows],
+                   headers=("mode", "prefill calls", "prefill tokens", "wall s", "prefill tok/s", "x unpacked"),
+                   tablefmt="github"))
+    print(f"answers identical: {'yes' if same else 'NO'}")
+    if not same:
+        raise SystemExit(1)
+
+
 def main() -> None:
     from tabulate import tabulate
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--targets", nargs="+", default=["toy-paged", "toy-stateful"])
     ap.add_argument("--concurrency", nargs="+", type=int, default=[1, 12, 64])
-    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--max-tokens", type=int, default=None, help="Answer tokens per request (default 64; 1 with --pack).")
     ap.add_argument("--backend", default="cpu", choices=["auto", "cpu", "gpu"])
     ap.add_argument("--graphs", default="on", choices=["on", "off", "both"],
                     help="captured CUDA graphs for decode (on), launch by launch (off), or both side by side")
@@ -120,6 +180,8 @@ def main() -> None:
     ap.add_argument("--pack-concurrency", type=int, default=16)
     ap.add_argument("--pack-tokens", type=int, default=512, help="Tokens per prompt of the packed/unpacked burst.")
     ap.add_argument("--serve-flag", action="append", default=[], help="Extra kern serve flag (repeatable), e.g. --serve-flag=--gpus=0.")
+    ap.add_argument("--pack", action="store_true", help="Compare packed prefill against --no-pack in one process (--pack-target).")
+    ap.add_argument("--pack-target", default="toy-layers")
     args = ap.parse_args()
     if args.stages:
         import serve_pp
@@ -128,6 +190,10 @@ def main() -> None:
             serve_pp.run(args.pp_target, args.stages, args.backend, args.ttft_tokens, args.ttft_reps,
                          args.pack_concurrency, args.pack_tokens, Path(tmp), args.serve_flag)
         return
+    if args.pack:
+        args.max_tokens = args.max_tokens or 1
+        return pack_compare(args)
+    args.max_tokens = args.max_tokens or 64
     modes = {"on": [("graphs", ())], "off": [("plain", ("--no-graphs",))],
              "both": [("plain", ("--no-graphs",)), ("graphs", ())]}[args.graphs]
     rows = []

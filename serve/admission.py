@@ -26,6 +26,11 @@ class Admission:
     def admit(self, req: Request) -> str | tuple[int, str, str, str | None] | None:
         """None when `req` now holds its lease; WAIT; or an error (status, message, code, param)."""
         e = self.engine
+        fed = len(req.ids) if self.emits else len(req.ids) - 1
+        if e.context is not None and fed > e.context:
+            # no prefill call could ever seat its last chunk: waiting would be forever
+            return (400, f"this prompt's prefill reaches {fed} tokens; the manifest's context bound is "
+                    f"{e.context}", "context_length_exceeded", None)
         hit = self._lookup(req.ids)
         while True:
             got = self._ask(req, hit)

@@ -49,6 +49,7 @@ _FAULT_HELP = "; ".join(f"{k}: {v}" for k, v in FAULTS.items())
 @click.option("--max-tokenize-tokens", default=_D.max_tokenize_tokens, show_default=True, type=int, help="Largest /tokenize input, in tokens; a larger one is answered 413.")
 @click.option("--stats-every", default=5.0, show_default=True, type=float, help="Seconds per `stats` log window.")
 @click.option("--no-graphs", is_flag=True, help="Run `graph: true` programs launch by launch instead of as captured CUDA graphs (GPU; for comparison).")
+@click.option("--no-pack", "no_pack", is_flag=True, help="Prefill one sequence per call even when the manifest packs several (cu_seqlens), for comparison.")
 @click.option("--stages", default=None, type=int, help="Serve as a pipeline of N stages on this machine: cut TARGET (at the layer boundaries that balance calls per stage, or --at) and start N-1 stage processes; this process is stage 0, the head.")
 @click.option("--at", "at", default=None, help="Cut points (call indices, comma separated) for --stages, instead of the balanced ones.")
 @click.option("--pp-listen", default=None, help="Head: bind the pipeline's control socket here (tcp://HOST:PORT) and wait for stages started separately with --pp-head.")
@@ -60,7 +61,7 @@ _FAULT_HELP = "; ".join(f"{k}: {v}" for k, v in FAULTS.items())
 @click.option("--fault", "faults", multiple=True, type=click.Choice(sorted(FAULTS)), help=f"Misbehave on purpose, for testing the gate (repeatable). {_FAULT_HELP}.")
 @click.pass_context
 def serve_command(ctx, target, port, host, capacity, host_gib, max_seqs, chunk, rows, backend, device, reserve_gib,
-                  weights, api_key, served_model_name, config, stats_every, no_graphs, stages, at, pp_listen, pp_head,
+                  weights, api_key, served_model_name, config, stats_every, no_graphs, no_pack, stages, at, pp_listen, pp_head,
                   pp_timeout, pp_bind, pp_parent, pp_share, faults, protect_stats, drain_timeout,
                   max_connections, header_timeout, body_timeout, keep_alive, max_body_bytes, max_tokenize_tokens) -> None:
     """Serve TARGET (a config target name or a manifest path) over OpenAI-compatible HTTP.
@@ -97,7 +98,7 @@ def serve_command(ctx, target, port, host, capacity, host_gib, max_seqs, chunk, 
         config = ctx.obj.get("config")
     opts = Options(capacity=capacity, host_gib=host_gib, max_seqs=max_seqs, chunk=chunk, rows=rows, backend=backend,
                    device=device, reserve_gib=reserve_gib, weights=tuple(weights), config=config, faults=Faults(faults),
-                   graphs=not no_graphs)
+                   graphs=not no_graphs, pack=not no_pack)
     from serve.pipeline.plan import PlanError
 
     errors = (ManifestError, ConfigError, EngineError, ProtocolError, WeightsError, KernelError, GeometryError,

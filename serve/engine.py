@@ -37,6 +37,7 @@ class Options:
     config: str | None = None
     faults: Faults = field(default_factory=Faults)
     graphs: bool = True  # capture `graph: true` programs as CUDA graphs (GPU)
+    pack: bool = True  # pack prefill when the manifest declares cu_seqlens (--no-pack: never)
 
 
 @dataclass(slots=True)
@@ -58,6 +59,8 @@ class Engine:
     host_bytes: int
     seq_slots: int
     faults: Faults
+    pack: bool = False  # prefill calls take several sequences (the chunk program splits them by cu_seqlens)
+    context: int | None = None  # the chunk program's context bound, if it declares one
 
     @property
     def pad_pages(self) -> int:
@@ -81,7 +84,7 @@ class Engine:
             "model": self.model, "page": self.unit, "pages": self.pages, "pad_pages": self.pad_pages,
             "max_request_tokens": self.max_request_tokens, "rows": self.rows, "chunk": self.chunk,
             "max_seqs": self.max_seqs, "seq_slots": self.seq_slots, "checkpoints": self.checkpoints,
-            "host_bytes": self.host_bytes, "reach": self.reach, "backend": self.backend,
+            "host_bytes": self.host_bytes, "reach": self.reach, "backend": self.backend, "pack": self.pack,
         }
 
 
@@ -152,4 +155,5 @@ def build(what: str, opts: Options) -> Engine:
         model=m.model, manifest_path=str(target.manifest), runtime=rt, pool=pool, pad=pad, host=host,
         prefix=Prefix(unit), rows=rows, chunk=chunk, max_seqs=max_seqs, lined=lined, unit=unit, reach=reach,
         backend=backend.name, host_bytes=host_bytes, seq_slots=pool.slots, faults=opts.faults,
+        pack=opts.pack and proto.packs, context=proto.context_bound,
     )

@@ -28,6 +28,7 @@ from serve import logs
 from serve.admission import WAIT, Admission
 from serve.engine import Engine
 from serve.faults import runner_up
+from serve.pack import Bounds, Waiting, pack
 from serve.request import EOS, Done, Request, Status, Update
 from serve.stats import Counters, Window
 
@@ -38,7 +39,7 @@ EXIT_CRASH = 101
 
 @dataclass(slots=True)
 class Plan:
-    prefill: list[tuple[Request, int]] = field(default_factory=list)  # (request, tokens this chunk)
+    prefill: list[list[tuple[Request, int]]] = field(default_factory=list)  # calls of (request, tokens)
     step: list[Request] = field(default_factory=list)
 
 
@@ -64,6 +65,8 @@ class Scheduler(threading.Thread):
         self.emits = rt.protocol.prefill_emits
         self.prefill_program = rt.protocol.chunk().program
         self.step_forward = rt.protocol.forward(1, engine.rows)
+        # a packed prefill call: up to the chunk's rows, the chunk program's groups, its context bound
+        self.bounds = Bounds(engine.chunk, rt.protocol.chunk().groups, engine.context or 1 << 62)
 
     # the handlers' side (any thread)
 
@@ -210,30 +213,37 @@ class Scheduler(threading.Thread):
 
     def _schedule(self) -> Plan:
         plan = Plan()
-        budget = self.engine.chunk
-        for req in self.running:
-            if budget <= 0:
-                break
-            if req.prefilling:
+        prefilling = [r for r in self.running if r.prefilling]
+        if self.engine.pack:
+            # one call packing the oldest prompts' next rows (pack() stops rather than skipping)
+            got = pack([Waiting(r.pos, r.fed_end - r.pos) for r in prefilling], self.bounds)
+            plan.prefill = [[(prefilling[i], n) for i, n in got]] if got else []
+        else:
+            budget = self.engine.chunk
+            for req in prefilling:
+                if budget <= 0:
+                    break
                 n = min(budget, req.fed_end - req.pos)
-                plan.prefill.append((req, n))
+                plan.prefill.append([(req, n)])
                 budget -= n
         plan.step = [r for r in self.running if r.stepping or (r.prefilling and self._ends_prefill(r, plan))]
         return plan
 
     def _ends_prefill(self, req: Request, plan: Plan) -> bool:
         # a non-emitting prefill that completes this iteration takes its first step in it too
-        return not self.emits and any(r is req and req.pos + n == req.fed_end for r, n in plan.prefill)
+        return not self.emits and any(r is req and req.pos + n == req.fed_end for call in plan.prefill for r, n in call)
 
     def _run(self, plan: Plan) -> None:
         rt = self.engine.runtime
-        for req, n in plan.prefill:
-            cell = Cell(req.lease.pages, req.lease.slot, req.fed(req.pos, req.pos + n), req.pos)
-            self._step(self.prefill_program, [cell])
-            req.pos += n
-            self.counters.add("prefill_tokens", n)
-            new = req.take(cell.tokens[:1]) if self.emits and req.pos == req.fed_end else []
-            self._commit(req, new)
+        for call in plan.prefill:
+            cells = [Cell(req.lease.pages, req.lease.slot, req.fed(req.pos, req.pos + n), req.pos) for req, n in call]
+            self._step(self.prefill_program, cells)
+            self.counters.add("prefill_calls")
+            for (req, n), cell in zip(call, cells):
+                req.pos += n
+                self.counters.add("prefill_tokens", n)
+                new = req.take(cell.tokens[:1]) if self.emits and req.pos == req.fed_end else []
+                self._commit(req, new)
         batch = [r for r in plan.step if r.stepping]
         rows = self.engine.rows
         groups = self.step_forward.groups
