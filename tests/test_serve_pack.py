@@ -8,6 +8,7 @@ import json
 import os
 
 import httpx
+import pytest
 
 from conftest import PROMPTS, ask, assert_nothing_leaked, manifest_dict, oracle
 
@@ -19,6 +20,17 @@ def answers(server, prompts, max_tokens):
         return list(pool.map(lambda p: ask(server, p, max_tokens)["ids"], prompts))
 
 
+def _no_layers() -> bool:
+    from manifests.config import ConfigError, resolve
+
+    try:
+        resolve(LAYERS)
+    except ConfigError:
+        return True
+    return False
+
+
+@pytest.mark.skipif(_no_layers(), reason=f"no {LAYERS} target yet (the layered toy with cu_seqlens, issue 9)")
 def test_packed_prefill_answers_as_unpacked(kern_server):
     prompts = [list(p.encode()) * 3 for p in PROMPTS[:12]]
     packed = kern_server(LAYERS, "--chunk", "64", "--capacity", "8192")
