@@ -41,7 +41,7 @@ def main(ctx: click.Context, config: str | None) -> None:
 @main.command()
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="Directory to write toy/*.json, toy/salt.safetensors and toy.toml into.")
 def gen(out: str) -> None:
-    """Write the toy manifests (each with its -ref twin), their salt and their config."""
+    """Write the toy manifests (each with its -ref twin), their salt, the layered toy's checkpoint and their config."""
     from toy.gen import generate as gen_toy
 
     paths = gen_toy(out)
@@ -103,7 +103,7 @@ def run(ctx, target, prompt, prompt_ids, steps, rows, chunk, backend, capacity, 
     text = bytes(g.ids).decode("utf-8", "replace")
     if as_json:
         click.echo(json.dumps({"target": t.name, "prompt_ids": ids, "ids": g.ids, "text": text, "rows": rows,
-                               "rounds": g.rounds, "drafted": g.drafted, "accepted": g.accepted}))
+                               "rounds": g.rounds, "drafted": g.drafted, "accepted": g.accepted, "load": rt.load_report}))
         return
     click.echo(bytes(t for t in ids if t < 256).decode("utf-8", "replace") + text)
     click.echo(f"generated ids: {g.ids}", err=True)

@@ -54,6 +54,9 @@ class Backend:
     def synchronize(self) -> None:
         pass
 
+    def forget(self, arr: Any) -> None:
+        """Drop whatever this backend keeps of `arr` (so freeing it frees its memory)."""
+
     # -- timing and graphs (a backend that cannot capture returns None and runs every step plainly) --
 
     def mark(self) -> Any:

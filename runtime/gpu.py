@@ -187,6 +187,13 @@ class GpuBackend(Backend):
             v = self._views[key] = self.cuda.from_cuda_array_interface(a.__cuda_array_interface__, owner=a, sync=False)
         return v
 
+    def forget(self, a) -> None:
+        """Drop the numba views made of cupy array `a`'s bytes, so freeing `a` frees its memory
+        (a load-time source, staged only while derive programs read it)."""
+        lo, hi = a.data.ptr, a.data.ptr + a.nbytes
+        for key in [k for k in self._views if lo <= k[0] < hi]:
+            del self._views[key]
+
     def synchronize(self) -> None:
         self.stream.synchronize()
         self.xfer.synchronize()

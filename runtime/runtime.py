@@ -1,8 +1,11 @@
 """The runtime: executes a verified manifest's programs on a backend (SPEC §5).
 
 Load: resolve kernel modules, allocate buffers at the var maxima, back each state arena at its
-full reservation (`pages` pages, `slots` line slots), bind weights. Then `step` runs one program
-over a list of cells, and `copy`/`park`/`wake`/`land` execute the pool's plans as data.
+full reservation (`pages` pages, `slots` line slots), bind weights; then run the `derive` programs
+(each `source` staged only from the first derive program that reads it to the last), then the
+`once` programs. `load_report` says what load held at its peak. Then `step` runs one program over
+a list of cells (a packed chunk: several sequences' rows in one call), and
+`copy`/`park`/`wake`/`land` execute the pool's plans as data.
 """
 
 from __future__ import annotations
@@ -49,14 +52,22 @@ class Runtime:
         be = self.backend
 
         self.modules = {n: importlib.import_module(mod.impl) for n, mod in m.modules.items()}
+        self._kernels: dict[tuple[str, str], Any] = {}
         env = m.var_max()
         self.buffers: dict[str, Any] = {}
         for b in m.buffers.values():
-            raw = be.zeros(b.nbytes(env))
-            self.buffers[b.name] = be.view(raw, b.dtype)
+            if b.kind != "source":  # a source is staged only while derive programs read it
+                self.buffers[b.name] = be.view(be.zeros(b.nbytes(env)), b.dtype)
         tensors = weights if isinstance(weights, dict) else read_tensors(weights)
-        for name, data in bind(m, tensors).items():
-            be.upload(be.view(self._raw(name), "u8"), data)
+        bound = bind(m, tensors)
+        for name, data in bound.items():
+            if m.buffers[name].kind == "weight":
+                be.upload(be.view(self._raw(name), "u8"), data)
+        self.load_report = self._derive(bound)
+        for prog in m.programs.values():
+            if prog.once:
+                for call in prog.calls:
+                    self._call(call, env)
 
         # states: paged arenas hold `pages` pages, lined arenas `slots` slots
         self.paged = [s for s in sorted(m.states.values(), key=lambda s: s.name) if s.paged]
@@ -83,12 +94,53 @@ class Runtime:
             for b in derive.line_tables(m)
         ]
         self.pad: Cell | None = None
-        self._kernels: dict[tuple[str, str], Any] = {}
         # graphs: (program, bucket) -> a captured graph, or None where capture failed (run plainly)
         self.graphs = graphs
         self._graphs: dict[tuple[str, int], Any] = {}
         self._warm: set[tuple[str, int]] = set()
         self.timing = StepTiming()
+        self.last_env: dict[str, int] = {}  # the vars of the last step (what a cut stage hands on is sized by them)
+
+    # -- load ------------------------------------------------------------------------------------
+
+    def _derive(self, bound: dict) -> dict:
+        """Run the derive programs in order, each source staged from its first reader to its last.
+
+        Returns the load's accounting: `derived_bytes` (the weights derive programs write),
+        `source_peak_bytes` (the widest set of sources live at once), `peak_bytes` (their sum)."""
+        m, be, env = self.manifest, self.backend, self.manifest.var_max()
+        derives = [p for p in m.programs.values() if p.derive]
+        readers: dict[str, list[int]] = {}
+        derived: set[str] = set()
+        for i, prog in enumerate(derives):
+            for call in prog.calls:
+                for a, prm in zip(call.args, m.ops[call.op].params):
+                    if a.kind != "buf":
+                        continue
+                    if prm.reads and m.buffers[a.value].kind == "source":
+                        readers.setdefault(a.value, []).append(i)
+                    if prm.writes and m.buffers[a.value].kind == "weight":
+                        derived.add(a.value)
+        live: dict[str, int] = {}
+        widest = 0
+        for i, prog in enumerate(derives):
+            for name, at in readers.items():
+                if at[0] == i:
+                    b = m.buffers[name]
+                    self.buffers[name] = be.view(be.zeros(b.nbytes(env)), b.dtype)
+                    be.upload(be.view(self.buffers[name], "u8"), bound[name])
+                    live[name] = b.nbytes(env)
+            widest = max(widest, sum(live.values()))
+            for call in prog.calls:
+                self._call(call, env)
+            for name, at in readers.items():
+                if at[-1] == i:
+                    be.synchronize()  # its last reader has run: free it
+                    be.forget(self.buffers[name])
+                    del self.buffers[name], live[name]
+        be.synchronize()
+        done = sum(m.buffers[n].nbytes(env) for n in derived)
+        return {"derived_bytes": done, "source_peak_bytes": widest, "peak_bytes": done + widest}
 
     # -- memory ----------------------------------------------------------------------------------
 
@@ -173,20 +225,27 @@ class Runtime:
                 off += sb
 
     def read_state(self, pages: list[int], slot: int | None, tokens: int) -> bytes:
-        """The bytes of a sequence's first `tokens` token slots and its line (for A/B comparisons)."""
+        """The bytes of a sequence's first `tokens` token slots and its line (for A/B comparisons):
+        every paged state by name, then every lined state by name."""
+        out = [self.read_state_of(s.name, pages, slot, tokens) for s in self.paged]
+        if slot is not None:
+            out += [self.read_state_of(s.name, pages, slot, tokens) for s in self.lined_states]
+        return b"".join(out)
+
+    def read_state_of(self, name: str, pages: list[int], slot: int | None, tokens: int) -> bytes:
+        """One state's bytes for a sequence: its first `tokens` token slots, or its line."""
         self.backend.synchronize()
-        out = []
-        for s in self.paged:
+        s = self.manifest.states[name]
+        if s.paged:
             tb = s.bytes_per_token
-            arena = self.backend.download(self.arenas[s.name], self.pages * self.page_bytes[s.name])
+            arena = self.backend.download(self.arenas[name], self.pages * self.page_bytes[name])
+            out = []
             for q in range(tokens):
                 slot_id = pages[q // self.unit] * self.unit + q % self.unit
                 out.append(arena[slot_id * tb : (slot_id + 1) * tb].tobytes())
-        if slot is not None:
-            for s in self.lined_states:
-                arena = self.backend.download(self.arenas[s.name], self.slots * s.bytes_per_seq)
-                out.append(arena[slot * s.bytes_per_seq : (slot + 1) * s.bytes_per_seq].tobytes())
-        return b"".join(out)
+            return b"".join(out)
+        arena = self.backend.download(self.arenas[name], self.slots * s.bytes_per_seq)
+        return arena[slot * s.bytes_per_seq : (slot + 1) * s.bytes_per_seq].tobytes()
 
     def logits(self, groups: int) -> np.ndarray | None:
         """The bf16 bits of the last step's `logits` output, one row per group (its first `groups`),
@@ -201,7 +260,11 @@ class Runtime:
     # -- running -----------------------------------------------------------------------------------
 
     def step(self, program: str, cells: list[Cell], arrive: dict | None = None, leave: dict | None = None) -> list[Cell]:
-        """Run `program` over `cells` (each feeds the same number of rows); fill each cell's `tokens`.
+        """Run `program` over `cells`; fill each cell's `tokens`.
+
+        A batched program's cells each feed its `rows` rows, padded to a bucket. A chunk program
+        (prefill) takes up to its `groups` cells unpadded, each with its own rows: a packed call
+        when there are several, split by `cu_seqlens`, bounded by the rows var and its context var.
 
         A pipeline stage passes `arrive` (buffers crossing in, uploaded before the calls) and `leave`
         (a dict keyed by the names crossing out; each gets its host bytes after the calls, at this
@@ -212,22 +275,29 @@ class Runtime:
         if not cells:
             return cells
         per = len(cells[0].ids)
-        if any(len(c.ids) != per for c in cells):
-            raise ValueError("every cell of a step feeds the same number of rows")
-        if fwd.rows is not None and per != fwd.rows:
-            raise ValueError(f"program {program} takes {fwd.rows} row(s) per sequence, got {per}")
         n = len(cells)
-        cap = min(self.max_seqs, fwd.groups)
-        if n > cap:
-            raise ValueError(f"{n} cells is over program {program}'s {cap} groups")
-        b = 1 if fwd.rows is None else bucket(n, cap)
-        if self.pad is None and b > n:
-            raise ValueError("padding needs a pad page (set_pad)")
-        padded = list(cells)
-        if b > n:
-            pad = Cell(self.pad.pages, self.pad.slot, [0] * per, 0)
-            padded += [pad] * (b - n)
-        env = {self.rows_var: b * per, self.groups_var: b}
+        if fwd.rows is None:
+            if n > fwd.groups:
+                raise ValueError(f"{n} cells is over program {program}'s {fwd.groups} groups")
+            env = self._chunk_env(program, fwd, cells)
+            padded, b = list(cells), n
+        else:
+            if any(len(c.ids) != per for c in cells):
+                raise ValueError("every cell of a step feeds the same number of rows")
+            if per != fwd.rows:
+                raise ValueError(f"program {program} takes {fwd.rows} row(s) per sequence, got {per}")
+            cap = min(self.max_seqs, fwd.groups)
+            if n > cap:
+                raise ValueError(f"{n} cells is over program {program}'s {cap} groups")
+            b = bucket(n, cap)
+            if self.pad is None and b > n:
+                raise ValueError("padding needs a pad page (set_pad)")
+            padded = list(cells)
+            if b > n:
+                pad = Cell(self.pad.pages, self.pad.slot, [0] * per, 0)
+                padded += [pad] * (b - n)
+            env = {self.rows_var: b * per, self.groups_var: b}
+        self.last_env = env
         pad_slot = self.pad.slot if self.pad is not None and self.pad.slot is not None else 0
         t0 = time.perf_counter()
         host = stage(padded, per, self.unit, self.fills, self.page_tables, self.line_tables, self.groups_max, pad_slot)
@@ -286,6 +356,23 @@ class Runtime:
                 run()
                 return
         self.backend.replay(g)
+    def _chunk_env(self, program: str, fwd, cells: list[Cell]) -> dict[str, int]:
+        """The vars of one chunk call over `cells`: rows, sequences and (if declared) the context."""
+        m = self.manifest
+        lens = [len(c.ids) for c in cells]
+        if min(lens) < 1:
+            raise ValueError(f"every cell of a {program} call feeds at least one row")
+        rows = sum(lens)
+        if rows > m.vars[self.rows_var].max:
+            raise ValueError(f"{rows} rows is over vars.{self.rows_var}.max {m.vars[self.rows_var].max}")
+        env = {self.rows_var: rows, self.groups_var: len(cells)}
+        if fwd.context:
+            ctx = sum(c.pos + len(c.ids) for c in cells)
+            bound = m.vars[fwd.context].max
+            if ctx > bound:
+                raise ValueError(f"{program}: the call's context {ctx} (sum of pos + rows) is over vars.{fwd.context}.max {bound}")
+            env[fwd.context] = ctx
+        return env
 
     def _call(self, call, env: dict[str, int]) -> None:
         m = self.manifest

@@ -7,11 +7,13 @@ page 0 and slot 1 are the pad's, the sequence takes pages 1.. and slot 2.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Callable
 
-from manifests.derive import page_unit, reach
+from manifests.derive import page_tables, page_unit, reach
 from manifests.schema import Manifest
+from runtime.chain import Chain
 from runtime.protocol import ProtocolError
 from runtime.runtime import Runtime
 from runtime.step import Cell
@@ -39,17 +41,25 @@ def room(prompt: int, steps: int, rows: int) -> int:
     return prompt + steps + rows - 1
 
 
-def single(manifest: Manifest, weights, prompt: int, steps: int, rows: int, backend="cpu", capacity: int | None = None) -> tuple[Runtime, Cell]:
-    """A runtime holding one sequence's room (plus the pad), and that sequence's empty cell."""
+def single(manifest: Manifest | None, weights, prompt: int, steps: int, rows: int, backend="cpu", capacity: int | None = None,
+           stages: list[Manifest] | None = None) -> tuple[Runtime | Chain, Cell]:
+    """A runtime holding one sequence's room (plus the pad), and that sequence's empty cell: of the
+    manifest, or a Chain of a cut's `stages` (each stage holding the same pages for its states)."""
 
-    unit = page_unit(manifest)
+    parts = stages or [manifest]
+    paged = [m for m in parts if page_tables(m)] or parts
+    unit = math.lcm(*(page_unit(m) for m in paged))
+    top = min(reach(m) for m in paged)
     need = room(prompt, steps, rows)
-    if need > reach(manifest):
-        raise RequestError(f"prompt of {prompt} + {steps} steps + {rows - 1} draft rows = {need} tokens is over the reach of {reach(manifest)}")
+    if need > top:
+        raise RequestError(f"prompt of {prompt} + {steps} steps + {rows - 1} draft rows = {need} tokens is over the reach of {top}")
     pages = -(-need // unit)
     if capacity is not None and (pages + 1) * unit > capacity:
         raise RequestError(f"{need} tokens need {pages + 1} pages of {unit} (with the pad), over --capacity {capacity}")
-    rt = Runtime(manifest, weights, pages=pages + 1, slots=3, backend=backend, max_seqs=1)
+    if stages:
+        rt = Chain(stages, weights, pages=pages + 1, slots=3, backend=backend, max_seqs=1)
+    else:
+        rt = Runtime(manifest, weights, pages=pages + 1, slots=3, backend=backend, max_seqs=1)
     rt.set_pad(0, 1 if rt.lined else None)
     cell = Cell(list(range(1, pages + 1)), 2 if rt.lined else None, [], 0)
     if rt.lined:

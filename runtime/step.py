@@ -52,21 +52,25 @@ def stage(
     groups_max: int,
     pad_slot: int,
 ) -> dict[str, np.ndarray]:
-    """Host arrays for every filled input and table, for these (already padded) cells."""
+    """Host arrays for every filled input and table, for these (already padded) cells.
+
+    Each cell feeds its own `len(ids)` rows (`per` for every cell of a batched step; a packed chunk's
+    cells differ): its rows follow the previous cell's, `cu_seqlens` marks where each begins."""
     b = len(cells)
     pos = np.array([c.pos for c in cells], np.int64)
-    rows = (pos[:, None] + np.arange(per, dtype=np.int64)[None, :]).reshape(-1)
+    lens = np.array([len(c.ids) for c in cells], np.int64)
+    rows = np.concatenate([c.pos + np.arange(len(c.ids), dtype=np.int64) for c in cells])
     out: dict[str, np.ndarray] = {}
     for name in fills.get("token", []):
-        out[name] = np.fromiter((t for c in cells for t in c.ids), np.int64, b * per)
+        out[name] = np.fromiter((t for c in cells for t in c.ids), np.int64, int(lens.sum()))
     for name in fills.get("position", []):
         out[name] = rows
     for name in fills.get("seq_len", []):
-        out[name] = pos + per
+        out[name] = pos + lens
     for name in fills.get("cu_seqlens", []):
-        out[name] = np.arange(b + 1, dtype=np.int64) * per
+        out[name] = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
     if fills.get("slot"):
-        pages = np.concatenate([np.asarray(c.pages, np.int64)[(c.pos + np.arange(per)) // unit] for c in cells])
+        pages = np.concatenate([np.asarray(c.pages, np.int64)[(c.pos + np.arange(len(c.ids))) // unit] for c in cells])
         slots = pages * unit + rows % unit
         for name in fills["slot"]:
             out[name] = slots

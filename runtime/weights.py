@@ -30,11 +30,12 @@ def read_tensors(paths: list[str | Path]) -> dict[str, np.ndarray]:
 
 
 def bind(m: Manifest, tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """For each weight buffer, its bytes: the bound tensors laid end to end, tiling it exactly."""
+    """For each weight or source buffer that binds tensors, its bytes: the bound tensors laid end to
+    end, tiling it exactly. (A weight a derive program writes binds nothing.)"""
     out = {}
     env = m.var_max()
     for b in m.buffers.values():
-        if b.kind != "weight":
+        if b.kind not in ("weight", "source") or not b.bind:
             continue
         parts = []
         for name in b.bind:

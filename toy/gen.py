@@ -1,4 +1,5 @@
-"""`kern gen`: write the toy manifests (five shapes, the float toy, and their `-ref` twins), the salt, the config.
+"""`kern gen`: write the toy manifests (five shapes, the float toy, the layered toy (`toy/gen_layers.py`),
+and their `-ref` twins), the salt, the layered toy's checkpoint, the config.
 
 The generated set ships as `manifests/toy/` + `manifests/toy.toml`; a test holds `kern gen --out
 manifests` to reproducing it byte for byte.
@@ -13,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import tomli_w
 
-from toy import gen_float, model
+from toy import gen_float, gen_layers, model
 from toy.kernels import build_hash
 
 CANDIDATE_BLOCK = 256
@@ -162,6 +163,8 @@ def generate(out: str | Path) -> list[Path]:
         written.append(path)
     targets[gen_float.NAME] = {"manifest": f"toy/{gen_float.NAME}.json", "reference": f"toy/{gen_float.NAME}-ref.json",
                                "weights": ["toy/salt.safetensors"]}
+    layered, targets[gen_layers.NAME] = gen_layers.write(out, (CANDIDATE_BLOCK, REFERENCE_BLOCK))
+    written += layered
     salt_path = out / "toy" / "salt.safetensors"
     save_file({"salt": salt()}, str(salt_path))
     written.append(salt_path)

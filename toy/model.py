@@ -3,6 +3,13 @@
 `generate(ids, max_tokens, manifest)` is the exact oracle every e2e scenario is gated against.
 It computes only heads and carries (never tails), so it stays cheap.  Self-contained on purpose:
 `e2e --reference path/to/model.py` loads this file by path.
+
+The toy families, told apart by the manifest's states alone:
+- **layered** (`toy-layers`): states named `kv.0`, `kv.1`, ... (one paged state per layer; their
+  count is the number of layers). An activation of `ACT` words flows from layer to layer; see
+  `generate_layered`.
+- **lined**: some state holds one line per sequence (`bytes_per_seq > 0`): next_of(S + C).
+- **paged**: otherwise: next_of(S).
 """
 
 MASK = (1 << 64) - 1
@@ -61,6 +68,9 @@ def generate(ids: list[int], max_tokens: int, manifest: dict) -> list[int]:
     """The greedy continuation of `ids`, at most `max_tokens` long, stopping before EOS."""
     if is_float(manifest):
         return _generate_float(ids, max_tokens)
+    layers = layer_count(manifest)
+    if layers:
+        return generate_layered(ids, max_tokens, layers)
     lined = is_lined(manifest)
     s = c = 0
     for p, t in enumerate(ids):
@@ -198,5 +208,97 @@ def _generate_float(ids: list[int], max_tokens: int) -> list[int]:
         out.append(t)
         s = (s + slot_sum(t, n)) & MASK
         acc = add_position(acc, t, n)
+# -- the layered toy ----------------------------------------------------------------------------
+#
+# Every word is u64 and wraps. Layer l (0 <= l < L) owns a paged state `kv.l`; its token slot holds
+# LAYER_HEAD head words then tail words `splitmix(head[w % LAYER_HEAD] ^ w)` (the reference never
+# computes tails). A token t at position p:
+#   x = embed(t, p)                                  the activation, ACT words
+#   for each layer l:
+#     h = heads(x, p, TABLE[l])                      written into kv.l's slot for p
+#     S_l += sum_w rotl(h[w], p)                     layer l's read of its own state, positions <= p
+#     x = update(x, S_l, MIX[l])                     the activation the next layer reads
+#   next = next_of(sum_j rotl(x[j], 8 j))            the head: the token after t
+# Weights: SOURCE is the checkpoint's `source` tensor (from constants, as the salt is); a derive
+# program turns it into MIX at load (MIX[i] = splitmix(SOURCE[i] ^ DERIVE_KEY)); a once program
+# fills TABLE from MIX and the salt after load. Prefill emits: every prompt token runs the stack.
+
+ACT = 8
+LAYER_HEAD = 16
+DERIVE_KEY = 0xD371_5EED_0000_0001
+
+
+def layer_count(manifest: dict) -> int:
+    """The number of layers of a layered manifest (states kv.0 .. kv.{L-1}), else 0."""
+    states = manifest.get("states", {})
+    n = 0
+    while f"kv.{n}" in states:
+        n += 1
+    return n
+
+
+def source(layers: int) -> list[int]:
+    """The checkpoint's `source` tensor: ACT words per layer, each < 2^63 (an i64)."""
+    return [splitmix(0x50C3 + i) >> 1 for i in range(layers * ACT)]
+
+
+def derive_mix(src: list[int]) -> list[int]:
+    """What the derive program makes of the source at load: the `mix` weight."""
+    return [splitmix(v ^ DERIVE_KEY) for v in src]
+
+
+def table(mix: list[int], layers: int) -> list[int]:
+    """What the once program fills after load: LAYER_HEAD words per layer, from mix and the salt."""
+    out = []
+    for i in range(layers * LAYER_HEAD):
+        l, w = divmod(i, LAYER_HEAD)
+        out.append(splitmix(mix[l * ACT + (w & 7)] ^ SALT[i & 63] ^ w))
+    return out
+
+
+def embed(t: int, p: int) -> list[int]:
+    return [mark(t, p, j) for j in range(ACT)]
+
+
+def heads(x: list[int], p: int, tab: list[int]) -> list[int]:
+    """The head words a layer writes for position p from the activation entering it."""
+    pk = (p * 0x9E3779B1) & MASK
+    return [splitmix(x[w & 7] ^ rotl(x[(w + 3) & 7], w + 1) ^ tab[w] ^ pk) for w in range(LAYER_HEAD)]
+
+
+def update(x: list[int], s: int, mix: list[int]) -> list[int]:
+    """The activation leaving a layer: every word from the layer's read `s`, its weights and x."""
+    return [splitmix(x[j] ^ rotl(s, 8 * j + 1) ^ mix[j] ^ x[(j + 1) & 7]) for j in range(ACT)]
+
+
+def head_sum(x: list[int]) -> int:
+    return sum(rotl(v, 8 * j) for j, v in enumerate(x)) & MASK
+
+
+def generate_layered(ids: list[int], max_tokens: int, layers: int) -> list[int]:
+    """The layered toy's greedy continuation of `ids` (prefill emits the first token)."""
+    mix = derive_mix(source(layers))
+    tab = table(mix, layers)
+    sums = [0] * layers
+
+    def feed(t: int, p: int) -> list[int]:
+        x = embed(t, p)
+        for l in range(layers):
+            h = heads(x, p, tab[l * LAYER_HEAD : (l + 1) * LAYER_HEAD])
+            sums[l] = (sums[l] + sum(rotl(v, p) for v in h)) & MASK
+            x = update(x, sums[l], mix[l * ACT : (l + 1) * ACT])
+        return x
+
+    x: list[int] = []
+    for p, t in enumerate(ids):
+        x = feed(t, p)
+    out: list[int] = []
+    n = len(ids)
+    while len(out) < max_tokens:
+        t = next_of(head_sum(x))
+        if t == EOS:
+            break
+        out.append(t)
+        x = feed(t, n)
         n += 1
     return out
