@@ -11,11 +11,12 @@ import click
 from manifests import ManifestError, load
 from manifests.config import ConfigError, resolve
 from runtime.backend import KernelError
+from runtime.chain import StagesError, load_stages
 from runtime.protocol import ProtocolError
 from runtime.sequence import RequestError, generate, single
 from runtime.weights import WeightsError
 
-USER_ERRORS = (ManifestError, ConfigError, RequestError, ProtocolError, WeightsError, KernelError)
+USER_ERRORS = (ManifestError, ConfigError, RequestError, ProtocolError, WeightsError, KernelError, StagesError)
 
 
 def fail(msg: str, code: int = 2) -> None:
@@ -54,7 +55,8 @@ def _target(ctx, what: str, weights: tuple[str, ...]):
 
 
 @main.command()
-@click.argument("target")
+@click.argument("target", required=False)
+@click.option("--stages", "stages_dir", default=None, type=click.Path(), help="Run the stages of a cut (the *.json `kern cut` wrote in this directory) in order in one process, each crossing buffer copied into the next stage. Weights: --weights, else TARGET's, else every *.safetensors in the directory.")
 @click.option("--prompt", default=None, help="Prompt text (its UTF-8 bytes are the ids). Default: 'The capital of France is'.")
 @click.option("--prompt-ids", default=None, help="Prompt as comma-separated token ids (0..256).")
 @click.option("--steps", default=32, show_default=True, type=int, help="Most tokens to generate.")
@@ -64,7 +66,7 @@ def _target(ctx, what: str, weights: tuple[str, ...]):
 @click.option("--capacity", default=None, type=int, help="Tokens the state may hold (default: exactly this sequence's room plus the pad).")
 @click.option("--weights", multiple=True, help="Weights file(s) (default: the target's, or every *.safetensors beside a manifest path).")
 @click.option("--gpu", "--device", "device", default=None, help="GPU index (accepted for the Rust kern's sake).")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text (with `load`: the bytes load held at its peak, derived weights plus the widest set of live sources).")
 @click.option("--probe-dir", type=click.Path(file_okay=False), default=None,
               help="Write each step's logits here in the Rust kern's probe layout: <tag>.logits.bin (bf16 rows) "
                    "and <tag>.tokens.bin (i64), tags chunk (an emitting prefill), decode0, decode1, ...")
@@ -72,37 +74,50 @@ def _target(ctx, what: str, weights: tuple[str, ...]):
               help="With --probe-dir: stop after this many decode steps (default: every step of the run).")
 @click.option("--probe-labels", default="", help="Accepted for the Rust kern's sake: only logits and tokens are dumped.")
 @click.pass_context
-def run(ctx, target, prompt, prompt_ids, steps, rows, chunk, backend, capacity, weights, device, as_json,
+def run(ctx, target, stages_dir, prompt, prompt_ids, steps, rows, chunk, backend, capacity, weights, device, as_json,
         probe_dir, probe_steps, probe_labels) -> None:
-    """Generate greedily for one sequence through the runtime, no server."""
+    """Generate greedily for one sequence through the runtime, no server (TARGET, or --stages DIR)."""
+    if target is None and stages_dir is None:
+        fail("give a TARGET (a target name or a manifest path), or --stages DIR")
     if prompt is not None and prompt_ids is not None:
         fail("give --prompt or --prompt-ids, not both")
     if steps < 1:
         fail(f"--steps must be >= 1, got {steps}")
     ids = parse_ids(prompt_ids) if prompt_ids is not None else list((prompt if prompt is not None else "The capital of France is").encode())
     try:
-        t, m = _target(ctx, target, weights)
         from runtime.protocol import Protocol
 
-        rows = rows or Protocol(m).widest
-        if probe_dir is not None and "logits" not in m.buffers:
-            fail(f"--probe-dir: {t.name} has no logits buffer to dump")
-        if probe_dir is not None and probe_steps is not None:
-            steps = min(steps, probe_steps)
-        rt, cell = single(m, list(t.weights), len(ids), steps, rows, backend, capacity)
         on_step = None
-        if probe_dir is not None:
-            from oracle.probe import write as write_probe
+        if stages_dir is not None:
+            if probe_dir is not None:
+                fail("--probe-dir runs on a whole manifest, not --stages")
+            stages = load_stages(stages_dir)
+            name, m = stages[-1].model, None
+            ws = list(weights) or (list(resolve(target, ctx.obj["config"]).weights) if target else sorted(str(p) for p in Path(stages_dir).glob("*.safetensors")))
+            rows = rows or Protocol(stages[-1]).widest
+            rt, cell = single(None, ws, len(ids), steps, rows, backend, capacity, stages=stages)
+        else:
+            t, m = _target(ctx, target, weights)
+            name, stages = t.name, None
+            rows = rows or Protocol(m).widest
+            if probe_dir is not None and "logits" not in m.buffers:
+                fail(f"--probe-dir: {t.name} has no logits buffer to dump")
+            if probe_dir is not None and probe_steps is not None:
+                steps = min(steps, probe_steps)
+            rt, cell = single(m, list(t.weights), len(ids), steps, rows, backend, capacity)
+            if probe_dir is not None:
+                from oracle.probe import write as write_probe
 
-            def on_step(tag: str, tokens: list[int]) -> None:
-                write_probe(Path(probe_dir), tag, rt.logits(1)[0], tokens)
+                def on_step(tag: str, tokens: list[int]) -> None:
+                    write_probe(Path(probe_dir), tag, rt.logits(1)[0], tokens)
 
         g = generate(rt, cell, ids, steps, rows, chunk, on_step=on_step)
     except USER_ERRORS as exc:
         fail(str(exc))
     text = bytes(g.ids).decode("utf-8", "replace")
     if as_json:
-        click.echo(json.dumps({"target": t.name, "prompt_ids": ids, "ids": g.ids, "text": text, "rows": rows,
+        extra = {"stages": len(stages)} if stages else {}
+        click.echo(json.dumps({"target": name, **extra, "prompt_ids": ids, "ids": g.ids, "text": text, "rows": rows,
                                "rounds": g.rounds, "drafted": g.drafted, "accepted": g.accepted, "load": rt.load_report}))
         return
     click.echo(bytes(t for t in ids if t < 256).decode("utf-8", "replace") + text)

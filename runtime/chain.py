@@ -76,7 +76,7 @@ class Chain:
         self.protocol = last.protocol
         self.unit, self.reach, self.lined = last.unit, min(r.reach for r in self.stages), any(r.lined for r in self.stages)
         self.pages, self.slots, self.max_seqs = pages, last.slots, last.max_seqs
-        self.handoffs = [handoffs(a.manifest, b.manifest) for a, b in zip(stages, stages[1:])]
+        self.handoffs = [handoffs(a, b) for a, b in zip(stages, stages[1:])]
         owners: dict[str, int] = {}
         for i, m in enumerate(stages):
             for s in m.states:

@@ -59,7 +59,7 @@ def _simulate() -> None:
     slot0 = np.array([tables[q // page] * page + q % page for q in range(3)], np.int64)
     cu0 = np.array([0, 3], np.int64)
     act0 = np.zeros(3 * 8, np.int64)
-    act0 = both("toy_embed", 32, [3, tok0, pos0, salt, act0], [4])[4]
+    act0 = both("toy_embed", 32, [1, cu0, tok0, pos0, salt, act0], [5])[5]
     kv = both("toy_layer", 32, [1, pos0, slot0, cu0, tables, kv, mix, table, act0, bpt, page, width], [5, 8])[5]
 
     tok = np.array([1, 2, 3, 4, 5], np.int64)
@@ -69,7 +69,7 @@ def _simulate() -> None:
     bad = kv.copy()
     bad[(1 * page + 1) * words + 20] ^= np.uint64(1)  # a tail of sequence 0's position 1
     for block, state in ((32, kv), (48, kv), (32, bad)):
-        act = both("toy_embed", block, [5, tok, pos, salt, np.zeros(5 * 8, np.int64)], [4])[4]
+        act = both("toy_embed", block, [2, cu, tok, pos, salt, np.zeros(5 * 8, np.int64)], [5])[5]
         out = both("toy_layer", block, [2, pos, slots, cu, tables, state, mix[8:], table[16:], act, bpt, page, width], [5, 8])
         both("toy_head", block, [2, cu, out[8], np.zeros(2, np.int64)], [3])
     print("simulated: all equal")

@@ -65,21 +65,21 @@ def manifest(block: int) -> dict:
         "table": {"dtype": "i64", "shape": [LAYERS * model.LAYER_HEAD], "kind": "carry"},
     }
     i64, i32 = "in buffer<i64>", "in buffer<i32>"
-    embed = [i64, i64, i64, "out buffer<i64>"]
+    embed = [i64, i64, i64, i64, "out buffer<i64>"]
     layer = [i64, i64, i64, i32, "inout state", i64, i64, "inout buffer<i64>"]
     head = [i64, i64, "out buffer<i64>"]
     derive = [i64, "out buffer<i64>"]
     table = [i64, i64, "out buffer<i64>"]
     geometry = [("i64", BYTES_PER_TOKEN), ("i32", PAGE), ("i32", WIDTH)]
     ops = {
-        "embed": _op(embed, _launch("toy_embed", block, "tokens", embed)),
+        "embed": _op(embed, _launch("toy_embed", block, "seqs", embed)),
         "layer": _op(layer, _launch("toy_layer", block, "seqs", layer, geometry)),
         "head": _op(head, _launch("toy_head", block, "seqs", head)),
         "derive": _op(derive, _launch("toy_derive", block, LAYERS * model.ACT, derive)),
         "table": _op(table, _launch("toy_table", block, LAYERS * model.LAYER_HEAD, table)),
     }
     b = lambda name, offset=0: {"buf": name, "offset": offset} if offset else {"buf": name}  # noqa: E731
-    calls = [{"op": "embed", "label": "embed", "args": [b("token_ids"), b("positions"), b("salt"), b("act")]}]
+    calls = [{"op": "embed", "label": "embed", "args": [b("cu_seqlens"), b("token_ids"), b("positions"), b("salt"), b("act")]}]
     for l in range(LAYERS):
         calls.append({"op": "layer", "label": f"layer.{l}", "args": [
             b("positions"), b("slot_mapping"), b("cu_seqlens"), b("block_table"), {"state": f"kv.{l}"},

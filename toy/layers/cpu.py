@@ -1,10 +1,11 @@
 """The layered toy's kernels on the CPU (numba njit, cached): `toy/model.py`'s layered toy, bit for bit.
 
-Each entry takes `(grid, tile, *args)`; `tile` is the build's block size, the width of the
+Only `layer` (a state read per sequence) runs its grid in parallel; the others are a few words a
+row. Each entry takes `(grid, tile, *args)`; `tile` is the build's block size, the width of the
 reduction tiles a state read is split into (the `-ref` build tiles differently and must agree).
 i64 buffers are read and written as u64 views; states are u64 views of their arenas.
 
-    toy_embed   grid rows:  act[r] = mark(token, position, j) for j < ACT
+    toy_embed   grid seqs:  act[r] = mark(token, position, j) for j < ACT, for group g's rows
     toy_layer   grid seqs:  group g (rows cu[g]..cu[g+1]) reads its positions [0, p0) of this
                             layer's state (heads summed, tails checked), then row by row writes
                             the row's slot from its activation, adds it to the sum, and rewrites
@@ -70,13 +71,14 @@ def read_slot(kv, base, words, q, tile):
     return s, bad
 
 
-@njit(cache=True, parallel=True)
-def _embed(grid, token_ids, positions, salt, act):
-    for r in prange(grid):
-        t = U(token_ids[r])
-        p = U(positions[r])
-        for j in range(ACT):
-            act[r * ACT + j] = splitmix((t * K_T) ^ (p * K_P) ^ (U(j) * K_W) ^ U(salt[j]))
+@njit(cache=True)
+def _embed(grid, cu, token_ids, positions, salt, act):
+    for g in range(grid):
+        for r in range(cu[g], cu[g + 1]):
+            t = U(token_ids[r])
+            p = U(positions[r])
+            for j in range(ACT):
+                act[r * ACT + j] = splitmix((t * K_T) ^ (p * K_P) ^ (U(j) * K_W) ^ U(salt[j]))
 
 
 @njit(cache=True, parallel=True)
@@ -119,9 +121,9 @@ def _layer(grid, tile, positions, slot_mapping, cu, block_table, kv, mix, table,
                 act[r * ACT + j] = splitmix(x[j] ^ rotl(s, 8 * j + 1) ^ U(mix[j]) ^ x[(j + 1) & 7])
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True)
 def _head(grid, cu, act, next_token):
-    for g in prange(grid):
+    for g in range(grid):
         r = np.int64(cu[g + 1]) - 1
         s = U(0)
         for j in range(ACT):
@@ -129,15 +131,15 @@ def _head(grid, cu, act, next_token):
         next_token[g] = next_of(s)
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True)
 def _derive(grid, source, mix):
-    for i in prange(grid):
+    for i in range(grid):
         mix[i] = splitmix(U(source[i]) ^ DERIVE_KEY)
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True)
 def _table(grid, mix, salt, table):
-    for i in prange(grid):
+    for i in range(grid):
         w = i % HEAD
         table[i] = splitmix(U(mix[(i // HEAD) * ACT + (w & 7)]) ^ U(salt[i & 63]) ^ U(w))
 
@@ -146,8 +148,8 @@ def _u(a):
     return a.view(np.uint64)
 
 
-def toy_embed(grid, tile, token_ids, positions, salt, act):
-    _embed(grid, token_ids, positions, salt, _u(act))
+def toy_embed(grid, tile, cu_seqlens, token_ids, positions, salt, act):
+    _embed(grid, cu_seqlens, token_ids, positions, salt, _u(act))
 
 
 def toy_layer(grid, tile, positions, slot_mapping, cu_seqlens, block_table, kv, mix, table, act, bpt, page, width):

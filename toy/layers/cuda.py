@@ -9,7 +9,7 @@ size gives the same bits.
 `layer` runs one block per sequence: the block reads the sequence's positions [0, p0) of the
 layer's state (every word, spread over the threads), then takes its rows in order: thread w < 16
 writes head word w, every thread writes tails, and thread j < 8 rewrites activation word j.
-`embed` runs one block per row, `head` one per sequence, `derive` and `table` one block.
+`embed` and `head` run one block per sequence, `derive` and `table` one block.
 
 This module imports `numba.cuda`: on numpy >= 2.5 import `runtime.gpu` first.
 """
@@ -87,10 +87,12 @@ def block_sum2(sha, shb, a, b):
 
 
 @cuda.jit(cache=True)
-def _embed(token_ids, positions, salt, act):
-    r = cuda.blockIdx.x
-    j = cuda.threadIdx.x
-    if j < ACT:
+def _embed(cu, token_ids, positions, salt, act):
+    g = cuda.blockIdx.x
+    r0 = I(cu[g])
+    for i in range(cuda.threadIdx.x, (I(cu[g + 1]) - r0) * ACT, cuda.blockDim.x):
+        r = r0 + i // ACT
+        j = i % ACT
         t = U(token_ids[r])
         p = U(positions[r])
         act[r * ACT + j] = splitmix((t * K_T) ^ (p * K_P) ^ (U(j) * K_W) ^ U(salt[j]))
@@ -175,12 +177,14 @@ def _u(a):
     return a.view(np.uint64)
 
 
-def toy_embed(grid, block, token_ids, positions, salt, act, *, stream=0):
+def toy_embed(grid, block, cu_seqlens, token_ids, positions, salt, act, *, stream=0):
     if grid > 0:
-        _embed[grid, block, stream](token_ids, positions, salt, _u(act))
+        _embed[grid, block, stream](cu_seqlens, token_ids, positions, salt, _u(act))
 
 
 def toy_layer(grid, block, positions, slot_mapping, cu_seqlens, block_table, kv, mix, table, act, bpt, page, width, *, stream=0):
+    if not HEAD <= block <= MAX_BLOCK:
+        raise ValueError(f"toy_layer needs a block of {HEAD}..{MAX_BLOCK} threads (one per head word at least), got {block}")
     if grid > 0:
         _layer[grid, block, stream](positions, slot_mapping, cu_seqlens, block_table, kv, mix, table, _u(act), bpt, page, width)
 
