@@ -105,3 +105,16 @@ def test_kern_run_stages_runs_a_cut_written_to_a_directory(tmp_path, whole):
     (tmp_path / "empty").mkdir()
     with pytest.raises(StagesError, match="no stage manifests"):
         load_stages(tmp_path / "empty")
+
+
+def test_kern_cut_then_kern_run_stages_needs_only_the_directory(tmp_path, whole):
+    """`kern cut` links the weights beside the stages, so `kern run --stages DIR` needs nothing else."""
+    out = tmp_path / "stages"
+    r = CliRunner().invoke(kern, ["cut", NAME, "--at", "3", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    ids = ",".join(str(t) for t in PROMPTS[0].encode())
+    r = CliRunner().invoke(kern, ["run", "--stages", str(out), "--prompt-ids", ids, "--steps", str(STEPS), "--chunk", "16", "--json"])
+    assert r.exit_code == 0, r.output
+    got = json.loads(r.output.strip().splitlines()[-1])
+    assert (got["target"], got["stages"], got["ids"]) == (NAME, 2, whole[(0, 16)][0])
+    assert got["load"]["peak_bytes"] > 0
