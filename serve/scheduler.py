@@ -361,13 +361,14 @@ class Scheduler(threading.Thread):
 
     def stats(self) -> dict:
         c = self.counters
+        timing = getattr(self.engine.runtime, "timing", None)  # a pipeline head's runtime keeps none
         return {
             "facts": self.engine.facts(),
             "counters": dict(c.values),
             "gauges": self.gauges(),
             "parked_lengths": self.engine.prefix.parked_lengths(),
             "timing": {"steps": c["steps"], "step_s": c.step_s, "loop_s": c.loop_s, "tokens": c.tokens,
-                       **self.engine.runtime.timing.as_dict()},
+                       **(timing.as_dict() if timing is not None else {})},
         }
 
 

@@ -106,12 +106,13 @@ def test_config_errors(tmp_path):
     assert "weights" in ts[0].skipped
 
 
-def test_packaged_config_has_the_five_toys_and_the_float_toy():
+def test_packaged_config_has_the_seven_toys():
     _, ts = load_targets(ROOT / "manifests" / "toy.toml", None)
     got = {t.name: (t.lined, t.widest, t.floats) for t in ts}
     want = {"toy-paged": (False, 1, False), "toy-stateful": (True, 1, False), "toy-spec": (False, 4, False),
-            "toy-stateful-spec": (True, 4, False), "toy-big": (False, 1, False), "toy-float": (False, 1, True)}
-    assert {k: got.get(k) for k in want} == want
+            "toy-stateful-spec": (True, 4, False), "toy-big": (False, 1, False), "toy-float": (False, 1, True),
+            "toy-layers": (False, 1, False)}
+    assert got == want
 
 
 # planning
