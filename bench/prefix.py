@@ -3,9 +3,15 @@
 Sessions branch from a few shared system prompts; each turn appends a user message and an answer.
 Every turn looks its prompt up, restores the hit (or leases afresh), checkpoints the whole turn and
 inserts it; when the pool is busy the coldest snapshot is parked in the host tier (or dropped).
-Prints insert, lookup and evict rates, then the pool's lease/checkpoint/release rate.
+Prints insert, lookup and evict rates, then the pool's lease/checkpoint/release rate, then how long
+a pool of `--build-pages` (10 million) pages takes to build beside numpy filling arrays of that size.
 
     python bench/prefix.py [--sessions 200] [--turns 6] [--systems 4] [--seed 1]
+    python bench/prefix.py --sglang-trace ../shared/bench/prefix-vs-sglang/trace.py [--repeat N] [--warmup N]
+
+With `--sglang-trace`, replays that file's seeded trace (page 1 and 16, base and pressure) through
+the pool and the index as the server uses them and prints its FIGURE/CONTEXT lines with the index
+name `kern` (bench/sglang_trace.py).
 """
 
 from __future__ import annotations
@@ -116,7 +122,19 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--host-pages", type=int, default=4096, help="host tier size in pages (default 4096)")
     ap.add_argument("--pool-ops", type=int, default=20000, help="lease/checkpoint/release rounds (default 20000)")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--build-pages", type=int, default=10_000_000, help="pages of the pool whose build is timed (default 10M)")
+    ap.add_argument("--sglang-trace", metavar="PATH", help="replay this trace.py's trace instead (see bench/sglang_trace.py)")
+    ap.add_argument("--repeat", type=int, default=3, help="with --sglang-trace: timed replays per configuration")
+    ap.add_argument("--warmup", type=int, default=1, help="with --sglang-trace: untimed replays first")
+    ap.add_argument("--pages", default="1,16", help="with --sglang-trace: page sizes")
+    ap.add_argument("--trace-seed", type=int, default=0, help="with --sglang-trace: the trace seed (default 0)")
+    ap.add_argument("--variants", default="base,pressure", help="with --sglang-trace: trace variants")
     args = ap.parse_args(argv)
+    if args.sglang_trace:
+        from bench.sglang_trace import main as replay_main
+
+        replay_main(args)
+        return
     prompts = trace(args)
     clock = run_index(args, prompts)
     print(f"trace: {len(prompts)} turns, {args.sessions} sessions from {args.systems} system prompts")
@@ -124,6 +142,24 @@ def main(argv: list[str] | None = None) -> None:
         print(clock.rate(name))
     n, secs = run_pool(args)
     print(f"pool     {n:>8} lease+checkpoint+release  {n / secs:>12,.0f} rounds/s")
+    built, ceiling = build_pool(args.build_pages)
+    print(f"build    {args.build_pages:>8} pages  {built:.3f} s (the goal: under 1 s); numpy filling "
+          f"arrays of that size: {ceiling:.3f} s, ratio {built / ceiling:.1f}")
+
+
+def build_pool(pages: int) -> tuple[float, float]:
+    """Seconds to build a pool of `pages` 16-token pages, and to fill the arrays such a pool needs
+    (a status byte and a free-list entry per page) with numpy: the ceiling."""
+    import numpy as np
+
+    t = time.perf_counter()
+    Pool(TOY_PAGED, 2 << 20, pages * 16 * 4096 // (2 << 20), 0, tokens=pages * 16)
+    built = time.perf_counter() - t
+    t = time.perf_counter()
+    np.zeros(pages, np.uint8).fill(1)
+    np.arange(pages, dtype=np.int64)
+    ceiling = time.perf_counter() - t
+    return built, ceiling
 
 
 if __name__ == "__main__":

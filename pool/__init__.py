@@ -11,6 +11,7 @@ from pool.lease import Checkpoint, Lease
 from pool.pages import Pool
 from pool.prefix import Evicted, Hit, Prefix, Tier
 from pool.store import Copies, Node, Slot, Store
+from pool.tokens import Tokens
 
 __all__ = [
     "Arena",
@@ -32,6 +33,7 @@ __all__ = [
     "Slot",
     "Store",
     "Tier",
+    "Tokens",
     "chunk_size",
     "chunks_for",
     "runs",

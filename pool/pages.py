@@ -8,7 +8,7 @@ short it plans a `Remap` (unmake free objects of the other kind, make the missin
 
 from __future__ import annotations
 
-import heapq
+import bisect
 
 from pool.chunks import PAGE, SLOT, Arena, Chunks, Remap
 from pool.denied import Denied, PoolError
@@ -22,50 +22,112 @@ ABSENT, FREE, HELD, ARRIVING, LEAVING = range(5)
 
 
 class _Objects:
-    """Statuses of one kind (pages or slots), its tallies and its free heap (lowest id first)."""
+    """Statuses of one kind (pages or slots) in a byte array, its tallies, and its free ids as sorted
+    runs [start, stop): taking is lowest ids first, run by run; giving back merges with neighbours."""
 
-    __slots__ = ("status", "live", "held", "free")
+    __slots__ = ("status", "live", "held", "_starts", "_stops")
 
     def __init__(self, n: int) -> None:
         self.status = bytearray(n)
         # Free + Held
         self.live = 0
         self.held = 0
-        # lazy: an entry counts only while its id is Free
-        self.free: list[int] = []
+        self._starts: list[int] = []
+        self._stops: list[int] = []
 
     def set(self, i: int, to: int) -> None:
         was = self.status[i]
         self.live += (to in (FREE, HELD)) - (was in (FREE, HELD))
         self.held += (to == HELD) - (was == HELD)
         self.status[i] = to
+        if was == FREE:
+            self._unfree(i)
         if to == FREE:
-            heapq.heappush(self.free, i)
+            self._free(i, i + 1)
+
+    def make_free(self, a: int, b: int) -> None:
+        """Absent ids a..b-1 become free at once (the first layout)."""
+        assert self.status.count(ABSENT, a, b) == b - a, "laying out ids that exist"
+        self.status[a:b] = bytes([FREE]) * (b - a)
+        self.live += b - a
+        self._free(a, b)
+
+    def _free(self, a: int, b: int) -> None:
+        starts, stops = self._starts, self._stops
+        j = bisect.bisect_left(starts, a)
+        if j > 0 and stops[j - 1] == a:
+            if j < len(starts) and starts[j] == b:
+                stops[j - 1] = stops[j]
+                del starts[j], stops[j]
+            else:
+                stops[j - 1] = b
+        elif j < len(starts) and starts[j] == b:
+            starts[j] = a
+        else:
+            starts.insert(j, a)
+            stops.insert(j, b)
+
+    def _unfree(self, i: int) -> None:
+        starts, stops = self._starts, self._stops
+        j = bisect.bisect_right(starts, i) - 1
+        a, b = starts[j], stops[j]
+        assert a <= i < b, f"{i} is not in a free run"
+        if a == i and b == i + 1:
+            del starts[j], stops[j]
+        elif a == i:
+            starts[j] = i + 1
+        elif b == i + 1:
+            stops[j] = i
+        else:
+            stops[j] = i
+            starts.insert(j + 1, i + 1)
+            stops.insert(j + 1, b)
 
     @property
     def idle(self) -> int:
         return self.live - self.held
 
     def pop(self, n: int) -> list[int]:
-        out = []
-        while len(out) < n:
-            i = heapq.heappop(self.free)
-            if self.status[i] == FREE:
-                self.set(i, HELD)
-                out.append(i)
+        """The `n` lowest free ids, now held (the caller checked `idle`)."""
+        out: list[int] = []
+        starts, stops, status = self._starts, self._stops, self.status
+        left = n
+        while left:
+            a, b = starts[0], stops[0]
+            take = min(left, b - a)
+            out.extend(range(a, a + take))
+            status[a:a + take] = bytes([HELD]) * take
+            if take == b - a:
+                del starts[0], stops[0]
+            else:
+                starts[0] = a + take
+            left -= take
+        self.held += n
         return out
+
+    def give(self, i: int) -> None:
+        """A held id is free again."""
+        assert self.status[i] == HELD, f"{i=} given back but not held"
+        self.status[i] = FREE
+        self.held -= 1
+        self._free(i, i + 1)
 
     def absent(self, n: int, first: int) -> list[int]:
         out = []
-        for i in range(first, len(self.status)):
-            if len(out) == n:
+        status, i = self.status, first
+        while len(out) < n:
+            i = status.find(ABSENT, i)
+            if i < 0:
                 break
-            if self.status[i] == ABSENT:
-                out.append(i)
+            out.append(i)
+            i += 1
         return out
 
     def idle_desc(self) -> list[int]:
-        return [i for i in range(len(self.status) - 1, -1, -1) if self.status[i] == FREE]
+        out: list[int] = []
+        for a, b in zip(reversed(self._starts), reversed(self._stops)):
+            out.extend(range(b - 1, a - 1, -1))
+        return out
 
 
 class Pool:
@@ -127,11 +189,11 @@ class Pool:
                     raise PoolError(f"{self.chunks} chunks of {self.chunk} bytes cannot hold {n} sequence slots")
                 table.make(SLOT, s, plan)
                 self._slots.set(s, HELD if s == 0 else FREE)
-        i = 0
-        while i < self.pages_max and table.cost(PAGE, i) <= len(table.free):
-            table.make(PAGE, i, plan)
-            self._pages.set(i, FREE)
-            i += 1
+        # pages 0..k-1 at once: k is the most whose new positions the free chunks cover
+        k = table.fit_first(PAGE, self.pages_max)
+        if k:
+            table.make_first(PAGE, k, plan)
+            self._pages.make_free(0, k)
         return plan
 
     # queries
@@ -257,18 +319,16 @@ class Pool:
     # storage protocol: the last holder gives back
 
     def _give_page(self, page: int) -> None:
-        assert self._pages.status[page] == HELD, f"{page=} given back but not held"
-        self._pages.set(page, FREE)
+        self._pages.give(page)
 
     def _give_node(self, node: Node) -> None:
         self._sealed -= 1
         self._give_page(node.page)
 
     def _give_slot(self, slot: Slot) -> None:
-        assert self._slots.status[slot.id] == HELD, f"{slot.id=} given back but not held"
         if slot.stored:
             self._stored_slots -= 1
-        self._slots.set(slot.id, FREE)
+        self._slots.give(slot.id)
 
     def _stored(self, slot: Slot | None) -> Slot | None:
         if slot is not None and not slot.stored:

@@ -4,6 +4,11 @@ Edges are token runs; the tree only finds, so it may branch at any token while a
 (restores share whole pages and copy the partial one). An entry holds a resident store (device tier),
 a parked store (host tier), or both; its tier is resident while it has a device copy.
 
+Keys are packed (`pool.tokens.Tokens`, 4 big-endian bytes a token): a walk compares a whole edge
+with one `bytes.startswith`, and finds where an edge and a prompt part by galloping over prefixes of
+the edge (a logarithmic number of C-level compares), never a token at a time in Python. Entries are
+found through the tree, never by hashing a whole key.
+
 Stores are duck-typed: anything with `tokens`, `has_slot`, `clone()` and `release()`.
 """
 
@@ -11,12 +16,12 @@ from __future__ import annotations
 
 import enum
 import heapq
-from dataclasses import dataclass
 from typing import Any, Callable
 
 from pool.denied import Denied, PoolError
+from pool.tokens import WIDTH, Tokens
 
-__all__ = ["Evicted", "Hit", "Prefix", "Tier"]
+__all__ = ["Evicted", "Hit", "Prefix", "Tier", "Tokens"]
 
 
 class Tier(str, enum.Enum):
@@ -34,16 +39,22 @@ class Tier(str, enum.Enum):
 class Hit:
     """A usable prefix of `len` tokens and a held clone of the store it comes from.
 
-    It stays valid whatever the index does later; `release()` lets go of the store.
+    It stays valid whatever the index does later; `release()` lets go of the store. `key` (a tuple)
+    names the entry the store comes from.
     """
 
-    __slots__ = ("len", "tier", "store", "key")
+    __slots__ = ("len", "tier", "store", "_key")
 
-    def __init__(self, len: int, tier: Tier, store: Any, key: tuple[int, ...]) -> None:
+    def __init__(self, len: int, tier: Tier, store: Any, key) -> None:
         self.len = len
         self.tier = tier
         self.store = store
-        self.key = key
+        self._key = key
+
+    @property
+    def key(self) -> tuple[int, ...]:
+        k = self._key
+        return k.totuple() if isinstance(k, Tokens) else tuple(k)
 
     def __repr__(self) -> str:
         return f"Hit(len={self.len}, tier={self.tier!r}, key={self.key!r})"
@@ -52,25 +63,49 @@ class Hit:
         self.store.release()
 
 
-@dataclass(frozen=True, slots=True)
 class Evicted:
-    """Which entry `evict` took (parked, or dropped) and how many parked entries went for room."""
+    """Which entry `evict` took (parked, or dropped) and how many parked entries went for room.
 
-    key: tuple[int, ...]
-    parked: bool
-    dropped: int
+    `key` is the entry's key as a tuple (made on first use); `tokens` its length."""
+
+    __slots__ = ("_key", "parked", "dropped")
+
+    def __init__(self, key, parked: bool, dropped: int) -> None:
+        self._key = key
+        self.parked = parked
+        self.dropped = dropped
+
+    @property
+    def key(self) -> tuple[int, ...]:
+        k = self._key
+        return k.totuple() if isinstance(k, Tokens) else tuple(k)
+
+    @property
+    def tokens(self) -> int:
+        return len(self._key)
+
+    def __eq__(self, other: object) -> bool:
+        return (isinstance(other, Evicted) and (self.parked, self.dropped) == (other.parked, other.dropped)
+                and self.key == other.key)
+
+    def __hash__(self) -> int:
+        return hash((self.key, self.parked, self.dropped))
+
+    def __repr__(self) -> str:
+        return f"Evicted(key={self.key!r}, parked={self.parked}, dropped={self.dropped})"
 
 
 class _Entry:
     __slots__ = ("key", "device", "host", "slot", "used", "node")
 
-    def __init__(self, key: tuple[int, ...], device: Any, slot: bool, node: _Node) -> None:
+    def __init__(self, key: Tokens, device: Any, slot: bool, node: _Node) -> None:
         self.key = key
         self.device = device
         self.host: Any = None
         self.slot = slot
         self.used = 0
-        self.node = node
+        # None once removed
+        self.node: _Node | None = node
 
     @property
     def tier(self) -> Tier:
@@ -78,28 +113,52 @@ class _Entry:
 
 
 class _Node:
-    __slots__ = ("edge", "children", "parent", "depth", "entry", "paged_below", "resident_below")
+    __slots__ = ("edge", "children", "parent", "depth", "entry", "paged_below", "resident_below", "_order")
 
-    def __init__(self, edge: tuple[int, ...], parent: _Node | None, depth: int) -> None:
+    def __init__(self, edge: bytes, parent: _Node | None, depth: int) -> None:
+        # packed tokens; children are keyed by their edge's first packed token
         self.edge = edge
-        self.children: dict[int, _Node] = {}
+        self.children: dict[bytes, _Node] = {}
         self.parent = parent
         self.depth = depth
         self.entry: _Entry | None = None
         # stateless entries in this subtree, this node's included; and those of them resident
         self.paged_below = 0
         self.resident_below = 0
+        # children in token order, rebuilt after a change (packed keys sort as their tokens)
+        self._order: list[_Node] | None = None
 
     def ordered(self) -> list[_Node]:
-        return [self.children[t] for t in sorted(self.children)]
+        order = self._order
+        if order is None:
+            kids = self.children
+            order = self._order = [kids[t] for t in sorted(kids)]
+        return order
+
+    def put(self, child: _Node) -> None:
+        self.children[child.edge[:WIDTH]] = child
+        self._order = None
+
+    def drop(self, child: _Node) -> None:
+        del self.children[child.edge[:WIDTH]]
+        self._order = None
 
 
-def _common(edge: tuple[int, ...], q: tuple[int, ...], at: int) -> int:
-    n = min(len(edge), len(q) - at)
-    i = 0
-    while i < n and edge[i] == q[at + i]:
-        i += 1
-    return i
+def _common(edge: bytes, q: bytes, at: int, end: int) -> int:
+    """Tokens `edge` shares with `q[at:end]`, given that the first token is shared: one compare
+    when the whole edge matches, else a binary search over the edge's prefixes."""
+    if q.startswith(edge, at, end):
+        return len(edge) >> 2
+    lo, hi = 1, min(len(edge), end - at) >> 2  # lo tokens shared; the answer is < hi+1
+    if q.startswith(edge[: hi * WIDTH], at, end):
+        return hi
+    while hi - lo > 1:
+        mid = (lo + hi) >> 1
+        if q.startswith(edge[: mid * WIDTH], at, end):
+            lo = mid
+        else:
+            hi = mid
+    return lo
 
 
 class Prefix:
@@ -107,10 +166,12 @@ class Prefix:
 
     def __init__(self, unit: int) -> None:
         self.unit = unit
-        self._root = _Node((), None, 0)
-        self._entries: dict[tuple[int, ...], _Entry] = {}
+        self._root = _Node(b"", None, 0)
+        self._entries: set[_Entry] = set()
         self._clock = 0
-        self._lru: dict[Tier, list[tuple[int, tuple[int, ...]]]] = {Tier.DEVICE: [], Tier.HOST: []}
+        self._seq = 0
+        # (tick, seq, entry): an entry counts only while its tick and tier are current
+        self._lru: dict[Tier, list[tuple[int, int, _Entry]]] = {Tier.DEVICE: [], Tier.HOST: []}
         self._count = {Tier.DEVICE: 0, Tier.HOST: 0}
 
     def __repr__(self) -> str:
@@ -124,133 +185,152 @@ class Prefix:
     def count(self, tier: Tier) -> int:
         return self._count[tier]
 
+    def _sorted(self) -> list[_Entry]:
+        return sorted(self._entries, key=lambda e: e.key.data)
+
     def items(self) -> list[tuple[tuple[int, ...], Tier]]:
         """Every entry's key and tier, in key order (a scan: for tests and /stats)."""
-        return sorted((k, e.tier) for k, e in self._entries.items())
+        return [(e.key.totuple(), e.tier) for e in self._sorted()]
 
     def resident_stores(self) -> list:
         """The device stores the entries hold, in key order (a scan: for /stats' snapshot gauges)."""
-        return [self._entries[k].device for k in sorted(self._entries) if self._entries[k].device is not None]
+        return [e.device for e in self._sorted() if e.device is not None]
 
     def parked_lengths(self) -> list[int]:
-        return sorted(len(k) for k, e in self._entries.items() if e.device is None)
+        return sorted(len(e.key) for e in self._entries if e.device is None)
 
     # recency
 
     def _stamp(self, e: _Entry, tick: int) -> None:
         e.used = tick
-        heap = self._lru[e.tier]
-        heapq.heappush(heap, (tick, e.key))
-        if len(heap) > 4 * self._count[e.tier] + 64:
-            tier = e.tier
-            self._lru[tier] = [(x.used, k) for k, x in self._entries.items() if x.tier == tier]
-            heapq.heapify(self._lru[tier])
-
-    def _coldest(self, tier: Tier) -> tuple[int, ...] | None:
+        tier = Tier.DEVICE if e.device is not None else Tier.HOST
         heap = self._lru[tier]
+        seq = self._seq = self._seq + 1
+        heapq.heappush(heap, (tick, seq, e))
+        if len(heap) > 4 * self._count[tier] + 64:
+            fresh = []
+            for x in self._entries:
+                if x.tier == tier:
+                    self._seq += 1
+                    fresh.append((x.used, self._seq, x))
+            heapq.heapify(fresh)
+            self._lru[tier] = fresh
+
+    def _coldest(self, tier: Tier) -> _Entry | None:
+        heap = self._lru[tier]
+        device = tier is Tier.DEVICE
         while heap:
-            tick, key = heap[0]
-            e = self._entries.get(key)
-            if e is not None and e.used == tick and e.tier == tier:
-                return key
+            tick, _, e = heap[0]
+            if e.node is not None and e.used == tick and (e.device is not None) == device:
+                return e
             heapq.heappop(heap)
         return None
 
     # tree
 
-    def _bump(self, node: _Node | None, paged: int, resident: int) -> None:
+    @staticmethod
+    def _bump(node: _Node | None, paged: int, resident: int) -> None:
         while node is not None:
             node.paged_below += paged
             node.resident_below += resident
             node = node.parent
 
-    def _node_for(self, key: tuple[int, ...]) -> _Node:
-        node, d = self._root, 0
-        while d < len(key):
-            child = node.children.get(key[d])
+    def _node_for(self, key: bytes) -> _Node:
+        node, at, end = self._root, 0, len(key)
+        while at < end:
+            child = node.children.get(key[at:at + WIDTH])
             if child is None:
-                leaf = _Node(key[d:], node, len(key))
-                node.children[key[d]] = leaf
+                leaf = _Node(key[at:], node, end >> 2)
+                node.put(leaf)
                 return leaf
-            c = _common(child.edge, key, d)
-            if c < len(child.edge):
+            c = _common(child.edge, key, at, end)
+            if c * WIDTH < len(child.edge):
                 # split: the head keeps the subtree's counts
-                mid = _Node(child.edge[:c], node, node.depth + c)
+                cut = c * WIDTH
+                mid = _Node(child.edge[:cut], node, node.depth + c)
                 mid.paged_below, mid.resident_below = child.paged_below, child.resident_below
-                child.edge = child.edge[c:]
+                node.drop(child)
+                child.edge = child.edge[cut:]
                 child.parent = mid
-                mid.children[child.edge[0]] = child
-                node.children[key[d]] = mid
+                mid.put(child)
+                node.put(mid)
                 child = mid
-            node, d = child, d + c
+            node, at = child, at + c * WIDTH
         return node
 
     def _remove(self, e: _Entry) -> None:
-        del self._entries[e.key]
+        self._entries.discard(e)
         self._count[e.tier] -= 1
         stateless = not e.slot
-        self._bump(e.node, -stateless, -(stateless and e.device is not None))
+        node = e.node
+        self._bump(node, -stateless, -(stateless and e.device is not None))
+        e.node = None
         for store in (e.device, e.host):
             if store is not None:
                 store.release()
-        node = e.node
         node.entry = None
         # prune an empty leaf, merge a pass-through node into its only child
         while node.parent is not None and node.entry is None:
             parent = node.parent
             if not node.children:
-                del parent.children[node.edge[0]]
+                parent.drop(node)
                 node = parent
                 continue
             if len(node.children) == 1:
                 (child,) = node.children.values()
+                parent.drop(node)
                 child.edge = node.edge + child.edge
                 child.parent = parent
-                parent.children[child.edge[0]] = child
+                parent.put(child)
             break
 
     def clear(self) -> None:
         """Remove every entry, releasing what the index holds."""
-        for e in list(self._entries.values()):
+        for e in list(self._entries):
             self._remove(e)
 
     # operations
 
     def insert(self, key, store: Any) -> None:
-        """Index `store` under `key`; the index takes over the caller's hold on `store`.
+        """Index `store` under `key` (token ids, or `Tokens`); the index takes over the caller's
+        hold on `store`.
 
         Internal updates: an existing entry is refreshed (and becomes resident if it was parked;
         the new store is released if it was resident already). A stateless whole-page key removes
         the entry one page shorter when that is stateless, resident and has no host copy, so a
         sequence checkpointed every page keeps one growing entry.
         """
-        key = tuple(key)
-        if not 1 <= len(key) == store.tokens:
-            raise PoolError(f"inserting a store of {store.tokens} tokens under a key of {len(key)}")
+        key = Tokens.of(key)
+        n = len(key)
+        if not 1 <= n == store.tokens:
+            raise PoolError(f"inserting a store of {store.tokens} tokens under a key of {n}")
         self._clock += 1
-        e = self._entries.get(key)
+        node = self._node_for(key.data)
+        e = node.entry
         if e is not None:
             if e.slot != store.has_slot:
-                raise PoolError(f"entry of {len(key)} tokens: has_slot {e.slot}, store {store.has_slot}")
+                raise PoolError(f"entry of {n} tokens: has_slot {e.slot}, store {store.has_slot}")
             if e.device is None:
                 e.device = store
                 self._count[Tier.HOST] -= 1
                 self._count[Tier.DEVICE] += 1
-                self._bump(e.node, 0, int(not e.slot))
+                self._bump(node, 0, int(not e.slot))
             else:
                 store.release()
             self._stamp(e, self._clock)
         else:
-            node = self._node_for(key)
             e = _Entry(key, store, store.has_slot, node)
             node.entry = e
-            self._entries[key] = e
+            self._entries.add(e)
             self._count[Tier.DEVICE] += 1
             self._bump(node, int(not e.slot), int(not e.slot))
             self._stamp(e, self._clock)
         unit = self.unit
-        if not e.slot and len(key) > unit and len(key) % unit == 0:
-            old = self._entries.get(key[:-unit])
+        if not e.slot and n > unit and n % unit == 0:
+            up, want = node.parent, n - unit
+            while up is not None and up.depth > want:
+                up = up.parent
+            old = up.entry if up is not None and up.depth == want else None
             if old is not None and not old.slot and old.device is not None and old.host is None:
                 self._remove(old)
 
@@ -260,40 +340,49 @@ class Prefix:
         Internal updates: every entry offered is restamped (entries nearer the root warmer); a
         lookup that finds nothing touches nothing.
         """
-        if len(tokens) == 0:
+        q = Tokens.of(tokens).data
+        if not q:
             return None
-        q = tuple(tokens[:-1])
-        node, d, nxt, c = self._root, 0, None, 0
+        end = len(q) - WIDTH
+        qlen = end >> 2
+        node, at, nxt, c = self._root, 0, None, 0
         path = [node]
-        while d < len(q):
-            child = node.children.get(q[d])
+        ons = []
+        children = node.children
+        while at < end:
+            child = children.get(q[at:at + WIDTH])
             if child is None:
                 break
-            c = _common(child.edge, q, d)
-            if c < len(child.edge):
-                nxt = child
-                break
-            node, d = child, d + c
-            path.append(node)
+            edge = child.edge
+            if q.startswith(edge, at, end):
+                node, at = child, at + len(edge)
+                path.append(node)
+                if node.entry is not None:
+                    ons.append(node)
+                children = node.children
+                continue
+            c = _common(edge, q, at, end)
+            nxt = child
+            break
+        d = at >> 2
         matched = d + c if nxt is not None else d
-        base = self._clock + len(q) + 2
+        base = self._clock + qlen + 2
         self._clock = base
         touched = 0
-        # (len, resident, entry)
-        offers: list[tuple[int, bool, _Entry]] = []
-        for n in path:
-            if n.entry is not None:
-                self._stamp(n.entry, base - touched)
-                touched += 1
-                offers.append((n.depth, n.entry.device is not None, n.entry))
+        # on-path offers: (len, resident, entry); the deepest is the longest
+        best: tuple[int, bool, _Entry] | None = None
+        stamp = self._stamp
+        for n in ons:
+            e = n.entry
+            stamp(e, base - touched)
+            touched += 1
+            best = (n.depth, e.device is not None, e)
         pick = self._off_path(path, nxt, matched)
         if pick is not None:
             length, child, resident = pick
             e = self._descend(child, resident)
             self._stamp(e, base - touched)
-            offers.append((length, resident, e))
-        best = None
-        for offer in offers:
+            offer = (length, resident, e)
             if offer[0] > 0 and (best is None or offer[:2] >= best[:2]):
                 best = offer
         if best is None:
@@ -303,29 +392,42 @@ class Prefix:
         return Hit(length, Tier.DEVICE if resident else Tier.HOST, store, e.key)
 
     def _off_path(self, path: list[_Node], nxt: _Node | None, matched: int) -> tuple[int, _Node, bool] | None:
-        """The off-path candidate sharing the most whole pages (resident at equal length, last wins)."""
+        """The off-path candidate sharing the most whole pages (resident at equal length; among
+        equals the deepest, as the last maximum of a root-first scan).
+
+        Scans from the deepest candidate up and stops once no shallower node can do better."""
         unit = self.unit
-        cands: list[tuple[int, _Node, bool]] = []
-        for i, n in enumerate(path):
-            if n.depth < unit:
-                continue
-            avoid = path[i + 1] if i + 1 < len(path) else nxt
-            kids = [k for k in n.ordered() if k is not avoid]
-            pick = next((k for k in kids if k.resident_below > 0), None)
-            if pick is None:
-                pick = next((k for k in kids if k.paged_below > 0), None)
-            if pick is not None:
-                cands.append((n.depth, pick, pick.resident_below > 0))
+        best: tuple[int, bool, _Node] | None = None
         if nxt is not None and nxt.paged_below > 0 and matched >= unit:
-            cands.append((matched, nxt, nxt.resident_below > 0))
-        best = None
-        for shared, child, resident in cands:
-            k = (shared // unit * unit, resident)
-            if best is None or k >= best[:2]:
-                best = (k[0], resident, child)
+            best = (matched // unit * unit, nxt.resident_below > 0, nxt)
+        avoid = nxt
+        for i in range(len(path) - 1, -1, -1):
+            n = path[i]
+            if n.depth < unit:
+                break
+            shared = n.depth // unit * unit
+            if best is not None and (shared < best[0] or best[1]):
+                break
+            if n.paged_below > (n.entry is not None and not n.entry.slot) + (avoid.paged_below if avoid else 0):
+                pick = None
+                for k in n.ordered():
+                    if k is not avoid and k.resident_below > 0:
+                        pick = k
+                        break
+                if pick is None:
+                    for k in n.ordered():
+                        if k is not avoid and k.paged_below > 0:
+                            pick = k
+                            break
+                if pick is not None:
+                    key = (shared, pick.resident_below > 0)
+                    if best is None or key > best[:2]:
+                        best = (key[0], key[1], pick)
+            avoid = n
         return None if best is None else (best[0], best[2], best[1])
 
-    def _descend(self, node: _Node, resident: bool) -> _Entry:
+    @staticmethod
+    def _descend(node: _Node, resident: bool) -> _Entry:
         while True:
             e = node.entry
             if e is not None and not e.slot and (not resident or e.device is not None):
@@ -340,10 +442,10 @@ class Prefix:
         index takes it over), or a `Denied` (or None) when the host is full. An exception from
         `park` removes the entry and propagates.
         """
-        key = self._coldest(Tier.DEVICE)
-        if key is None:
+        e = self._coldest(Tier.DEVICE)
+        if e is None:
             return None
-        e = self._entries[key]
+        key = e.key
         dropped = 0
         while park is not None:
             if e.host is None:
@@ -367,7 +469,7 @@ class Prefix:
             victim = self._coldest(Tier.HOST)
             if victim is None:
                 break
-            self._remove(self._entries[victim])
+            self._remove(victim)
             dropped += 1
         self._remove(e)
         return Evicted(key, False, dropped)

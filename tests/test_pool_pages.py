@@ -3,7 +3,7 @@
 import pytest
 
 from pool import Copies, Denied, Geometry, GeometryError, Lease, Pool, PoolError, chunk_size, chunks_for
-from test_pool_models import HYBRID, HYBRID4, PAGED4, TWO_PAGED, hybrid_pool, hybrid_pool4, land, pool, pool4
+from test_pool_models import HYBRID, HYBRID4, ODD, PAGED4, TWO_PAGED, hybrid_pool, hybrid_pool4, land, pool, pool4
 
 MIB = 1 << 20
 
@@ -344,7 +344,7 @@ def test_all_is_sorted_and_complete():
 
     assert pool.__all__ == sorted(pool.__all__)
     public = {n for n in dir(pool) if not n.startswith("_") and n[0].isupper() or n in ("runs", "chunks_for", "chunk_size")}
-    modules = {"chunks", "denied", "geometry", "host", "lease", "pages", "prefix", "store"}
+    modules = {"chunks", "denied", "geometry", "host", "lease", "pages", "prefix", "store", "tokens"}
     assert public - modules == set(pool.__all__)
 
 
@@ -358,4 +358,31 @@ def test_pool_imports_nothing_of_the_project():
                 [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
             for name in names:
                 top = name.split(".")[0]
-                assert top in {"pool", "__future__", "bisect", "dataclasses", "enum", "heapq", "math", "typing"}, (path, name)
+                # array and numpy hold the accounting in arrays; none of these does I/O
+                assert top in {"pool", "__future__", "array", "bisect", "dataclasses", "enum", "heapq", "math", "numpy",
+                               "typing"}, (path, name)
+
+
+@pytest.mark.parametrize("geometry, chunk, chunks, first_slots", [
+    (TWO_PAGED, 8, 18, 0), (HYBRID, 8, 20, 4), (PAGED4, 4, 8, 0), (HYBRID4, 4, 18, 3),
+    (ODD, 8, 23, 2), (ODD, 8, 7, 1), (Geometry(paged=(("a", 3), ("b", 5)), page_tables=(("t", "a", 8, 4),)), 16, 41, 0),
+])
+def test_the_first_layout_equals_making_pages_one_by_one(geometry, chunk, chunks, first_slots):
+    """The vectorised first layout makes the same pages, maps the same positions to the same chunks
+    in the same order, with the same users per position, as making page 0, 1, 2, ... one at a time
+    while the free chunks cover the next page (the rule it replaces)."""
+    from pool.chunks import PAGE, SLOT, Chunks, Remap
+
+    p, plan = Pool.new(geometry, chunk, chunks, first_slots)
+    table, want = Chunks(p.arenas, chunks), Remap()
+    if geometry.has_slots:
+        for s in range(max(first_slots, 1)):
+            table.make(SLOT, s, want)
+    i = 0
+    while i < p.pages_max and table.cost(PAGE, i) <= len(table.free):
+        table.make(PAGE, i, want)
+        i += 1
+    assert p.total == i
+    assert (plan.map, plan.access, plan.made, plan.unmap, plan.unmade) == (
+        want.map, want.access, want.made, want.unmap, want.unmade)
+    assert p._chunks.free == table.free and p._chunks.users == table.users and p._chunks.chunk_of == table.chunk_of

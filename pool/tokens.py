@@ -1,0 +1,70 @@
+"""Token sequences as packed bytes, so the prefix index compares runs of tokens by slices in C.
+
+A token is stored big-endian in 4 bytes: byte order then equals token order, so two keys sort as
+their token tuples do, and a common prefix of n tokens is a common prefix of 4n bytes.
+"""
+
+from __future__ import annotations
+
+from array import array
+
+__all__ = ["Tokens", "WIDTH"]
+
+WIDTH = 4
+_SWAP = array("I", [1]).tobytes()[0] == 1  # a little-endian machine stores 'I' byte-swapped
+
+
+class Tokens:
+    """An immutable run of token ids (0 <= id < 2**32) packed in `data`, 4 big-endian bytes each."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: bytes) -> None:
+        if len(data) % WIDTH:
+            raise ValueError(f"{len(data)} bytes is not a whole number of {WIDTH}-byte tokens")
+        self.data = data
+
+    @classmethod
+    def of(cls, tokens) -> Tokens:
+        """`tokens` as Tokens: itself when it already is, else packed from ints."""
+        if isinstance(tokens, Tokens):
+            return tokens
+        try:
+            a = array("I", tokens)
+        except (OverflowError, TypeError) as exc:
+            raise ValueError(f"token ids must be integers in 0..{2**32 - 1}: {exc}") from None
+        if _SWAP:
+            a.byteswap()
+        return cls(a.tobytes())
+
+    @classmethod
+    def from_numpy(cls, ids) -> Tokens:
+        """From an integer numpy array (any width), without a Python loop."""
+        return cls(ids.astype(">u4", copy=False).tobytes())
+
+    def __len__(self) -> int:
+        return len(self.data) >> 2
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Tokens) and self.data == other.data
+
+    def __hash__(self) -> int:
+        return hash(self.data)
+
+    def __repr__(self) -> str:
+        n = len(self)
+        head = self.tolist()[:8]
+        return f"Tokens({head}{'...' if n > 8 else ''}, len={n})"
+
+    def prefix(self, n: int) -> Tokens:
+        return Tokens(self.data[: n * WIDTH])
+
+    def tolist(self) -> list[int]:
+        a = array("I")
+        a.frombytes(self.data)
+        if _SWAP:
+            a.byteswap()
+        return a.tolist()
+
+    def totuple(self) -> tuple[int, ...]:
+        return tuple(self.tolist())
