@@ -13,9 +13,11 @@ import bisect
 from pool.denied import Denied, PoolError
 from pool.lease import Checkpoint, Lease
 from pool.pages import Pool
-from pool.store import Copies, Node, Slot, Store, release_chain
+from pool.store import Copies, Node, Slot, Store, chain_pages, release_chain
 
 __all__ = ["Host", "Parked", "runs"]
+
+_len = len  # `restore` takes a parameter named len
 
 
 class Parked(Store):
@@ -84,6 +86,28 @@ class Host:
                 return s * self.grain
         return None
 
+    def _low_pages(self, k: int) -> list[int] | None:
+        """Offsets of `k` pages, each where `_low` would put it one after another (first fit,
+        consecutive in a run while it lasts); None, taking nothing, if they do not all fit."""
+        pu = self._page_units
+        plan: list[tuple[int, int]] = []
+        left = k
+        for s in self._starts:
+            fit = self._runs[s] // pu
+            if fit:
+                take = min(fit, left)
+                plan.append((s, take))
+                left -= take
+                if not left:
+                    break
+        if left:
+            return None
+        out: list[int] = []
+        for s, take in plan:
+            self._cut(s, s, take * pu)
+            out.extend(range(s * self.grain, (s + take * pu) * self.grain, pu * self.grain))
+        return out
+
     def _high(self, n: int) -> int | None:
         for s in reversed(self._starts):
             length = self._runs[s]
@@ -107,7 +131,14 @@ class Host:
         assert self._free <= self.units, f"{self._free=} {self.units=}"
 
     def _give_node(self, node: Node) -> None:
-        self._give(node.page, self._page_units)
+        pages, stride = node.pages, self._page_units * self.grain
+        lo, hi = min(pages), max(pages)
+        if hi - lo == (len(pages) - 1) * stride:
+            # distinct offsets one page apart filling [lo, hi]: one block
+            self._give(lo, len(pages) * self._page_units)
+        else:
+            for offset in pages:
+                self._give(offset, self._page_units)
 
     def _give_slot(self, slot: Slot) -> None:
         self._give(slot.id, self._slot_units)
@@ -130,13 +161,13 @@ class Host:
                 tip = twin
                 continue
             fresh = True
-            offset = self._low(self._page_units)
-            if offset is None:
+            offsets = self._low_pages(len(node.pages))
+            if offsets is None:
                 release_chain(tip)
                 return Denied.HostFull
-            tip = Node(offset, tip, self)
+            tip = Node(offsets, tip, self)
             node.twin = tip
-            copies.pages.append((node.page, offset))
+            copies.pages.extend(zip(node.pages, offsets))
         slot = None
         if cp.has_slot:
             offset = self._high(self._slot_units)
@@ -169,14 +200,25 @@ class Host:
         fresh, slot = got
         nodes = parked._nodes()
         unit = pool.unit
-        copies = Copies(pages=[(nodes[i].page, fresh[i]) for i in range(-(-len // unit))])
+        offsets = chain_pages(parked._tip)
+        copies = Copies(pages=list(zip(offsets[:-(-len // unit)], fresh)))
         if slot is not None:
             copies.slot = (parked.seq_slot(), slot.id)
+        # whole pages woken run for run, each twinned to the host run it copies
         chain: Node | None = None
-        for i in range(len // unit):
-            chain = Node(fresh[i], chain, pool)
-            chain.twin = nodes[i]
-            pool._sealed += 1
+        whole, at = len // unit, 0
+        for node in nodes:
+            if at >= whole:
+                break
+            n = min(_len(node.pages), whole - at)
+            if n < _len(node.pages):
+                # the woken part ends inside this host run: cut it there, so the twin is exact
+                node._split(n)
+                node = node.parent
+            chain = Node(fresh[at:at + n], chain, pool)
+            chain.twin = node
+            at += n
+        pool._sealed += whole
         return Lease(pool, chain, fresh, slot, len), copies
 
 

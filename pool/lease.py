@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from pool.denied import PoolError
-from pool.store import Node, Slot, Store, chain_of, release_chain
+from pool.store import Node, Slot, Store, chain_pages, release_chain
 
 if TYPE_CHECKING:
     from pool.pages import Pool
@@ -109,11 +109,11 @@ class Lease:
             raise PoolError("the lease is released")
 
     def _share(self, keep: int) -> None:
-        """Seal own pages into chain nodes until `shared >= keep`; they are never written again."""
-        while self.shared < keep:
-            self._chain = Node(self.pages[self.shared], self._chain, self._pool)
-            self._pool._sealed += 1
-            self.shared += 1
+        """Seal own pages into one chain run until `shared >= keep`; they are never written again."""
+        if self.shared < keep:
+            self._chain = Node(self.pages[self.shared:keep], self._chain, self._pool)
+            self._pool._sealed += keep - self.shared
+            self.shared = keep
 
     def _held_at(self, depth: int) -> Node | None:
         """A new hold on the chain node at `depth` (already sealed)."""
@@ -128,8 +128,8 @@ class Lease:
         self._check()
         self._live = False
         self._pool._leases -= 1
-        for page in self.pages[self.shared:]:
-            self._pool._give_page(page)
+        if len(self.pages) > self.shared:
+            self._pool._give_pages(self.pages[self.shared:])
         release_chain(self._chain)
         self._chain = None
         if self._slot is not None:
@@ -137,4 +137,4 @@ class Lease:
             self._slot = None
 
     def _chain_pages(self) -> list[int]:
-        return [n.page for n in chain_of(self._chain)]
+        return chain_pages(self._chain)

@@ -112,6 +112,26 @@ class _Objects:
         self.held -= 1
         self._free(i, i + 1)
 
+    def give_many(self, ids: list[int]) -> None:
+        """Held ids are free again, run by run (ids taken together are mostly one run)."""
+        lo, hi = min(ids), max(ids)
+        if hi - lo + 1 == len(ids):
+            # distinct ids filling [lo, hi]: one run
+            runs = [(lo, hi + 1)]
+        else:
+            runs = []
+            for i in sorted(ids):
+                if runs and runs[-1][1] == i:
+                    runs[-1] = (runs[-1][0], i + 1)
+                else:
+                    runs.append((i, i + 1))
+        status = self.status
+        for a, b in runs:
+            assert status.count(HELD, a, b) == b - a, f"ids {a}..{b - 1} given back but not all held"
+            status[a:b] = bytes([FREE]) * (b - a)
+            self._free(a, b)
+        self.held -= len(ids)
+
     def absent(self, n: int, first: int) -> list[int]:
         out = []
         status, i = self.status, first
@@ -321,9 +341,12 @@ class Pool:
     def _give_page(self, page: int) -> None:
         self._pages.give(page)
 
+    def _give_pages(self, pages: list[int]) -> None:
+        self._pages.give_many(pages)
+
     def _give_node(self, node: Node) -> None:
-        self._sealed -= 1
-        self._give_page(node.page)
+        self._sealed -= len(node.pages)
+        self._pages.give_many(node.pages)
 
     def _give_slot(self, slot: Slot) -> None:
         if slot.stored:
@@ -387,7 +410,7 @@ class Pool:
         lease._share(full)
         tip = lease._held_at(full)
         if partial:
-            tip = Node(fresh[0], tip, self)
+            tip = Node([fresh[0]], tip, self)
             self._sealed += 1
             copies.pages.append((lease.pages[full], fresh[0]))
         if slot is not None:

@@ -1,8 +1,10 @@
-"""Frozen pages as chains of nodes, slots with holders, and the `Store` that holds both.
+"""Frozen pages as chains of runs, slots with holders, and the `Store` that holds both.
 
-A node's page is never written after the node exists. Holding a node holds every page up to the root;
-the last holder of a node gives its page back to the node's owner (the device `Pool` or the `Host`)
-and lets go of its parent, iteratively, so a 200k-page chain releases without recursion.
+A node is a run of frozen pages (never written after the node exists), sealed together. Holding a
+node holds its pages and every page up to the root; the last holder of a node gives its whole run
+back to the node's owner (the device `Pool` or the `Host`) at once and lets go of its parent,
+iteratively, so a long chain releases without recursion. A hold at a depth inside a run splits the
+run there first, so a run is always held whole.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
-__all__ = ["Copies", "Node", "Slot", "Store", "release_chain"]
+__all__ = ["Copies", "Node", "Slot", "Store", "chain_pages", "release_chain"]
 
 
 class Owner(Protocol):
@@ -20,24 +22,36 @@ class Owner(Protocol):
 
 
 class Node:
-    """One frozen page, its parent, and its holders (children, stores, leases).
+    """A run of frozen pages, its parent, and its holders (children, stores, leases).
 
-    `Node(page, parent, owner)` takes over the caller's hold on `parent` and is born with one holder:
-    the caller. `twin` is a device node's weak link to its host copy: live while the host node is.
+    `Node(pages, parent, owner)` takes over the caller's hold on `parent` and is born with one holder:
+    the caller. `depth` is the depth of its last page. `twin` is a device run's weak link to its host
+    copy: live while the host run is, and the copy of exactly this run.
     """
 
-    __slots__ = ("page", "parent", "refs", "depth", "twin", "owner")
+    __slots__ = ("pages", "parent", "refs", "depth", "twin", "owner")
 
-    def __init__(self, page: int, parent: Node | None, owner: Owner) -> None:
-        self.page = page
+    def __init__(self, pages: list[int], parent: Node | None, owner: Owner) -> None:
+        assert pages, "a run of no pages"
+        self.pages = pages
         self.parent = parent
         self.refs = 1
-        self.depth = parent.depth + 1 if parent is not None else 1
+        self.depth = (parent.depth if parent is not None else 0) + len(pages)
         self.twin: Node | None = None
         self.owner = owner
 
     def __repr__(self) -> str:
-        return f"Node(page={self.page}, depth={self.depth}, refs={self.refs})"
+        return f"Node(pages={self.pages}, depth={self.depth}, refs={self.refs})"
+
+    @property
+    def page(self) -> int:
+        """The run's last page."""
+        return self.pages[-1]
+
+    @property
+    def base(self) -> int:
+        """The depth just above the run."""
+        return self.depth - len(self.pages)
 
     def hold(self) -> Node:
         assert self.refs > 0, f"{self!r} is already released"
@@ -45,16 +59,34 @@ class Node:
         return self
 
     def ancestor(self, depth: int) -> Node | None:
-        """The node at `depth` on this chain (None for depth 0); not held."""
+        """The node ending at `depth` on this chain (None for depth 0), splitting the run that
+        `depth` falls inside; not held."""
         assert 0 <= depth <= self.depth, f"{depth=} {self.depth=}"
-        node: Node | None = self
-        while node is not None and node.depth > depth:
+        if depth == 0:
+            return None
+        node = self
+        while node.depth - len(node.pages) >= depth:
+            node = node.parent
+        if node.depth != depth:
+            node._split(depth - (node.depth - len(node.pages)))
             node = node.parent
         return node
 
+    def _split(self, k: int) -> None:
+        """Cut the run after its first `k` pages: a new head node (held by this one) takes them."""
+        twin = self.live_twin()
+        head = Node(self.pages[:k], self.parent, self.owner)
+        self.pages = self.pages[k:]
+        self.parent = head
+        if twin is not None:
+            twin._split(k)
+            head.twin = twin.parent
+
     def live_twin(self) -> Node | None:
         twin = self.twin
-        return twin if twin is not None and twin.refs > 0 else None
+        if twin is not None and twin.refs > 0 and twin.depth == self.depth and len(twin.pages) == len(self.pages):
+            return twin
+        return None
 
 
 def release_chain(node: Node | None) -> None:
@@ -75,6 +107,14 @@ def chain_of(node: Node | None) -> list[Node]:
         out.append(node)
         node = node.parent
     out.reverse()
+    return out
+
+
+def chain_pages(node: Node | None) -> list[int]:
+    """The pages from the root down to `node`'s last."""
+    out: list[int] = []
+    for n in chain_of(node):
+        out += n.pages
     return out
 
 
@@ -158,7 +198,7 @@ class Store:
 
     def page_ids(self) -> list[int]:
         """Page ids (or host offsets) from the root."""
-        return [n.page for n in chain_of(self._tip)]
+        return chain_pages(self._tip)
 
     def seq_slot(self) -> int | None:
         return self._slot.id if self._slot is not None else None

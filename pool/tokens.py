@@ -56,6 +56,17 @@ class Tokens:
         head = self.tolist()[:8]
         return f"Tokens({head}{'...' if n > 8 else ''}, len={n})"
 
+    def __getitem__(self, i: int) -> int:
+        """The token at index `i` (negative counts from the end)."""
+        n = len(self)
+        if not isinstance(i, int):
+            raise TypeError("Tokens index must be an int (use prefix() for a run)")
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError("token index out of range")
+        return int.from_bytes(self.data[i * WIDTH:(i + 1) * WIDTH], "big")
+
     def prefix(self, n: int) -> Tokens:
         return Tokens(self.data[: n * WIDTH])
 

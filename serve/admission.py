@@ -18,10 +18,11 @@ WAIT = "wait"
 
 
 class Admission:
-    def __init__(self, engine: Engine, counters: Counters) -> None:
+    def __init__(self, engine: Engine, counters: Counters, log=logs.event) -> None:
         self.engine = engine
         self.counters = counters
         self.emits = engine.runtime.protocol.prefill_emits
+        self.log = log
 
     def admit(self, req: Request) -> str | tuple[int, str, str, str | None] | None:
         """None when `req` now holds its lease; WAIT; or an error (status, message, code, param)."""
@@ -107,6 +108,15 @@ class Admission:
         rt.wake(copies)
         return lease
 
+    def checkpoint(self, req: Request, full: int) -> None:
+        """A paged request's first `full` whole pages become a snapshot in the index (SPEC §7's
+        checkpoint policy: after a step that does not end the request, the pages it completed)."""
+        e = self.engine
+        cp, copies = e.pool.checkpoint(req.lease, full * e.unit)
+        e.runtime.copy(copies)
+        e.prefix.insert(req.fed(0, full * e.unit), cp)
+        req.page_mark = full
+
     def land(self) -> None:
         """Execute the pool's pending remap and tell it the plan landed."""
         plan = self.engine.pool.take_pending()
@@ -124,7 +134,7 @@ class Admission:
             return False
         if ev.parked:
             self.counters.add("parks")
-            logs.event("parked", "DEBUG", tokens=len(ev.key))
+            self.log("parked", "DEBUG", tokens=ev.tokens)
         else:
             self.counters.add("evictions")
         self.counters.add("host_evictions", ev.dropped)

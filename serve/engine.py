@@ -13,7 +13,7 @@ from pool import Geometry, Host, Lease, Pool, Prefix, chunk_size, chunks_for
 from runtime.runtime import Runtime
 from serve.faults import Faults
 
-__all__ = ["Engine", "EngineError", "Options", "build"]
+__all__ = ["Engine", "EngineError", "Options", "build", "size"]
 
 GIB = 1 << 30
 CPU_CAPACITY = 16384
@@ -101,6 +101,24 @@ def _gpu_capacity(backend, geometry: Geometry, first_slots: int, reserve_gib: fl
     return max(left // per_token, 0)
 
 
+def size(geometry: Geometry, capacity: int, first_slots: int, host_bytes: int) -> tuple[Pool, Host | None]:
+    """The pool for `capacity` tokens (rounded down to a page) and the host tier of `host_bytes`
+    (rounded down to a page; None when under one): what a server with these flags holds, and what
+    `kern replay` replays against."""
+    unit = geometry.unit
+    capacity = capacity // unit * unit
+    chunk_bytes = chunk_size(geometry)
+    chunks = chunks_for(geometry, capacity, first_slots, chunk_bytes)
+    pool = Pool(geometry, chunk_bytes, chunks, first_slots, tokens=capacity)
+    host = None
+    if host_bytes > 0:
+        grain = geometry.page_size or geometry.slot_size
+        host_bytes = host_bytes // grain * grain
+        if host_bytes > 0:
+            host = Host(host_bytes, grain, geometry.page_size, geometry.slot_size)
+    return pool, host
+
+
 def build(what: str, opts: Options) -> Engine:
     """Resolve the target, size the pool, load the runtime, lease the pad."""
     if opts.device is not None and opts.backend != "cpu":
@@ -135,16 +153,8 @@ def build(what: str, opts: Options) -> Engine:
         capacity = _gpu_capacity(backend, geometry, first_slots, opts.reserve_gib)
     if capacity // unit < 2:
         raise EngineError(f"--capacity {capacity} tokens is under two pages of {unit} (the pad takes one)")
-    capacity = capacity // unit * unit
-    chunk_bytes = chunk_size(geometry)
-    chunks = chunks_for(geometry, capacity, first_slots, chunk_bytes)
-    pool = Pool(geometry, chunk_bytes, chunks, first_slots, tokens=capacity)
-    host_bytes = int(opts.host_gib * GIB)
-    host = None
-    if host_bytes > 0:
-        grain = geometry.page_size or geometry.slot_size
-        host_bytes = host_bytes // grain * grain
-        host = Host(host_bytes, grain, geometry.page_size, geometry.slot_size)
+    pool, host = size(geometry, capacity, first_slots, int(opts.host_gib * GIB))
+    host_bytes = host.units * host.grain if host is not None else 0
     rt = Runtime(m, list(target.weights), pages=max(pool.pages_max, 1), slots=pool.slots_max, backend=backend,
                  max_seqs=max_seqs, host_bytes=host_bytes, graphs=opts.graphs)
     pad = pool.lease_pad()

@@ -293,10 +293,7 @@ class Scheduler(threading.Thread):
         if req.reason is None:
             full = req.pos // e.unit
             if not e.lined and full > req.page_mark and "no-checkpoint" not in e.faults:
-                cp, copies = e.pool.checkpoint(req.lease, full * e.unit)
-                e.runtime.copy(copies)
-                e.prefix.insert(req.fed(0, full * e.unit), cp)
-                req.page_mark = full
+                self.admission.checkpoint(req, full)
             if new:
                 self._send(req, Update(new))
             return

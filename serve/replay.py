@@ -1,0 +1,327 @@
+"""Capacity planning without a model: a trace replayed through the pool, the index and the host tier.
+
+`--policy engine` drives them exactly as the server's scheduler does for a paged target, one request
+at a time: admission is `serve.admission.Admission` itself (look up; restore, wake or lease the whole
+room; on Busy release the hit, evict once — park or drop the coldest — and ask again), the steps'
+whole-page checkpoints are `Admission.checkpoint` at the positions the scheduler's steps reach (each
+prefill chunk, then each decode step that completes a page, never the step that ends the request),
+and the lease is released at the end. The runtime is a stand-in that moves no bytes.
+
+`--policy lru` is the Mooncake paper's simulation: a per-block LRU of the inputs only, a request
+hitting the blocks of its prefix that are cached.
+
+Figures per capacity: requests, input tokens, hit tokens and ratio, resident and host hits (requests
+and tokens), parks, evictions and host evictions, tokens left to compute per request (p50/p90/p99),
+and the infinite-cache bound (the hit tokens of an index that never evicts).
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from pool import Geometry, Lease, Prefix, Tokens
+from serve.admission import WAIT, Admission
+from serve.engine import size
+from serve.request import Request
+from serve.stats import Counters
+from serve.traces import Req, fresh_tokens, request_tokens
+
+__all__ = ["Figures", "Setup", "replay_engine", "replay_lru", "setup_for"]
+
+
+@dataclass(slots=True)
+class Setup:
+    """What is replayed against: the geometry, the device tier and the host tier, and the steps."""
+
+    geometry: Geometry
+    capacity: int  # device tokens
+    host_bytes: int = 0
+    chunk: int = 1 << 62  # prefill tokens per step
+    emits: bool = True  # the prefill's last chunk emits the first answer token
+    vocab: int | None = None  # token ids hashed into 0..vocab-1 (a server's vocabulary)
+
+
+def setup_for(page: int, capacity: int, host_tokens: int = 0, bytes_per_token: int = 1, reach: int = 1 << 22,
+              **kw) -> Setup:
+    """A paged geometry of `page`-token pages whose rows reach `reach` tokens."""
+    width = -(-reach // page)
+    g = Geometry(paged=(("kv", bytes_per_token),), page_tables=(("block_table", "kv", width, page),))
+    return Setup(g, capacity, host_tokens * bytes_per_token, **kw)
+
+
+@dataclass(slots=True)
+class Figures:
+    capacity: int
+    host_tokens: int
+    policy: str
+    page: int
+    requests: int = 0
+    rejected: int = 0
+    input_tokens: int = 0
+    hit_tokens: int = 0
+    hit_ratio: float = 0.0
+    resident_hits: int = 0
+    resident_hit_tokens: int = 0
+    host_hits: int = 0
+    host_hit_tokens: int = 0
+    parks: int = 0
+    evictions: int = 0
+    host_evictions: int = 0
+    left_p50: float = 0.0
+    left_p90: float = 0.0
+    left_p99: float = 0.0
+    bound_tokens: int = 0
+    bound_ratio: float = 0.0
+    seconds: float = 0.0
+    # per request: (hit tokens, tier) — for checking against a server; not printed
+    per_request: list = field(default_factory=list, repr=False)
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d.pop("per_request")
+        return d
+
+
+class _Protocol:
+    def __init__(self, emits: bool) -> None:
+        self.prefill_emits = emits
+
+
+class _Runtime:
+    """The runtime's side of admission and checkpoints, moving nothing."""
+
+    def __init__(self, emits: bool) -> None:
+        self.protocol = _Protocol(emits)
+
+    def copy(self, copies) -> None:
+        pass
+
+    def wake(self, copies) -> None:
+        pass
+
+    def park(self, copies) -> None:
+        pass
+
+    def land(self, plan) -> None:
+        pass
+
+    def zero_slot(self, slot) -> None:
+        pass
+
+
+@dataclass(slots=True)
+class _Engine:
+    """The fields of `serve.engine.Engine` that admission and checkpoints read."""
+
+    runtime: _Runtime
+    pool: object
+    host: object
+    prefix: Prefix
+    unit: int
+    faults: frozenset = frozenset()
+
+    @property
+    def pages(self) -> int:
+        return self.pool.pages_max
+
+    @property
+    def max_request_tokens(self) -> int:
+        return self.pool.max_seq_tokens
+
+
+@dataclass(eq=False, slots=True)
+class _Request(Request):
+    """A request whose prompt and answer are one packed run: `fed` slices it, no lists."""
+
+    seq: Tokens | None = None
+
+    def fed(self, start: int, stop: int) -> Tokens:
+        assert start == 0
+        return self.seq.prefix(stop)
+
+
+def _quiet(*args, **kwargs) -> None:
+    pass
+
+
+def _percentiles(left: list[int]) -> tuple[float, float, float]:
+    if not left:
+        return 0.0, 0.0, 0.0
+    p = np.percentile(np.asarray(left, dtype=np.float64), [50, 90, 99])
+    return float(p[0]), float(p[1]), float(p[2])
+
+
+def _bound(reqs: list[Req], unit: int, vocab: int | None) -> int:
+    """Hit tokens of an index that never evicts: each request's whole pages, looked up first."""
+
+    class _Kept:
+        __slots__ = ("tokens",)
+        has_slot = False
+
+        def __init__(self, tokens: int) -> None:
+            self.tokens = tokens
+
+        def clone(self):
+            return self
+
+        def release(self) -> None:
+            pass
+
+    ix = Prefix(unit)
+    total = 0
+    for r in reqs:
+        toks = Tokens.from_numpy(request_tokens(r, vocab))
+        hit = ix.lookup(toks)
+        if hit is not None:
+            total += hit.len
+        n = len(toks) // unit * unit
+        if n:
+            ix.insert(toks.prefix(n), _Kept(n))
+    return total
+
+
+def replay_engine(reqs: list[Req], setup: Setup, tick: Callable[[int], None] | None = None,
+                  bound: int | None = None) -> Figures:
+    """Replay `reqs` one at a time through a server's pool, index and host tier (module docstring)."""
+    t0 = time.perf_counter()
+    pool, host = size(setup.geometry, setup.capacity, 0, setup.host_bytes)
+    pad = pool.lease_pad()
+    if not isinstance(pad, Lease):
+        raise ValueError(f"a device tier of {setup.capacity} tokens cannot hold the pad page ({pad!r})")
+    unit = pool.unit
+    engine = _Engine(_Runtime(setup.emits), pool, host, Prefix(unit), unit)
+    counters = Counters()
+    adm = Admission(engine, counters, log=_quiet)
+    emits = 1 if setup.emits else 0
+    fig = Figures(setup.capacity, setup.host_bytes // max(sum(b for _, b in setup.geometry.paged), 1),
+                  "engine", unit)
+    left: list[int] = []
+    fresh = 0
+    for i, r in enumerate(reqs):
+        prompt = request_tokens(r, setup.vocab)
+        m = r.output_length
+        seq = Tokens.from_numpy(np.concatenate([prompt, fresh_tokens(fresh, m, setup.vocab)]))
+        fresh += m
+        req = _Request(f"r{i}", seq.prefix(len(prompt)), m, 1, _quiet, seq=seq)
+        fig.requests += 1
+        fig.input_tokens += len(prompt)
+        got = adm.admit(req)
+        if got == WAIT:
+            raise AssertionError("a request waits with nothing else running: the pool is held by no one")
+        if got is not None:
+            fig.rejected += 1
+            fig.per_request.append(None)
+            if tick:
+                tick(1)
+            continue
+        fig.per_request.append((req.cached, req.tier))
+        left.append(len(prompt) - req.cached)
+        _run(adm, req, setup.chunk, emits, m, unit)
+        req.lease.release()
+        req.lease = None
+        if tick:
+            tick(1)
+    c = counters
+    fig.hit_tokens = c["prefix_hit_tokens"]
+    fig.resident_hits, fig.resident_hit_tokens = c["resident_hits"], c["resident_hit_tokens"]
+    fig.host_hits, fig.host_hit_tokens = c["host_hits"], c["host_hit_tokens"]
+    fig.parks, fig.evictions, fig.host_evictions = c["parks"], c["evictions"], c["host_evictions"]
+    _finish(fig, left, bound if bound is not None else _bound(reqs, unit, setup.vocab))
+    engine.prefix.clear()
+    pad.release()
+    assert pool.used == 0 and pool.leases == 0, f"the replay leaked: {pool!r}"
+    fig.seconds = time.perf_counter() - t0
+    return fig
+
+
+def _run(adm: Admission, req: _Request, chunk: int, emits: int, m: int, unit: int) -> None:
+    """The checkpoints the scheduler's steps make for one admitted request, in order."""
+    end = req.fed_end
+    pos = req.pos
+    # prefill chunks; the one that ends the prompt emits the first token when the program emits
+    while pos < end:
+        pos += min(chunk, end - pos)
+        final = emits and pos == end and m == 1
+        if not final and pos // unit > req.page_mark:
+            adm.checkpoint(req, pos // unit)
+    # decode steps: step s feeds one token (pos end+s) and emits token s+emits; the last ends it
+    last = end + m - emits - 1  # the last position a step that does not end the request reaches
+    if last <= end:
+        return
+    first = end + 1
+    p = first if (first // unit) > req.page_mark else (req.page_mark + 1) * unit
+    while p <= last:
+        adm.checkpoint(req, p // unit)
+        p = (p // unit + 1) * unit
+
+
+def _finish(fig: Figures, left: list[int], bound: int) -> None:
+    fig.hit_ratio = fig.hit_tokens / fig.input_tokens if fig.input_tokens else 0.0
+    fig.left_p50, fig.left_p90, fig.left_p99 = _percentiles(left)
+    fig.bound_tokens = bound
+    fig.bound_ratio = bound / fig.input_tokens if fig.input_tokens else 0.0
+
+
+def _blocks(r: Req, page: int) -> list[tuple]:
+    """A request's blocks as (key, tokens): hash ids as they are, token pages by their prefix."""
+    if r.hash_ids is not None:
+        b = r.block
+        return [(h, min(b, r.input_length - i * b)) for i, h in enumerate(r.hash_ids) if r.input_length > i * b]
+    toks = r.tokens
+    out, key = [], None
+    for at in range(0, len(toks), page):
+        key = hash((key, tuple(toks[at:at + page])))
+        out.append((key, min(page, len(toks) - at)))
+    return out
+
+
+def replay_lru(reqs: list[Req], capacity: int, page: int = 512, tick: Callable[[int], None] | None = None) -> Figures:
+    """The paper's simulation: blocks in one LRU of `capacity` tokens (a block holds its block's
+    tokens, 512 for a Mooncake id); a request hits its leading blocks that are cached, then every
+    block it reads is refreshed or added, the least recently used leaving first."""
+    t0 = time.perf_counter()
+    fig = Figures(capacity, 0, "lru", reqs[0].block if reqs and reqs[0].hash_ids is not None else page)
+    cache: collections.OrderedDict = collections.OrderedDict()
+    held = 0
+    seen: set = set()
+    bound = 0
+    left: list[int] = []
+    for r in reqs:
+        blocks = _blocks(r, page)
+        fig.requests += 1
+        fig.input_tokens += r.input_length
+        hit = 0
+        for key, n in blocks:
+            if key not in cache:
+                break
+            hit += n
+        for key, n in blocks:
+            if key not in seen:
+                break
+            bound += n
+        for key, n in blocks:
+            seen.add(key)
+            if key in cache:
+                cache.move_to_end(key)
+            else:
+                cache[key] = n
+                held += n
+        while held > capacity and cache:
+            _, n = cache.popitem(last=False)
+            held -= n
+        fig.hit_tokens += hit
+        if hit:
+            fig.resident_hits += 1
+            fig.resident_hit_tokens += hit
+        left.append(r.input_length - hit)
+        fig.per_request.append((hit, "device" if hit else None))
+        if tick:
+            tick(1)
+    _finish(fig, left, bound)
+    fig.seconds = time.perf_counter() - t0
+    return fig

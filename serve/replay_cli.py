@@ -1,0 +1,165 @@
+"""`kern replay TRACE`: capacity planning without a model (serve/replay.py), and `--server URL`: the
+same trace, scaled down, sent to a running `kern serve`, whose hits and tiers must equal the replay's.
+
+Exit codes: 0 done (and, with --server, agreed); 1 the server disagreed; 2 bad flags or trace.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+__all__ = ["replay_command"]
+
+GIB = 1 << 30
+
+
+def _capacities(text: str) -> list[int]:
+    out = []
+    for part in text.split(","):
+        part = part.strip().lower().replace("_", "")
+        mult = 1
+        for suffix, m in (("k", 10**3), ("m", 10**6), ("g", 10**9)):
+            if part.endswith(suffix):
+                part, mult = part[:-1], m
+        try:
+            v = float(part) * mult
+        except ValueError:
+            raise click.BadParameter(f"{text!r}: capacities are token counts like 16000000, 16M or 1M,4M,10M") from None
+        if v < 1 or v != int(v):
+            raise click.BadParameter(f"{text!r}: a capacity must be a whole number of tokens >= 1")
+        out.append(int(v))
+    return out
+
+
+def _fail(msg: str) -> None:
+    click.echo(f"kern replay: {msg}", err=True)
+    sys.exit(2)
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("trace", type=click.Path(dir_okay=False))
+@click.option("--page", default=16, show_default=True, type=click.IntRange(1), help="Tokens per page (engine policy).")
+@click.option("--capacity", "capacity_text", default="16M", show_default=True,
+              help="Device tier in tokens; a comma-separated list is a sweep (e.g. 1M,4M,10M,50M).")
+@click.option("--host-tokens", default=None, type=click.IntRange(0), help="Host tier in tokens (engine policy).")
+@click.option("--host-gib", default=None, type=click.FloatRange(0), help="Host tier in GiB, with --bytes-per-token.")
+@click.option("--bytes-per-token", default=None, type=click.IntRange(1),
+              help="KV bytes per token (for --host-gib; with --server, the target's).")
+@click.option("--order", default="file", show_default=True, type=click.Choice(["file", "timestamp"]),
+              help="Arrival order: the file's lines, or their timestamps.")
+@click.option("--policy", default="engine", show_default=True, type=click.Choice(["engine", "lru"]),
+              help="engine: the scheduler's own rules; lru: per-block LRU of the inputs only (the Mooncake paper's simulation).")
+@click.option("--limit", default=None, type=click.IntRange(1), help="Replay only the first N requests.")
+@click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON, one object per capacity.")
+@click.option("--plot", default=None, type=click.Path(dir_okay=False),
+              help="Where a sweep draws hit ratio against capacity (default: TRACE's name + .png beside the cwd).")
+@click.option("--server", default=None, help="Check a running kern serve at this URL against the replay instead.")
+@click.option("--target", default=None, help="With --server: the target it serves (its geometry sizes the replay).")
+@click.option("--scale", "scale_k", default=1, show_default=True, type=click.IntRange(1),
+              help="Divide every length and capacity by k (for --server).")
+@click.option("--api-key", default=None, help="With --server: its API key.")
+@click.pass_context
+def replay_command(ctx, trace, page, capacity_text, host_tokens, host_gib, bytes_per_token, order, policy, limit,
+                   as_json, plot, server, target, scale_k, api_key) -> None:
+    """Replay TRACE (Mooncake JSONL, or our token traces) through the pool, the index and the host tier
+    and print hit figures per device capacity."""
+    from serve.replay import replay_engine, replay_lru, setup_for
+    from serve.traces import TraceError, read, scale
+
+    try:
+        capacities = _capacities(capacity_text)
+    except click.BadParameter as exc:
+        _fail(f"--capacity: {exc.message}")
+    if host_gib is not None and host_tokens is not None:
+        _fail("give --host-tokens or --host-gib, not both")
+    if host_gib is not None and bytes_per_token is None and server is None:
+        _fail("--host-gib needs --bytes-per-token (how many bytes one token's KV takes)")
+    if policy == "lru" and (host_gib or host_tokens):
+        _fail("--policy lru models the device tier only; drop --host-tokens/--host-gib")
+    try:
+        reqs = read(trace, order)
+    except TraceError as exc:
+        _fail(str(exc))
+    if limit:
+        reqs = reqs[:limit]
+    if server is not None:
+        from serve.replay_server import check_server
+
+        sys.exit(check_server(reqs, server, target, capacities, scale_k, host_tokens, host_gib, api_key,
+                              ctx.obj.get("config") if isinstance(ctx.obj, dict) else None, as_json))
+    reqs = scale(reqs, scale_k)
+    capacities = [max(1, c // scale_k) for c in capacities]
+    bpt = bytes_per_token or 1
+    host = host_tokens if host_tokens is not None else (int(host_gib * GIB) // bpt if host_gib else 0)
+    host //= scale_k
+    figs = []
+    bound = None
+    with click.progressbar(length=len(reqs) * len(capacities), label=f"replaying {len(reqs)} requests",
+                           file=sys.stderr, show_pos=True) as bar:
+        for cap in capacities:
+            if policy == "lru":
+                fig = replay_lru(reqs, cap, tick=bar.update)
+            else:
+                longest = max(r.input_length + r.output_length for r in reqs)
+                fig = replay_engine(reqs, setup_for(page, cap, host, bpt, reach=longest + page), tick=bar.update,
+                                    bound=bound)
+                bound = fig.bound_tokens
+            figs.append(fig)
+    if as_json:
+        for f in figs:
+            click.echo(json.dumps(f.as_dict()))
+    else:
+        click.echo(table(figs))
+    if len(figs) > 1:
+        path = plot or (trace.rsplit("/", 1)[-1].rsplit(".", 1)[0] + f"-{policy}.png")
+        draw(figs, path, trace)
+        click.echo(f"hit ratio against capacity: {path}", err=True)
+
+
+def table(figs) -> str:
+    from tabulate import tabulate
+
+    rows = [
+        ("requests", lambda f: f"{f.requests:,}" + (f" ({f.rejected:,} too long)" if f.rejected else "")),
+        ("input tokens", lambda f: f"{f.input_tokens:,}"),
+        ("hit tokens", lambda f: f"{f.hit_tokens:,}"),
+        ("hit ratio", lambda f: f"{f.hit_ratio:.3f}"),
+        ("resident hits (requests)", lambda f: f"{f.resident_hits:,}"),
+        ("resident hits (tokens)", lambda f: f"{f.resident_hit_tokens:,}"),
+        ("host hits (requests)", lambda f: f"{f.host_hits:,}"),
+        ("host hits (tokens)", lambda f: f"{f.host_hit_tokens:,}"),
+        ("parks", lambda f: f"{f.parks:,}"),
+        ("evictions (dropped)", lambda f: f"{f.evictions:,}"),
+        ("host evictions", lambda f: f"{f.host_evictions:,}"),
+        ("left to compute p50", lambda f: f"{f.left_p50:,.0f}"),
+        ("left to compute p90", lambda f: f"{f.left_p90:,.0f}"),
+        ("left to compute p99", lambda f: f"{f.left_p99:,.0f}"),
+        ("infinite-cache bound", lambda f: f"{f.bound_tokens:,} ({f.bound_ratio:.3f})"),
+        ("seconds", lambda f: f"{f.seconds:.2f}"),
+    ]
+    head = ["policy " + figs[0].policy] + [f"{f.capacity:,} tokens" + (f" + host {f.host_tokens:,}" if f.host_tokens else "")
+                                          for f in figs]
+    return tabulate([[name] + [fn(f) for f in figs] for name, fn in rows], headers=head, disable_numparse=True)
+
+
+def draw(figs, path: str, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    xs = [f.capacity for f in figs]
+    ax.plot(xs, [f.hit_ratio for f in figs], marker="o", label=f"{figs[0].policy} policy")
+    ax.axhline(figs[0].bound_ratio, color="grey", linestyle="--", label="infinite cache")
+    ax.set_xscale("log")
+    ax.set_xlabel("device capacity (tokens)")
+    ax.set_ylabel("hit ratio (hit tokens / input tokens)")
+    ax.set_title(title.rsplit("/", 1)[-1], fontsize=9)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
