@@ -14,6 +14,7 @@ Stores are duck-typed: anything with `tokens`, `has_slot`, `clone()` and `releas
 
 from __future__ import annotations
 
+import bisect
 import enum
 import heapq
 from typing import Any, Callable
@@ -113,11 +114,16 @@ class _Entry:
 
 
 class _Node:
-    __slots__ = ("edge", "children", "parent", "depth", "entry", "paged_below", "resident_below", "_order")
+    """A node of the tree. Its edge is bytes `lo:hi` of `buf`, a key's packed buffer (zero-copy: the
+    keys of one growing sequence share one buffer, and merging two nodes cut from it copies nothing)."""
 
-    def __init__(self, edge: bytes, parent: _Node | None, depth: int) -> None:
-        # packed tokens; children are keyed by their edge's first packed token
-        self.edge = edge
+    __slots__ = ("buf", "lo", "hi", "edge", "children", "parent", "depth", "entry", "paged_below",
+                 "resident_below", "_keys")
+
+    def __init__(self, buf: bytes, lo: int, hi: int, parent: _Node | None, depth: int) -> None:
+        self.buf, self.lo, self.hi = buf, lo, hi
+        self.edge = memoryview(buf)[lo:hi]
+        # children keyed by their edge's first packed token
         self.children: dict[bytes, _Node] = {}
         self.parent = parent
         self.depth = depth
@@ -125,26 +131,33 @@ class _Node:
         # stateless entries in this subtree, this node's included; and those of them resident
         self.paged_below = 0
         self.resident_below = 0
-        # children in token order, rebuilt after a change (packed keys sort as their tokens)
-        self._order: list[_Node] | None = None
+        # the children's keys in token order (packed keys sort as their tokens)
+        self._keys: list[bytes] = []
+
+    def first(self) -> bytes:
+        return self.buf[self.lo:self.lo + WIDTH]
+
+    def set_edge(self, buf: bytes, lo: int, hi: int) -> None:
+        self.buf, self.lo, self.hi = buf, lo, hi
+        self.edge = memoryview(buf)[lo:hi]
 
     def ordered(self) -> list[_Node]:
-        order = self._order
-        if order is None:
-            kids = self.children
-            order = self._order = [kids[t] for t in sorted(kids)]
-        return order
+        kids = self.children
+        return [kids[t] for t in self._keys]
 
     def put(self, child: _Node) -> None:
-        self.children[child.edge[:WIDTH]] = child
-        self._order = None
+        t = child.first()
+        if t not in self.children:
+            bisect.insort(self._keys, t)
+        self.children[t] = child
 
     def drop(self, child: _Node) -> None:
-        del self.children[child.edge[:WIDTH]]
-        self._order = None
+        t = child.first()
+        del self.children[t]
+        del self._keys[bisect.bisect_left(self._keys, t)]
 
 
-def _common(edge: bytes, q: bytes, at: int, end: int) -> int:
+def _common(edge, q: bytes, at: int, end: int) -> int:
     """Tokens `edge` shares with `q[at:end]`, given that the first token is shared: one compare
     when the whole edge matches, else a binary search over the edge's prefixes."""
     if q.startswith(edge, at, end):
@@ -166,7 +179,7 @@ class Prefix:
 
     def __init__(self, unit: int) -> None:
         self.unit = unit
-        self._root = _Node(b"", None, 0)
+        self._root = _Node(b"", 0, 0, None, 0)
         self._entries: set[_Entry] = set()
         self._clock = 0
         self._seq = 0
@@ -186,7 +199,7 @@ class Prefix:
         return self._count[tier]
 
     def _sorted(self) -> list[_Entry]:
-        return sorted(self._entries, key=lambda e: e.key.data)
+        return sorted(self._entries, key=lambda e: e.key.packed())
 
     def items(self) -> list[tuple[tuple[int, ...], Tier]]:
         """Every entry's key and tier, in key order (a scan: for tests and /stats)."""
@@ -235,22 +248,23 @@ class Prefix:
             node.resident_below += resident
             node = node.parent
 
-    def _node_for(self, key: bytes) -> _Node:
-        node, at, end = self._root, 0, len(key)
+    def _node_for(self, key: bytes, end: int) -> _Node:
+        """The node spelling `key[:end]` (bytes), made (and an edge split) if need be."""
+        node, at = self._root, 0
         while at < end:
             child = node.children.get(key[at:at + WIDTH])
             if child is None:
-                leaf = _Node(key[at:], node, end >> 2)
+                leaf = _Node(key, at, end, node, end >> 2)
                 node.put(leaf)
                 return leaf
             c = _common(child.edge, key, at, end)
             if c * WIDTH < len(child.edge):
                 # split: the head keeps the subtree's counts
-                cut = c * WIDTH
-                mid = _Node(child.edge[:cut], node, node.depth + c)
+                cut = child.lo + c * WIDTH
+                mid = _Node(child.buf, child.lo, cut, node, node.depth + c)
                 mid.paged_below, mid.resident_below = child.paged_below, child.resident_below
                 node.drop(child)
-                child.edge = child.edge[cut:]
+                child.set_edge(child.buf, cut, child.hi)
                 child.parent = mid
                 mid.put(child)
                 node.put(mid)
@@ -279,7 +293,10 @@ class Prefix:
             if len(node.children) == 1:
                 (child,) = node.children.values()
                 parent.drop(node)
-                child.edge = node.edge + child.edge
+                if child.buf is node.buf and child.lo == node.hi:
+                    child.set_edge(node.buf, node.lo, child.hi)
+                else:
+                    child.set_edge(bytes(node.edge) + bytes(child.edge), 0, len(node.edge) + len(child.edge))
                 child.parent = parent
                 parent.put(child)
             break
@@ -305,7 +322,7 @@ class Prefix:
         if not 1 <= n == store.tokens:
             raise PoolError(f"inserting a store of {store.tokens} tokens under a key of {n}")
         self._clock += 1
-        node = self._node_for(key.data)
+        node = self._node_for(key.data, n * WIDTH)
         e = node.entry
         if e is not None:
             if e.slot != store.has_slot:
@@ -340,10 +357,11 @@ class Prefix:
         Internal updates: every entry offered is restamped (entries nearer the root warmer); a
         lookup that finds nothing touches nothing.
         """
-        q = Tokens.of(tokens).data
-        if not q:
+        t = Tokens.of(tokens)
+        if not t.n:
             return None
-        end = len(q) - WIDTH
+        q = t.data
+        end = t.n * WIDTH - WIDTH
         qlen = end >> 2
         node, at, nxt, c = self._root, 0, None, 0
         path = [node]
@@ -410,12 +428,15 @@ class Prefix:
                 break
             if n.paged_below > (n.entry is not None and not n.entry.slot) + (avoid.paged_below if avoid else 0):
                 pick = None
-                for k in n.ordered():
+                kids = n.children
+                for t in n._keys:
+                    k = kids[t]
                     if k is not avoid and k.resident_below > 0:
                         pick = k
                         break
                 if pick is None:
-                    for k in n.ordered():
+                    for t in n._keys:
+                        k = kids[t]
                         if k is not avoid and k.paged_below > 0:
                             pick = k
                             break
@@ -432,7 +453,9 @@ class Prefix:
             e = node.entry
             if e is not None and not e.slot and (not resident or e.device is not None):
                 return e
-            node = next(k for k in node.ordered() if (k.resident_below if resident else k.paged_below) > 0)
+            kids = node.children
+            node = next(k for k in map(kids.__getitem__, node._keys)
+                        if (k.resident_below if resident else k.paged_below) > 0)
 
     def evict(self, park: Callable[[Any], Any] | None = None) -> Evicted | None:
         """Take the coldest resident entry: park it (dropping the coldest parked entries while the

@@ -156,8 +156,21 @@ def _percentiles(left: list[int]) -> tuple[float, float, float]:
     return float(p[0]), float(p[1]), float(p[2])
 
 
-def _bound(reqs: list[Req], unit: int, vocab: int | None) -> int:
-    """Hit tokens of an index that never evicts: each request's whole pages, looked up first."""
+def _last_checkpoint(cached: int, end: int, m: int, emits: int, chunk: int) -> int:
+    """The furthest position a step that does not end the request reaches (0: none does)."""
+    last = end + m - emits - 1
+    if last > end:
+        return last
+    if not (emits and m == 1):
+        return end
+    # the prefill chunk that ends the prompt ends the request: the chunk before it is the last
+    before = cached + (end - cached - 1) // chunk * chunk
+    return before if before > cached else 0
+
+
+def _bound(reqs: list[Req], unit: int, setup: Setup) -> int:
+    """Hit tokens of an index that never evicts and holds every snapshot the policy makes (each
+    request's last checkpoint: whole pages of what its steps fed), each request looking up first."""
 
     class _Kept:
         __slots__ = ("tokens",)
@@ -174,13 +187,16 @@ def _bound(reqs: list[Req], unit: int, vocab: int | None) -> int:
 
     ix = Prefix(unit)
     total = 0
+    emits = 1 if setup.emits else 0
     for r in reqs:
-        toks = Tokens.from_numpy(request_tokens(r, vocab))
+        toks = Tokens.from_numpy(request_tokens(r, setup.vocab))
         hit = ix.lookup(toks)
-        if hit is not None:
-            total += hit.len
-        n = len(toks) // unit * unit
-        if n:
+        cached = hit.len if hit is not None else 0
+        total += cached
+        end = len(toks) if emits else len(toks) - 1
+        # answer tokens are fresh, so only the prompt's part of the snapshot can ever be hit
+        n = min(_last_checkpoint(cached, end, r.output_length, emits, setup.chunk), len(toks)) // unit * unit
+        if n > cached:
             ix.insert(toks.prefix(n), _Kept(n))
     return total
 
@@ -231,7 +247,7 @@ def replay_engine(reqs: list[Req], setup: Setup, tick: Callable[[int], None] | N
     fig.resident_hits, fig.resident_hit_tokens = c["resident_hits"], c["resident_hit_tokens"]
     fig.host_hits, fig.host_hit_tokens = c["host_hits"], c["host_hit_tokens"]
     fig.parks, fig.evictions, fig.host_evictions = c["parks"], c["evictions"], c["host_evictions"]
-    _finish(fig, left, bound if bound is not None else _bound(reqs, unit, setup.vocab))
+    _finish(fig, left, bound if bound is not None else _bound(reqs, unit, setup))
     engine.prefix.clear()
     pad.release()
     assert pool.used == 0 and pool.leases == 0, f"the replay leaked: {pool!r}"

@@ -1,0 +1,171 @@
+"""`kern replay`: trace reading, the paper's LRU, the engine policy's accounting, the command line, and
+`--server`: a scaled trace sent to a real `kern serve`, whose hits and tiers must equal the replay's."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from serve.replay import replay_engine, replay_lru, setup_for
+from serve.traces import BLOCK, Req, TraceError, block_tokens, read, scale
+
+
+def mooncake(path, n: int = 40, seed: int = 3, block: int = BLOCK) -> list[dict]:
+    """A Mooncake-format trace of multi-turn sessions over two shared system blocks: each turn's ids
+    extend its session's last turn; some sessions branch off another's history."""
+    rng = random.Random(seed)
+    next_id = 10
+    sessions: list[list[int]] = []
+    lines = []
+    for t in range(n):
+        if not sessions or rng.random() < 0.3:
+            base = [0, 1] if rng.random() < 0.7 else [2]
+            if sessions and rng.random() < 0.3:
+                base = list(rng.choice(sessions))[: rng.randrange(1, 4)]
+            sessions.append(base)
+        s = rng.randrange(len(sessions))
+        for _ in range(rng.randrange(1, 3)):
+            sessions[s].append(next_id)
+            next_id += 1
+        ids = list(sessions[s])
+        length = (len(ids) - 1) * block + rng.randrange(1, block + 1)
+        lines.append({"timestamp": t * 10, "input_length": length, "output_length": rng.randrange(1, 3 * block),
+                      "hash_ids": ids})
+    with open(path, "w") as f:
+        for d in lines:
+            f.write(json.dumps(d) + "\n")
+    return lines
+
+
+def as_reqs(lines: list[dict], block: int) -> list[Req]:
+    return [Req(d["timestamp"], d["input_length"], d["output_length"], d["hash_ids"], block=block) for d in lines]
+
+
+# traces
+
+
+def test_blocks_share_tokens_exactly_where_ids_do():
+    a = block_tokens([5, 6, 7], 2 * BLOCK + 10)
+    b = block_tokens([5, 6, 9], 3 * BLOCK)
+    assert len(a) == 2 * BLOCK + 10 and len(b) == 3 * BLOCK
+    assert (a[: 2 * BLOCK] == b[: 2 * BLOCK]).all() and not (a[2 * BLOCK:] == b[2 * BLOCK: 2 * BLOCK + 10]).any()
+    # the partial last block is its block's first tokens
+    assert (block_tokens([5, 6, 9], 2 * BLOCK + 10)[2 * BLOCK:] == b[2 * BLOCK: 2 * BLOCK + 10]).all()
+    small = block_tokens([5, 6, 7], 2 * BLOCK, vocab=256)
+    assert small.max() < 256 and (small == block_tokens([5, 6, 8], 2 * BLOCK, vocab=256)).all()
+
+
+@pytest.mark.parametrize("line, message", [
+    ("{", "not JSON"),
+    ('[1, 2]', "JSON object"),
+    ('{"input_length": 10, "output_length": 1, "hash_ids": [1, -2]}', "non-negative"),
+    ('{"input_length": 600, "output_length": 1, "hash_ids": [1]}', "does not fit 1 blocks"),
+    ('{"input_length": 10, "output_length": 0, "hash_ids": [1]}', "output_length must be"),
+    ('{"prompt": [1, 2], "max_tokens": "3"}', r"output_length \(or max_tokens\)"),
+    ('{"prompt": []}', "non-empty list"),
+    ('{"foo": 1}', "needs hash_ids"),
+])
+def test_a_bad_line_is_named(tmp_path, line, message):
+    p = tmp_path / "t.jsonl"
+    p.write_text('{"timestamp": 0, "input_length": 3, "output_length": 1, "hash_ids": [1]}\n' + line + "\n")
+    with pytest.raises(TraceError, match=message) as info:
+        read(str(p))
+    assert "t.jsonl:2" in str(info.value)
+
+
+def test_timestamp_order_and_scaling(tmp_path):
+    p = tmp_path / "t.jsonl"
+    p.write_text('{"timestamp": 5, "input_length": 1000, "output_length": 40, "hash_ids": [1, 2]}\n'
+                 '{"timestamp": 1, "prompt": [7, 8, 9], "output_length": 2}\n')
+    assert [r.timestamp for r in read(str(p))] == [5, 1]
+    got = read(str(p), "timestamp")
+    assert [r.timestamp for r in got] == [1, 5]
+    small = scale(got, 4)
+    assert (small[1].input_length, small[1].output_length, small[1].block) == (250, 10, 128)
+    assert (small[0].input_length, small[0].tokens) == (1, [7])
+
+
+# the paper's LRU
+
+
+def test_lru_hits_leading_cached_blocks_and_evicts_the_least_recent():
+    """Per-block LRU of the inputs: capacity of 2 blocks; a request hits its leading cached blocks."""
+    reqs = [Req(0, 2 * BLOCK, 1, hash_ids=[1, 2]), Req(1, 2 * BLOCK, 1, hash_ids=[1, 2]),
+            Req(2, BLOCK, 1, hash_ids=[3]), Req(3, 2 * BLOCK, 1, hash_ids=[1, 2]),
+            Req(4, BLOCK + 7, 1, hash_ids=[2, 5])]
+    f = replay_lru(reqs, 2 * BLOCK)
+    # 2nd: both blocks; 3rd: none (3 evicts 1); 4th: none (1 is gone); 5th: block 2 is cached, 5 is not
+    assert [h for h, _ in f.per_request] == [0, 2 * BLOCK, 0, 0, BLOCK]
+    assert f.bound_tokens == 5 * BLOCK  # the 2nd, the 4th and the 5th's first, with a cache that never forgets
+    assert replay_lru(reqs, 100 * BLOCK).hit_tokens == f.bound_tokens
+
+
+# the engine policy
+
+
+def test_engine_replay_without_pressure_reaches_the_bound(tmp_path):
+    """With a device tier that holds everything, every request hits what the never-evicting index
+    hits; and the replay leaves the pool empty (replay_engine asserts it)."""
+    reqs = as_reqs(mooncake(tmp_path / "t.jsonl", block=64), 64)
+    f = replay_engine(reqs, setup_for(16, 1 << 20, reach=1 << 16))
+    assert f.hit_tokens == f.bound_tokens > 0 and f.evictions == f.parks == 0
+    assert f.resident_hits == sum(1 for h, _ in f.per_request if h) and f.host_hits == 0
+
+
+def test_engine_replay_parks_and_wakes_under_pressure(tmp_path):
+    """A small device tier parks snapshots into the host tier and later turns wake them; a host too
+    small drops its coldest; hits never exceed the bound, and the tiers add up."""
+    reqs = as_reqs(mooncake(tmp_path / "t.jsonl", n=60, block=64), 64)
+    f = replay_engine(reqs, setup_for(16, 1200, host_tokens=1500, reach=1 << 16))
+    assert f.parks > 0 and f.host_hits > 0 and f.host_evictions > 0
+    assert f.hit_tokens == f.resident_hit_tokens + f.host_hit_tokens <= f.bound_tokens
+    assert f.rejected == sum(1 for x in f.per_request if x is None)
+
+
+# the command line
+
+
+def test_cli_table_json_sweep_and_errors(tmp_path):
+    from oracle.cli import main
+
+    mooncake(tmp_path / "t.jsonl", n=20)
+    runner = CliRunner()
+    r = runner.invoke(main, ["replay", str(tmp_path / "t.jsonl"), "--capacity", "20k,200k", "--host-tokens",
+                             "10000", "--json", "--plot", str(tmp_path / "sweep.png")])
+    assert r.exit_code == 0, r.output
+    rows = [json.loads(x) for x in r.stdout.splitlines() if x.startswith("{")]
+    assert [x["capacity"] for x in rows] == [20000, 200000] and rows[1]["hit_ratio"] >= rows[0]["hit_ratio"]
+    assert (tmp_path / "sweep.png").read_bytes()[:4] == b"\x89PNG"
+    r = runner.invoke(main, ["replay", str(tmp_path / "t.jsonl"), "--policy", "lru", "--capacity", "1M"])
+    assert r.exit_code == 0 and "infinite-cache bound" in r.stdout and "hit ratio" in r.stdout
+    for args, message in ((["--capacity", "lots"], "capacities are token counts"),
+                          (["--host-gib", "1"], "needs --bytes-per-token"),
+                          (["--policy", "lru", "--host-tokens", "5"], "device tier only")):
+        r = runner.invoke(main, ["replay", str(tmp_path / "t.jsonl"), *args])
+        assert r.exit_code == 2 and message in r.output, (args, r.output)
+    r = runner.invoke(main, ["replay", str(tmp_path / "missing.jsonl")])
+    assert r.exit_code == 2 and "cannot read the trace" in r.output
+
+
+# the replay as a check of a real server
+
+
+def test_replay_agrees_with_a_running_server(kern_server, tmp_path):
+    """A scaled trace sent to `kern serve toy-paged` one request at a time: every request's hit and
+    tier, and the hit, park and eviction counters, equal the model-free replay's at the server's
+    sizes; and the trace reaches every path (resident and host hits, parks, host evictions)."""
+    from oracle.cli import main
+
+    mooncake(tmp_path / "t.jsonl", n=36, seed=5)
+    server = kern_server("toy-paged", "--capacity", "1024", "--host-gib", str(40 * 65536 / 2**30))
+    r = CliRunner().invoke(main, ["replay", str(tmp_path / "t.jsonl"), "--server", server.url, "--target",
+                                  "toy-paged", "--scale", "16", "--json"])
+    assert r.exit_code == 0, r.output
+    got = json.loads([x for x in r.stdout.splitlines() if x.startswith("{")][-1])
+    assert got["agree"] and not got["differ"], got
+    served = got["server"]
+    assert served["resident_hits"] and served["host_hits"] and served["parks"] and served["host_evictions"], served
