@@ -114,6 +114,9 @@ class _Objects:
 
     def give_many(self, ids: list[int]) -> None:
         """Held ids are free again, run by run (ids taken together are mostly one run)."""
+        if len(ids) == 1:
+            self.give(ids[0])
+            return
         lo, hi = min(ids), max(ids)
         if hi - lo + 1 == len(ids):
             # distinct ids filling [lo, hi]: one run

@@ -186,6 +186,8 @@ class Prefix:
         # (tick, seq, entry): an entry counts only while its tick and tier are current
         self._lru: dict[Tier, list[tuple[int, int, _Entry]]] = {Tier.DEVICE: [], Tier.HOST: []}
         self._count = {Tier.DEVICE: 0, Tier.HOST: 0}
+        # the entry inserted last (a growing sequence's, usually)
+        self._last: _Entry | None = None
 
     def __repr__(self) -> str:
         return f"Prefix(unit={self.unit}, resident={self.count(Tier.DEVICE)}, parked={self.count(Tier.HOST)})"
@@ -322,6 +324,8 @@ class Prefix:
         if not 1 <= n == store.tokens:
             raise PoolError(f"inserting a store of {store.tokens} tokens under a key of {n}")
         self._clock += 1
+        if self._grow(key, store):
+            return
         node = self._node_for(key.data, n * WIDTH)
         e = node.entry
         if e is not None:
@@ -342,6 +346,7 @@ class Prefix:
             self._count[Tier.DEVICE] += 1
             self._bump(node, int(not e.slot), int(not e.slot))
             self._stamp(e, self._clock)
+        self._last = e
         unit = self.unit
         if not e.slot and n > unit and n % unit == 0:
             up, want = node.parent, n - unit
@@ -350,6 +355,31 @@ class Prefix:
             old = up.entry if up is not None and up.depth == want else None
             if old is not None and not old.slot and old.device is not None and old.host is None:
                 self._remove(old)
+
+    def _grow(self, key: Tokens, store: Any) -> bool:
+        """The common case of a sequence checkpointed every page, done in place: `key` is the last
+        entry's key a page longer (the same buffer), that entry is a leaf, stateless, resident and
+        without a host copy, and the store is stateless. The general path would hang a one-page
+        leaf below it, remove it by the growth rule and merge the two nodes; this leaves the same
+        tree, counts and ticks."""
+        last, unit = self._last, self.unit
+        if (last is None or last.node is None or key.data is not last.key.data or key.n != last.key.n + unit
+                or key.n % unit or store.has_slot or last.slot or last.device is None or last.host is not None):
+            return False
+        node = last.node
+        if node.children or node.buf is not key.data or node.hi != last.key.n * WIDTH:
+            return False
+        node.set_edge(node.buf, node.lo, key.n * WIDTH)
+        node.depth = key.n
+        e = _Entry(key, store, False, node)
+        node.entry = e
+        self._entries.add(e)
+        self._stamp(e, self._clock)
+        self._entries.discard(last)
+        last.node = None
+        last.device.release()
+        self._last = e
+        return True
 
     def lookup(self, tokens) -> Hit | None:
         """The longest usable prefix of `tokens[:-1]` (the last token must still run).
