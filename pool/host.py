@@ -137,8 +137,14 @@ class Host:
             # distinct offsets one page apart filling [lo, hi]: one block
             self._give(lo, len(pages) * self._page_units)
         else:
-            for offset in pages:
-                self._give(offset, self._page_units)
+            # one give per run of consecutive offsets
+            start = prev = pages[0]
+            for offset in pages[1:]:
+                if offset != prev + stride:
+                    self._give(start, (prev - start) // stride * self._page_units + self._page_units)
+                    start = offset
+                prev = offset
+            self._give(start, (prev - start) // stride * self._page_units + self._page_units)
 
     def _give_slot(self, slot: Slot) -> None:
         self._give(slot.id, self._slot_units)

@@ -111,7 +111,10 @@ class Lease:
     def _share(self, keep: int) -> None:
         """Seal own pages into one chain run until `shared >= keep`; they are never written again."""
         if self.shared < keep:
-            self._chain = Node(self.pages[self.shared:keep], self._chain, self._pool)
+            tip = self._chain
+            if tip is not None:
+                tip.absorb_parent()
+            self._chain = Node(self.pages[self.shared:keep], tip, self._pool)
             self._pool._sealed += keep - self.shared
             self.shared = keep
 

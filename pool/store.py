@@ -82,6 +82,17 @@ class Node:
             twin._split(k)
             head.twin = twin.parent
 
+    def absorb_parent(self) -> None:
+        """Merge the parent run into this one when this run is its only holder and neither has a
+        twin: the pages and what holds them are the same, in fewer runs (a sequence checkpointed
+        every page, its older checkpoints gone, keeps one run instead of one per page)."""
+        parent = self.parent
+        if parent is not None and parent.refs == 1 and parent.twin is None and self.twin is None:
+            self.pages = parent.pages + self.pages
+            self.parent = parent.parent
+            parent.refs = 0
+            parent.pages = []
+
     def live_twin(self) -> Node | None:
         twin = self.twin
         if twin is not None and twin.refs > 0 and twin.depth == self.depth and len(twin.pages) == len(self.pages):
