@@ -170,7 +170,8 @@ def make_app(scheduler: Scheduler, engine: Engine, api_key: str | None = None, l
         loop = asyncio.get_running_loop()
         q: asyncio.Queue[Update] = asyncio.Queue()
         req = Request(scheduler.name(), ask.ids, ask.max_tokens, engine.rows,
-                      lambda u: loop.call_soon_threadsafe(q.put_nowait, u), t_arrive=time.monotonic())
+                      lambda u: loop.call_soon_threadsafe(q.put_nowait, u), t_arrive=time.monotonic(),
+                      ignore_eos=ask.ignore_eos)
         scheduler.submit(req)
         try:
             first = await _next(q, request)

@@ -74,6 +74,7 @@ class Request:
     t_arrive: float = 0.0
     t_admit: float = 0.0
     spoiled: bool = False  # the wrong-token fault spoiled one of its tokens
+    ignore_eos: bool = False  # EOS does not end the answer (only max_tokens does)
 
     def move(self, to: Status) -> None:
         if to not in _MOVES[self.status]:
@@ -107,7 +108,7 @@ class Request:
                 break
             self.out.append(t)
             new.append(t)
-            if t == EOS:
+            if t == EOS and not self.ignore_eos:
                 self.reason = "stop"
                 break
         if self.reason is None:

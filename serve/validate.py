@@ -45,6 +45,7 @@ class Ask:
     include_usage: bool
     chat: bool
     sampling: str = ""  # non-greedy parameters asked for (served greedily anyway)
+    ignore_eos: bool = False  # EOS is an answer token like any other; only max_tokens ends it
 
 
 def parse(raw: bytes) -> dict:
@@ -148,7 +149,7 @@ def completion(body: dict, served: str) -> Ask:
         raise ApiError(400, "'prompt' is required", "prompt", "missing_required_parameter")
     ids = _ids(body["prompt"], "prompt")
     mt, stream, rti, usage = _common(body, False)
-    return Ask(ids, mt, stream, rti, usage, False, _sampling(body))
+    return Ask(ids, mt, stream, rti, usage, False, _sampling(body), _bool(body, "ignore_eos"))
 
 
 def chat(body: dict, served: str) -> Ask:

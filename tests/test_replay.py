@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import random
 
-import numpy as np
+import httpx
 import pytest
 from click.testing import CliRunner
 
@@ -169,3 +169,7 @@ def test_replay_agrees_with_a_running_server(kern_server, tmp_path):
     assert got["agree"] and not got["differ"], got
     served = got["server"]
     assert served["resident_hits"] and served["host_hits"] and served["parks"] and served["host_evictions"], served
+    # every answer ran to its output length: ignore_eos is honoured (without it, 16 of these stop early)
+    assert got["ended_early"] == 0
+    bad = httpx.post(f"{server.url}/v1/completions", json={"prompt": [1, 2], "max_tokens": 2, "ignore_eos": "yes"})
+    assert bad.status_code == 400 and "ignore_eos" in bad.json()["error"]["message"]
