@@ -8,7 +8,8 @@ short it plans a `Remap` (unmake free objects of the other kind, make the missin
 
 from __future__ import annotations
 
-import bisect
+
+import numpy as np
 
 from pool.chunks import PAGE, SLOT, Arena, Chunks, Remap
 from pool.denied import Denied, PoolError
@@ -22,66 +23,33 @@ ABSENT, FREE, HELD, ARRIVING, LEAVING = range(5)
 
 
 class _Objects:
-    """Statuses of one kind (pages or slots) in a byte array, its tallies, and its free ids as sorted
-    runs [start, stop): taking is lowest ids first, run by run; giving back merges with neighbours."""
+    """Statuses of one kind (pages or slots) in a numpy byte array and its tallies. Taking is lowest
+    free ids first, found by a vectorised scan from `_low` (no free id lies below it); giving back
+    many ids is one fancy-indexed store."""
 
-    __slots__ = ("status", "live", "held", "_starts", "_stops")
+    __slots__ = ("status", "live", "held", "_low")
 
     def __init__(self, n: int) -> None:
-        self.status = bytearray(n)
+        self.status = np.zeros(n, dtype=np.uint8)
         # Free + Held
         self.live = 0
         self.held = 0
-        self._starts: list[int] = []
-        self._stops: list[int] = []
+        self._low = n
 
     def set(self, i: int, to: int) -> None:
-        was = self.status[i]
+        was = int(self.status[i])
         self.live += (to in (FREE, HELD)) - (was in (FREE, HELD))
         self.held += (to == HELD) - (was == HELD)
         self.status[i] = to
-        if was == FREE:
-            self._unfree(i)
-        if to == FREE:
-            self._free(i, i + 1)
+        if to == FREE and i < self._low:
+            self._low = i
 
     def make_free(self, a: int, b: int) -> None:
         """Absent ids a..b-1 become free at once (the first layout)."""
-        assert self.status.count(ABSENT, a, b) == b - a, "laying out ids that exist"
-        self.status[a:b] = bytes([FREE]) * (b - a)
+        assert not np.count_nonzero(self.status[a:b] != ABSENT), "laying out ids that exist"
+        self.status[a:b] = FREE
         self.live += b - a
-        self._free(a, b)
-
-    def _free(self, a: int, b: int) -> None:
-        starts, stops = self._starts, self._stops
-        j = bisect.bisect_left(starts, a)
-        if j > 0 and stops[j - 1] == a:
-            if j < len(starts) and starts[j] == b:
-                stops[j - 1] = stops[j]
-                del starts[j], stops[j]
-            else:
-                stops[j - 1] = b
-        elif j < len(starts) and starts[j] == b:
-            starts[j] = a
-        else:
-            starts.insert(j, a)
-            stops.insert(j, b)
-
-    def _unfree(self, i: int) -> None:
-        starts, stops = self._starts, self._stops
-        j = bisect.bisect_right(starts, i) - 1
-        a, b = starts[j], stops[j]
-        assert a <= i < b, f"{i} is not in a free run"
-        if a == i and b == i + 1:
-            del starts[j], stops[j]
-        elif a == i:
-            starts[j] = i + 1
-        elif b == i + 1:
-            stops[j] = i
-        else:
-            stops[j] = i
-            starts.insert(j + 1, i + 1)
-            stops.insert(j + 1, b)
+        self._low = min(self._low, a)
 
     @property
     def idle(self) -> int:
@@ -89,68 +57,50 @@ class _Objects:
 
     def pop(self, n: int) -> list[int]:
         """The `n` lowest free ids, now held (the caller checked `idle`)."""
-        out: list[int] = []
-        starts, stops, status = self._starts, self._stops, self.status
-        left = n
-        while left:
-            a, b = starts[0], stops[0]
-            take = min(left, b - a)
-            out.extend(range(a, a + take))
-            status[a:a + take] = bytes([HELD]) * take
-            if take == b - a:
-                del starts[0], stops[0]
-            else:
-                starts[0] = a + take
-            left -= take
+        if n == 0:
+            return []
+        status, total = self.status, len(self.status)
+        parts, need, at = [], n, self._low
+        while need:
+            end = min(total, at + max(4 * need, 4096))
+            assert at < end, "popping more ids than are free"
+            idx = np.flatnonzero(status[at:end] == FREE)[:need]
+            if idx.size:
+                parts.append(idx + at)
+                need -= idx.size
+            at = end
+        ids = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        status[ids] = HELD
         self.held += n
-        return out
+        self._low = int(ids[-1]) + 1
+        return ids.tolist()
 
     def give(self, i: int) -> None:
         """A held id is free again."""
         assert self.status[i] == HELD, f"{i=} given back but not held"
         self.status[i] = FREE
         self.held -= 1
-        self._free(i, i + 1)
+        if i < self._low:
+            self._low = i
 
     def give_many(self, ids: list[int]) -> None:
-        """Held ids are free again, run by run (ids taken together are mostly one run)."""
+        """Held ids are free again, at once."""
         if len(ids) == 1:
             self.give(ids[0])
             return
-        lo, hi = min(ids), max(ids)
-        if hi - lo + 1 == len(ids):
-            # distinct ids filling [lo, hi]: one run
-            runs = [(lo, hi + 1)]
-        else:
-            runs = []
-            for i in sorted(ids):
-                if runs and runs[-1][1] == i:
-                    runs[-1] = (runs[-1][0], i + 1)
-                else:
-                    runs.append((i, i + 1))
-        status = self.status
-        for a, b in runs:
-            assert status.count(HELD, a, b) == b - a, f"ids {a}..{b - 1} given back but not all held"
-            status[a:b] = bytes([FREE]) * (b - a)
-            self._free(a, b)
+        arr = np.asarray(ids, dtype=np.int64)
+        assert (self.status[arr] == HELD).all(), "ids given back but not all held"
+        self.status[arr] = FREE
         self.held -= len(ids)
+        lo = int(arr.min())
+        if lo < self._low:
+            self._low = lo
 
     def absent(self, n: int, first: int) -> list[int]:
-        out = []
-        status, i = self.status, first
-        while len(out) < n:
-            i = status.find(ABSENT, i)
-            if i < 0:
-                break
-            out.append(i)
-            i += 1
-        return out
+        return (np.flatnonzero(self.status[first:] == ABSENT)[:n] + first).tolist()
 
     def idle_desc(self) -> list[int]:
-        out: list[int] = []
-        for a, b in zip(reversed(self._starts), reversed(self._stops)):
-            out.extend(range(b - 1, a - 1, -1))
-        return out
+        return np.flatnonzero(self.status == FREE)[::-1].tolist()
 
 
 class Pool:
