@@ -85,8 +85,9 @@ class _Objects:
 
     def give_many(self, ids: list[int]) -> None:
         """Held ids are free again, at once."""
-        if len(ids) == 1:
-            self.give(ids[0])
+        if len(ids) <= 16:
+            for i in ids:
+                self.give(i)
             return
         arr = np.asarray(ids, dtype=np.int64)
         assert (self.status[arr] == HELD).all(), "ids given back but not all held"
