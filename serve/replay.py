@@ -124,6 +124,7 @@ class _Engine:
     prefix: Prefix
     unit: int
     faults: frozenset = frozenset()
+    context: int | None = None  # no context bound past the pool's own
 
     @property
     def pages(self) -> int:
