@@ -7,6 +7,7 @@ ends the target with a gated ``error`` check; a server that exited says so with 
 
 from __future__ import annotations
 
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -147,7 +148,10 @@ def run_target(run: Run, steps: list) -> None:
             step.run(run)
         run.close()
     except Exception as exc:  # any failure ends the target as a gated error
-        note = f"{type(exc).__name__}: {exc}"
+        frames = traceback.extract_tb(exc.__traceback__)
+        ours = [f for f in frames if "site-packages" not in f.filename] or frames
+        where = ours[-1]  # the innermost frame of ours: where a bisect should look
+        note = f"{type(exc).__name__}: {exc} (at {Path(where.filename).name}:{where.lineno} in {where.name})"
         if run.live is not None and not isinstance(exc, ServerExited):
             s = run.live.session
             if not s.alive() and s.proc is not None:

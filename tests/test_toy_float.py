@@ -263,3 +263,19 @@ def test_runtime_equals_the_reference_up_to_excused_near_ties():
         assert same.add("p", ids, got, model.generate(ids, steps, m.raw)), same.notes
 
     check()
+
+
+def test_generate_is_the_greedy_walk_over_the_references_logits():
+    """`model.generate` on a float manifest is argmax of `model.logits` step after step, stopping
+    before EOS and after max_tokens (a generate that lost its answer fails here, not in the gate)."""
+    m = {"buffers": {"logits": {}}}
+    ids = list(b"The lighthouse keeper")
+    want, ctx = [], list(ids)
+    while len(want) < 12:
+        t = model.float_next(np.asarray(model.logits(ctx, m)))
+        if t == model.EOS:
+            break
+        want.append(t)
+        ctx.append(t)
+    assert model.generate(list(ids), 12, m) == want
+    assert model.generate(list(ids), 3, m) == want[:3]

@@ -208,6 +208,10 @@ def _generate_float(ids: list[int], max_tokens: int) -> list[int]:
         out.append(t)
         s = (s + slot_sum(t, n)) & MASK
         acc = add_position(acc, t, n)
+        n += 1
+    return out
+
+
 # -- the layered toy ----------------------------------------------------------------------------
 #
 # Every word is u64 and wraps. Layer l (0 <= l < L) owns a paged state `kv.l`; its token slot holds
