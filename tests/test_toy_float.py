@@ -116,7 +116,8 @@ def _batch_rows(name: str, prompts: list[list[int]]) -> np.ndarray:
     cells = []
     for i, p in enumerate(prompts):
         pages = list(range(1 + i * per, 1 + (i + 1) * per))
-        rt.step("prefill", [Cell(pages, None, p[:-1], 0)])
+        if len(p) > 1:  # a one-token prompt has nothing to prefill (a chunk feeds at least one row)
+            rt.step("prefill", [Cell(pages, None, p[:-1], 0)])
         cells.append(Cell(pages, None, [p[-1]], len(p) - 1))
     rt.step("decode", cells)
     return rt.logits(len(cells)).copy()
