@@ -2,7 +2,8 @@
 
     cli.py        `kern serve` / `kern-serve`: flags, wiring, uvicorn
     engine.py     builds the runtime, pool, host tier and prefix index for one target
-    scheduler.py  the thread that owns them: admit, step, commit
+    core.py       the serving policy without a thread: admit, schedule, launch, commit, finish
+    scheduler.py  the thread that owns the core: inbox, loop, stats window
     admission.py  room for one request: lookup, one ask, evict on Busy, land remaps
     request.py    one request's state as the scheduler sees it
     app.py        FastAPI routes

@@ -1,0 +1,376 @@
+"""The scheduler's policy with no thread: submit, abort, admit, schedule, launch, commit, finish.
+
+`Core` owns the waiting queue, the running set, the counters and admission over one `Engine`. It never
+blocks and never sleeps; whoever drives it (the scheduler thread, or a test in process) calls
+
+    core.admit()                     # room for the head of the queue, as much as fits
+    plan = core.schedule()           # prefill calls within the chunk budget, then one batched step
+    for work in plan.works:
+        core.commit(core.launch(work))   # run the step on the runtime, then apply what it emitted
+
+A launched step is *in flight* until its commit: its requests are left out of later schedules, and an
+abort that arrives meanwhile is applied at the commit, so a pipeline may launch several steps (of
+different requests) before the first commit lands. `launch` builds its cells from the requests' state
+as it stands, so the works of one plan are launched in order (a non-emitting prefill's first step
+follows its last chunk's commit).
+
+Commit applies the checkpoint policy (SPEC §7): a paged manifest checkpoints the whole pages a step
+completed unless the step ends the request; a lined one retires its lease into one snapshot at stop
+or length, kept only when nothing the client never receives was folded (a lone stop token on a stop
+is fine).
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from dataclasses import dataclass, field
+
+from pool import Tier
+from runtime.step import Cell
+from serve import logs
+from serve.admission import WAIT, Admission
+from serve.engine import Engine
+from serve.faults import runner_up
+from serve.pack import Bounds, Waiting, pack
+from serve.request import EOS, Done, Request, Status, Update
+from serve.stats import Counters
+
+__all__ = ["Core", "Flight", "Plan", "Work", "snapshot_holdings"]
+
+PREFILL, FORWARD = "prefill", "forward"
+
+
+@dataclass(slots=True)
+class Work:
+    """One runtime step: a prefill call feeding `ns[i]` tokens of each request `reqs[i]` (one request
+    unpacked, several packed), or one batched forward step."""
+
+    kind: str
+    reqs: list[Request]
+    ns: list[int] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class Plan:
+    prefill: list[list[tuple[Request, int]]] = field(default_factory=list)  # calls of (request, tokens)
+    step: list[Request] = field(default_factory=list)
+
+    @property
+    def works(self) -> list[Work]:
+        """The plan's steps in launch order: the prefill calls, then the forward batches."""
+        calls = [Work(PREFILL, [r for r, _ in call], [n for _, n in call]) for call in self.prefill]
+        return calls + ([Work(FORWARD, list(self.step))] if self.step else [])
+
+
+@dataclass(slots=True)
+class Flight:
+    """A launched step awaiting its commit: the work and the cells the runtime filled."""
+
+    work: Work
+    cells: list[list[Cell]]  # per program call: a prefill has one, a forward one per group-sized part
+
+
+class Core:
+    """The serving policy over one engine; every method runs on the caller's thread, none blocks."""
+
+    def __init__(self, engine: Engine, counters: Counters | None = None) -> None:
+        self.engine = engine
+        self.counters = counters if counters is not None else Counters()
+        self.admission = Admission(engine, self.counters)
+        self.waiting: collections.deque[Request] = collections.deque()
+        self.running: list[Request] = []
+        self.stopping = False
+        self.cut_at: float | None = None  # draining: the monotonic time unfinished requests are cut off
+        self.cut_off = 0  # requests cut off by a drain's deadline
+        self.in_flight: set[int] = set()  # id() of requests in a launched, uncommitted step
+        self._aborted: list[Request] = []  # aborts that arrived while their request was in flight
+        self._leaked: list = []
+        self._first_step_done = False
+        rt = engine.runtime
+        self.emits = rt.protocol.prefill_emits
+        self.prefill_program = rt.protocol.chunk().program
+        self.step_forward = rt.protocol.forward(1, engine.rows)
+        # a packed prefill call: up to the chunk's rows, the chunk program's groups, its context bound
+        self.bounds = Bounds(engine.chunk, rt.protocol.chunk().groups, engine.context or 1 << 62)
+
+    # requests in and out
+
+    def submit(self, req: Request) -> None:
+        self.counters.add("requests")
+        if self.stopping or self.cut_at is not None:
+            self._reject(req, (503, "the server is shutting down", "server_shutting_down", None))
+        else:
+            self.waiting.append(req)
+
+    def drain(self, cut_at: float) -> None:
+        """Refuse new requests but finish the queued and running ones until `cut_at` (monotonic)."""
+        self.cut_at = cut_at
+
+    def cut(self) -> None:
+        """A drain's deadline passed: what is unfinished is cut off with a 503."""
+        error = (503, "the server stopped before this request finished (--drain-timeout ran out)",
+                 "drain_timeout", None)
+        for req in [*self.waiting, *self.running]:
+            self.cut_off += 1
+            self.abort(req, error)
+
+    def abort(self, req: Request, error=None) -> None:
+        if id(req) in self.in_flight:
+            self._aborted.append(req)
+            return
+        if req.status is Status.WAITING:
+            self.waiting.remove(req)
+        elif req.status is Status.RUNNING:
+            self.running.remove(req)
+            if "leak-lease" in self.engine.faults:
+                self._leaked.append(req.lease)
+            else:
+                req.lease.release()
+            req.lease = None
+        else:
+            return
+        req.move(Status.ABORTED)
+        logs.event("finished", "DEBUG", request=req.id, reason="abort", prompt=len(req.ids),
+                   generated=len(req.out), elapsed_s=time.monotonic() - req.t_arrive)
+        self._send(req, Update([], Done(None, req.cached, req.tier, error=error)))
+
+    def stop(self) -> None:
+        """Stop admitting: abort what waits; what runs runs to its end."""
+        self.stopping = True
+        while self.waiting:
+            self.abort(self.waiting[0])
+
+    @property
+    def done(self) -> bool:
+        """Stopping and nothing left to run."""
+        return self.stopping and not self.running and not self.waiting
+
+    # admission
+
+    def admit(self) -> None:
+        e = self.engine
+        while self.waiting and len(self.running) < e.max_seqs and not self.stopping:
+            req = self.waiting[0]
+            got = self.admission.admit(req)
+            if got == WAIT:
+                return
+            self.waiting.popleft()
+            if got is not None:
+                self._reject(req, got)
+                continue
+            req.move(Status.RUNNING)
+            req.t_admit = time.monotonic()
+            self.running.append(req)
+            logs.event("admitted", "DEBUG", request=req.id, prompt=len(req.ids), max_tokens=req.max_tokens,
+                       row=req.lease.slot if req.lease.slot is not None else req.lease.pages[0],
+                       prefix_hit=req.cached, tier=req.tier or "none", woken=req.woken)
+
+    def _reject(self, req: Request, error) -> None:
+        req.move(Status.ABORTED)
+        self._send(req, Update([], Done(None, error=error)))
+
+    # one iteration
+
+    def schedule(self) -> Plan:
+        plan = Plan()
+        e = self.engine
+        ready = [r for r in self.running if id(r) not in self.in_flight]
+        prefilling = [r for r in ready if r.prefilling]
+        if e.pack:
+            # one call packing the oldest prompts' next rows (pack() stops rather than skipping)
+            got = pack([Waiting(r.pos, r.fed_end - r.pos) for r in prefilling], self.bounds)
+            hold = getattr(e.runtime, "hold_partial", None)
+            if got and sum(n for _, n in got) < e.chunk and hold is not None and hold():
+                got = []  # a pipeline full of items: a partial call waits for more rows or an answer
+            plan.prefill = [[(prefilling[i], n) for i, n in got]] if got else []
+        else:
+            budget = e.chunk
+            for req in prefilling:
+                if budget <= 0:
+                    break
+                n = min(budget, req.fed_end - req.pos)
+                plan.prefill.append([(req, n)])
+                budget -= n
+        plan.step = [r for r in ready if r.stepping or (r.prefilling and self._ends_prefill(r, plan))]
+        return plan
+
+    def _ends_prefill(self, req: Request, plan: Plan) -> bool:
+        # a non-emitting prefill that completes this iteration takes its first step in it too
+        return not self.emits and any(r is req and req.pos + n == req.fed_end for call in plan.prefill for r, n in call)
+
+    def run(self, plan: Plan) -> None:
+        """Launch and commit every work of `plan`, in order (what the scheduler thread does)."""
+        for work in plan.works:
+            self.commit(self.launch(work))
+
+    def launch(self, work: Work) -> Flight:
+        """Run `work`'s step on the runtime from its requests' state; they are in flight until `commit`."""
+        for r in work.reqs:
+            assert id(r) not in self.in_flight, f"request {r.id} launched twice before its commit"
+        if work.kind == PREFILL:
+            cells = [Cell(r.lease.pages, r.lease.slot, r.fed(r.pos, r.pos + n), r.pos) for r, n in zip(work.reqs, work.ns)]
+            self._step(self.prefill_program, cells)
+            self.counters.add("prefill_calls")
+            self.in_flight.update(id(r) for r in work.reqs)
+            return Flight(work, [cells])
+        rt = self.engine.runtime
+        batch = [r for r in work.reqs if r.stepping]
+        work.reqs = batch
+        rows = self.engine.rows
+        groups = self.step_forward.groups
+        parts = []
+        for at in range(0, len(batch), groups):
+            part = batch[at : at + groups]
+            cells = [Cell(r.lease.pages, r.lease.slot, [r.anchor] * rows, r.pos) for r in part]
+            self._step(rt.protocol.forward(len(cells), rows).program, cells)
+            if "flip-near-ties" in self.engine.faults and rows == 1:
+                # the bug this fault stands for: a kernel whose order of addition moves logits by
+                # more than a near-tie's width, on every step
+                logits = rt.logits(len(cells))
+                for g, cell in enumerate(cells):
+                    alt = runner_up(logits[g]) if logits is not None else None
+                    if alt is not None and cell.tokens and cell.tokens[0] != EOS:
+                        cell.tokens[0] = alt
+            if "wrong-token-batched" in self.engine.faults and len(cells) > 1:
+                # the bug this fault stands for: a batch's rows bound wrongly, so every sequence but
+                # the first gets its neighbour's row; here its first token off
+                for cell in cells[1:]:
+                    if cell.tokens and cell.tokens[0] != EOS:
+                        cell.tokens[0] ^= 1
+            parts.append(cells)
+        self.in_flight.update(id(r) for r in batch)
+        return Flight(work, parts)
+
+    def _step(self, program: str, cells: list[Cell]) -> None:
+        t0 = time.perf_counter()
+        self.engine.runtime.step(program, cells)
+        self.counters.step_s += time.perf_counter() - t0
+        self.counters.add("steps")
+        if "raise-in-scheduler" in self.engine.faults and self._first_step_done:
+            raise RuntimeError("fault injected: raise-in-scheduler")
+        self._first_step_done = True
+
+    # commit
+
+    def commit(self, flight: Flight) -> None:
+        """Apply what a launched step emitted: positions, answer tokens, checkpoints, finishes."""
+        work = flight.work
+        for r in work.reqs:
+            self.in_flight.discard(id(r))
+        if work.kind == PREFILL:
+            for req, n, cell in zip(work.reqs, work.ns, flight.cells[0]):
+                req.pos += n
+                self.counters.add("prefill_tokens", n)
+                new = req.take(cell.tokens[:1]) if self.emits and req.pos == req.fed_end else []
+                self._commit(req, new)
+        else:
+            rows = self.engine.rows
+            cells = [c for part in flight.cells for c in part]
+            for req, cell in zip(work.reqs, cells):
+                toks = cell.tokens
+                if rows > 1 and "reject-drafts" in self.engine.faults:
+                    toks = toks[:1]  # count treated as 1: the drafted rows are thrown away
+                req.pos += len(toks)
+                if rows > 1:
+                    self.counters.add("rounds")
+                    self.counters.add("drafted_rows", rows - 1)
+                    self.counters.add("accepted_rows", len(toks) - 1)
+                self._commit(req, req.take(toks))
+        late = [r for r in self._aborted if id(r) not in self.in_flight]
+        self._aborted = [r for r in self._aborted if id(r) in self.in_flight]
+        for req in late:
+            self.abort(req)
+
+    def _commit(self, req: Request, new: list[int]) -> None:
+        e = self.engine
+        self.counters.tokens += len(new)
+        if req.reason is None:
+            full = req.pos // e.unit
+            if not e.lined and full > req.page_mark and "no-checkpoint" not in e.faults:
+                self.admission.checkpoint(req, full)
+            if new:
+                self._send(req, Update(new))
+            return
+        self._send(req, Update(new, self._finish(req)))
+
+    def _finish(self, req: Request) -> Done:
+        e = self.engine
+        self.running.remove(req)
+        req.move(Status.FINISHED)
+        lease, req.lease = req.lease, None
+        snapshot = "none"
+        if e.lined:
+            answer = len(req.out) - (req.reason == "stop")
+            known = len(req.ids) + answer
+            kept = req.pos <= known or (req.pos == known + 1 and req.reason == "stop")
+            snapshot = "kept" if kept else "not kept"
+            if "no-checkpoint" in e.faults:
+                lease.release()
+            elif kept:
+                e.prefix.insert(req.fed(0, req.pos), e.pool.retire(lease, req.pos))
+            elif "keep-overshoot" in e.faults:
+                # the bug this fault stands for: the answer's key over a state that folded more
+                n = known + (req.reason == "stop")
+                e.prefix.insert((req.ids + req.out)[:n], e.pool.retire(lease, n))
+                snapshot = "kept"
+            else:
+                lease.release()
+                self.counters.add("not_kept")
+                logs.event("not kept", "DEBUG", request=req.id, tokens=req.pos, answer=known)
+        else:
+            lease.release()
+        logs.event("finished", "DEBUG", request=req.id, reason=req.reason, prompt=len(req.ids),
+                   generated=len(req.out), cached=req.cached, snapshot=snapshot,
+                   elapsed_s=time.monotonic() - req.t_arrive)
+        return Done(req.reason, req.cached, req.tier, snapshot)
+
+    def _send(self, req: Request, update: Update) -> None:
+        if "wrong-token" in self.engine.faults and not req.spoiled:
+            for i, t in enumerate(update.tokens):
+                if t != EOS:
+                    update.tokens[i] = t ^ 1
+                    req.spoiled = True
+                    break
+        try:
+            req.send(update)
+        except RuntimeError:
+            # the handler's loop is gone (shutdown): nobody is listening
+            pass
+
+    # views
+
+    def gauges(self) -> dict[str, int]:
+        e = self.engine
+        pages, slots = snapshot_holdings(e.prefix)
+        return {
+            "running": len(self.running), "waiting": len(self.waiting), "leases": e.pool.leases - 1,
+            "pages_used": e.pool.used, "snapshot_pages": len(pages), "slots": e.pool.slots,
+            "slots_used": e.pool.slots_used, "snapshot_slots": len(slots),
+            "resident_entries": e.prefix.count(Tier.DEVICE), "parked_entries": e.prefix.count(Tier.HOST),
+            "host_used_bytes": e.host.used() if e.host is not None else 0,
+        }
+
+    def stats(self) -> dict:
+        c = self.counters
+        timing = getattr(self.engine.runtime, "timing", None)  # a pipeline head's runtime keeps none
+        return {
+            "facts": self.engine.facts(),
+            "counters": dict(c.values),
+            "gauges": self.gauges(),
+            "parked_lengths": self.engine.prefix.parked_lengths(),
+            "timing": {"steps": c["steps"], "step_s": c.step_s, "loop_s": c.loop_s, "tokens": c.tokens,
+                       **(timing.as_dict() if timing is not None else {})},
+        }
+
+
+def snapshot_holdings(prefix) -> tuple[set[int], set[int]]:
+    """Device pages and slots the index's resident snapshots hold, recounted from their stores, so a
+    page the tallies lost track of shows up as a leak."""
+    pages: set[int] = set()
+    slots: set[int] = set()
+    for store in prefix.resident_stores():
+        pages.update(store.page_ids())
+        if store.seq_slot() is not None:
+            slots.add(store.seq_slot())
+    return pages, slots
