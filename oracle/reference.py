@@ -1,7 +1,8 @@
 """The reference oracle: a model.py loaded by path (SPEC §8).
 
 The module must expose ``generate(ids, max_tokens, manifest) -> list[int]`` (the greedy
-continuation, stopping before EOS) and may expose ``ACCEPT_PCT = (lo, hi)``.
+continuation, stopping before EOS) and may expose ``ACCEPT_PCT = (lo, hi)`` and
+``path(ids, max_tokens, manifest, rows, emits)`` (what each step emits: the policy oracle's input).
 
 On integer targets it is exact and excuses nothing. On a float target (a manifest with a
 ``logits`` buffer) whose model.py also exposes ``logits(ids, manifest)`` (bf16 bits of the 257
@@ -96,6 +97,13 @@ class Reference:
         """The reference's logits after `context`, as floats (from its bf16 bits)."""
         bits = [int(b) for b in self.module.logits([int(t) for t in context], self.manifest)]
         return [struct.unpack("<f", struct.pack("<I", (b & 0xFFFF) << 16))[0] for b in bits]
+
+    def path_of(self, ids: list[int], steps: int, rows: int, emits: bool) -> dict | None:
+        """The module's `path` (what each step emits, for the policy oracle), or None without one."""
+        fn = getattr(self.module, "path", None)
+        if not callable(fn):
+            return None
+        return fn([int(t) for t in ids], int(steps), self.manifest, int(rows), bool(emits))
 
     def near_tie(self, context: list[int], a: int, b: int, rows: int = 1) -> str:
         if not self.floats or self.prober is None:

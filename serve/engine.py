@@ -85,6 +85,8 @@ class Engine:
             "max_request_tokens": self.max_request_tokens, "rows": self.rows, "chunk": self.chunk,
             "max_seqs": self.max_seqs, "seq_slots": self.seq_slots, "checkpoints": self.checkpoints,
             "host_bytes": self.host_bytes, "reach": self.reach, "backend": self.backend, "pack": self.pack,
+            "page_bytes": self.pool.geometry.page_size, "slot_bytes": self.pool.geometry.slot_size,
+            "prefill_emits": self.runtime.protocol.prefill_emits,
         }
 
 

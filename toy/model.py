@@ -306,3 +306,77 @@ def generate_layered(ids: list[int], max_tokens: int, layers: int) -> list[int]:
         x = feed(t, n)
         n += 1
     return out
+
+
+def path(ids: list[int], max_tokens: int, manifest: dict, rows: int = 1, emits: bool | None = None) -> dict:
+    """How a server reaches `generate`'s answer (SPEC §2 "Speculative round", §5 "Prefill"): what
+    each step after prefill emits, and how many tokens the state holds at the end.
+
+    `emits` (default: lined) says the prefill takes the first token from its last chunk; otherwise the
+    prefill stops one token short and the first step feeds the last prompt token. Each step is a
+    round of `rows` rows that emits `count = 1 + S0 % rows` tokens (plain decode: 1); the request ends
+    at the first EOS or once `max_tokens` tokens are out. Returns ``{"answer": ids without the stop,
+    "reason": "stop" | "length", "first": tokens the prefill emitted (0 or 1), "counts": [count per
+    step], "fed": tokens the state holds at the end}``. `fed` may pass the answer (a round's overshoot).
+    None for a float target (a ``logits`` buffer): its path is not this integer arithmetic's. A
+    layered target (states kv.0 ..) prefills emitting and decodes a row at a step: its path follows
+    from `generate_layered`'s answer.
+    """
+    if "logits" in manifest.get("buffers", {}):
+        return None
+    layers = layer_count(manifest)
+    if layers:
+        if rows != 1 or emits is False:
+            raise ValueError(f"the layered toy decodes one row a step with an emitting prefill (rows {rows}, emits {emits})")
+        answer = generate_layered(ids, max_tokens, layers)
+        reason = "length" if len(answer) >= max_tokens else "stop"
+        steps = len(answer) + (reason == "stop") - 1  # the prefill emitted the first
+        return {"answer": answer, "reason": reason, "first": 1, "counts": [1] * steps, "fed": len(ids) + steps}
+    lined = is_lined(manifest)
+    emits = lined if emits is None else emits
+    s = c = 0
+    fed = list(ids) if emits else list(ids[:-1])
+    for p, t in enumerate(fed):
+        s = (s + slot_sum(t, p)) & MASK
+        c = fold(c, t, p)
+    n = len(fed)
+
+    def greedy() -> int:
+        return next_of((s + c) & MASK if lined else s)
+
+    out: list[int] = []
+    reason = None
+    first = 0
+    anchor = ids[-1]
+    if emits:
+        t = greedy()
+        out.append(t)
+        first = 1
+        anchor = t
+        reason = "stop" if t == EOS else ("length" if len(out) >= max_tokens else None)
+    counts: list[int] = []
+    while reason is None:
+        s0 = (s + slot_sum(anchor, n)) & MASK
+        count = 1 + s0 % rows if rows > 1 else 1
+        toks = []
+        t = anchor
+        for _ in range(count):
+            s = (s + slot_sum(t, n)) & MASK
+            c = fold(c, t, n)
+            n += 1
+            t = greedy()
+            toks.append(t)
+        counts.append(count)
+        for t in toks:
+            if len(out) >= max_tokens:
+                reason = "length"
+                break
+            out.append(t)
+            if t == EOS:
+                reason = "stop"
+                break
+        if reason is None and len(out) >= max_tokens:
+            reason = "length"
+        anchor = toks[-1]
+    answer = out[:-1] if reason == "stop" else out
+    return {"answer": answer, "reason": reason, "first": first, "counts": counts, "fed": n}
