@@ -13,14 +13,15 @@ from pathlib import Path
 from typing import Any, Callable
 
 from e2e.checks import Checks
-from e2e.client import Answer, Client
+from e2e.client import Answer, Client, Rejected
 from e2e.config import GateTarget
-from e2e.session import ServerExited, Session, free_port, merge_flags, server_command, split_flags
+from e2e.policy import PolicyGate
+from e2e.session import ServerExited, Session, Unavailable, merge_flags, server_command, split_flags
 from e2e.stats import Stats
 
 __all__ = ["Options", "Run", "run_target"]
 
-SESSION_PORTS = {"default": 0, "host": 1, "slots": 2, "rows1": 3, "wake_room": 4}
+SESSION_PORTS = {"default": 0, "host": 1, "slots": 2, "rows1": 3, "wake_room": 4, "churn": 5}
 
 
 @dataclass
@@ -29,7 +30,7 @@ class Options:
     out: Path
     max_tokens: int = 64
     backend: str = "auto"
-    port: int = 18060
+    port: int = 0
     server_flags: str = ""
     capacity: int = 16384
     load_timeout: float = 600.0
@@ -42,6 +43,7 @@ class Live:
     session: Session
     client: Client
     stats: Stats
+    policy: PolicyGate | None = None
 
 
 @dataclass
@@ -54,6 +56,7 @@ class Run:
     echo: Callable[[str], None] = print
     facts: dict[str, dict[str, Any]] = field(default_factory=dict)
     counters: dict[str, dict[str, Any]] = field(default_factory=dict)
+    server_facts: dict[str, dict[str, Any]] = field(default_factory=dict)  # /stats facts per session
     live: Live | None = None
     # what earlier steps found
     cold: list[Answer] = field(default_factory=list)
@@ -93,7 +96,7 @@ class Run:
         """Start session `name` (a fresh server) with its own flags over the base and --server-flags."""
         self.close()
         o = self.opts
-        port = free_port() if o.port == 0 else o.port + SESSION_PORTS[name]
+        port = 0 if o.port == 0 else o.port + SESSION_PORTS[name]
         base = [("--backend", [o.backend]), ("--capacity", [str(o.capacity)])]
         argv = merge_flags(base, split_flags(o.server_flags), split_flags(flags))
         cmd = server_command(o.kern, o.config, self.target.name, port, argv)
@@ -109,12 +112,28 @@ class Run:
                       ("ranks", "pages", "page", "rows", "checkpoints", "seq_slots", "max_request_tokens", "load_s")
                       if k in facts))
         c = Client(s, self.target.model)
-        self.live = Live(s, c, Stats(c, s.log))
+        raw = c.stats()
+        self.server_facts[name] = dict((raw or {}).get("facts") or {})
+        self.live = Live(s, c, Stats(c, s.log), PolicyGate(self.oracle, (raw or {}).get("facts"), self.target.lined))
         return self.live
+
+    def policy_check(self) -> None:
+        """The open session's policy check: every serial request and counter read it predicted."""
+        live = self.live
+        if live is None or live.policy is None:
+            return
+        ok, note = live.policy.verdict()
+        self.checks.add(f"policy_{live.session.name}", ok, note)
+
+    def serial_ends(self, why: str) -> None:
+        """A phase whose recency and counters depend on timing starts: exact predictions stop."""
+        if self.live is not None and self.live.policy is not None:
+            self.live.policy.stop(why)
 
     def close(self) -> None:
         if self.live is None:
             return
+        self.policy_check()
         live, self.live = self.live, None
         live.client.close()
         try:
@@ -122,13 +141,29 @@ class Run:
         finally:
             live.session.stop()
 
+    def live_facts(self, key: str, session: str = "default") -> Any:
+        """A fact of an earlier session's `/stats` (page_bytes, slot_bytes, ...)."""
+        facts = self.server_facts.get(session) or {}
+        if key not in facts:
+            raise KeyError(f"the {session} session's /stats facts have no {key!r}")
+        return facts[key]
+
     def need(self, name: str) -> Live:
         assert self.live is not None and self.live.session.name == name, f"{name=} not open"
         return self.live
 
     def answer(self, prompt: str | list[int], max_tokens: int | None = None, **kw) -> Answer:
-        a = self.need_any().client.complete(prompt, max_tokens or self.m, **kw)
+        live = self.need_any()
+        m = max_tokens or self.m
+        try:
+            a = live.client.complete(prompt, m, **kw)
+        except Rejected as exc:
+            if live.policy is not None and exc.status == 400:
+                live.policy.rejected(list(prompt.encode()) if isinstance(prompt, str) else list(prompt))
+            raise
         self.snapshots[a.request] = a.snapshot
+        if live.policy is not None:
+            live.policy.expect(a.request, self.prompt_ids(a, prompt), m, a)
         return a
 
     def need_any(self) -> Live:
@@ -139,14 +174,23 @@ class Run:
         return a.prompt_ids or (list(prompt.encode()) if isinstance(prompt, str) else list(prompt))
 
 
-def run_target(run: Run, steps: list) -> None:
-    """Every step, in order, opening each step's session when it first needs one."""
+def run_target(run: Run, steps: list) -> str | None:
+    """Every step, in order, opening each step's session when it first needs one. Returns why the
+    target could not run (a reason outside the commit: `Unavailable`), else None."""
     try:
         for step in steps:
             if step.session is not None and (run.live is None or run.live.session.name != step.session):
                 run.open(step.session, step.flags(run) if step.flags else [])
             step.run(run)
+            if run.live is not None and run.live.policy is not None and run.live.policy.active:
+                run.live.policy.compare(step.name, run.live.client.stats())
         run.close()
+    except Unavailable as exc:
+        live, run.live = run.live, None
+        if live is not None:
+            live.client.close()
+            live.session.stop()
+        return str(exc)
     except Exception as exc:  # any failure ends the target as a gated error
         frames = traceback.extract_tb(exc.__traceback__)
         ours = [f for f in frames if "site-packages" not in f.filename] or frames
@@ -157,8 +201,14 @@ def run_target(run: Run, steps: list) -> None:
             if not s.alive() and s.proc is not None:
                 note += f" (server {s.name} exited with code {s.proc.returncode}; log tail: {s.log.tail(8)})"
         run.checks.add("error", False, note[:2000])
+        if not isinstance(exc, ServerExited):
+            try:
+                run.policy_check()
+            except Exception:  # the error above is the news; a policy check that cannot be read is not
+                pass
         live, run.live = run.live, None
         if live is not None:
             live.client.close()
             live.session.stop()
+    return None
 

@@ -2,7 +2,12 @@
 
 Ready means the ready line (`` scheduler ready ``) and `` serving `` are logged and the port answers
 HTTP (any status: the Rust server logs ``serving`` before it binds). A server that exits while
-loading or mid-scenario raises `ServerExited` with its exit code and log tail, never a hang.
+loading or mid-scenario raises `ServerExited` with its exit code and log tail, never a hang; one
+that could not bind its port raises `Unavailable` (a reason outside the commit: the gate skips).
+
+A session asked for port 0 lets the server pick a free port and reads it from the ``serving`` line,
+so gates run side by side. Every started session is in `STARTED` until stopped: `stop_all` (on
+Ctrl-C or SIGTERM of `e2e`) stops them all and refuses new ones, so no server outlives its gate.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -20,9 +26,39 @@ import httpx
 
 from e2e.log import Log, kv
 
-__all__ = ["ServerExited", "ServerError", "Session", "free_port", "merge_flags", "project_env", "server_command", "split_flags"]
+__all__ = ["STARTED", "ServerExited", "ServerError", "Session", "Unavailable", "free_port", "merge_flags",
+           "project_env", "server_command", "split_flags", "stop_all"]
 
 EXIT_MEANINGS = {101: "scheduler crashed", -9: "killed", -15: "terminated"}
+PORT_IN_USE = ("address already in use", "errno 98", "errno 48", "only one usage of each socket address")
+
+
+class Unavailable(RuntimeError):
+    """The session could not run for a reason outside the code under test (its port is taken, the gate
+    is stopping); the gate reports the target skipped, not failed."""
+
+
+class _Started:
+    """The sessions whose servers may be running, and whether new ones may start."""
+
+    def __init__(self) -> None:
+        self.sessions: set[Session] = set()
+        self.closed = False
+        self.lock = threading.Lock()
+
+
+STARTED = _Started()
+
+
+def stop_all() -> int:
+    """Stop every started session's server (SIGTERM, then SIGKILL) and refuse new ones; how many."""
+    with STARTED.lock:
+        STARTED.closed = True
+        sessions = list(STARTED.sessions)
+    for s in sessions:
+        s.term_timeout = min(s.term_timeout, 10.0)
+        s.stop()
+    return len(sessions)
 
 
 class ServerError(RuntimeError):
@@ -94,15 +130,34 @@ class Session:
         self.log.path.parent.mkdir(parents=True, exist_ok=True)
         env = project_env()
         t0 = time.monotonic()
-        with open(self.log.path, "wb") as f:
-            f.write(("$ " + " ".join(self.cmd) + "\n").encode())
-            f.flush()
-            self.proc = subprocess.Popen(self.cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         env=env, start_new_session=True)
+        with STARTED.lock:
+            if STARTED.closed:
+                raise Unavailable("the gate is stopping")
+            with open(self.log.path, "wb") as f:
+                f.write(("$ " + " ".join(self.cmd) + "\n").encode())
+                f.flush()
+                self.proc = subprocess.Popen(self.cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                             env=env, start_new_session=True)
+            STARTED.sessions.add(self)
         while True:
-            self.check()
+            try:
+                self.check()
+            except ServerExited as exc:
+                text = self.log.text().lower()
+                if any(p in text for p in PORT_IN_USE):
+                    raise Unavailable(f"server {self.name}: port {self.port} is in use") from exc
+                raise
             ready = self.log.raw("scheduler ready")
-            if ready and self.log.raw("serving") and self._answers():
+            serving = self.log.lines("serving")
+            if ready and serving and self.port == 0:
+                bound = serving[-1].get("port")
+                if not isinstance(bound, int) or bound <= 0:
+                    self.stop(kill=True)
+                    raise ServerError(f"server {self.name} was asked for port 0 and its serving line names no port: "
+                                      + self.log.raw("serving")[-1])
+                self.port = bound
+                self.url = f"http://{self.host}:{bound}"
+            if ready and serving and self.port and self._answers():
                 self.facts = dict(kv(ready[-1]), load_s=round(time.monotonic() - t0, 1))
                 return self.facts
             if time.monotonic() - t0 > self.load_timeout:
@@ -151,6 +206,8 @@ class Session:
         except (ProcessLookupError, PermissionError):
             pass
         self.exit_code = p.returncode
+        with STARTED.lock:
+            STARTED.sessions.discard(self)
         return self.exit_code
 
     def __enter__(self) -> "Session":

@@ -124,7 +124,8 @@ def _target(name):
 def test_plan_all_steps_in_session_order():
     names = [s.name for s in plan(_target("toy-stateful-spec"), None, True)]
     assert names == ["kern_test", "conc1", "run_equals_reference", "repeat", "turn2", "concurrent",
-                     "spec_acceptance", "abort", "host_cold", "park_wake", "slot_growth", "rows1", "wake_room"]
+                     "spec_acceptance", "abort", "host_cold", "park_wake", "host_churn", "slot_growth", "rows1",
+                     "wake_room"]
     paged = [s.name for s in plan(_target("toy-paged"), None, False)]
     assert "slot_growth" not in paged and "rows1" not in paged and "spec_acceptance" not in paged
     assert "run_equals_reference" not in paged
@@ -135,6 +136,8 @@ def test_plan_all_steps_in_session_order():
     ({"abort"}, ["conc1", "abort"]),
     ({"spec_acceptance"}, ["conc1", "concurrent", "spec_acceptance"]),
     ({"wake_room", "kern_test"}, ["kern_test", "conc1", "repeat", "turn2", "wake_room"]),
+    ({"policy_default"}, ["conc1", "repeat", "turn2"]),
+    ({"policy_churn"}, ["conc1", "repeat", "turn2", "host_churn"]),
 ])
 def test_plan_runs_dependencies(wanted, steps):
     assert [s.name for s in plan(_target("toy-spec"), wanted, True)] == steps
@@ -144,7 +147,8 @@ def test_every_check_is_named_once():
     assert len(CHECKS) == len(set(CHECKS))
     assert {"kern_test", "conc1_equals_run", "run_equals_reference", "repeat_hit", "turn2_hit",
             "turn2_warm_equals_run", "concurrent", "spec_acceptance", "abort", "turn2_warm_equals_cold",
-            "park_wake", "slot_growth", "rows1_equals_run", "wake_room"} <= set(CHECKS)
+            "park_wake", "slot_growth", "rows1_equals_run", "wake_room", "host_churn", "policy_default",
+            "policy_host", "policy_churn", "policy_slots", "policy_rows1", "policy_wake_room"} <= set(CHECKS)
 
 
 def test_checks_report_only_what_was_named():

@@ -2,7 +2,7 @@
 
 `--scenarios` names checks; `plan` keeps the steps that add a named check and, transitively, the
 steps they depend on (which then run unreported). Steps run in `STEPS` order, which is the session
-order of SPEC §10: kern_test, default, host, slots, rows1, wake_room.
+order of SPEC §10 (kern_test, default, host, slots, rows1, wake_room), with churn after host.
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from typing import Callable
 
 from e2e.config import GateTarget
-from e2e.scenarios import abort, concurrent, conc1, host, kern_test, repeat, rows1, slots, turn2, wake_room
+from e2e.scenarios import abort, churn, concurrent, conc1, host, kern_test, repeat, rows1, slots, turn2, wake_room
 
-__all__ = ["CHECKS", "STEPS", "Step", "plan"]
+__all__ = ["CHECKS", "POLICY_CHECKS", "STEPS", "Step", "plan"]
 
 
 @dataclass(frozen=True)
@@ -25,6 +25,7 @@ class Step:
     run: Callable
     flags: Callable | None = None
     applies: Callable[[GateTarget], bool] = lambda t: True
+    serial: bool = True  # one request at a time: the policy oracle predicts it exactly
 
 
 STEPS: tuple[Step, ...] = (
@@ -33,12 +34,13 @@ STEPS: tuple[Step, ...] = (
     Step("run_equals_reference", None, ("run_equals_reference",), (), conc1.run_equals_reference),
     Step("repeat", "default", ("repeat_hit",), ("conc1",), repeat.run),
     Step("turn2", "default", ("turn2_hit", "turn2_warm_equals_run"), ("conc1", "repeat"), turn2.run),
-    Step("concurrent", "default", ("concurrent",), ("conc1",), concurrent.run),
+    Step("concurrent", "default", ("concurrent",), ("conc1",), concurrent.run, serial=False),
     Step("spec_acceptance", "default", ("spec_acceptance",), ("concurrent",), concurrent.spec_acceptance,
-         applies=lambda t: t.spec),
-    Step("abort", "default", ("abort",), ("conc1",), abort.run),
+         applies=lambda t: t.spec, serial=False),
+    Step("abort", "default", ("abort",), ("conc1",), abort.run, serial=False),
     Step("host_cold", "host", ("turn2_warm_equals_cold",), ("turn2",), host.cold, flags=host.flags),
     Step("park_wake", "host", ("park_wake",), ("host_cold",), host.park_wake, flags=host.flags),
+    Step("host_churn", "churn", ("host_churn",), ("turn2",), churn.run, flags=churn.flags),
     Step("slot_growth", "slots", ("slot_growth",), ("turn2",), slots.run, flags=slots.flags,
          applies=lambda t: t.lined),
     Step("rows1", "rows1", ("rows1_equals_run", "rows1_vs_spec"), ("conc1",), rows1.run, flags=rows1.flags,
@@ -46,7 +48,11 @@ STEPS: tuple[Step, ...] = (
     Step("wake_room", "wake_room", ("wake_room",), ("turn2",), wake_room.run, flags=wake_room.flags),
 )
 
-CHECKS: tuple[str, ...] = tuple(c for s in STEPS for c in s.checks)
+POLICY_CHECKS: tuple[str, ...] = tuple(f"policy_{session}" for session in
+                                       dict.fromkeys(s.session for s in STEPS if s.session))
+"""One per session: its serial requests and counters against the policy oracle (e2e/policy.py)."""
+
+CHECKS: tuple[str, ...] = tuple(c for s in STEPS for c in s.checks) + POLICY_CHECKS
 
 
 def plan(target: GateTarget, wanted: set[str] | None, has_reference: bool) -> list[Step]:
@@ -54,7 +60,8 @@ def plan(target: GateTarget, wanted: set[str] | None, has_reference: bool) -> li
     by_name = {s.name: s for s in STEPS}
     applicable = [s for s in STEPS if s.applies(target)
                   and (s.name != "run_equals_reference" or has_reference)]
-    chosen = {s.name for s in applicable if wanted is None or set(s.checks) & wanted}
+    chosen = {s.name for s in applicable if wanted is None or set(s.checks) & wanted
+              or (s.serial and f"policy_{s.session}" in wanted)}
     todo = list(chosen)
     while todo:
         for d in by_name[todo.pop()].deps:

@@ -16,6 +16,7 @@ from verdicts import Same, acceptance_holds, accept_rate
 
 def run(r) -> None:
     live = r.need("default")
+    r.serial_ends("the concurrent phase (recency and counters depend on timing)")
     if r.rows > 1:
         live.stats.flush()
     before = live.stats.read()

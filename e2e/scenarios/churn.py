@@ -1,0 +1,74 @@
+"""host_churn: a host tier small enough to fill and drop, and sessions that go round it.
+
+Session churn: ``--capacity C --host-gib H --max-seqs 8`` where, in pages of the target, C holds the
+scenario's largest request and the pad, and H holds one and a half of it (lined: and two line
+slots). Four conversations (prompts 1-4) take turns: each turn sends the conversation so far
+(its last turn's ids, the answer fed back, the suffix). The turns are ordered so that sessions are
+parked, woken, extended, parked again (their host copy still live, so only new pages are copied)
+and woken again, and the host runs out so a parked conversation is dropped and its next turn
+misses. Every answer is gated against the reference, every hit, tier and snapshot against the policy
+oracle (check ``policy_churn``), and the check asserts the run did go round: host evictions, a
+conversation woken twice, and a turn whose earlier snapshot had been dropped.
+"""
+
+from __future__ import annotations
+
+from e2e.prompts import PROMPTS
+from verdicts import Same
+
+CONVERSATIONS = 4
+# which conversation takes each turn after the four first turns
+ORDER = (0, 1, 0, 2, 3, 0, 1, 2, 0, 3)
+MAX_SEQS = 8
+
+
+def _room_pages(r) -> int:
+    """Pages of the largest request the scenario sends (a conversation's last turn, bounded)."""
+    turns = 1 + max(ORDER.count(i) for i in range(CONVERSATIONS))
+    longest = max(len(a.prompt_ids) for a in r.cold[:CONVERSATIONS])
+    tokens = longest + turns * (r.m + 1 + len(r.suffix)) + r.rows - 1
+    return -(-tokens // r.page)
+
+
+def flags(r) -> list[str]:
+    f = r.facts["default"]
+    pages = _room_pages(r)
+    page_bytes = int(r.live_facts("page_bytes"))
+    slot_bytes = int(r.live_facts("slot_bytes"))
+    host = (pages * 3 // 2) * page_bytes + (2 * slot_bytes if r.stateful else 0)
+    capacity = (pages + 1) * int(f["page"])
+    return ["--capacity", str(capacity), "--host-gib", f"{host / (1 << 30):.9f}", "--max-seqs", str(MAX_SEQS)]
+
+
+def run(r) -> None:
+    live = r.need("churn")
+    same = Same(r.oracle, r.rows)
+    convo: list[list[int]] = []
+    tiers: list[list[tuple[str | None, int]]] = [[] for _ in range(CONVERSATIONS)]
+    for i in range(CONVERSATIONS):
+        a = r.answer(PROMPTS[i])
+        ids = r.prompt_ids(a, PROMPTS[i])
+        same.add(f"conversation {i + 1} turn 1", ids, a.ids, r.oracle.run(ids, r.m, r.rows))
+        convo.append(ids + a.fed)
+        tiers[i].append((a.tier, a.cached))
+    for n, i in enumerate(ORDER):
+        ids = convo[i] + r.suffix
+        a = r.answer(ids)
+        same.add(f"conversation {i + 1} turn {len(tiers[i]) + 1}", ids, a.ids, r.oracle.run(ids, r.m, r.rows))
+        convo[i] = ids + a.fed
+        tiers[i].append((a.tier, a.cached))
+    c = live.stats.read()
+    r.counters["churn"] = {k: c.get(k, 0) for k in ("parks", "wakes", "host_hits", "host_evictions", "evictions")}
+    woken_twice = [i + 1 for i in range(CONVERSATIONS) if sum(t == "host" for t, _ in tiers[i]) >= 2]
+    missed = [i + 1 for i in range(CONVERSATIONS) if any(t is None for t, _ in tiers[i][1:])]
+    problems = []
+    if not c.get("host_evictions", 0):
+        problems.append("the host tier never dropped a parked snapshot")
+    if not woken_twice:
+        problems.append("no conversation was woken twice")
+    if not missed:
+        problems.append("no later turn missed after its snapshot was dropped")
+    note = (f"tiers {[[t or '-' for t, _ in ts] for ts in tiers]}, cached {[[n for _, n in ts] for ts in tiers]}; "
+            f"parks {c.get('parks', 0)}, wakes {c.get('wakes', 0)}, host_evictions {c.get('host_evictions', 0)}, "
+            f"evictions {c.get('evictions', 0)}; answers {same}" + "".join(f"; {p}" for p in problems))
+    r.checks.add("host_churn", same.ok and not problems, note)
