@@ -1,8 +1,10 @@
 """The `e2e` command: every target of a config through `kern test` and the server (SPEC §10).
 
-Exit codes: 0 every gated check passed; 1 a gated check failed; 2 usage or config error (an
-unknown target or scenario name included); 125 nothing could run (every target skipped), so
-``git bisect run e2e ...`` skips untestable commits.
+Exit codes: 0 every gated check passed; 1 a gated check failed (a server that fails to load is the
+commit's failure); 2 usage or config error (an unknown target or scenario name included); 125
+nothing could run for a reason outside the commit (every target skipped: a port in use, no GPU or
+no cupy for ``--backend gpu``), so ``git bisect run e2e ...`` skips untestable commits; 130 when
+interrupted. Ctrl-C or SIGTERM stops every server the gate started before it exits.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import shlex
+import signal
 import sys
 import threading
 import time
@@ -23,6 +26,7 @@ from e2e.config import ConfigError, GateTarget, load_targets
 from e2e.gate import SESSION_PORTS, Options, Run, run_target
 from e2e.report import junit, write_report, write_summary
 from e2e.scenarios import CHECKS, plan
+from e2e.session import STARTED, stop_all
 from oracle.cache import Cache, KernRun, kern_run_identity
 from oracle.probe import Prober
 from oracle.reference import PACKAGED_MODEL, Reference, ReferenceError
@@ -82,8 +86,12 @@ def gate_target(t: GateTarget, opts: Options, reference: Path | None, wanted: se
     oracle, runner = _oracles(t, reference, opts.out, opts.backend)
     checks = Checks(wanted, echo=echo)
     run = Run(t, opts, oracle, runner, checks, echo=echo)
-    run_target(run, steps)
+    unavailable = run_target(run, steps)
     wall = round(time.monotonic() - t0, 1)
+    if unavailable is not None:
+        echo(f"  skipped: {unavailable}")
+        return {"target": t.name, "skipped": unavailable, "facts": run.facts, "counters": run.counters,
+                "checks": checks.list, "wall_s": wall}
     if t.floats:
         made = getattr(getattr(oracle, "prober", None), "made", 0)
         per = ", ".join(f"{k} {v}" for k, v in checks.excused.items()) or "none"
@@ -108,8 +116,28 @@ def gate_all(chosen: list[GateTarget], opts: Options, ref: Path | None, wanted: 
         o = opts if opts.port == 0 else dataclasses.replace(opts, port=opts.port + i * SESSIONS)
         return gate_target(t, o, ref, wanted, echo)
 
-    with concurrent.futures.ThreadPoolExecutor(jobs) as ex:
+    ex = concurrent.futures.ThreadPoolExecutor(jobs)
+    try:
         return list(ex.map(one, range(len(chosen)), chosen))
+    except BaseException:
+        stop_all()  # the workers' servers go first, so the workers fail fast instead of gating on
+        ex.shutdown(wait=False, cancel_futures=True)
+        raise
+    finally:
+        ex.shutdown(wait=True)
+
+
+def no_gpu() -> str | None:
+    """Why `--backend gpu` cannot run here (no cupy, no device), else None."""
+    try:
+        import cupy
+    except Exception as exc:  # ImportError, or a cupy that cannot find its CUDA libraries
+        return f"--backend gpu: cupy is not usable ({type(exc).__name__}: {exc})"
+    try:
+        n = cupy.cuda.runtime.getDeviceCount()
+    except Exception as exc:
+        return f"--backend gpu: no GPU ({type(exc).__name__}: {exc})"
+    return None if n > 0 else "--backend gpu: no GPU"
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -123,8 +151,9 @@ def gate_all(chosen: list[GateTarget], opts: Options, ref: Path | None, wanted: 
 @click.option("--out", type=click.Path(file_okay=False), default="results", show_default=True)
 @click.option("--max-tokens", type=click.IntRange(min=1), default=64, show_default=True)
 @click.option("--backend", type=click.Choice(["auto", "cpu", "gpu"]), default="auto", show_default=True)
-@click.option("--port", type=click.IntRange(0, 65530), default=18060, show_default=True,
-              help="Sessions use port, +1, ... +4 (target i of --jobs adds 5i); 0 picks a free port for each.")
+@click.option("--port", type=click.IntRange(0, 65530), default=0, show_default=True,
+              help="0: each server binds a free port and the gate reads it from its `serving` line; else sessions "
+                   f"use port, +1, ... +{SESSIONS - 1} (target i of --jobs adds {SESSIONS}i).")
 @click.option("--capacity", type=click.IntRange(min=1), default=16384, show_default=True,
               help="--capacity of the sessions that do not size their own pool.")
 @click.option("--server-flags", default="", help="Extra server flags for every session (session flags override).")
@@ -152,7 +181,10 @@ def cli(config, targets, scenarios, reference, no_reference, out, max_tokens, ba
             raise click.UsageError(str(exc)) from None
     opts = Options(cfg.resolve(), Path(out), max_tokens, backend, port, server_flags, capacity, load_timeout,
                    shlex.split(kern) if kern else None)
-    reports = gate_all(chosen, opts, ref, wanted, jobs)
+    if backend == "gpu" and (why := no_gpu()) is not None:
+        reports = [_skipped(t, why, click.echo) for t in chosen]
+    else:
+        reports = gate_all(chosen, opts, ref, wanted, jobs)
     for r in reports:
         write_report(opts.out, r)
     table, code = write_summary(opts.out, reports)
@@ -163,9 +195,35 @@ def cli(config, targets, scenarios, reference, no_reference, out, max_tokens, ba
     sys.exit(code)
 
 
+EXIT_INTERRUPTED = 130
+
+
+def _terminate(signum, frame) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def main(argv: list[str] | None = None) -> None:
+    """`e2e`: Ctrl-C or SIGTERM stops every server the gate started, then exits 130."""
     args = _greedy(list(sys.argv[1:] if argv is None else argv))
-    cli.main(args=args, prog_name="e2e")
+    STARTED.closed = False  # a gate interrupted earlier in this process closed it
+    previous = signal.signal(signal.SIGTERM, _terminate)
+    try:
+        cli.main(args=args, prog_name="e2e", standalone_mode=False)
+    except KeyboardInterrupt:
+        n = stop_all()
+        click.echo(f"e2e: interrupted; stopped {n} server(s)", err=True)
+        sys.exit(EXIT_INTERRUPTED)
+    except click.exceptions.Abort:
+        n = stop_all()
+        click.echo(f"e2e: interrupted; stopped {n} server(s)", err=True)
+        sys.exit(EXIT_INTERRUPTED)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

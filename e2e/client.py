@@ -3,6 +3,13 @@
 The server names requests ``req-0``, ``req-1``, ... in arrival order; the client mirrors that with a
 counter under a lock that goes up for every completion the server accepted (a 400 is not counted),
 and prefers the id the server reports in its ``kern`` object when there is one.
+
+A request is sent again, once, on a fresh connection only when it was never handed to the server: the
+live server dropped the (kept-alive, idle) connection before any byte of a response (httpx:
+"Server disconnected without sending a response", or the write itself failed). A server reads a
+request before it answers anything, and a completion is not idempotent, so nothing else is retried;
+a dead server is reported with its exit code. Idle connections are also let go after `KEEPALIVE_S`,
+well inside a server's keep-alive timeout (uvicorn: 5 s), so the race is rare to begin with.
 """
 
 from __future__ import annotations
@@ -17,7 +24,16 @@ import httpx
 
 from e2e.session import Session
 
-__all__ = ["Answer", "Client", "Rejected"]
+__all__ = ["Answer", "Client", "Rejected", "never_sent"]
+
+KEEPALIVE_S = 2.0
+
+
+def never_sent(exc: BaseException) -> bool:
+    """Did this transport error happen before the server could have read the request?"""
+    if isinstance(exc, httpx.WriteError):
+        return True
+    return isinstance(exc, httpx.RemoteProtocolError) and "without sending a response" in str(exc)
 
 
 class Rejected(RuntimeError):
@@ -57,7 +73,8 @@ class Client:
         self.model = model
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.http = httpx.Client(base_url=session.url, timeout=timeout, headers=headers,
-                                 limits=httpx.Limits(max_connections=64))
+                                 limits=httpx.Limits(max_connections=64, keepalive_expiry=KEEPALIVE_S))
+        self.resent = 0  # requests sent again after an idle connection was closed under them
         self._lock = threading.Lock()
         self._next = 0
 
@@ -71,11 +88,19 @@ class Client:
             return rid
 
     def _post(self, path: str, body: dict[str, Any], timeout: float | None = None) -> httpx.Response:
+        kw = {"timeout": timeout} if timeout is not None else {}
         try:
-            kw = {"timeout": timeout} if timeout is not None else {}
             return self.http.post(path, json=body, **kw)
+        except httpx.TransportError as exc:
+            self.session.check(grace=0.5 if never_sent(exc) else 5.0)  # a dead server says so, with its exit code
+            if not never_sent(exc):
+                raise
+        with self._lock:
+            self.resent += 1
+        try:
+            return self.http.post(path, json=body, **kw)  # a fresh connection: the closed one left the pool
         except httpx.TransportError:
-            self.session.check(grace=5.0)  # a server that died says so, with its exit code
+            self.session.check(grace=5.0)
             raise
 
     def complete(self, prompt: str | list[int], max_tokens: int, timeout: float | None = None) -> Answer:

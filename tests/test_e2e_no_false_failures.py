@@ -1,0 +1,190 @@
+"""No false failures: what fails a good commit is worse than no gate.
+
+- a request the server never read (its idle connection closed under it) is sent again, once, on a
+  fresh connection; a response cut short is not (a completion is not idempotent);
+- Ctrl-C or SIGTERM on `e2e` stops every server it started (the port is free again) and exits 130;
+- nothing could run for a reason outside the commit (port in use, no GPU for ``--backend gpu``) →
+  125; a server that fails to load is the commit's failure → 1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import httpx
+import pytest
+
+from e2e.client import Client, never_sent
+from test_e2e_driver import EXIT_FAIL, EXIT_NOTHING_RAN, checks, gate
+
+ROOT = Path(__file__).resolve().parent.parent
+
+COMPLETION = {"choices": [{"token_ids": [104, 105], "finish_reason": "length", "prompt_token_ids": [1, 2]}],
+              "usage": {"prompt_tokens_details": {"cached_tokens": 0}}, "kern": {"request_id": "req-0"}}
+
+
+class Flaky:
+    """A raw HTTP server on an ephemeral port; request number `drop` gets `how`: "close" (hang up
+    before any response byte) or "partial" (a response head and a cut body)."""
+
+    def __init__(self, drop: int, how: str):
+        self.drop, self.how = drop, how
+        self.seen = 0
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(8)
+        self.port = self.sock.getsockname()[1]
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            with conn:
+                data = b""
+                while b"\r\n\r\n" not in data:
+                    chunk = conn.recv(65536)
+                    if not chunk:
+                        break
+                    data += chunk
+                if b"\r\n\r\n" not in data:
+                    continue
+                head, body = data.split(b"\r\n\r\n", 1)
+                length = next((int(ln.split(b":")[1]) for ln in head.split(b"\r\n")
+                               if ln.lower().startswith(b"content-length")), 0)
+                while len(body) < length:
+                    body += conn.recv(65536)
+                self.seen += 1
+                if self.seen == self.drop and self.how == "close":
+                    continue  # hang up: nothing sent
+                out = json.dumps(COMPLETION).encode()
+                if self.seen == self.drop and self.how == "partial":
+                    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                                 + f"Content-Length: {len(out)}\r\n\r\n".encode() + out[:5])
+                    continue
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n"
+                             + f"Content-Length: {len(out)}\r\n\r\n".encode() + out)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def _client(port: int) -> Client:
+    session = SimpleNamespace(url=f"http://127.0.0.1:{port}", host="127.0.0.1", port=port,
+                              check=lambda grace=0.0: None)
+    return Client(session, "toy")
+
+
+def test_a_request_the_server_never_answered_is_sent_again_once():
+    srv = Flaky(drop=2, how="close")
+    c = _client(srv.port)
+    try:
+        assert c.complete([1, 2], 2).ids == [104, 105]
+        a = c.complete([1, 2], 2)  # the server hangs up on it before answering: sent again
+        assert a.ids == [104, 105] and c.resent == 1 and srv.seen == 3
+    finally:
+        c.close()
+        srv.close()
+
+
+def test_a_response_cut_short_is_not_sent_again():
+    srv = Flaky(drop=1, how="partial")
+    c = _client(srv.port)
+    try:
+        with pytest.raises(httpx.TransportError) as exc:
+            c.complete([1, 2], 2)
+        assert not never_sent(exc.value) and c.resent == 0 and srv.seen == 1
+    finally:
+        c.close()
+        srv.close()
+
+
+def _serving_port(out: Path, timeout: float = 240.0) -> int:
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        for log in out.glob("*/server-*.log"):
+            for line in log.read_text(errors="replace").splitlines():
+                if " serving " in line and "port=" in line:
+                    return int(line.split("port=")[1].split()[0])
+        time.sleep(0.2)
+    raise AssertionError(f"no server was serving under {out} after {timeout:.0f}s")
+
+
+def _refused(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
+        return False
+    except OSError:
+        return True
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_interrupting_e2e_stops_every_server_it_started(tmp_path, sig):
+    out = tmp_path / "results"
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    p = subprocess.Popen([sys.executable, "-m", "e2e.cli", "--targets", "toy-paged", "--scenarios", "conc1_equals_run",
+                          "--backend", "cpu", "--max-tokens", "400", "--out", str(out)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=tmp_path)
+    try:
+        port = _serving_port(out)
+        assert not _refused(port)
+        p.send_signal(sig)
+        _, err = p.communicate(timeout=120)
+        assert p.returncode == 130, err.decode()[-2000:]
+        assert b"stopped 1 server(s)" in err
+        assert _refused(port), f"a server still listens on {port} after the gate was interrupted"
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
+def test_a_port_in_use_skips_the_target_with_125(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        code, reports = gate(tmp_path, "--targets", "toy-paged", "--scenarios", "conc1_equals_run", "--port", str(port))
+    assert code == EXIT_NOTHING_RAN, reports
+    assert "in use" in reports["toy-paged"]["skipped"]
+
+
+def _gpu_here() -> bool:
+    try:
+        import cupy
+
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:
+        return False
+
+
+@pytest.mark.skipif(_gpu_here(), reason="this machine has a GPU: --backend gpu can run")
+def test_backend_gpu_without_a_gpu_exits_125(tmp_path):
+    out = tmp_path / "results"
+    from e2e.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--targets", "toy-paged", "--backend", "gpu", "--out", str(out)])
+    assert exc.value.code == EXIT_NOTHING_RAN
+    report = json.loads((out / "toy-paged" / "report.json").read_text())
+    assert report["skipped"].startswith("--backend gpu")
+
+
+def test_a_server_that_fails_to_load_is_the_commits_failure(tmp_path):
+    code, reports = gate(tmp_path, "--targets", "toy-paged", "--scenarios", "conc1_equals_run",
+                         "--server-flags", "--capacity 1")
+    got = checks(reports["toy-paged"])
+    assert code == EXIT_FAIL and got["error"]["ok"] is False, got
+    assert "exited with code 2" in got["error"]["note"]
