@@ -1,0 +1,131 @@
+"""Plant each mutant of the catalogue in a temporary copy of the repository and gate it: the kill rate.
+
+    python bench/mutants.py [--only NAME ...] [--jobs N] [--max-tokens M] [--list] [--require-killed]
+
+For each mutant (bench/mutant_catalogue.py): copy the checkout (numba caches included, so only what the
+mutant touches recompiles), replace its snippet (it must match exactly once, else the mutant is
+*stale*), regenerate the manifests when a kernel changed (so the pinned sha256 is not what catches
+it), then run `e2e` on the mutant's targets and checks. Exit 1 from the gate kills the mutant; 0 is a
+survivor; anything else is an *error* (the gate could not judge it). Prints one line per mutant, then
+the table and the kill rate: killed ÷ (catalogue − equivalent − stale). With `--require-killed` the
+exit status is 1 unless every mutant run was killed (CI runs three this way).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import click
+from tabulate import tabulate
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.mutant_catalogue import CATALOGUE, Mutant  # noqa: E402
+
+IGNORE = shutil.ignore_patterns(".git", "results", ".pytest_cache", "*.egg-info", ".hypothesis")
+
+
+def apply(root: Path, m: Mutant) -> str | None:
+    """Plant `m` under `root`; None, or why it is stale."""
+    path = root / m.path
+    if not path.is_file():
+        return f"{m.path} is gone"
+    text = path.read_text()
+    n = text.count(m.find)
+    if n != 1:
+        return f"its snippet matches {n} times in {m.path}"
+    path.write_text(text.replace(m.find, m.replace))
+    return None
+
+
+def gate(m: Mutant, max_tokens: int, timeout: float) -> tuple[str, str, float]:
+    """(result, detail, seconds) for one mutant: killed, survived, stale, error or equivalent."""
+    t0 = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix=f"mutant-{m.name}-") as tmp:
+        root = Path(tmp) / "repo"
+        shutil.copytree(ROOT, root, ignore=IGNORE)
+        stale = apply(root, m)
+        if stale is not None:
+            return "stale", stale, time.monotonic() - t0
+        env = dict(os.environ, PYTHONPATH=str(root))
+        if m.kernel:
+            gen = subprocess.run([sys.executable, "-m", "oracle.cli", "gen", "--out", "manifests"], cwd=root,
+                                 env=env, capture_output=True, text=True)
+            if gen.returncode != 0:
+                return "error", f"kern gen failed: {gen.stderr.strip()[-300:]}", time.monotonic() - t0
+        cmd = [sys.executable, "-m", "e2e.cli", "--backend", "cpu", "--port", "0", "--max-tokens", str(max_tokens),
+               "--out", str(Path(tmp) / "results"), "--targets", *m.targets, "--scenarios", *m.checks]
+        try:
+            p = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return "error", f"the gate ran past {timeout:.0f}s", time.monotonic() - t0
+        failed = [ln.strip() for ln in p.stdout.splitlines() if "[FAIL]" in ln]
+        dt = time.monotonic() - t0
+        if p.returncode == 1:
+            return "killed", (failed[0][:160] if failed else "exit 1"), dt
+        if p.returncode == 0:
+            return "survived", "every named check passed", dt
+        return "error", f"exit {p.returncode}: {(p.stderr or p.stdout).strip()[-300:]}", dt
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--only", multiple=True, help="Mutant names (space or comma separated; default: the whole catalogue).")
+@click.option("--jobs", type=click.IntRange(min=1), default=1, show_default=True, help="Mutants gated at once.")
+@click.option("--max-tokens", type=click.IntRange(min=1), default=64, show_default=True)
+@click.option("--timeout", type=float, default=1800.0, show_default=True, help="Seconds per mutant's gate.")
+@click.option("--list", "list_", is_flag=True, help="List the catalogue and exit.")
+@click.option("--require-killed", is_flag=True, help="Exit 1 unless every mutant run was killed.")
+def main(only, jobs, max_tokens, timeout, list_, require_killed) -> None:
+    """Gate every mutant of the catalogue; print the kill rate and the survivors."""
+    names = [n for v in only for n in v.replace(",", " ").split()]
+    known = {m.name: m for m in CATALOGUE}
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise click.UsageError(f"unknown mutant(s) {', '.join(unknown)}")
+    chosen = [known[n] for n in names] if names else list(CATALOGUE)
+    if list_:
+        click.echo(tabulate([(m.name, m.path, ", ".join(m.checks), ", ".join(m.targets)) for m in chosen],
+                            headers=["mutant", "file", "checks", "targets"]))
+        return
+    results: dict[str, tuple[str, str, float]] = {}
+    todo = []
+    for m in chosen:
+        if m.equivalent:
+            results[m.name] = ("equivalent", m.equivalent, 0.0)
+        else:
+            todo.append(m)
+    click.echo(f"{len(todo)} mutant(s) to gate, {jobs} at a time", err=True)
+    with concurrent.futures.ThreadPoolExecutor(jobs) as ex:
+        futures = {ex.submit(gate, m, max_tokens, timeout): m for m in todo}
+        for i, fut in enumerate(concurrent.futures.as_completed(futures), 1):
+            m = futures[fut]
+            results[m.name] = fut.result()
+            r, detail, dt = results[m.name]
+            click.echo(f"[{i}/{len(todo)}] {m.name}: {r} ({dt:.0f}s) {detail}", err=True)
+    rows = [(m.name, results[m.name][0], ", ".join(m.checks), results[m.name][1][:100]) for m in chosen]
+    click.echo(tabulate(rows, headers=["mutant", "result", "checks", "detail"]))
+    counts = {k: sum(r[0] == k for r in results.values()) for k in ("killed", "survived", "error", "stale", "equivalent")}
+    judged = len(chosen) - counts["equivalent"] - counts["stale"]
+    rate = counts["killed"] / judged if judged else 0.0
+    click.echo(f"\nkill rate: {counts['killed']}/{judged} = {100 * rate:.1f}% (killed ÷ non-equivalent, "
+               f"{counts['stale']} stale, {counts['equivalent']} equivalent, {counts['error']} error)")
+    survivors = [m for m in chosen if results[m.name][0] in ("survived", "error")]
+    for m in survivors:
+        click.echo(f"survivor: {m.name} ({results[m.name][0]}): {m.origin}")
+    for m in chosen:
+        if results[m.name][0] == "equivalent":
+            click.echo(f"equivalent: {m.name}: {m.equivalent}")
+    if require_killed and counts["killed"] != len(todo):
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
