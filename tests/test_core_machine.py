@@ -1,0 +1,182 @@
+"""The serving core under a model: `serve.core.Core` over the real pool, index and host tier, driven in
+process by a pure-Python runtime (tests/pyruntime.py) that carries out every plan on plain objects.
+
+A hypothesis state machine submits (fresh prompts and next turns of finished conversations), aborts,
+advances (admit, then one scheduled plan launched and committed work by work) and parks (evicts the
+coldest resident snapshot). Mirrored step by step into the policy oracle (`verdicts.policy.Policy`),
+it checks after every step:
+
+- answers: every finished request's tokens equal `toy/model.py`'s `generate` (stop token included);
+- hits and snapshots: each admitted request's cached tokens and tier, each finished one's snapshot
+  verdict, equal the policy oracle's; a request waits exactly when the oracle says it must;
+- nothing leaked: pages used, snapshot pages, entries per tier, host bytes, the counters and the
+  parked lengths equal the oracle's (which recounts them by scan), and an idle core holds no lease.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from pool import Tier
+from pyruntime import engine
+from serve.core import Core
+from serve.request import EOS, Request, Status
+from toy import model as tm
+from verdicts.policy import COUNTERS, Policy
+
+BASE = [b"The lighthouse keeper had not seen a ship", b"To make a proper risotto, begin", b"A hash map trades",
+        b"The lighthouse keeper had not seen a ship in eleven days"]
+SUFFIX = list(b" Again?")
+GAUGES = ("pages_used", "snapshot_pages", "resident_entries", "parked_entries", "host_used_bytes")
+
+
+class CoreMachine(RuleBasedStateMachine):
+    @initialize(name=st.sampled_from(["toy-paged", "toy-spec", "toy-stateful", "toy-stateful-spec"]),
+                pages=st.integers(12, 40), host_pages=st.sampled_from([0, 3, 8, 40]), max_seqs=st.integers(1, 4),
+                chunk=st.sampled_from([7, 2048]))
+    def setup(self, name, pages, host_pages, max_seqs, chunk):
+        target = name
+        page_bytes = 16 * 4096
+        slot_bytes = (1 << 20) if "stateful" in target else 0
+        host = host_pages * page_bytes + (2 * slot_bytes if host_pages else 0)
+        self.e, geo = engine(target, pages * 16, host, max_seqs, chunk=chunk, first_slots=64)
+        self.core = Core(self.e)
+        self.manifest = json.load(open(f"manifests/toy/{target}.json"))
+        f = self.e.facts()
+        self.policy = Policy(page=f["page"], pages=f["pages"], lined=self.e.lined, emits=self.core.emits,
+                             rows=self.e.rows, chunk=chunk, slots=f["seq_slots"], host_bytes=f["host_bytes"],
+                             page_bytes=geo.page_bytes, slot_bytes=geo.slot_bytes)
+        self.reqs: list[tuple[Request, list]] = []
+        self.leases: dict[int, object] = {}
+        self.finished: list[list[int]] = []
+        self.n = 0
+
+    # rules
+
+    def _submit(self, ids: list[int], m: int) -> None:
+        room = len(ids) + m + self.e.rows - 1
+        if room > self.e.max_request_tokens:
+            return
+        sink: list = []
+        req = Request(f"req-{self.n}", ids, m, self.e.rows, sink.append)
+        self.n += 1
+        self.core.submit(req)
+        self.reqs.append((req, sink))
+
+    @rule(i=st.integers(0, len(BASE) - 1), m=st.integers(1, 24))
+    def submit(self, i, m):
+        self._submit(list(BASE[i]), m)
+
+    @precondition(lambda self: self.finished)
+    @rule(data=st.data(), m=st.integers(1, 24))
+    def next_turn(self, data, m):
+        convo = data.draw(st.sampled_from(self.finished))
+        self._submit(convo + SUFFIX, m)
+
+    @precondition(lambda self: any(r.status in (Status.WAITING, Status.RUNNING) for r, _ in self.reqs))
+    @rule(data=st.data())
+    def abort(self, data):
+        live = [r for r, _ in self.reqs if r.status in (Status.WAITING, Status.RUNNING)]
+        req = data.draw(st.sampled_from(live))
+        lease = self.leases.pop(id(req), None)
+        self.core.abort(req)
+        assert req.status is Status.ABORTED
+        if lease is not None:
+            self.policy.abort(lease)
+
+    @rule()
+    def park(self):
+        assert self.core.admission.evict() == self.policy.evict()
+
+    @rule()
+    def advance(self):
+        core, pol = self.core, self.policy
+        before = set(map(id, core.running))
+        head_waits = bool(core.waiting) and len(core.running) < self.e.max_seqs
+        core.admit()
+        for req in core.running:
+            if id(req) in before:
+                continue
+            got = pol.admit(req.ids, req.max_tokens)
+            assert got is not None, f"{req.id} admitted; the policy says it waits"
+            lease, pred = got
+            assert (req.cached, req.tier) == (pred.cached, pred.tier), f"{req.id}: hit {req.cached} {req.tier}, policy {pred}"
+            self.leases[id(req)] = lease
+        if head_waits and core.waiting and len(core.running) < self.e.max_seqs:
+            head = core.waiting[0]
+            assert pol.admit(head.ids, head.max_tokens) is None, f"{head.id} waits; the policy admits it"
+        for work in core.schedule().works:
+            flight = core.launch(work)
+            core.commit(flight)
+            for req in work.reqs:
+                lease = self.leases[id(req)]
+                fed = req.ids + req.emitted
+                done = req.status is Status.FINISHED
+                pol.step(lease, fed, req.pos, done)
+                if done:
+                    del self.leases[id(req)]
+                    self._finished(req, lease, fed)
+
+    def _finished(self, req: Request, lease, fed: list[int]) -> None:
+        sink = next(s for r, s in self.reqs if r is req)
+        tokens = [t for u in sink for t in u.tokens]
+        want = tm.generate(req.ids, req.max_tokens, self.manifest)
+        stop = req.reason == "stop"
+        assert tokens == want + ([EOS] if stop else []), f"{req.id}: {tokens} != {want} (+stop {stop})"
+        answer = len(tokens) - stop
+        snap = self.policy.finish(lease, fed, req.pos, len(req.ids), answer, req.reason)
+        assert sink[-1].done.snapshot == snap, f"{req.id}: snapshot {sink[-1].done.snapshot}, policy {snap}"
+        self.finished.append(req.ids + tokens)
+
+    # after every step
+
+    @invariant()
+    def matches_the_policy_and_leaks_nothing(self):
+        if not hasattr(self, "core"):
+            return
+        g, pg = self.core.gauges(), self.policy.gauges()
+        assert {k: g[k] for k in GAUGES} == {k: pg[k] for k in GAUGES}
+        c = self.core.counters
+        assert {k: c[k] for k in COUNTERS} == self.policy.counters
+        assert self.e.prefix.parked_lengths() == self.policy.parked_lengths()
+        assert self.e.prefix.count(Tier.DEVICE) == pg["resident_entries"]
+        if not self.core.running:
+            assert self.e.pool.leases == 1, "an idle core holds a lease besides the pad's"
+            assert g["pages_used"] == self.e.pad_pages + g["snapshot_pages"]
+
+
+CoreMachine.TestCase.settings = settings(max_examples=40, stateful_step_count=30, deadline=None,
+                                         suppress_health_check=[HealthCheck.too_slow])
+test_core_under_the_policy_oracle = CoreMachine.TestCase
+
+
+@pytest.mark.parametrize("target", ["toy-paged", "toy-stateful-spec"])
+def test_a_pipeline_may_launch_before_committing(target):
+    """Two requests' steps launched before either commits give the same answers as one at a time."""
+    e, _ = engine(target, 64 * 16, 0, 4)
+    core = Core(e)
+    man = json.load(open(f"manifests/toy/{target}.json"))
+    sinks = []
+    for ids in (list(BASE[0]), list(BASE[2])):
+        sink: list = []
+        core.submit(Request(f"r{len(sinks)}", ids, 12, e.rows, sink.append))
+        sinks.append((ids, sink))
+    core.admit()
+    while core.running:
+        plan = core.schedule()
+        flights = [core.launch(w) for w in plan.works if w.kind == "prefill"]
+        assert not core.schedule().prefill, "a request in flight was scheduled again"
+        for f in flights:
+            core.commit(f)
+        for w in plan.works:
+            if w.kind != "prefill":
+                core.commit(core.launch(w))
+    for ids, sink in sinks:
+        tokens = [t for u in sink for t in u.tokens]
+        want = tm.generate(ids, 12, man)
+        assert tokens[: len(want)] == want and len(tokens) - len(want) in (0, 1)
