@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from verdicts.policy import COUNTERS, Policy, Unmodelled
+from verdicts.policy import POLICY_COUNTERS, Policy, Unmodelled
 
 __all__ = ["PolicyGate", "GAUGES"]
 
@@ -84,7 +84,7 @@ class PolicyGate:
             return
         p = self.policy
         got_c, got_g = raw.get("counters", {}), raw.get("gauges", {})
-        diffs = [f"{k} {got_c.get(k)} (policy {p.counters[k]})" for k in COUNTERS if got_c.get(k) != p.counters[k]]
+        diffs = [f"{k} {got_c.get(k)} (policy {p.counters[k]})" for k in POLICY_COUNTERS if got_c.get(k) != p.counters[k]]
         mine = p.gauges()
         diffs += [f"{k} {got_g.get(k)} (policy {mine[k]})" for k in GAUGES if got_g.get(k) != mine[k]]
         if sorted(raw.get("parked_lengths") or []) != p.parked_lengths():

@@ -27,7 +27,7 @@ from pyruntime import engine
 from serve.core import Core
 from serve.request import EOS, Request, Status
 from toy import model as tm
-from verdicts.policy import COUNTERS, Policy
+from verdicts.policy import POLICY_COUNTERS, Policy
 
 BASE = [b"The lighthouse keeper had not seen a ship", b"To make a proper risotto, begin", b"A hash map trades",
         b"The lighthouse keeper had not seen a ship in eleven days"]
@@ -142,7 +142,7 @@ class CoreMachine(RuleBasedStateMachine):
         g, pg = self.core.gauges(), self.policy.gauges()
         assert {k: g[k] for k in GAUGES} == {k: pg[k] for k in GAUGES}
         c = self.core.counters
-        assert {k: c[k] for k in COUNTERS} == self.policy.counters
+        assert {k: c[k] for k in POLICY_COUNTERS} == self.policy.counters
         assert self.e.prefix.parked_lengths() == self.policy.parked_lengths()
         assert self.e.prefix.count(Tier.DEVICE) == pg["resident_entries"]
         if not self.core.running:

@@ -7,12 +7,14 @@
 - `hits`: `turn2_hit`.
 - `acceptance`: `accept_rate`, `acceptance_holds`.
 - `gate`: `oracle_gate`, `summarize` (and the `Report`/`Check` shape, the exit codes).
+- `policy`: `Policy`, the policy oracle (hits, tiers, snapshots, counters of the cache policy).
 """
 
 from .acceptance import BURST_SHARE, accept_rate, acceptance_holds
 from .evidence import PROBE_AGREE_ULPS, evidence, probe_disagreement
 from .gate import EXIT_FAIL, EXIT_NOTHING_RAN, EXIT_PASS, Check, Report, oracle_gate, summarize
 from .hits import turn2_hit
+from .policy import POLICY_COUNTERS, Policy, Prediction, Unmodelled
 from .same import EXCUSED_MAX, Oracle, Same, divergence
 from .ulp import NEAR_TIE_ULPS, near_tie, ulp_of, ulps_down
 
@@ -25,9 +27,13 @@ __all__ = [
     "EXIT_PASS",
     "NEAR_TIE_ULPS",
     "Oracle",
+    "POLICY_COUNTERS",
     "PROBE_AGREE_ULPS",
+    "Policy",
+    "Prediction",
     "Report",
     "Same",
+    "Unmodelled",
     "accept_rate",
     "acceptance_holds",
     "divergence",

@@ -38,9 +38,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["Policy", "Prediction", "Unmodelled"]
+__all__ = ["POLICY_COUNTERS", "Policy", "Prediction", "Unmodelled"]
 
-COUNTERS = ("resident_hits", "resident_hit_tokens", "host_hits", "host_hit_tokens", "prefix_hit_tokens",
+POLICY_COUNTERS = ("resident_hits", "resident_hit_tokens", "host_hits", "host_hit_tokens", "prefix_hit_tokens",
             "parks", "wakes", "wake_tokens", "evictions", "host_evictions", "not_kept")
 
 
@@ -97,7 +97,7 @@ class Policy:
     page_bytes: int = 0
     slot_bytes: int = 0
     entries: dict[tuple[int, ...], _Entry] = field(default_factory=dict)
-    counters: dict[str, int] = field(default_factory=lambda: dict.fromkeys(COUNTERS, 0))
+    counters: dict[str, int] = field(default_factory=lambda: dict.fromkeys(POLICY_COUNTERS, 0))
     woken: int = 0
     clock: int = 0
 
