@@ -21,7 +21,7 @@ from e2e.stats import Stats
 
 __all__ = ["Options", "Run", "run_target"]
 
-SESSION_PORTS = {"default": 0, "host": 1, "slots": 2, "rows1": 3, "wake_room": 4, "churn": 5}
+SESSION_PORTS = {"default": 0, "host": 1, "slots": 2, "rows1": 3, "wake_room": 4, "churn": 5, "drop": 6}
 
 
 @dataclass

@@ -124,7 +124,7 @@ def _target(name):
 def test_plan_all_steps_in_session_order():
     names = [s.name for s in plan(_target("toy-stateful-spec"), None, True)]
     assert names == ["kern_test", "conc1", "run_equals_reference", "repeat", "turn2", "concurrent",
-                     "spec_acceptance", "abort", "host_cold", "park_wake", "host_churn", "slot_growth", "rows1",
+                     "spec_acceptance", "abort", "host_cold", "park_wake", "host_churn", "evict_drops", "slot_growth", "rows1",
                      "wake_room"]
     paged = [s.name for s in plan(_target("toy-paged"), None, False)]
     assert "slot_growth" not in paged and "rows1" not in paged and "spec_acceptance" not in paged
@@ -148,7 +148,8 @@ def test_every_check_is_named_once():
     assert {"kern_test", "conc1_equals_run", "run_equals_reference", "repeat_hit", "turn2_hit",
             "turn2_warm_equals_run", "concurrent", "spec_acceptance", "abort", "turn2_warm_equals_cold",
             "park_wake", "slot_growth", "rows1_equals_run", "wake_room", "host_churn", "policy_default",
-            "policy_host", "policy_churn", "policy_slots", "policy_rows1", "policy_wake_room"} <= set(CHECKS)
+            "policy_host", "policy_churn", "policy_drop", "policy_slots", "policy_rows1", "policy_wake_room",
+            "evict_drops"} <= set(CHECKS)
 
 
 def test_checks_report_only_what_was_named():

@@ -2,7 +2,7 @@
 
 `--scenarios` names checks; `plan` keeps the steps that add a named check and, transitively, the
 steps they depend on (which then run unreported). Steps run in `STEPS` order, which is the session
-order of SPEC §10 (kern_test, default, host, slots, rows1, wake_room), with churn after host.
+order of SPEC §10 (kern_test, default, host, slots, rows1, wake_room), with churn and drop after host.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ STEPS: tuple[Step, ...] = (
     Step("host_cold", "host", ("turn2_warm_equals_cold",), ("turn2",), host.cold, flags=host.flags),
     Step("park_wake", "host", ("park_wake",), ("host_cold",), host.park_wake, flags=host.flags),
     Step("host_churn", "churn", ("host_churn",), ("turn2",), churn.run, flags=churn.flags),
+    Step("evict_drops", "drop", ("evict_drops",), ("turn2",), churn.drop, flags=churn.drop_flags),
     Step("slot_growth", "slots", ("slot_growth",), ("turn2",), slots.run, flags=slots.flags,
          applies=lambda t: t.lined),
     Step("rows1", "rows1", ("rows1_equals_run", "rows1_vs_spec"), ("conc1",), rows1.run, flags=rows1.flags,

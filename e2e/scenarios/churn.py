@@ -22,9 +22,9 @@ ORDER = (0, 1, 0, 2, 3, 0, 1, 2, 0, 3)
 MAX_SEQS = 8
 
 
-def _room_pages(r) -> int:
+def _room_pages(r, order=ORDER) -> int:
     """Pages of the largest request the scenario sends (a conversation's last turn, bounded)."""
-    turns = 1 + max(ORDER.count(i) for i in range(CONVERSATIONS))
+    turns = max(order.count(i) for i in range(CONVERSATIONS)) + (order is ORDER)
     longest = max(len(a.prompt_ids) for a in r.cold[:CONVERSATIONS])
     tokens = longest + turns * (r.m + 1 + len(r.suffix)) + r.rows - 1
     return -(-tokens // r.page)
@@ -72,3 +72,33 @@ def run(r) -> None:
             f"parks {c.get('parks', 0)}, wakes {c.get('wakes', 0)}, host_evictions {c.get('host_evictions', 0)}, "
             f"evictions {c.get('evictions', 0)}; answers {same}" + "".join(f"; {p}" for p in problems))
     r.checks.add("host_churn", same.ok and not problems, note)
+
+
+# session drop: the same conversations with no host tier, so evicting a snapshot drops it
+
+DROP_TURNS = (0, 1, 0, 1)
+
+
+def drop_flags(r) -> list[str]:
+    pages = _room_pages(r, DROP_TURNS)
+    return ["--capacity", str((pages + 1) * int(r.facts["default"]["page"])), "--max-seqs", str(MAX_SEQS)]
+
+
+def drop(r) -> None:
+    """evict_drops: with no host tier, room for a turn evicts (drops) older snapshots; every answer
+    equals the reference, the drops are counted, and (policy_drop) every hit, tier and counter is
+    the policy oracle's."""
+    live = r.need("drop")
+    same = Same(r.oracle, r.rows)
+    convo: dict[int, list[int]] = {}
+    for i in DROP_TURNS:
+        ids = convo[i] + r.suffix if i in convo else PROMPTS[i]
+        a = r.answer(ids)
+        ids = r.prompt_ids(a, ids)
+        same.add(f"conversation {i + 1}", ids, a.ids, r.oracle.run(ids, r.m, r.rows))
+        convo[i] = ids + a.fed
+    c = live.stats.read()
+    ev = c.get("evictions", 0)
+    ok = same.ok and ev >= 1 and not c.get("parks", 0)
+    r.checks.add("evict_drops", ok, f"evictions {ev}, parks {c.get('parks', 0)}; answers {same}"
+                 + ("" if ev else "; nothing was evicted"))
