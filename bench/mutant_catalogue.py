@@ -69,7 +69,7 @@ CATALOGUE: tuple[Mutant, ...] = (
     Mutant("growth-rule-drops-host-copy", "pool/prefix.py",
            "            if old is not None and not old.slot and old.device is not None and old.host is None:",
            "            if old is not None and not old.slot and old.device is not None:",
-           CHURN, ("toy-paged",),
+           HOST, ("toy-paged",),
            "peers §3.10 (SGLang #33713): an entry with a host copy pruned instead of kept (0 host hits)"),
     Mutant("reinsert-keeps-parked", "pool/prefix.py",
            "            if e.device is None:\n                e.device = store",

@@ -79,7 +79,7 @@ def gate_target(t: GateTarget, opts: Options, reference: Path | None, wanted: se
     if t.skipped:
         return _skipped(t, t.skipped, echo)
     steps = plan(t, wanted, reference is not None)
-    if wanted is not None and not any(set(s.checks) & wanted for s in steps):
+    if wanted is not None and not any(set(s.checks) & wanted or f"policy_{s.session}" in wanted for s in steps):
         return _skipped(t, "no selected check applies", echo)
     echo(f"== {t.name} ({t.ranks} rank(s), {'stateful' if t.lined else 'paged'}, rows {t.widest})")
     t0 = time.monotonic()
