@@ -74,7 +74,7 @@ CATALOGUE: tuple[Mutant, ...] = (
     Mutant("reinsert-keeps-parked", "pool/prefix.py",
            "            if e.device is None:\n                e.device = store",
            "            if False:\n                e.device = store",
-           CHURN, ("toy-paged",),
+           HOST, ("toy-paged",),
            "kern-pool §1.9 insert: a parked entry re-inserted must become resident (else every turn wakes)"),
     Mutant("park-restamps", "pool/prefix.py",
            "                self._stamp(e, e.used)",
@@ -195,7 +195,10 @@ CATALOGUE: tuple[Mutant, ...] = (
            "        if out and out[-1][0] + out[-1][2] == s and out[-1][1] + out[-1][2] == d:",
            "        if out and out[-1][0] + out[-1][2] == s:",
            ("turn2_warm_equals_run", "host_churn"), ("toy-stateful",),
-           "peers §3.4: a copy lands on the wrong pages"),
+           "peers §3.4: a copy lands on the wrong pages",
+           equivalent="every device-to-device plan the pool makes copies at most one page (checkpoint, restore "
+                      "and fork copy only the partial page; whole pages are shared, never copied), so `_runs` "
+                      "never sees a second pair and the destination test it drops is never evaluated"),
     # --- a kernel (manifests regenerated) ---
     Mutant("kernel-rotation-off", "toy/kernels/cpu.py",
            "            part += rotl(kv[base + w], q)",
