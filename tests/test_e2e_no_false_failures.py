@@ -112,14 +112,18 @@ def test_a_response_cut_short_is_not_sent_again():
 
 
 def _serving_port(out: Path, timeout: float = 240.0) -> int:
+    """The port of the gate's server once it has admitted a request (the gate is past start-up)."""
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout:
         for log in out.glob("*/server-*.log"):
-            for line in log.read_text(errors="replace").splitlines():
+            text = log.read_text(errors="replace")
+            if " admitted " not in text:
+                continue
+            for line in text.splitlines():
                 if " serving " in line and "port=" in line:
                     return int(line.split("port=")[1].split()[0])
         time.sleep(0.2)
-    raise AssertionError(f"no server was serving under {out} after {timeout:.0f}s")
+    raise AssertionError(f"no server under {out} admitted a request after {timeout:.0f}s")
 
 
 def _refused(port: int) -> bool:
