@@ -29,13 +29,14 @@ class _Forward:
 
 
 class PyProtocol:
-    def __init__(self, emits: bool, rows: int, groups: int = 256) -> None:
+    def __init__(self, emits: bool, rows: int, groups: int = 256, chunk_groups: int = 1) -> None:
         self.prefill_emits = emits
         self.widest = rows
         self._groups = groups
+        self._chunk_groups = chunk_groups  # sequences one prefill call may pack
 
     def chunk(self) -> _Forward:
-        return _Forward("prefill", 1)
+        return _Forward("prefill", self._chunk_groups)
 
     def forward(self, b: int, rows: int) -> _Forward:
         return _Forward("decode" if rows == 1 else "round", self._groups)
@@ -44,10 +45,10 @@ class PyProtocol:
 class PyRuntime:
     """Device pages and lines, host pages and lines, all plain Python objects."""
 
-    def __init__(self, unit: int, lined: bool, rows: int, host_page_bytes: int = 1) -> None:
+    def __init__(self, unit: int, lined: bool, rows: int, host_page_bytes: int = 1, chunk_groups: int = 1) -> None:
         self.unit = unit
         self.lined = lined
-        self.protocol = PyProtocol(lined, rows)
+        self.protocol = PyProtocol(lined, rows, chunk_groups=chunk_groups)
         self.pages: dict[int, list] = {}
         self.lines: dict[int, list[int]] = {}
         self.host_pages: dict[int, list] = {}
@@ -162,8 +163,9 @@ class PyRuntime:
 
 
 def engine(manifest_name: str, capacity: int, host_bytes: int, max_seqs: int, rows: int | None = None,
-           chunk: int | None = None, first_slots: int | None = None):
-    """A serve.engine.Engine over the real pool, index and host tier, with a `PyRuntime`."""
+           chunk: int | None = None, first_slots: int | None = None, pack: int = 0):
+    """A serve.engine.Engine over the real pool, index and host tier, with a `PyRuntime`; `pack` > 0
+    packs up to that many sequences into one prefill call (as a manifest declaring cu_seqlens does)."""
     from manifests import derive, load
     from manifests.config import resolve
     from pool import Geometry, Host, Lease, Pool, Prefix, chunk_size, chunks_for
@@ -188,10 +190,10 @@ def engine(manifest_name: str, capacity: int, host_bytes: int, max_seqs: int, ro
         grain = geometry.page_size or geometry.slot_size
         host_bytes = host_bytes // grain * grain
         host = Host(host_bytes, grain, geometry.page_size, geometry.slot_size)
-    rt = PyRuntime(unit, lined, rows)
+    rt = PyRuntime(unit, lined, rows, chunk_groups=max(pack, 1))
     pad = pool.lease_pad()
     assert isinstance(pad, Lease), pad
     return Engine(model=m.model, manifest_path=manifest_name, runtime=rt, pool=pool, pad=pad, host=host,
                   prefix=Prefix(unit), rows=rows, chunk=chunk or 2048, max_seqs=max_seqs, lined=lined, unit=unit,
                   reach=derive.reach(m), backend="python", host_bytes=host_bytes, seq_slots=pool.slots,
-                  faults=Faults()), SimpleNamespace(page_bytes=geometry.page_size, slot_bytes=geometry.slot_size)
+                  faults=Faults(), pack=pack > 0), SimpleNamespace(page_bytes=geometry.page_size, slot_bytes=geometry.slot_size)

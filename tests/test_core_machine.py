@@ -2,8 +2,9 @@
 process by a pure-Python runtime (tests/pyruntime.py) that carries out every plan on plain objects.
 
 A hypothesis state machine submits (fresh prompts and next turns of finished conversations), aborts,
-advances (admit, then one scheduled plan launched and committed work by work) and parks (evicts the
-coldest resident snapshot). Mirrored step by step into the policy oracle (`verdicts.policy.Policy`),
+advances (admit, then one scheduled plan launched and committed work by work; prefill unpacked, or
+packed several prompts to a call as a manifest with cu_seqlens does) and parks (evicts the coldest
+resident snapshot). Mirrored step by step into the policy oracle (`verdicts.policy.Policy`),
 it checks after every step:
 
 - answers: every finished request's tokens equal `toy/model.py`'s `generate` (stop token included);
@@ -38,13 +39,13 @@ GAUGES = ("pages_used", "snapshot_pages", "resident_entries", "parked_entries", 
 class CoreMachine(RuleBasedStateMachine):
     @initialize(name=st.sampled_from(["toy-paged", "toy-spec", "toy-stateful", "toy-stateful-spec"]),
                 pages=st.integers(12, 40), host_pages=st.sampled_from([0, 3, 8, 40]), max_seqs=st.integers(1, 4),
-                chunk=st.sampled_from([7, 2048]))
-    def setup(self, name, pages, host_pages, max_seqs, chunk):
+                chunk=st.sampled_from([7, 2048]), pack=st.sampled_from([0, 3]))
+    def setup(self, name, pages, host_pages, max_seqs, chunk, pack):
         target = name
         page_bytes = 16 * 4096
         slot_bytes = (1 << 20) if "stateful" in target else 0
         host = host_pages * page_bytes + (2 * slot_bytes if host_pages else 0)
-        self.e, geo = engine(target, pages * 16, host, max_seqs, chunk=chunk, first_slots=64)
+        self.e, geo = engine(target, pages * 16, host, max_seqs, chunk=chunk, first_slots=64, pack=pack)
         self.core = Core(self.e)
         self.manifest = json.load(open(f"manifests/toy/{target}.json"))
         f = self.e.facts()
@@ -155,10 +156,11 @@ CoreMachine.TestCase.settings = settings(max_examples=40, stateful_step_count=30
 test_core_under_the_policy_oracle = CoreMachine.TestCase
 
 
+@pytest.mark.parametrize("pack", [0, 2])
 @pytest.mark.parametrize("target", ["toy-paged", "toy-stateful-spec"])
-def test_a_pipeline_may_launch_before_committing(target):
+def test_a_pipeline_may_launch_before_committing(target, pack):
     """Two requests' steps launched before either commits give the same answers as one at a time."""
-    e, _ = engine(target, 64 * 16, 0, 4)
+    e, _ = engine(target, 64 * 16, 0, 4, chunk=16, pack=pack)
     core = Core(e)
     man = json.load(open(f"manifests/toy/{target}.json"))
     sinks = []
@@ -170,7 +172,9 @@ def test_a_pipeline_may_launch_before_committing(target):
     while core.running:
         plan = core.schedule()
         flights = [core.launch(w) for w in plan.works if w.kind == "prefill"]
-        assert not core.schedule().prefill, "a request in flight was scheduled again"
+        flying = {id(r) for f in flights for r in f.work.reqs}
+        again = [r for call in core.schedule().prefill for r, _ in call]
+        assert not [r for r in again if id(r) in flying], "a request in flight was scheduled again"
         for f in flights:
             core.commit(f)
         for w in plan.works:
@@ -180,3 +184,64 @@ def test_a_pipeline_may_launch_before_committing(target):
         tokens = [t for u in sink for t in u.tokens]
         want = tm.generate(ids, 12, man)
         assert tokens[: len(want)] == want and len(tokens) - len(want) in (0, 1)
+
+
+def _two_prompts(e, core, m=4):
+    sinks = []
+    for ids in (list(BASE[0]), list(BASE[2])):
+        sink: list = []
+        core.submit(Request(f"r{len(sinks)}", ids, m, e.rows, sink.append))
+        sinks.append(sink)
+    core.admit()
+    return sinks
+
+
+def test_packed_prefill_plans_one_call_within_the_chunk():
+    """Packed, one prefill call per iteration carries the oldest prompts' next rows (the older one
+    first and whole before the younger gets any), at most the chunk's rows and the call's sequences;
+    unpacked, one call per prompt within the same chunk budget. `prefill_calls` counts calls."""
+    chunk = 50  # BASE[0] is 41 tokens: the call gives it all, then BASE[2] the rest of the chunk
+    e, _ = engine("toy-paged", 64 * 16, 0, 4, chunk=chunk, pack=3)
+    core = Core(e)
+    _two_prompts(e, core)
+    plan = core.schedule()
+    fed0 = len(BASE[0]) - 1  # toy-paged's prefill does not emit: it stops one token short
+    assert [[(r.id, n) for r, n in call] for call in plan.prefill] == [[("r0", fed0), ("r1", chunk - fed0)]]
+    (work, *_) = plan.works
+    assert (work.kind, [r.id for r in work.reqs], work.ns) == ("prefill", ["r0", "r1"], [fed0, chunk - fed0])
+    core.run(plan)
+    assert core.counters["prefill_calls"] == 1 and core.counters["prefill_tokens"] == chunk
+
+    e, _ = engine("toy-paged", 64 * 16, 0, 4, chunk=chunk, pack=0)
+    core = Core(e)
+    _two_prompts(e, core)
+    plan = core.schedule()
+    assert [[(r.id, n) for r, n in call] for call in plan.prefill] == [[("r0", fed0)], [("r1", chunk - fed0)]]
+    core.run(plan)
+    assert core.counters["prefill_calls"] == 2 and core.counters["prefill_tokens"] == chunk
+
+
+def test_a_held_partial_call_waits_and_a_full_one_goes():
+    """A runtime whose `hold_partial` says hold (a pipeline full of items) gets no packed prefill
+    call fewer rows than the chunk; a full call goes regardless, and without the hold the partial one
+    goes. The answers are the reference's either way."""
+    e, _ = engine("toy-paged", 64 * 16, 0, 4, chunk=2048, pack=3)
+    holds = []
+    e.runtime.hold_partial = lambda: holds.append(1) or len(holds) <= 2
+    core = Core(e)
+    sinks = _two_prompts(e, core)
+    assert core.schedule().prefill == [] and core.schedule().prefill == [], "a partial call was not held"
+    assert core.schedule().prefill, "the hold lifted and nothing was planned"
+    while core.running:
+        core.run(core.schedule())
+    man = json.load(open("manifests/toy/toy-paged.json"))
+    for ids, sink in zip((BASE[0], BASE[2]), sinks):
+        tokens = [t for u in sink for t in u.tokens]
+        want = tm.generate(list(ids), 4, man)
+        assert tokens[: len(want)] == want
+
+    e, _ = engine("toy-paged", 64 * 16, 0, 4, chunk=8, pack=3)
+    e.runtime.hold_partial = lambda: True
+    core = Core(e)
+    _two_prompts(e, core)
+    assert [n for _, n in core.schedule().prefill[0]] == [8], "a full call was held"
