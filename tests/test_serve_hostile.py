@@ -103,8 +103,25 @@ def _completion(url: str, prompt: list[int], max_tokens: int, stream: bool) -> t
     return 200, ids, None
 
 
-def _burst_then_sigterm(server, n: int, max_tokens: int, queued: int):
-    prompts = [[(i * 3 + k) % 256 for k in range(80)] for i in range(n)]
+def _long_prompts(target: str, n: int, max_tokens: int) -> list[list[int]]:
+    """The first `n` 80-token prompts of a fixed family whose answers run the whole `max_tokens`
+    (most answers meet EOS early, and a burst of short answers drains before any deadline)."""
+    found = []
+    for i in range(10_000):
+        p = [(i * 3 + k) % 256 for k in range(80)]
+        if len(oracle(target, p, max_tokens)) == max_tokens:
+            found.append(p)
+            if len(found) == n:
+                return found
+    raise AssertionError(f"no {n} prompts of the family run {max_tokens} tokens")
+
+
+def _burst_then_sigterm(server, n: int, max_tokens: int, queued: int, long: bool = False):
+    if long:  # six prompts whose answers run the whole max_tokens, in turn
+        six = _long_prompts("toy-paged", 6, max_tokens)
+        prompts = [six[i % 6] for i in range(n)]
+    else:
+        prompts = [[(i * 3 + k) % 256 for k in range(80)] for i in range(n)]
     results: list = [None] * n
 
     def one(i):
@@ -133,13 +150,17 @@ def test_sigterm_cuts_off_queued_work_with_503s(kern_server):
     ends 200 with exactly toy/model.py's answer, or 503 with an OpenAI error (a stream: an error event
     after a prefix of the answer); never a 200 without an answer; the exit code says requests were cut."""
     target = "toy-paged"
-    server = kern_server(target, "--capacity", "352", "--drain-timeout", "1")
-    prompts, results, rc = _burst_then_sigterm(server, n=6, max_tokens=60, queued=6)
+    # 80 + 240 tokens: one request at a time fits, and each answer runs all 240 tokens, so thirty take
+    # 7200 serial steps; SIGTERM lands with at least twelve still queued, half a second is not enough
+    server = kern_server(target, "--capacity", "352", "--drain-timeout", "0.5")
+    prompts, results, rc = _burst_then_sigterm(server, n=30, max_tokens=240, queued=12, long=True)
     cut = 0
+    answers: dict[tuple, list[int]] = {}
     for i, res in enumerate(results):
         assert isinstance(res, tuple), f"request {i}: {res!r}"
         status, ids, error = res
-        want = oracle(target, prompts[i], 60)
+        key = tuple(prompts[i])
+        want = answers.get(key) or answers.setdefault(key, oracle(target, prompts[i], 240))
         if status == 200:
             assert ids == want, f"request {i}"
         else:
