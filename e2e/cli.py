@@ -24,7 +24,7 @@ import click
 from e2e.checks import Checks
 from e2e.config import ConfigError, GateTarget, load_targets
 from e2e.gate import SESSION_PORTS, Options, Run, run_target
-from e2e.report import junit, write_report, write_summary
+from e2e.report import commit, junit, write_report, write_summary
 from e2e.scenarios import CHECKS, plan
 from e2e.session import STARTED, stop_all
 from oracle.cache import Cache, KernRun, kern_run_identity
@@ -165,6 +165,7 @@ def no_gpu() -> str | None:
 def cli(config, targets, scenarios, reference, no_reference, out, max_tokens, backend, port, capacity,
         server_flags, kern, load_timeout, jobs, junit_path) -> None:
     """Gate every target of a config through the server, token-exact against an oracle."""
+    t0 = time.monotonic()
     wanted = set(_names(scenarios)) or None
     unknown = sorted((wanted or set()) - set(CHECKS))
     if unknown:
@@ -187,7 +188,8 @@ def cli(config, targets, scenarios, reference, no_reference, out, max_tokens, ba
         reports = gate_all(chosen, opts, ref, wanted, jobs)
     for r in reports:
         write_report(opts.out, r)
-    table, code = write_summary(opts.out, reports)
+    meta = {"commit": commit(), "backend": backend, "max_tokens": max_tokens, "wall_s": time.monotonic() - t0}
+    table, code = write_summary(opts.out, reports, meta)
     click.echo("\n" + table)
     if junit_path:
         Path(junit_path).parent.mkdir(parents=True, exist_ok=True)

@@ -1,20 +1,27 @@
 """The gate's outputs: ``<out>/<target>/report.json``, ``<out>/summary.md`` and JUnit XML.
 
-report.json (indent 1): ``{target, skipped, facts, counters: {default, host, slots}, checks:
+report.json (indent 1): ``{target, skipped, facts, counters: {default, host, churn, slots}, checks:
 [{name, ok, note}], near_ties: {check: excused tokens}, wall_s}``, written even for a skipped
 target (``near_ties`` lists only checks that excused some: float targets).
+
+summary.md: a header (commit, backend, max tokens, wall time), the table of `verdicts.summarize`
+(one row per target), then each failed check's reason (its note). docs/results.md says how to read
+them.
 """
 
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 from typing import Any, Iterable
 from xml.etree import ElementTree as ET
 
 from verdicts import summarize
 
-__all__ = ["junit", "write_report", "write_summary"]
+__all__ = ["commit", "junit", "summary_text", "write_report", "write_summary"]
+
+CHECKOUT = Path(__file__).resolve().parents[1]
 
 
 def write_report(out: Path, report: dict[str, Any]) -> Path:
@@ -33,11 +40,64 @@ def _json(x: Any) -> Any:
     raise TypeError(f"not JSON: {type(x).__name__}")
 
 
-def write_summary(out: Path, reports: Iterable[dict[str, Any]]) -> tuple[str, int]:
-    table, code = summarize(list(reports))
+def commit(root: Path = CHECKOUT) -> str:
+    """``git rev-parse HEAD`` of the checkout the gate runs from, or "unknown" (no git, not a checkout)."""
+    if not (root / ".git").exists():
+        return "unknown"  # an installed copy: never some enclosing repository's HEAD
+    try:
+        p = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    sha = p.stdout.strip()
+    return sha if p.returncode == 0 and sha else "unknown"
+
+
+def _backend(asked: str | None, reports: list[dict[str, Any]]) -> str:
+    """The backend asked for, and the one the servers reported (their ready lines) when it differs."""
+    ran = sorted({str(f["backend"]) for r in reports for f in (r.get("facts") or {}).values()
+                  if isinstance(f, dict) and f.get("backend")})
+    if asked is None:
+        return ", ".join(ran) or "unknown"
+    return f"{asked} (servers ran: {', '.join(ran)})" if ran and ran != [asked] else asked
+
+
+def _fence(note: str) -> str:
+    ticks = "```"
+    while ticks in note:
+        ticks += "`"
+    return f"{ticks}text\n{note}\n{ticks}"
+
+
+def summary_text(reports: list[dict[str, Any]], meta: dict[str, Any] | None = None) -> tuple[str, int]:
+    """summary.md's text and the gate's exit code. `meta` may give ``commit``, ``backend`` (asked for),
+    ``max_tokens`` and ``wall_s`` (the whole gate's); what it lacks is read from the reports or left out."""
+    meta = meta or {}
+    table, code = summarize(reports)
+    lines = ["# e2e summary", ""]
+    lines.append(f"- commit: {meta.get('commit') or 'unknown'}")
+    lines.append(f"- backend: {_backend(meta.get('backend'), reports)}")
+    if meta.get("max_tokens") is not None:
+        lines.append(f"- max tokens: {meta['max_tokens']}")
+    wall = meta.get("wall_s")
+    if wall is None:
+        wall = sum(float(r.get("wall_s") or 0) for r in reports)
+    lines.append(f"- wall time: {float(wall):.1f} s")
+    lines += ["", table]
+    failed = [(r["target"], c) for r in reports if r.get("skipped") is None
+              for c in r.get("checks", []) if c["ok"] is False]
+    if failed:
+        lines += ["", "## Failed checks"]
+        for target, c in failed:
+            lines += ["", f"### {target}: {c['name']}", "", _fence(str(c.get("note") or "(no reason given)"))]
+    return "\n".join(lines), code
+
+
+def write_summary(out: Path, reports: Iterable[dict[str, Any]], meta: dict[str, Any] | None = None) -> tuple[str, int]:
+    """Write ``<out>/summary.md``; its text and the gate's exit code."""
+    text, code = summary_text(list(reports), meta)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "summary.md").write_text(table + "\n")
-    return table, code
+    (out / "summary.md").write_text(text + "\n")
+    return text, code
 
 
 def junit(reports: Iterable[dict[str, Any]]) -> str:

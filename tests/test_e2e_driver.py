@@ -46,7 +46,7 @@ def test_passing_gate_on_toy_paged(tmp_path):
     assert "cached [96, 80, 96, 64]" in got["repeat_hit"]["note"]
     assert r["counters"]["host"]["parks"] >= 1 and r["facts"]["default"]["page"] == 16
     out = tmp_path / "results"
-    assert (out / "summary.md").read_text().startswith("| target | checks | result |")
+    assert "| target | checks | result |" in (out / "summary.md").read_text()
     for name in ("server-default.log", "server-host.log", "server-wake_room.log", "kern-test.log", "oracle.json"):
         assert (out / "toy-paged" / name).is_file(), name
     assert 'name="toy-paged"' in (tmp_path / "junit.xml").read_text()
