@@ -30,6 +30,7 @@ __all__ = ["STARTED", "ServerExited", "ServerError", "Session", "Unavailable", "
            "project_env", "server_command", "split_flags", "stop_all"]
 
 EXIT_MEANINGS = {101: "scheduler crashed", -9: "killed", -15: "terminated"}
+SERVER_LOG = "kern_serve=debug,kern_runtime=info"  # the RUST_LOG of a gated server
 PORT_IN_USE = ("address already in use", "errno 98", "errno 48", "only one usage of each socket address")
 
 
@@ -128,7 +129,9 @@ class Session:
     def start(self) -> dict[str, Any]:
         """Start the server and wait until it is ready; the facts of its ready line (plus ``load_s``)."""
         self.log.path.parent.mkdir(parents=True, exist_ok=True)
-        env = project_env()
+        # as the Rust kern gate driver starts servers: the debug lines the checks read (` parked `,
+        # ` admitted `, ` not kept `) are written; either server (ours reads it, see `kern serve --log-level`)
+        env = dict(project_env(), RUST_LOG=SERVER_LOG)
         t0 = time.monotonic()
         with STARTED.lock:
             if STARTED.closed:

@@ -276,6 +276,8 @@ def _stage_manifest(m: Manifest, span: tuple[int, int | None], kinds: dict[str, 
         "ops": {k: v for k, v in raw["ops"].items() if k in ops},
         "programs": programs,
     }
+    if "weights" in raw:  # the whole's pinned weights files: a stage loads (a subset of) the same files
+        stage["weights"] = raw["weights"]
     names = _var_names(stage)
     if any("batch" in p for p in programs.values()):
         names |= {v.name for v in m.vars.values() if v.axis}

@@ -111,7 +111,7 @@ def parse(text: str | dict, source: str = "<manifest>") -> Manifest:
 
 def _parse(raw: Any, err: _Errors, source: str) -> Manifest | None:
     top = ("schema_version", "model", "vars", "states", "buffers", "modules", "ops", "programs")
-    if not err.fields("manifest", raw, top, ("cut",)):
+    if not err.fields("manifest", raw, top, ("cut", "weights")):
         return None
     if raw["schema_version"] != SCHEMA_VERSION:
         err.add("schema_version", f"expected {SCHEMA_VERSION}, got {json.dumps(raw['schema_version'])}")
@@ -128,6 +128,7 @@ def _parse(raw: Any, err: _Errors, source: str) -> Manifest | None:
     ops = {n: o for n, d in raw["ops"].items() if (o := _op(f"ops.{n}", n, d, err))}
     programs = {n: p for n, d in raw["programs"].items() if (p := _program(f"programs.{n}", n, d, err))}
     cut = _cut(raw["cut"], err) if "cut" in raw else None
+    weights = _weights(raw["weights"], err) if "weights" in raw else {}
     return Manifest(
         schema_version=raw["schema_version"],
         model=raw["model"] if isinstance(raw["model"], str) else "",
@@ -140,7 +141,29 @@ def _parse(raw: Any, err: _Errors, source: str) -> Manifest | None:
         raw=raw,
         source=source,
         cut=cut,
+        weights=weights,
     )
+
+
+def _weights(d: Any, err: _Errors) -> dict[str, str]:
+    """`{"salt.safetensors": {"sha256": "<hex>"}}`: the weights files by name, each pinned by its sha256
+    (checked when the weights load, as a module's sha256 is checked against its kernels)."""
+    if not isinstance(d, dict):
+        err.add("weights", "expected an object of weights file names")
+        return {}
+    out = {}
+    for name, pin in d.items():
+        path = f"weights.{name}"
+        if not name or "/" in name or "\\" in name:
+            err.add(path, "expected a file name (no directory)")
+            continue
+        if not err.fields(path, pin, ("sha256",)):
+            continue
+        if not isinstance(pin["sha256"], str) or not re.fullmatch(r"[0-9a-f]{64}", pin["sha256"]):
+            err.add(f"{path}.sha256", "expected 64 lowercase hex digits")
+            continue
+        out[name] = pin["sha256"]
+    return out
 
 
 def _cut(d: Any, err: _Errors) -> Cut | None:

@@ -192,6 +192,7 @@ class Manifest:
     raw: dict = field(compare=False, repr=False)
     source: str = ""
     cut: Cut | None = None
+    weights: dict[str, str] = field(default_factory=dict)  # weights file name -> its pinned sha256
 
     def var_max(self) -> dict[str, int]:
         return {v.name: v.max for v in self.vars.values()}

@@ -19,7 +19,7 @@ from manifests.schema import Manifest
 from runtime.backend import Backend, make_backend
 from runtime.runtime import Runtime
 from runtime.step import Cell
-from runtime.weights import read_tensors
+from runtime.weights import bound_tensors, read_tensors
 
 
 class StagesError(ValueError):
@@ -68,7 +68,9 @@ class Chain:
     def __init__(self, stages: list[Manifest], weights: list | dict, pages: int, slots: int = 0,
                  backend: str | Backend = "cpu", max_seqs: int | None = None):
         be = make_backend(backend) if isinstance(backend, str) else backend
-        tensors = weights if isinstance(weights, dict) else read_tensors(weights)
+        pins = {k: v for m in stages for k, v in m.weights.items()}
+        tensors = weights if isinstance(weights, dict) else read_tensors(
+            weights, pins, set().union(*(bound_tensors(m) for m in stages)))
         self.stages = [Runtime(m, tensors, pages, slots, be, max_seqs) for m in stages]
         self.backend = be
         last = self.stages[-1]

@@ -22,7 +22,7 @@ from manifests.schema import Manifest
 from runtime.backend import Backend, KernelError, make_backend, map_kernel_exceptions
 from runtime.protocol import Protocol
 from runtime.step import Cell, LineTable, PageTable, bucket, stage
-from runtime.weights import bind, read_tensors
+from runtime.weights import bind, bound_tensors, read_tensors
 
 
 class Runtime:
@@ -58,7 +58,7 @@ class Runtime:
         for b in m.buffers.values():
             if b.kind != "source":  # a source is staged only while derive programs read it
                 self.buffers[b.name] = be.view(be.zeros(b.nbytes(env)), b.dtype)
-        tensors = weights if isinstance(weights, dict) else read_tensors(weights)
+        tensors = weights if isinstance(weights, dict) else read_tensors(weights, m.weights, bound_tensors(m))
         bound = bind(m, tensors)
         for name, data in bound.items():
             if m.buffers[name].kind == "weight":

@@ -1,8 +1,14 @@
-"""Weights: safetensors files bound to `weight` buffers by their `bind` segments."""
+"""Weights: safetensors files bound to `weight` buffers by their `bind` segments.
+
+A manifest may pin its weights files by name (`"weights": {"salt.safetensors": {"sha256": ...}}`): a
+pinned file whose bytes hash to another sha256 is refused before it is read, and so is an unpinned
+file that supplies a tensor the manifest binds (a swapped file under another name)."""
 
 from __future__ import annotations
 
 from pathlib import Path
+
+import hashlib
 
 import numpy as np
 
@@ -15,17 +21,51 @@ class WeightsError(ValueError):
     """A weight that cannot be bound: a missing file or tensor, or a size or dtype that disagrees."""
 
 
-def read_tensors(paths: list[str | Path]) -> dict[str, np.ndarray]:
+def sha256_file(path: str | Path) -> str:
+    h = hashlib.sha256()
+    try:
+        with open(path, "rb") as f:
+            while block := f.read(1 << 20):
+                h.update(block)
+    except OSError as exc:
+        raise WeightsError(f"weights file {path}: cannot read: {exc.strerror or exc}") from exc
+    return h.hexdigest()
+
+
+def bound_tensors(m: Manifest) -> set[str]:
+    """The tensor names the manifest's weight and source buffers bind."""
+    return {n for b in m.buffers.values() if b.kind in ("weight", "source") for n in b.bind}
+
+
+def read_tensors(paths: list[str | Path], pins: dict[str, str] | None = None,
+                 bound: set[str] | frozenset = frozenset()) -> dict[str, np.ndarray]:
+    """Every tensor of the files. With `pins` (a manifest's `weights`: file name -> sha256), a pinned
+    file must hash to its pin, and a tensor in `bound` must come from a pinned file."""
     from safetensors.numpy import load_file
 
     tensors: dict[str, np.ndarray] = {}
+    origin: dict[str, Path] = {}
     for p in paths:
-        if not Path(p).is_file():
+        p = Path(p)
+        if not p.is_file():
             raise WeightsError(f"weights file {p} does not exist")
+        if pins and p.name in pins:
+            got = sha256_file(p)
+            if got != pins[p.name]:
+                raise WeightsError(f"weights file {p}: sha256 {got}, but the manifest pins {p.name} at sha256 "
+                                   f"{pins[p.name]} (a corrupted or swapped file; regenerate it or the manifest)")
         try:
-            tensors.update(load_file(str(p)))
+            loaded = load_file(str(p))
         except Exception as exc:  # safetensors raises its own error types
             raise WeightsError(f"weights file {p}: {exc}") from exc
+        tensors.update(loaded)
+        origin.update(dict.fromkeys(loaded, p))
+    if pins:
+        for name in sorted(bound):
+            src = origin.get(name)
+            if src is not None and src.name not in pins:
+                raise WeightsError(f"weights file {src}: supplies tensor {name!r}, but the manifest pins its weights "
+                                   f"to {', '.join(sorted(pins))} by sha256 and not this file")
     return tensors
 
 

@@ -40,9 +40,13 @@ class Disconnected(Exception):
 
 
 def _error(exc: ApiError, headers: dict | None = None) -> JSONResponse:
+    """The error answer (make_app's own `_error` logs a rejected request first, then calls this)."""
     if exc.status == 413:  # the rest of a body too large is not worth reading
         headers = {**(headers or {}), "Connection": "close"}
     return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
+
+
+_answer_error = _error
 
 
 def _cut(message: str = "the server stopped before this request finished") -> ApiError:
@@ -61,9 +65,18 @@ def make_app(scheduler: Scheduler, engine: Engine, api_key: str | None = None, l
     limits = limits or Limits()
     limit_log = limit_log or logs.Limiter()
 
+    def _error(exc: ApiError, headers: dict | None = None, path: str | None = None) -> JSONResponse:
+        # every error answer in this app comes through here: a 4xx is a rejected request, one line per
+        # reason (its code) and then a count per interval through the limiter
+        if 400 <= exc.status < 500:
+            fields = {"reason": exc.code or f"status_{exc.status}", "status": exc.status}
+            fields.update({k: v for k, v in (("param", exc.param), ("path", path)) if v})
+            limit_log("rejected", "INFO", **fields, message=str(exc.message)[:200])
+        return _answer_error(exc, headers)
+
     @app.exception_handler(ApiError)
-    async def _api_error(_, exc: ApiError):
-        return _error(exc)
+    async def _api_error(request: HttpRequest, exc: ApiError):
+        return _error(exc, path=request.url.path)
 
     @app.exception_handler(ClientDisconnect)
     async def _hung_up(request: HttpRequest, _):
@@ -75,9 +88,9 @@ def make_app(scheduler: Scheduler, engine: Engine, api_key: str | None = None, l
         return _error(ApiError(400, f"invalid request: {str(exc)[:300]}", code="invalid_request"))
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_, exc: StarletteHTTPException):
+    async def _http(request: HttpRequest, exc: StarletteHTTPException):
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
-        return _error(ApiError(exc.status_code, str(exc.detail), code=code), exc.headers)
+        return _error(ApiError(exc.status_code, str(exc.detail), code=code), exc.headers, request.url.path)
 
     @app.exception_handler(Exception)
     async def _unexpected(_, exc: Exception):

@@ -1,13 +1,20 @@
 """`kern serve TARGET` / `kern server TARGET` / `kern-serve TARGET`: the flags of SPEC §7.
 
-Exit codes: 0 after SIGTERM (or SIGINT) drained; 75 when the drain ran out of --drain-timeout and
-requests were cut off (each answered a 503); 2 for flags or a target that cannot be served; 101 when
-the scheduler thread crashed.
+The listening socket is bound (and listening) before the model loads, so a taken port fails at once;
+a connection made during the load waits until the server serves. Every start-up error is one line,
+`kern serve: error: ...`, naming the flag or the file.
+
+Exit codes (`EXIT_CODES`, also in `kern serve --help` and docs/serve.md): 0 after SIGTERM (or SIGINT)
+drained; 1 the HTTP server failed to start after the load; 2 a bad flag value or a target that cannot
+be served (config, manifest, weights, kernels, sizes); 3 the listening socket cannot be bound (the
+port is taken: the line says "address already in use"); 75 when the drain ran out of --drain-timeout
+and requests were cut off (each answered a 503); 101 when the scheduler thread crashed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import signal
 import sys
 
@@ -18,59 +25,117 @@ from serve.guard import Limits
 
 __all__ = ["main", "serve_command"]
 
-EXIT_CUT_OFF = 75  # EX_TEMPFAIL; 3 is uvicorn's own start-up failure
+EXIT_START_FAILED = 1  # uvicorn did not start after the load
+EXIT_USAGE = 2  # a bad flag value, or a target that cannot be served
+EXIT_BIND = 3  # the listening socket cannot be bound (a taken port)
+EXIT_CUT_OFF = 75  # EX_TEMPFAIL
+EXIT_CRASHED = 101  # the scheduler thread crashed (serve/scheduler.py)
+EXIT_CODES = {
+    0: "SIGTERM (or SIGINT) drained every request",
+    EXIT_START_FAILED: "the HTTP server failed to start after the load",
+    EXIT_USAGE: "a bad flag value, or a target that cannot be served (config, manifest, weights and their sha256, kernels, sizes)",
+    EXIT_BIND: "--host/--port cannot be bound (the port is taken: \"address already in use\"); checked before the load",
+    EXIT_CUT_OFF: "--drain-timeout ran out and requests were cut off (each answered a 503)",
+    EXIT_CRASHED: "the scheduler thread crashed",
+}
 _D = Limits()
 _FAULT_HELP = "; ".join(f"{k}: {v}" for k, v in FAULTS.items())
+_POSITIVE = click.FloatRange(min=0, min_open=True)
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+def fail(message: str, code: int = EXIT_USAGE) -> None:
+    """One line on stderr, `kern serve: error: ...`, then exit `code`."""
+    click.echo("kern serve: error: " + " ".join(str(message).split()), err=True)
+    sys.exit(code)
+
+
+class OneLineErrors(click.Command):
+    """A bad flag value is one line naming the flag and exit 2, not click's usage block (also when
+    the command runs under the `kern` group, which calls make_context)."""
+
+    def make_context(self, info_name, args, parent=None, **extra):
+        try:
+            return super().make_context(info_name, args, parent=parent, **extra)
+        except click.UsageError as exc:
+            fail(exc.format_message(), EXIT_USAGE)
+
+
+def bind(host: str, port: int):
+    """The listening socket for `host:port`, bound and listening (before the load). The caller exits
+    EXIT_BIND on OSError."""
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does: TIME_WAIT is no obstacle
+        sock.bind((host, port))
+        sock.listen(2048)
+    except BaseException:
+        sock.close()
+        raise
+    sock.set_inheritable(False)
+    return sock
+
+
+@click.command(cls=OneLineErrors, context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("target")
-@click.option("--port", default=8000, show_default=True, type=int, help="Port to listen on (0: any free port; the `serving` line names it).")
+@click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535), help="Port to listen on (0: any free port; the `serving` line names it).")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind.")
-@click.option("--capacity", default=None, type=int, help="Tokens the pool holds, rounded down to a page (default: 16384 on the CPU; on the GPU the free memory less 1 GiB less --reserve-gib).")
-@click.option("--host-gib", default=0.0, show_default=True, type=float, help="Host tier for parked snapshots, GiB (0: none).")
-@click.option("--max-seqs", default=None, type=int, help="Most sequences running at once (default 256, at most min(seqs.max, tokens.max / rows)).")
-@click.option("--chunk", default=None, type=int, help="Prefill chunk in tokens (default: the manifest's tokens bound; may only be lowered).")
-@click.option("--rows", default=None, type=int, help="Rows per step: 1 = plain decode, else a speculative round (default: the widest declared).")
+@click.option("--capacity", default=None, type=click.IntRange(min=1), help="Tokens the pool holds, rounded down to a page (default: 16384 on the CPU; on the GPU the free memory less 1 GiB less --reserve-gib).")
+@click.option("--host-gib", default=0.0, show_default=True, type=click.FloatRange(min=0), help="Host tier for parked snapshots, GiB (0: none).")
+@click.option("--max-seqs", default=None, type=click.IntRange(min=1), help="Most sequences running at once (default 256, at most min(seqs.max, tokens.max / rows)).")
+@click.option("--chunk", default=None, type=click.IntRange(min=1), help="Prefill chunk in tokens (default: the manifest's tokens bound; may only be lowered).")
+@click.option("--rows", default=None, type=click.IntRange(min=1), help="Rows per step: 1 = plain decode, else a speculative round (default: the widest declared).")
 @click.option("--backend", default="auto", show_default=True, type=click.Choice(["auto", "cpu", "gpu"]))
 @click.option("--gpus", "--device", "device", default=None, help="GPU index (one rank).")
-@click.option("--reserve-gib", default=4.0, show_default=True, type=float, help="GPU memory left out of the default capacity, GiB.")
+@click.option("--reserve-gib", default=4.0, show_default=True, type=click.FloatRange(min=0), help="GPU memory left out of the default capacity, GiB.")
 @click.option("--weights", multiple=True, help="Weights file(s) (default: the target's, or every *.safetensors beside a manifest path).")
 @click.option("--api-key", default=None, help="Require `Authorization: Bearer KEY` on /v1/*, /tokenize and /detokenize.")
 @click.option("--served-model-name", default=None, help="Model name to answer to (default: the manifest's model).")
 @click.option("--config", "config", default=None, type=click.Path(dir_okay=False), help="TOML with [targets.NAME] tables (as `kern --config`).")
 @click.option("--protect-stats", is_flag=True, help="With --api-key, require it on /stats and /metrics too.")
-@click.option("--drain-timeout", default=_D.drain_timeout, show_default=True, type=float, help="On SIGTERM, seconds to finish queued and running requests; then the rest get a 503 and the exit code is 75.")
-@click.option("--max-connections", default=_D.max_connections, show_default=True, type=int, help="Open connections at most; beyond, a new one is answered 503 and closed.")
-@click.option("--header-timeout", default=_D.header_timeout, show_default=True, type=float, help="Seconds for a request's headers to arrive (from its first byte); then a 408 and the connection closes.")
-@click.option("--body-timeout", default=_D.body_timeout, show_default=True, type=float, help="Seconds for a request's body to arrive after its headers; then a 408 and the connection closes.")
-@click.option("--keep-alive", default=_D.keep_alive, show_default=True, type=float, help="Seconds an idle keep-alive connection is held open.")
-@click.option("--max-body-bytes", default=_D.max_body_bytes, show_default=True, type=int, help="Largest request body; a larger one is answered 413.")
-@click.option("--max-tokenize-tokens", default=_D.max_tokenize_tokens, show_default=True, type=int, help="Largest /tokenize input, in tokens; a larger one is answered 413.")
-@click.option("--stats-every", default=5.0, show_default=True, type=float, help="Seconds per `stats` log window.")
+@click.option("--drain-timeout", default=_D.drain_timeout, show_default=True, type=_POSITIVE, help="On SIGTERM, seconds to finish queued and running requests; then the rest get a 503 and the exit code is 75.")
+@click.option("--max-connections", default=_D.max_connections, show_default=True, type=click.IntRange(min=1), help="Open connections at most; beyond, a new one is answered 503 and closed.")
+@click.option("--header-timeout", default=_D.header_timeout, show_default=True, type=_POSITIVE, help="Seconds for a request's headers to arrive (from its first byte); then a 408 and the connection closes.")
+@click.option("--body-timeout", default=_D.body_timeout, show_default=True, type=_POSITIVE, help="Seconds for a request's body to arrive after its headers; then a 408 and the connection closes.")
+@click.option("--keep-alive", default=_D.keep_alive, show_default=True, type=_POSITIVE, help="Seconds an idle keep-alive connection is held open.")
+@click.option("--max-body-bytes", default=_D.max_body_bytes, show_default=True, type=click.IntRange(min=1), help="Largest request body; a larger one is answered 413.")
+@click.option("--max-tokenize-tokens", default=_D.max_tokenize_tokens, show_default=True, type=click.IntRange(min=1), help="Largest /tokenize input, in tokens; a larger one is answered 413.")
+@click.option("--stats-every", default=5.0, show_default=True, type=_POSITIVE, help="Seconds per `stats` log window.")
 @click.option("--no-graphs", is_flag=True, help="Run `graph: true` programs launch by launch instead of as captured CUDA graphs (GPU; for comparison).")
 @click.option("--no-pack", "no_pack", is_flag=True, help="Prefill one sequence per call even when the manifest packs several (cu_seqlens), for comparison.")
-@click.option("--stages", default=None, type=int, help="Serve as a pipeline of N stages on this machine: cut TARGET (at the layer boundaries that balance calls per stage, or --at) and start N-1 stage processes; this process is stage 0, the head.")
+@click.option("--stages", default=None, type=click.IntRange(min=1), help="Serve as a pipeline of N stages on this machine: cut TARGET (at the layer boundaries that balance calls per stage, or --at) and start N-1 stage processes; this process is stage 0, the head.")
 @click.option("--at", "at", default=None, help="Cut points (call indices, comma separated) for --stages, instead of the balanced ones.")
 @click.option("--pp-listen", default=None, help="Head: bind the pipeline's control socket here (tcp://HOST:PORT) and wait for stages started separately with --pp-head.")
 @click.option("--pp-head", default=None, help="Run as a pipeline stage (TARGET is its stage manifest) for the head at this address (tcp://HOST:PORT); no HTTP.")
-@click.option("--pp-timeout", default=60.0, show_default=True, type=float, help="Seconds a pipeline peer may stay silent (or an item unanswered) before this process exits non-zero.")
+@click.option("--pp-timeout", default=60.0, show_default=True, type=_POSITIVE, help="Seconds a pipeline peer may stay silent (or an item unanswered) before this process exits non-zero.")
 @click.option("--pp-bind", default="127.0.0.1", show_default=True, help="Stage: the address its activation socket binds (the previous stage connects to it).")
-@click.option("--pp-parent", default=None, type=int, hidden=True, help="Stage: end when this process (the head that started it) ends.")
-@click.option("--pp-share", default=1, type=int, hidden=True, help="Stage: processes sharing this GPU; the default capacity takes 1/N of its free memory.")
+@click.option("--pp-parent", default=None, type=click.IntRange(min=1), hidden=True, help="Stage: end when this process (the head that started it) ends.")
+@click.option("--pp-share", default=1, type=click.IntRange(min=1), hidden=True, help="Stage: processes sharing this GPU; the default capacity takes 1/N of its free memory.")
 @click.option("--fault", "faults", multiple=True, type=click.Choice(sorted(FAULTS)), help=f"Misbehave on purpose, for testing the gate (repeatable). {_FAULT_HELP}.")
+@click.option("--log-level", "log_level", default=None, type=click.Choice(["debug", "info", "warn", "error"]),
+              help="Write log lines at this level or above (default: info, or the kern_serve level RUST_LOG names, as the Rust kern gate driver sets it; the gates read debug lines: e2e sets RUST_LOG=kern_serve=debug too).")
 @click.pass_context
 def serve_command(ctx, target, port, host, capacity, host_gib, max_seqs, chunk, rows, backend, device, reserve_gib,
                   weights, api_key, served_model_name, config, stats_every, no_graphs, no_pack, stages, at, pp_listen, pp_head,
                   pp_timeout, pp_bind, pp_parent, pp_share, faults, protect_stats, drain_timeout,
-                  max_connections, header_timeout, body_timeout, keep_alive, max_body_bytes, max_tokenize_tokens) -> None:
+                  max_connections, header_timeout, body_timeout, keep_alive, max_body_bytes, max_tokenize_tokens, log_level=None) -> None:
     """Serve TARGET (a config target name or a manifest path) over OpenAI-compatible HTTP.
 
+    Every start-up error is one line on stderr, `kern serve: error: ...`, naming the flag or file.
+    The port is bound before the model loads.
+
     \b
-    Exit codes: 0 after SIGTERM (or SIGINT) drained every request;
-    75 when --drain-timeout ran out and requests were cut off (each answered a 503);
-    1 or 3 when the server could not start (3: its port is taken); 2 for bad flags or a target that cannot be served;
-    101 when the scheduler thread crashed.
+    Exit codes:
+      0    SIGTERM (or SIGINT) drained every request
+      1    the HTTP server failed to start after the load
+      2    a bad flag value, or a target that cannot be served (config,
+           manifest, weights and their sha256, kernels, sizes)
+      3    --host/--port cannot be bound (the port is taken: "address
+           already in use"); checked before the load
+      75   --drain-timeout ran out and requests were cut off (each a 503)
+      101  the scheduler thread crashed
     """
     from manifests import ManifestError
     from manifests.config import ConfigError
@@ -92,8 +157,10 @@ def serve_command(ctx, target, port, host, capacity, host_gib, max_seqs, chunk, 
             raise ValueError("--protect-stats needs --api-key (the key it requires on /stats and /metrics)")
         fit_descriptors(limits)
     except ValueError as exc:
-        click.echo(f"kern serve: error: {exc}", err=True)
-        sys.exit(2)
+        fail(exc)
+    import os
+
+    logs.set_level(log_level or logs.level_from_env(os.environ.get("RUST_LOG")) or "info")
     if config is None and ctx.obj and isinstance(ctx.obj, dict):
         config = ctx.obj.get("config")
     opts = Options(capacity=capacity, host_gib=host_gib, max_seqs=max_seqs, chunk=chunk, rows=rows, backend=backend,
@@ -115,8 +182,13 @@ def serve_command(ctx, target, port, host, capacity, host_gib, max_seqs, chunk, 
         try:
             sys.exit(serve_stage(target, pp_head, sopts))
         except errors as exc:
-            click.echo(f"kern serve: error: {exc}", err=True)
-            sys.exit(2)
+            fail(exc)
+    try:  # before the load: a taken port fails in a second, not after the model loaded
+        sock = bind(host, port)
+    except OSError as exc:
+        fail(f"cannot bind --host {host} --port {port}: {exc.strerror or exc}"
+             + (" (the port is taken; pick another, or --port 0 for any free one)" if exc.errno == errno.EADDRINUSE else ""),
+             EXIT_BIND)
     head = None
     try:
         from serve.pipeline.plan import pipeline_paths
@@ -132,18 +204,18 @@ def serve_command(ctx, target, port, host, capacity, host_gib, max_seqs, chunk, 
                 opts.weights = tuple(str(w) for w in target_weights)
             engine, head = build_head(paths, opts, PipelineOptions(listen=pp_listen, timeout=pp_timeout))
     except errors as exc:
-        click.echo(f"kern serve: error: {exc}", err=True)
-        sys.exit(2)
+        fail(exc)
     if served_model_name:
         engine.model = served_model_name
-    code = run(engine, host, port, api_key, stats_every, limits, protect_stats)
+    code = run(engine, host, port, api_key, stats_every, limits, protect_stats, sock)
     if head is not None:
         head.stop()
     sys.exit(code)
 
 
 def run(engine, host: str, port: int, api_key: str | None, stats_every: float = 5.0, limits: Limits = _D,
-        protect_stats: bool = False) -> int:
+        protect_stats: bool = False, sock=None) -> int:
+    """Serve until a signal; the exit code. `sock`: the listening socket (`bind`), else bound here."""
     import logging
 
     import uvicorn
@@ -199,12 +271,14 @@ def run(engine, host: str, port: int, api_key: str | None, stats_every: float = 
     for name in ("uvicorn.error", "asyncio"):
         logging.getLogger(name).addFilter(limit_log.logging_filter(name.replace(".error", "")))
     server = Server(config)
+    if sock is None:
+        sock = bind(host, port)
     # uvicorn re-raises the signal it drained on; let that land here, harmlessly, so we exit 0
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: None)
-    server.run()
+    server.run(sockets=[sock])
     if not server.started:
-        return 1
+        return EXIT_START_FAILED
     scheduler.stop()
     scheduler.join(timeout=30)
     limit_log.flush()

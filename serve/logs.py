@@ -1,7 +1,8 @@
 """Event lines, one a line, `<time> INFO serve: <event> key=value ...` (SPEC §7, §7a).
 
 The event name sits between spaces so a log reader can match ` admitted `; a value with a space (or
-a quote) is double-quoted.
+a quote) is double-quoted. Lines under the level `set_level` chose (`kern serve --log-level`; default
+info, or what `RUST_LOG` asks of `kern_serve`, as the Rust kern gate driver sets it) are not written.
 """
 
 from __future__ import annotations
@@ -12,9 +13,35 @@ import threading
 import time
 import traceback
 
-__all__ = ["Limiter", "event", "fmt"]
+__all__ = ["LEVELS", "Limiter", "event", "fmt", "level_from_env", "set_level"]
 
 _lock = threading.Lock()
+LEVELS = {"DEBUG": 10, "INFO": 20, "WARN": 30, "ERROR": 40}
+_threshold = LEVELS["INFO"]
+
+
+def set_level(name: str) -> None:
+    """Write only lines at `name` (debug, info, warn or error) or above."""
+    global _threshold
+    _threshold = LEVELS[{"WARNING": "WARN"}.get(name.upper(), name.upper())]
+
+
+def level_from_env(rust_log: str | None) -> str | None:
+    """The level `RUST_LOG` gives `kern_serve` (its `kern_serve=LEVEL` directive, else a bare LEVEL),
+    or None: the Rust gate driver starts servers with `RUST_LOG=kern_serve=debug,kern_runtime=info`
+    and reads their debug lines (` admitted `, ` parked `, ` not kept `)."""
+    names = {"trace": "debug", "debug": "debug", "info": "info", "warn": "warn", "error": "error", "off": "error"}
+    bare = None
+    for part in (rust_log or "").split(","):
+        target, _, level = part.strip().rpartition("=")
+        level = level.strip().lower()
+        if level not in names:
+            continue
+        if target.strip() == "kern_serve":
+            return names[level]
+        if not target:
+            bare = names[level]
+    return bare
 
 
 def _value(v) -> str:
@@ -36,6 +63,8 @@ def fmt(name: str, level: str = "INFO", **fields) -> str:
 
 
 def event(name: str, level: str = "INFO", **fields) -> None:
+    if LEVELS.get(level, LEVELS["ERROR"]) < _threshold:
+        return
     line = fmt(name, level, **fields)
     with _lock:
         sys.stderr.write(line + "\n")

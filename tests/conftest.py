@@ -67,7 +67,8 @@ class ServerProcess:
 
 def start_server(target: str, *flags: str, log_path: Path, backend: str = BACKEND, timeout: float = 120.0) -> ServerProcess:
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    cmd = [sys.executable, "-m", "serve", target, "--backend", backend, "--port", "0", *flags]
+    # debug: tests read the debug lines (` admitted `, ` finished `); a test's own --log-level comes later and wins
+    cmd = [sys.executable, "-m", "serve", target, "--backend", backend, "--port", "0", "--log-level", "debug", *flags]
     log = open(log_path, "wb")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=env)
     log.close()

@@ -171,3 +171,44 @@ def test_ref_twin_differs_only_in_its_kernel_build():
             for launch in op["impl"]["launches"]:
                 launch.pop("block")
     assert a == b
+
+
+def _rust_driver_keeps(config: Path) -> dict[str, str | None]:
+    """The Rust kern gate driver's reading of a config (reference/kern-e2e.md §3): paths relative to
+    the file; a target is skipped when its manifest or kernels path is missing, or a weights entry."""
+    base = config.parent
+    out = {}
+    for name, t in tomllib.loads(config.read_text())["targets"].items():
+        assert "kernels" in t, f"{name}: the Rust driver requires `kernels`"
+        why = None
+        for key in ("manifest", "kernels"):
+            if not (base / t[key]).exists():
+                why = why or f"{key} {t[key]} missing"
+        for w in t.get("weights", []):
+            p = base / w
+            bare = Path(*[c for c in p.parts if "{" not in c and "*" not in c])
+            if not (bare.exists() or (bare != p and bare.parent.exists())):
+                why = why or f"weights {w} missing"
+        if t.get("reference") is not None:
+            assert (base / t["reference"]).is_file(), name
+        out[name] = why
+    return out
+
+
+def test_the_rust_driver_keeps_the_integer_toys_and_leaves_out_ours():
+    from e2e.config import load_targets
+    from manifests.config import load_config
+
+    config = SHIPPED / "toy.toml"
+    kept = _rust_driver_keeps(config)
+    assert [n for n, why in kept.items() if why is None] == [s.name for s in SHAPES]
+    assert {n for n, why in kept.items() if why} == {"toy-layers", "toy-float"}
+    assert all(why.startswith("kernels absent-on-purpose/") for why in kept.values() if why)
+    text = config.read_text()
+    for name in ("toy-layers", "toy-float"):  # a comment says why, in the table itself
+        table = text.split(f"[targets.{name}]\n", 1)[1]
+        assert table.startswith("# kernels: absent on purpose"), table[:200]
+    # ours reads the key and serves (and gates) every target, those two included
+    assert set(load_config(config).targets) == set(kept)
+    _, targets = load_targets(config, None)
+    assert {t.name for t in targets if t.skipped is None} == set(kept)

@@ -7,6 +7,7 @@ manifests` to reproducing it byte for byte.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -138,6 +139,39 @@ def salt() -> np.ndarray:
     return np.array(model.SALT, dtype=np.int64)
 
 
+def pin(path: Path) -> dict:
+    """A weights file's entry in a manifest's `weights`: its sha256, checked when it loads."""
+    return {"sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
+
+
+# `kernels` is for the Rust kern gate driver: it requires the key and skips a target whose kernels
+# path is missing. Our kernels are Python modules each manifest pins by sha256 (`modules`), so a
+# target the Rust toy model can compute names the manifests' own directory; one it cannot (the float
+# and layered toys are ours) names a path that is absent on purpose, so that driver leaves it out.
+KERNELS = "toy"
+RUST_SKIPS = {gen_float.NAME: "the Rust toy model has no float (bf16 logits) toy",
+              gen_layers.NAME: "the Rust toy model has no layered toy"}
+HEADER = """# The toy targets (written by `kern gen`). Paths are relative to this file.
+#
+# `kernels` is read only by the Rust kern gate driver, which requires it and skips (not fails) a
+# target whose kernels path is missing. Ours are Python modules pinned by sha256 in each manifest, so
+# the integer toys name the manifests' directory; toy-float and toy-layers (ours alone: the Rust toy
+# model cannot compute them) name a path that is absent on purpose, so that driver leaves them out.
+# Our own config reader accepts the key and serves every target.
+"""
+
+
+def config_text(targets: dict[str, dict]) -> str:
+    """toy.toml: a [targets.NAME] table per target, a comment on each the Rust driver skips."""
+    parts = [HEADER]
+    for name, table in targets.items():
+        why = RUST_SKIPS.get(name)
+        table = {**table, "kernels": f"absent-on-purpose/{name}" if why else KERNELS}
+        note = f"# kernels: absent on purpose, {why}; the Rust kern gate driver skips this target\n" if why else ""
+        parts.append(f"\n[targets.{name}]\n{note}" + tomli_w.dumps(table))
+    return "".join(parts)
+
+
 def generate(out: str | Path) -> list[Path]:
     """Write the toy set under `out`; return the paths written."""
     from safetensors.numpy import save_file
@@ -146,10 +180,13 @@ def generate(out: str | Path) -> list[Path]:
     (out / "toy").mkdir(parents=True, exist_ok=True)
     written = []
     targets = {}
+    salt_path = out / "toy" / "salt.safetensors"
+    save_file({"salt": salt()}, str(salt_path))  # first: the manifests pin its sha256
+    salt_pin = {salt_path.name: pin(salt_path)}
     for shape in SHAPES:
         for name, block in ((shape.name, CANDIDATE_BLOCK), (f"{shape.name}-ref", REFERENCE_BLOCK)):
             path = out / "toy" / f"{name}.json"
-            path.write_text(json.dumps(manifest(shape, block), indent=1) + "\n")
+            path.write_text(json.dumps({**manifest(shape, block), "weights": salt_pin}, indent=1) + "\n")
             written.append(path)
         targets[shape.name] = {
             "manifest": f"toy/{shape.name}.json",
@@ -159,16 +196,15 @@ def generate(out: str | Path) -> list[Path]:
     # the float toy: toy-paged's shape, bf16 logits (toy/gen_float.py)
     for name, block in ((gen_float.NAME, CANDIDATE_BLOCK), (f"{gen_float.NAME}-ref", REFERENCE_BLOCK)):
         path = out / "toy" / f"{name}.json"
-        path.write_text(json.dumps(gen_float.manifest(manifest(SHAPES[0], block), block), indent=1) + "\n")
+        m = gen_float.manifest(manifest(SHAPES[0], block), block)
+        path.write_text(json.dumps({**m, "weights": salt_pin}, indent=1) + "\n")
         written.append(path)
     targets[gen_float.NAME] = {"manifest": f"toy/{gen_float.NAME}.json", "reference": f"toy/{gen_float.NAME}-ref.json",
                                "weights": ["toy/salt.safetensors"]}
-    layered, targets[gen_layers.NAME] = gen_layers.write(out, (CANDIDATE_BLOCK, REFERENCE_BLOCK))
+    layered, targets[gen_layers.NAME] = gen_layers.write(out, (CANDIDATE_BLOCK, REFERENCE_BLOCK), salt_pin)
     written += layered
-    salt_path = out / "toy" / "salt.safetensors"
-    save_file({"salt": salt()}, str(salt_path))
     written.append(salt_path)
     config = out / "toy.toml"
-    config.write_text("# The toy targets (written by `kern gen`). Paths are relative to this file.\n\n" + tomli_w.dumps({"targets": targets}))
+    config.write_text(config_text(targets))
     written.append(config)
     return written

@@ -108,17 +108,21 @@ def checkpoint() -> dict[str, np.ndarray]:
     return {"layers.source": np.array(model.source(LAYERS), dtype=np.int64)}
 
 
-def write(out: Path, blocks: tuple[int, int]) -> tuple[list[Path], dict]:
-    """Write the two manifests and the checkpoint under `out/toy`; return the paths and the config table."""
+def write(out: Path, blocks: tuple[int, int], pins: dict | None = None) -> tuple[list[Path], dict]:
+    """Write the checkpoint and the two manifests under `out/toy` (pinning the checkpoint's sha256 and
+    `pins`, the salt's); return the paths and the config table."""
+    import hashlib
+
     from safetensors.numpy import save_file
 
     written = []
+    weights = out / "toy" / WEIGHTS
+    save_file(checkpoint(), str(weights))
+    pins = {**(pins or {}), WEIGHTS: {"sha256": hashlib.sha256(weights.read_bytes()).hexdigest()}}
     for name, block in ((NAME, blocks[0]), (f"{NAME}-ref", blocks[1])):
         path = out / "toy" / f"{name}.json"
-        path.write_text(json.dumps(manifest(block), indent=1) + "\n")
+        path.write_text(json.dumps({**manifest(block), "weights": pins}, indent=1) + "\n")
         written.append(path)
-    path = out / "toy" / WEIGHTS
-    save_file(checkpoint(), str(path))
-    written.append(path)
+    written.append(weights)
     target = {"manifest": f"toy/{NAME}.json", "reference": f"toy/{NAME}-ref.json", "weights": ["toy/salt.safetensors", f"toy/{WEIGHTS}"]}
     return written, target
