@@ -8,7 +8,8 @@
     request.py    one request's state as the scheduler sees it
     app.py        FastAPI routes
     validate.py   request bodies -> prompts, or OpenAI-style errors
-    stats.py      counters, gauges, /stats, /metrics, the 5 s stats line
+    stats.py      counters, gauges, /stats, the 5 s stats line
+    metrics.py    /metrics through prometheus_client (vLLM's names under kern:, docs/metrics.md)
     logs.py       key=value event lines
     faults.py     deliberate misbehaviour for testing the gate
 """

@@ -59,6 +59,7 @@ class Admission:
             return (400, f"this request needs room for {req.room} tokens (prompt + max_tokens + rows - 1); "
                     f"one sequence holds at most {limit}", "context_length_exceeded", None)
         req.lease = got
+        self.counters.queried += len(req.ids)  # /metrics' prefix-cache queries: once per admitted request
         if hit is not None:
             n = hit.len
             self.counters.add("prefix_hit_tokens", n)

@@ -18,7 +18,8 @@ import time
 
 from fastapi import FastAPI, Request as HttpRequest
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
@@ -27,7 +28,7 @@ from serve.engine import Engine
 from serve.guard import Limits
 from serve.request import EOS, Done, Request, Update
 from serve.scheduler import Scheduler
-from serve.stats import prometheus
+from serve.metrics import Metrics, snapshot
 from serve.validate import ApiError, Ask
 
 __all__ = ["make_app"]
@@ -64,6 +65,7 @@ def make_app(scheduler: Scheduler, engine: Engine, api_key: str | None = None, l
     created = int(time.time())
     limits = limits or Limits()
     limit_log = limit_log or logs.Limiter()
+    app.state.metrics = meter = Metrics(model, engine.max_request_tokens)  # this app's own registry
 
     def _error(exc: ApiError, headers: dict | None = None, path: str | None = None) -> JSONResponse:
         # every error answer in this app comes through here: a 4xx is a rejected request, one line per
@@ -158,8 +160,8 @@ def make_app(scheduler: Scheduler, engine: Engine, api_key: str | None = None, l
     async def metrics(request: HttpRequest):
         if protect_stats:
             auth(request)
-        s = await asyncio.wrap_future(scheduler.query(scheduler.stats))
-        return PlainTextResponse(prometheus(s), media_type="text/plain; version=0.0.4")
+        s = await asyncio.wrap_future(scheduler.query(lambda: snapshot(scheduler)))
+        return Response(meter.render(s), media_type=CONTENT_TYPE_LATEST)
 
     @app.post("/v1/completions")
     async def completions(request: HttpRequest):
@@ -195,13 +197,15 @@ def make_app(scheduler: Scheduler, engine: Engine, api_key: str | None = None, l
         if first.done is not None and first.done.error is not None:
             return _error(failure(first.done))
         reply = Reply(req, ask, model)
+        track = meter.track(req.t_arrive, len(ask.ids))
         if ask.stream:
-            return StreamingResponse(stream(request, q, req, reply, first), media_type="text/event-stream",
+            return StreamingResponse(stream(request, q, req, reply, first, track), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Request-Id": req.id})
         update = first
         try:
             while True:
                 reply.add(update)
+                track.update(update)
                 if update.done is not None:
                     break
                 update = await _next(q, request)
@@ -211,6 +215,7 @@ def make_app(scheduler: Scheduler, engine: Engine, api_key: str | None = None, l
             return cancelled(req)
         if update.done.reason is None:
             return _error(failure(update.done))
+        track.finish(update.done)
         return reply.whole()
 
     def failure(done: Done) -> ApiError:
@@ -230,7 +235,7 @@ def make_app(scheduler: Scheduler, engine: Engine, api_key: str | None = None, l
         app.state.cancelled += 1
         return _error(_cut())
 
-    async def stream(request: HttpRequest, q: asyncio.Queue, req: Request, reply: Reply, first: Update):
+    async def stream(request: HttpRequest, q: asyncio.Queue, req: Request, reply: Reply, first: Update, track):
         done = False
         try:
             update = first
@@ -240,9 +245,11 @@ def make_app(scheduler: Scheduler, engine: Engine, api_key: str | None = None, l
                     yield f"data: {json.dumps(failure(update.done).body(), separators=(',', ':'))}\n\n"
                     break
                 chunk = reply.chunk(update)
+                track.update(update)
                 yield f"data: {json.dumps(chunk, separators=(',', ':'))}\n\n"
                 if update.done is not None:
                     done = True
+                    track.finish(update.done)
                     break
                 update = await _next(q, request)
             yield "data: [DONE]\n\n"

@@ -1,4 +1,5 @@
-"""Counters (cumulative), the 5 s window behind the `stats` line, and the /stats and /metrics views.
+"""Counters (cumulative), the 5 s window behind the `stats` line, and the /stats view (/metrics is
+serve/metrics.py, over the same counters and gauges).
 
 Gauges are read from the pool and the index when asked, on the scheduler thread; the snapshot pages
 and slots are recounted from the index's stores, not from the pool's tallies, so a leak shows.
@@ -11,7 +12,7 @@ from dataclasses import dataclass, field
 
 from serve import logs
 
-__all__ = ["COUNTERS", "GAUGES", "Counters", "Window", "prometheus"]
+__all__ = ["COUNTERS", "GAUGES", "Counters", "Window"]
 
 COUNTERS = (
     "requests", "steps", "rounds", "drafted_rows", "accepted_rows", "prefill_tokens", "prefix_hit_tokens",
@@ -37,6 +38,7 @@ class Counters:
     step_s: float = 0.0  # inside runtime.step (the kernels and their staging)
     loop_s: float = 0.0  # whole scheduler iterations that ran a step
     copy_s: float = 0.0  # copies, parks, wakes, remaps
+    queried: int = 0  # prompt tokens of admitted requests: /metrics' prefix-cache queries (not in /stats)
 
     def add(self, name: str, n: int = 1) -> None:
         self.values[name] += n
@@ -45,7 +47,7 @@ class Counters:
         return self.values[name]
 
     def copy(self) -> Counters:
-        return Counters(dict(self.values), self.tokens, self.step_s, self.loop_s, self.copy_s)
+        return Counters(dict(self.values), self.tokens, self.step_s, self.loop_s, self.copy_s, self.queried)
 
 
 class Window:
@@ -81,26 +83,3 @@ class Window:
             )
         self.start = now
         self.base = c.copy()
-
-
-def prometheus(stats: dict) -> str:
-    """/metrics: every counter as `kern_<name>_total`, every gauge as `kern_<name>`, hits by tier."""
-    c, g = stats["counters"], stats["gauges"]
-    lines = []
-
-    def metric(name: str, kind: str, help: str, samples: list[tuple[str, int | float]]) -> None:
-        lines.append(f"# HELP {name} {help}")
-        lines.append(f"# TYPE {name} {kind}")
-        lines.extend(f"{name}{labels} {value}" for labels, value in samples)
-
-    metric("kern_prefix_cache_hits_total", "counter", "Prefix-cache hits by tier.",
-           [('{tier="device"}', c["resident_hits"]), ('{tier="host"}', c["host_hits"])])
-    metric("kern_prefix_cache_hit_tokens_total", "counter", "Prefix-cache hit tokens by tier.",
-           [('{tier="device"}', c["resident_hit_tokens"]), ('{tier="host"}', c["host_hit_tokens"])])
-    for name in COUNTERS:
-        metric(f"kern_{name}_total", "counter", f"Cumulative {name.replace('_', ' ')}.", [("", c[name])])
-    for name in GAUGES:
-        metric(f"kern_{name}", "gauge", f"Current {name.replace('_', ' ')}.", [("", g[name])])
-    metric("kern_requests_running", "gauge", "Requests holding a lease.", [("", g["running"])])
-    metric("kern_requests_waiting", "gauge", "Requests waiting for room.", [("", g["waiting"])])
-    return "\n".join(lines) + "\n"

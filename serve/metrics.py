@@ -1,0 +1,215 @@
+"""/metrics: Prometheus text from `prometheus_client`, with vLLM's names and meanings under `kern:`.
+
+One `Metrics` per app (made in `make_app`), each with its own `CollectorRegistry`: nothing is
+registered in the default registry, so two servers in one process share nothing. Every sample
+carries `model_name`.
+
+Two sources:
+- what the scheduler owns (gauges, its counters) is read at scrape time by `SchedulerCollector` from
+  one `snapshot(scheduler)`, taken on the scheduler thread (`scheduler.query(...)`);
+- the latency and size histograms, the token counters and `request_success` are fed in the HTTP
+  handler's path by a `Track` per request, as its updates arrive.
+
+docs/metrics.md lists every metric and the vLLM metric it mirrors.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from serve.request import Done, Update
+from serve.stats import COUNTERS, GAUGES
+
+__all__ = ["Metrics", "SchedulerCollector", "Track", "snapshot"]
+
+PREFIX = "kern:"
+FINISHED = ("stop", "length")
+# vLLM's buckets (vllm/v1/metrics/loggers.py)
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+                40.0, 80.0, 160.0, 640.0, 2560.0)
+ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0,
+               80.0)
+LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
+                   480.0, 960.0, 1920.0, 7680.0)
+# the scheduler's gauges that have a vLLM name instead of kern:<name>
+RENAMED = {"running": "num_requests_running", "waiting": "num_requests_waiting"}
+
+
+class _NoCreated:
+    """No `_created` series (a scrape-time gauge of when each child was made): the scheduler's
+    counters have none either, and dashboards read rates. Per class, not the module-wide switch."""
+
+    def _child_samples(self):
+        return tuple(s for s in super()._child_samples() if s.name != "_created")
+
+
+class _Counter(_NoCreated, Counter):
+    pass
+
+
+class _Histogram(_NoCreated, Histogram):
+    pass
+
+
+def buckets_1_2_5(top: int) -> list[int]:
+    """1, 2, 5, 10, 20, 50, ... up to `top` (vLLM's build_1_2_5_buckets)."""
+    out, scale = [], 1
+    while True:
+        for m in (1, 2, 5):
+            if m * scale > top:
+                return out or [1]
+            out.append(m * scale)
+        scale *= 10
+
+
+def snapshot(scheduler) -> dict:
+    """What the collector reads: /stats' dict plus the prefix-cache queries. Run it on the scheduler
+    thread: `await asyncio.wrap_future(scheduler.query(lambda: snapshot(scheduler)))`."""
+    return {**scheduler.stats(), "prefix_queries": scheduler.counters.queried}
+
+
+class SchedulerCollector(Collector):
+    """The scheduler's gauges and counters, from the snapshot `Metrics.render` was handed."""
+
+    def __init__(self, model: str) -> None:
+        self.model = model
+        self.stats: dict | None = None
+
+    def describe(self) -> Iterator:
+        return self._families(None)
+
+    def collect(self) -> Iterator:
+        return self._families(self.stats)
+
+    def _families(self, s: dict | None) -> Iterator:
+        m = self.model
+
+        def gauge(name: str, doc: str, value) -> GaugeMetricFamily:
+            f = GaugeMetricFamily(PREFIX + name, doc, labels=["model_name"])
+            if s is not None:
+                f.add_metric([m], value() if callable(value) else value)
+            return f
+
+        def counter(name: str, doc: str, value, extra: str | None = None) -> CounterMetricFamily:
+            f = CounterMetricFamily(PREFIX + name, doc, labels=["model_name"] + ([extra] if extra else []))
+            if s is not None:
+                for labels, v in (value() if callable(value) else [((), value)]):
+                    f.add_metric([m, *labels], v)
+            return f
+
+        c = s["counters"] if s else {}
+        g = s["gauges"] if s else {}
+        pages = s["facts"]["pages"] if s else 0
+        yield gauge("num_requests_running", "Number of requests in model execution batches (holding a lease).",
+                    lambda: g["running"])
+        yield gauge("num_requests_waiting", "Number of requests waiting to be processed (queued for room).",
+                    lambda: g["waiting"])
+        yield gauge("kv_cache_usage_perc", "KV-cache usage (pages held, snapshots and the pad included, over the "
+                    "pool's pages). 1 means 100 percent usage.",
+                    lambda: g["pages_used"] / pages if pages else 0.0)
+        yield gauge("kv_pages_total", "Pages in the device pool (facts.pages).", pages)
+        yield gauge("kv_pages_used", "Pages held: leases, resident snapshots and the pad.", lambda: g["pages_used"])
+        yield counter("prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens "
+                      "(prompt tokens of admitted requests).", lambda: [((), s["prefix_queries"])])
+        yield counter("prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.",
+                      lambda: [((), c["prefix_hit_tokens"])])
+        yield counter("prefix_cache_hits_by_tier", "Prefix cache hits in cached tokens, by the tier they came from.",
+                      lambda: [(("device",), c["resident_hit_tokens"]), (("host",), c["host_hit_tokens"])], "tier")
+        for name in COUNTERS:
+            yield counter(name, f"Cumulative {name.replace('_', ' ')} (/stats counters.{name}).",
+                          lambda name=name: [((), c[name])])
+        for name in GAUGES:
+            if name not in RENAMED:
+                yield gauge(name, f"Current {name.replace('_', ' ')} (/stats gauges.{name}).",
+                            lambda name=name: g[name])
+
+
+class Metrics:
+    """One app's registry: the scheduler collector and the handler-fed histograms and counters."""
+
+    def __init__(self, model: str, max_model_len: int) -> None:
+        self.model = model
+        self.registry = CollectorRegistry()
+        r, lab = self.registry, ["model_name"]
+        self.scheduler = SchedulerCollector(model)
+        r.register(self.scheduler)
+        tokens = buckets_1_2_5(max(max_model_len, 1))
+        self.ttft = _Histogram(PREFIX + "time_to_first_token_seconds", "Histogram of time to first token in seconds.",
+                              lab, registry=r, buckets=TTFT_BUCKETS).labels(model)
+        self.itl = _Histogram(PREFIX + "inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
+                             lab, registry=r, buckets=ITL_BUCKETS).labels(model)
+        self.e2e = _Histogram(PREFIX + "e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.",
+                             lab, registry=r, buckets=LATENCY_BUCKETS).labels(model)
+        self.request_prompt = _Histogram(PREFIX + "request_prompt_tokens", "Number of prefill tokens processed.",
+                                        lab, registry=r, buckets=tokens).labels(model)
+        self.request_generation = _Histogram(PREFIX + "request_generation_tokens",
+                                            "Number of generation tokens processed.", lab, registry=r,
+                                            buckets=tokens).labels(model)
+        self.prompt_tokens = _Counter(PREFIX + "prompt_tokens", "Number of prefill tokens processed.", lab,
+                                     registry=r).labels(model)
+        self.generation_tokens = _Counter(PREFIX + "generation_tokens", "Number of generation tokens processed.", lab,
+                                         registry=r).labels(model)
+        success = _Counter(PREFIX + "request_success", "Count of successfully processed requests.",
+                          lab + ["finished_reason"], registry=r)
+        self.success = {reason: success.labels(model, reason) for reason in FINISHED}
+
+    def render(self, stats: dict) -> bytes:
+        """The exposition, the scheduler's part read from `stats` (a `snapshot`). No await happens
+        between handing the snapshot over and rendering, so concurrent scrapes do not mix."""
+        self.scheduler.stats = stats
+        try:
+            return generate_latest(self.registry)
+        finally:
+            self.scheduler.stats = None
+
+    def track(self, t_arrive: float, prompt: int) -> Track:
+        return Track(self, t_arrive, prompt)
+
+
+class Track:
+    """One request's observations, fed by its handler: `update` for each update as it arrives,
+    `finish` once its answer is whole (a stop or length finish)."""
+
+    __slots__ = ("m", "t_arrive", "prompt", "generated", "last")
+
+    def __init__(self, m: Metrics, t_arrive: float, prompt: int) -> None:
+        self.m = m
+        self.t_arrive = t_arrive
+        self.prompt = prompt
+        self.generated = 0
+        self.last: float | None = None
+
+    def update(self, update: Update) -> None:
+        n = len(update.tokens)
+        if not n:
+            return
+        now = time.monotonic()
+        m = self.m
+        if self.last is None:
+            # the first token: prefill is done; tokens arriving with it came at no extra wait
+            m.ttft.observe(now - self.t_arrive)
+            m.prompt_tokens.inc(self.prompt)
+            for _ in range(n - 1):
+                m.itl.observe(0.0)
+        else:
+            # each token of the update gets an even share of the wait since the previous update
+            share = (now - self.last) / n
+            for _ in range(n):
+                m.itl.observe(share)
+        m.generation_tokens.inc(n)
+        self.generated += n
+        self.last = now
+
+    def finish(self, done: Done) -> None:
+        if done.reason not in FINISHED:
+            return
+        m = self.m
+        m.success[done.reason].inc()
+        m.e2e.observe(time.monotonic() - self.t_arrive)
+        m.request_prompt.observe(self.prompt)
+        m.request_generation.observe(self.generated)
