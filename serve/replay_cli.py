@@ -34,6 +34,23 @@ def _capacities(text: str) -> list[int]:
     return out
 
 
+class TokenCount(click.ParamType):
+    """A token count: 64000000, 64M, 64_000_000 or 0 (the suffixes of --capacity)."""
+
+    name = "tokens"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, int):
+            return value
+        if str(value).strip() in ("0", "0.0"):
+            return 0
+        try:
+            (n,) = _capacities(str(value))
+        except (click.BadParameter, ValueError):
+            self.fail(f"{value!r} is not a token count like 64000000 or 64M", param, ctx)
+        return n
+
+
 def _fail(msg: str) -> None:
     click.echo(f"kern replay: {msg}", err=True)
     sys.exit(2)
@@ -44,7 +61,7 @@ def _fail(msg: str) -> None:
 @click.option("--page", default=16, show_default=True, type=click.IntRange(1), help="Tokens per page (engine policy).")
 @click.option("--capacity", "capacity_text", default="16M", show_default=True,
               help="Device tier in tokens; a comma-separated list is a sweep (e.g. 1M,4M,10M,50M).")
-@click.option("--host-tokens", default=None, type=click.IntRange(0), help="Host tier in tokens (engine policy).")
+@click.option("--host-tokens", default=None, type=TokenCount(), help="Host tier in tokens, e.g. 64M (engine policy).")
 @click.option("--host-gib", default=None, type=click.FloatRange(0), help="Host tier in GiB, with --bytes-per-token.")
 @click.option("--bytes-per-token", default=None, type=click.IntRange(1),
               help="KV bytes per token (for --host-gib; with --server, the target's).")

@@ -142,7 +142,12 @@ def test_cli_table_json_sweep_and_errors(tmp_path):
     assert (tmp_path / "sweep.png").read_bytes()[:4] == b"\x89PNG"
     r = runner.invoke(main, ["replay", str(tmp_path / "t.jsonl"), "--policy", "lru", "--capacity", "1M"])
     assert r.exit_code == 0 and "infinite-cache bound" in r.stdout and "hit ratio" in r.stdout
+    # the README's spelling: --host-tokens takes --capacity's suffixes
+    r = runner.invoke(main, ["replay", str(tmp_path / "t.jsonl"), "--capacity", "20k", "--host-tokens", "10k", "--json"])
+    assert r.exit_code == 0, r.output
+    assert [json.loads(x) for x in r.stdout.splitlines() if x.startswith("{")][0]["host_tokens"] == 10000
     for args, message in ((["--capacity", "lots"], "capacities are token counts"),
+                          (["--host-tokens", "6x"], "is not a token count"),
                           (["--host-gib", "1"], "needs --bytes-per-token"),
                           (["--policy", "lru", "--host-tokens", "5"], "device tier only")):
         r = runner.invoke(main, ["replay", str(tmp_path / "t.jsonl"), *args])
