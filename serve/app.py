@@ -26,7 +26,7 @@ from starlette.requests import ClientDisconnect
 from serve import logs, validate
 from serve.engine import Engine
 from serve.guard import Limits
-from serve.request import EOS, Done, Request, Update
+from serve.request import EOS, Done, Request, Stops, Update
 from serve.scheduler import Scheduler
 from serve.metrics import Metrics, snapshot
 from serve.validate import ApiError, Ask
@@ -55,9 +55,10 @@ def _cut(message: str = "the server stopped before this request finished") -> Ap
 
 
 def make_app(scheduler: Scheduler, engine: Engine, api_key: str | None = None, limits: Limits | None = None,
-             limit_log: logs.Limiter | None = None, protect_stats: bool = False) -> FastAPI:
+             limit_log: logs.Limiter | None = None, protect_stats: bool = False, sampling: str = "refuse") -> FastAPI:
     """The routes. `limits` bounds bodies and /tokenize; `limit_log` takes repeated events (hang-ups);
-    `protect_stats` puts /stats and /metrics behind `api_key` too. `app.state.cancelled` counts
+    `protect_stats` puts /stats and /metrics behind `api_key` too; `sampling` ("refuse" or
+    "greedy-warn") is what a non-greedy sampling value gets (docs/api.md). `app.state.cancelled` counts
     handlers cancelled at shutdown (each answered a 503)."""
     app = FastAPI(title="kern", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.cancelled = 0
@@ -165,20 +166,21 @@ def make_app(scheduler: Scheduler, engine: Engine, api_key: str | None = None, l
 
     @app.post("/v1/completions")
     async def completions(request: HttpRequest):
-        ask = validate.completion(await body_of(request), model)
+        ask = validate.completion(await body_of(request), model, sampling)
         return await answer(request, ask)
 
     @app.post("/v1/chat/completions")
     async def chat(request: HttpRequest):
-        ask = validate.chat(await body_of(request), model)
+        ask = validate.chat(await body_of(request), model, sampling)
         return await answer(request, ask)
 
-    warned: list[str] = []
+    warned: set[str] = set()  # --sampling greedy-warn: one WARN line per parameter name
 
     async def answer(request: HttpRequest, ask: Ask):
-        if ask.sampling and not warned:
-            warned.append(ask.sampling)
-            logs.event("sampling ignored", "WARN", params=ask.sampling, decoding="greedy")
+        for name in ask.sampling:
+            if name not in warned:
+                warned.add(name)
+                logs.event("sampling ignored", "WARN", param=name, decoding="greedy")
         pool_tokens = engine.pages * engine.unit
         limit = pool_tokens if "pad-in-limit" in engine.faults else engine.max_request_tokens
         validate.room(ask, engine.rows, engine.reach, pool_tokens, limit)
@@ -186,7 +188,8 @@ def make_app(scheduler: Scheduler, engine: Engine, api_key: str | None = None, l
         q: asyncio.Queue[Update] = asyncio.Queue()
         req = Request(scheduler.name(), ask.ids, ask.max_tokens, engine.rows,
                       lambda u: loop.call_soon_threadsafe(q.put_nowait, u), t_arrive=time.monotonic(),
-                      ignore_eos=ask.ignore_eos)
+                      ignore_eos=ask.ignore_eos,
+                      stops=Stops(list(ask.stop), list(ask.stop_ids), ask.include_stop) if ask.stop or ask.stop_ids else None)
         scheduler.submit(req)
         try:
             first = await _next(q, request)
@@ -284,13 +287,39 @@ class Reply:
         self.done: Done | None = None
         self.sent_role = False
         self.sent_prompt = False
+        self.echo = validate.text_of(ask.ids) if ask.echo else ""  # leads the text (the first chunk's)
+        self.hold = req.stops.hold if req.stops is not None else 0
+        self._pieces: list[str] = []  # the answer's text as decoded
+        self._pending = ""  # decoded, not yet released to a stream
+        self._sent = 0  # characters released
 
     def add(self, update: Update) -> str:
+        """Take an update; return the text it releases (a stream chunk's). With stop strings the last
+        `hold` characters (the longest stop string's length - 1, as vLLM) wait until they can no longer
+        start a match; at the end the text is cut at `Done.text_end` (the scheduler matched it)."""
         self.tokens.extend(update.tokens)
-        if update.done is not None:
+        toks = update.tokens
+        last = update.done is not None
+        if last:
             self.done = update.done
-        text = self.decoder.decode(bytes(t for t in update.tokens if t != EOS), final=update.done is not None)
-        return text
+            if update.done.hide_last and toks:
+                toks = toks[:-1]  # a stop token id's text is left out (vLLM)
+        got = self.decoder.decode(bytes(t for t in toks if t != EOS), final=last)
+        self._pieces.append(got)
+        pending = self._pending + got
+        if not last:
+            n = max(len(pending) - self.hold, 0)
+            self._pending, self._sent = pending[n:], self._sent + n
+            return pending[:n]
+        end = self.done.text_end
+        self._pending = ""
+        return pending if end is None else pending[:end - self._sent]
+
+    def text(self) -> str:
+        """The whole answer's text (after the last update), cut by a stop string, the echo first."""
+        text = "".join(self._pieces)
+        end = self.done.text_end if self.done is not None else None
+        return self.echo + (text if end is None else text[:end])
 
     def _usage(self) -> dict:
         n = len(self.ask.ids)
@@ -304,16 +333,17 @@ class Reply:
     def _head(self, chunk: bool) -> dict:
         kind = ("chat.completion" if self.ask.chat else "text_completion") + (".chunk" if chunk and self.ask.chat else "")
         prefix = "chatcmpl" if self.ask.chat else "cmpl"
-        return {"id": f"{prefix}-{self.req.id}", "object": kind, "created": self.created, "model": self.model}
+        name = self.ask.request_id or self.req.id
+        return {"id": f"{prefix}-{name}", "object": kind, "created": self.created, "model": self.model}
 
     def whole(self) -> dict:
-        text = validate.text_of(self.tokens)
+        text = self.text()
         choice: dict = {"index": 0, "finish_reason": self.done.reason, "logprobs": None}
         if self.ask.chat:
             choice["message"] = {"role": "assistant", "content": text}
         else:
             choice["text"] = text
-            choice["stop_reason"] = None
+        choice["stop_reason"] = self.done.stop_reason
         if self.ask.return_token_ids:
             choice["token_ids"] = list(self.tokens)
             choice["prompt_token_ids"] = list(self.ask.ids)
@@ -321,6 +351,8 @@ class Reply:
 
     def chunk(self, update: Update) -> dict:
         text = self.add(update)
+        if self.echo:
+            text, self.echo = self.echo + text, ""
         last = update.done is not None
         choice: dict = {"index": 0, "finish_reason": self.done.reason if last else None, "logprobs": None}
         if self.ask.chat:
@@ -331,6 +363,7 @@ class Reply:
             choice["delta"] = delta
         else:
             choice["text"] = text
+        choice["stop_reason"] = self.done.stop_reason if last else None
         choice["token_ids"] = list(update.tokens)
         if self.ask.return_token_ids and not self.sent_prompt:
             choice["prompt_token_ids"] = list(self.ask.ids)
@@ -339,4 +372,6 @@ class Reply:
         if last:
             out["usage"] = self._usage()
             out["kern"] = self._kern()
+        elif self.ask.continuous_usage:
+            out["usage"] = self._usage()
         return out

@@ -113,6 +113,7 @@ def bind(host: str, port: int):
 @click.option("--pp-bind", default="127.0.0.1", show_default=True, help="Stage: the address its activation socket binds (the previous stage connects to it).")
 @click.option("--pp-parent", default=None, type=click.IntRange(min=1), hidden=True, help="Stage: end when this process (the head that started it) ends.")
 @click.option("--pp-share", default=1, type=click.IntRange(min=1), hidden=True, help="Stage: processes sharing this GPU; the default capacity takes 1/N of its free memory.")
+@click.option("--sampling", default="refuse", show_default=True, type=click.Choice(["refuse", "greedy-warn"]), help="A non-greedy sampling value (temperature > 0, top_p < 1, penalties, ...): refuse it with a 400 naming it, or serve it greedily with one WARN line per parameter name (docs/api.md).")
 @click.option("--fault", "faults", multiple=True, type=click.Choice(sorted(FAULTS)), help=f"Misbehave on purpose, for testing the gate (repeatable). {_FAULT_HELP}.")
 @click.option("--log-level", "log_level", default=None, type=click.Choice(["debug", "info", "warn", "error"]),
               help="Write log lines at this level or above (default: info, or the kern_serve level RUST_LOG names, as the Rust kern gate driver sets it; the gates read debug lines: e2e sets RUST_LOG=kern_serve=debug too).")
@@ -120,7 +121,7 @@ def bind(host: str, port: int):
 def serve_command(ctx, target, port, host, capacity, host_gib, max_seqs, chunk, rows, backend, device, reserve_gib,
                   weights, api_key, served_model_name, config, stats_every, no_graphs, no_pack, stages, at, pp_listen, pp_head,
                   pp_timeout, pp_bind, pp_parent, pp_share, faults, protect_stats, drain_timeout,
-                  max_connections, header_timeout, body_timeout, keep_alive, max_body_bytes, max_tokenize_tokens, log_level=None) -> None:
+                  max_connections, header_timeout, body_timeout, keep_alive, max_body_bytes, max_tokenize_tokens, log_level=None, sampling="refuse") -> None:
     """Serve TARGET (a config target name or a manifest path) over OpenAI-compatible HTTP.
 
     Every start-up error is one line on stderr, `kern serve: error: ...`, naming the flag or file.
@@ -207,14 +208,14 @@ def serve_command(ctx, target, port, host, capacity, host_gib, max_seqs, chunk, 
         fail(exc)
     if served_model_name:
         engine.model = served_model_name
-    code = run(engine, host, port, api_key, stats_every, limits, protect_stats, sock)
+    code = run(engine, host, port, api_key, stats_every, limits, protect_stats, sock, sampling=sampling)
     if head is not None:
         head.stop()
     sys.exit(code)
 
 
 def run(engine, host: str, port: int, api_key: str | None, stats_every: float = 5.0, limits: Limits = _D,
-        protect_stats: bool = False, sock=None) -> int:
+        protect_stats: bool = False, sock=None, sampling: str = "refuse") -> int:
     """Serve until a signal; the exit code. `sock`: the listening socket (`bind`), else bound here."""
     import logging
 
@@ -263,7 +264,7 @@ def run(engine, host: str, port: int, api_key: str | None, stats_every: float = 
             await super()._wait_tasks_to_complete()
             self.drained = True
 
-    app = make_app(scheduler, engine, api_key, limits, limit_log, protect_stats)
+    app = make_app(scheduler, engine, api_key, limits, limit_log, protect_stats, sampling=sampling)
     # past the drain's deadline every handler has its answer or its 503; the grace is for writing them
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False, lifespan="off",
                             http=guard.protocol(limits, limit_log), timeout_keep_alive=limits.keep_alive,

@@ -301,6 +301,11 @@ class Core:
         lease, req.lease = req.lease, None
         snapshot = "none"
         if e.lined:
+            # The keep rule. Every "stop" is retired alike: by EOS, by a stop token id or by the token
+            # that completed a stop string (docs/api.md). Its last token is in token_ids but, with one
+            # row a step, never fed; `answer` leaves it out, and a state that folded it too (a round's
+            # last row) is still kept. Together with "length" that is one rule: kept iff the state
+            # folded nothing past prompt + token_ids, the key being exactly what it folded.
             answer = len(req.out) - (req.reason == "stop")
             known = len(req.ids) + answer
             kept = req.pos <= known or (req.pos == known + 1 and req.reason == "stop")
@@ -323,7 +328,11 @@ class Core:
         logs.event("finished", "DEBUG", request=req.id, reason=req.reason, prompt=len(req.ids),
                    generated=len(req.out), cached=req.cached, snapshot=snapshot,
                    elapsed_s=time.monotonic() - req.t_arrive)
-        return Done(req.reason, req.cached, req.tier, snapshot)
+        s = req.stops
+        if s is None:
+            return Done(req.reason, req.cached, req.tier, snapshot)
+        return Done(req.reason, req.cached, req.tier, snapshot, stop_reason=s.reason, text_end=s.text_end,
+                    hide_last=s.hide_last)
 
     def _send(self, req: Request, update: Update) -> None:
         if "wrong-token" in self.engine.faults and not req.spoiled:
