@@ -25,8 +25,9 @@ from e2e.checks import Checks
 from e2e.config import ConfigError, GateTarget, load_targets
 from e2e.gate import SESSION_PORTS, Options, Run, run_target
 from e2e.report import commit, junit, write_report, write_summary
-from e2e.scenarios import CHECKS, plan
+from e2e.scenarios import CHECKS, CROSS_CHECKS, plan
 from e2e.session import STARTED, stop_all
+from e2e.stages import record as record_stages
 from oracle.cache import Cache, KernRun, kern_run_identity
 from oracle.probe import Prober
 from oracle.reference import PACKAGED_MODEL, Reference, ReferenceError
@@ -79,26 +80,29 @@ def gate_target(t: GateTarget, opts: Options, reference: Path | None, wanted: se
     if t.skipped:
         return _skipped(t, t.skipped, echo)
     steps = plan(t, wanted, reference is not None)
-    if wanted is not None and not any(set(s.checks) & wanted or f"policy_{s.session}" in wanted for s in steps):
+    if wanted is not None and not any(set(s.checks) & wanted or f"policy_{s.session}" in wanted for s in steps) \
+            and not wanted & set(CROSS_CHECKS):
         return _skipped(t, "no selected check applies", echo)
-    echo(f"== {t.name} ({t.ranks} rank(s), {'stateful' if t.lined else 'paged'}, rows {t.widest})")
+    staged = f", {t.stages} pipeline stages" if t.stages > 1 else ""
+    echo(f"== {t.name} ({t.ranks} rank(s), {'stateful' if t.lined else 'paged'}, rows {t.widest}{staged})")
     t0 = time.monotonic()
     oracle, runner = _oracles(t, reference, opts.out, opts.backend)
     checks = Checks(wanted, echo=echo)
     run = Run(t, opts, oracle, runner, checks, echo=echo)
     unavailable = run_target(run, steps)
     wall = round(time.monotonic() - t0, 1)
+    hits = {"served": run.served, "counters": run.session_hits}  # for stages_equal_single (e2e/stages.py)
     if unavailable is not None:
         echo(f"  skipped: {unavailable}")
         return {"target": t.name, "skipped": unavailable, "facts": run.facts, "counters": run.counters,
-                "checks": checks.list, "wall_s": wall}
+                "checks": checks.list, "hits": hits, "wall_s": wall}
     if t.floats:
         made = getattr(getattr(oracle, "prober", None), "made", 0)
         per = ", ".join(f"{k} {v}" for k, v in checks.excused.items()) or "none"
         echo(f"  near-ties excused: {sum(checks.excused.values())} ({per}); {made} probes run")
     echo(f"  {t.name}: {wall:.1f}s")
     return {"target": t.name, "skipped": None, "facts": run.facts, "counters": run.counters,
-            "checks": checks.list, "near_ties": dict(checks.excused), "wall_s": wall}
+            "checks": checks.list, "near_ties": dict(checks.excused), "hits": hits, "wall_s": wall}
 
 
 def gate_all(chosen: list[GateTarget], opts: Options, ref: Path | None, wanted: set[str] | None, jobs: int) -> list[dict]:
@@ -186,6 +190,7 @@ def cli(config, targets, scenarios, reference, no_reference, out, max_tokens, ba
         reports = [_skipped(t, why, click.echo) for t in chosen]
     else:
         reports = gate_all(chosen, opts, ref, wanted, jobs)
+        record_stages(chosen, reports, wanted, click.echo)
     for r in reports:
         write_report(opts.out, r)
     meta = {"commit": commit(), "backend": backend, "max_tokens": max_tokens, "wall_s": time.monotonic() - t0}

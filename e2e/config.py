@@ -2,6 +2,11 @@
 
 A target is skipped (not failed) when its manifest, reference manifest or a weights file is
 missing, or its manifest is not JSON; `--targets` naming a target the config lacks is a usage error.
+
+With no `--config` and no `kern.toml` found, the targets are the packaged `manifests/toy.toml`'s and
+then `manifests/toy-pp.toml`'s (toy-layers through 2 and 3 pipeline stages: a file of its own, as
+the Rust kern gate driver, which also reads toy.toml, denies the `stages` key). A target remembers
+the file it came from: its servers and `kern test` are given that `--config`.
 """
 
 from __future__ import annotations
@@ -11,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from manifests.config import ConfigError, find_config, load_config
+from manifests.config import PACKAGED, PACKAGED_PP, ConfigError, find_config, load_config
 
 __all__ = ["ConfigError", "GateTarget", "load_targets"]
 
@@ -28,6 +33,8 @@ class GateTarget:
     ranks: int
     skipped: str | None
     floats: bool = False  # a `logits` buffer: answers may diverge at near-ties (judged on probes)
+    stages: int = 1  # the config's `stages`: each server is started with `--stages N` (N > 1: a pipeline)
+    config: Path | None = None  # the config file it came from (given to its servers and `kern test`)
 
     @property
     def spec(self) -> bool:
@@ -48,7 +55,7 @@ def _ranks(m: dict[str, Any]) -> int:
     return n
 
 
-def _target(t) -> GateTarget:
+def _target(t, config: Path | None = None) -> GateTarget:
     skipped = None
     m: dict[str, Any] = {}
     if not t.manifest.is_file():
@@ -66,13 +73,21 @@ def _target(t) -> GateTarget:
     weights = t.weights or tuple(sorted(t.manifest.parent.glob("*.safetensors")))
     lined = any((s or {}).get("bytes_per_seq", 0) for s in m.get("states", {}).values())
     return GateTarget(t.name, t.manifest, t.reference, weights, m.get("model", t.name), lined,
-                      _widest(m), _ranks(m), skipped, "logits" in m.get("buffers", {}))
+                      _widest(m), _ranks(m), skipped, "logits" in m.get("buffers", {}), t.stages, config)
 
 
 def load_targets(config: str | Path | None, names: list[str] | None) -> tuple[Path, list[GateTarget]]:
     """The config's path and its targets (all, or `names` in the given order)."""
     path = find_config(config)
     cfg = load_config(path)
+    where = dict.fromkeys(cfg.targets, path)
+    if config is None and path.resolve() == PACKAGED.resolve() and PACKAGED_PP.is_file():
+        staged = load_config(PACKAGED_PP).targets
+        clash = sorted(set(staged) & set(cfg.targets))
+        if clash:
+            raise ConfigError(f"{PACKAGED_PP} names targets {path} has too: {', '.join(clash)}")
+        cfg.targets.update(staged)
+        where.update(dict.fromkeys(staged, PACKAGED_PP))
     if names:
         unknown = [n for n in names if n not in cfg.targets]
         if unknown:
@@ -81,4 +96,4 @@ def load_targets(config: str | Path | None, names: list[str] | None) -> tuple[Pa
         chosen = [cfg.targets[n] for n in names]
     else:
         chosen = list(cfg.targets.values())
-    return path, [_target(t) for t in chosen]
+    return path, [_target(t, where[t.name]) for t in chosen]

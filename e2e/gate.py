@@ -3,10 +3,17 @@
 `Run` is the target's context: its options, oracles, checks, the sessions it started and what
 earlier steps found (cold answers, turn-2 ids and hits) for later ones. Any exception in a step
 ends the target with a gated ``error`` check; a server that exited says so with its exit code.
+
+A target with `stages = N` (N > 1) has every server started with ``--stages N``: a pipeline head and
+N-1 stage processes, otherwise the same sessions and flags. `Run.served` records how every serial
+step's request was answered (ids digest, cached tokens, tier, snapshot) and `Run.session_hits` each
+all-serial session's hit counters, so a staged target's can be held to its single process's
+(`e2e/stages.py`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,9 +25,11 @@ from e2e.config import GateTarget
 from e2e.policy import PolicyGate
 from e2e.session import ServerExited, Session, Unavailable, merge_flags, server_command, split_flags
 from e2e.stats import Stats
+from verdicts.policy import POLICY_COUNTERS
 
 __all__ = ["Options", "Run", "run_target"]
 
+HIT_COUNTERS = POLICY_COUNTERS  # what a session's hits come to (resident/host hits and tokens, parks, ...)
 SESSION_PORTS = {"default": 0, "host": 1, "slots": 2, "rows1": 3, "wake_room": 4, "churn": 5, "drop": 6}
 
 
@@ -66,6 +75,13 @@ class Run:
     turn2: list[dict[str, Any]] = field(default_factory=list)
     host_cold: list[list[int]] = field(default_factory=list)
     burst: dict[str, Any] = field(default_factory=dict)
+    # what serial steps were answered, for the staged targets' comparison (e2e/stages.py)
+    step: str = ""
+    serial: bool = True
+    unserial: set[str] = field(default_factory=set)  # sessions where a concurrent step ran
+    served: list[dict[str, Any]] = field(default_factory=list)
+    session_hits: dict[str, dict[str, int]] = field(default_factory=dict)
+    stage_page_bytes: dict[str, list[int]] = field(default_factory=dict)  # per session, a pipeline's stages
 
     @property
     def dir(self) -> Path:
@@ -92,14 +108,22 @@ class Run:
         return self.target.lined
 
     # sessions
+    def command(self, name: str, flags: list[str]) -> tuple[list[str], int]:
+        """Session `name`'s server command and port: its own flags over --server-flags over the base
+        (backend, capacity and, for a target with `stages = N > 1`, ``--stages N``)."""
+        o = self.opts
+        port = 0 if o.port == 0 else o.port + SESSION_PORTS[name]
+        base = [("--backend", [o.backend]), ("--capacity", [str(o.capacity)])]
+        if self.target.stages > 1:
+            base.append(("--stages", [str(self.target.stages)]))
+        argv = merge_flags(base, split_flags(o.server_flags), split_flags(flags))
+        return server_command(o.kern, self.target.config or o.config, self.target.name, port, argv), port
+
     def open(self, name: str, flags: list[str]) -> Live:
         """Start session `name` (a fresh server) with its own flags over the base and --server-flags."""
         self.close()
         o = self.opts
-        port = 0 if o.port == 0 else o.port + SESSION_PORTS[name]
-        base = [("--backend", [o.backend]), ("--capacity", [str(o.capacity)])]
-        argv = merge_flags(base, split_flags(o.server_flags), split_flags(flags))
-        cmd = server_command(o.kern, o.config, self.target.name, port, argv)
+        cmd, port = self.command(name, flags)
         s = Session(name, cmd, port, self.dir / f"server-{name}.log", load_timeout=o.load_timeout)
         try:
             facts = s.start()
@@ -107,6 +131,9 @@ class Run:
             s.stop(kill=True)
             raise
         self.facts[name] = facts
+        ready = s.log.lines("pp ready")  # a pipeline head: each stage's host page bytes
+        if ready and ready[-1].get("stage_page_bytes") is not None:
+            self.stage_page_bytes[name] = [int(b) for b in str(ready[-1]["stage_page_bytes"]).split(",")]
         if name == "default":
             self.echo("  facts: " + ", ".join(f"{k}={facts[k]}" for k in
                       ("ranks", "pages", "page", "rows", "checkpoints", "seq_slots", "max_request_tokens", "load_s")
@@ -134,12 +161,21 @@ class Run:
         if self.live is None:
             return
         self.policy_check()
+        name = self.live.session.name
+        if name not in self.unserial and self.live.session.alive():  # all serial: counters are not timing's
+            raw = self.live.client.stats() or {}
+            self.session_hits[name] = {k: int(v) for k, v in (raw.get("counters") or {}).items() if k in HIT_COUNTERS}
         live, self.live = self.live, None
         live.client.close()
         try:
             live.session.check()
         finally:
             live.session.stop()
+
+    def host_page_bytes(self, session: str = "default") -> int:
+        """Bytes of one host page on the stage that holds the most (a pipeline's `--host-gib` is per
+        stage, and the head keeps the fewest host pages any stage has); a single process's page_bytes."""
+        return max([int(self.live_facts("page_bytes", session))] + self.stage_page_bytes.get(session, []))
 
     def live_facts(self, key: str, session: str = "default") -> Any:
         """A fact of an earlier session's `/stats` (page_bytes, slot_bytes, ...)."""
@@ -162,6 +198,10 @@ class Run:
                 live.policy.rejected(list(prompt.encode()) if isinstance(prompt, str) else list(prompt))
             raise
         self.snapshots[a.request] = a.snapshot
+        if self.serial:
+            self.served.append({"session": live.session.name, "step": self.step, "request": a.request,
+                                "tokens": len(a.ids), "ids": hashlib.sha256(str(a.ids).encode()).hexdigest()[:16],
+                                "cached": a.cached, "tier": a.tier, "snapshot": a.snapshot})
         if live.policy is not None:
             live.policy.expect(a.request, self.prompt_ids(a, prompt), m, a)
         return a
@@ -181,6 +221,9 @@ def run_target(run: Run, steps: list) -> str | None:
         for step in steps:
             if step.session is not None and (run.live is None or run.live.session.name != step.session):
                 run.open(step.session, step.flags(run) if step.flags else [])
+            run.step, run.serial = step.name, step.serial
+            if not step.serial and step.session is not None:
+                run.unserial.add(step.session)
             step.run(run)
             if run.live is not None and run.live.policy is not None and run.live.policy.active:
                 run.live.policy.compare(step.name, run.live.client.stats())

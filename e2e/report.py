@@ -1,8 +1,10 @@
 """The gate's outputs: ``<out>/<target>/report.json``, ``<out>/summary.md`` and JUnit XML.
 
 report.json (indent 1): ``{target, skipped, facts, counters: {default, host, churn, slots}, checks:
-[{name, ok, note}], near_ties: {check: excused tokens}, wall_s}``, written even for a skipped
-target (``near_ties`` lists only checks that excused some: float targets).
+[{name, ok, note}], near_ties: {check: excused tokens}, hits: {served, counters}, wall_s}``, written
+even for a skipped target (``near_ties`` lists only checks that excused some: float targets; ``hits``
+is every serial answer's ``{session, step, request, tokens, ids (a digest), cached, tier, snapshot}``
+and each all-serial session's hit counters, what ``stages_equal_single`` compares).
 
 summary.md: a header (commit, backend, max tokens, wall time), the table of `verdicts.summarize`
 (one row per target), then each failed check's reason (its note). docs/results.md says how to read

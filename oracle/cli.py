@@ -40,9 +40,9 @@ def main(ctx: click.Context, config: str | None) -> None:
 
 
 @main.command()
-@click.option("--out", required=True, type=click.Path(file_okay=False), help="Directory to write toy/*.json, toy/salt.safetensors and toy.toml into.")
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="Directory to write toy/*.json, toy/salt.safetensors, toy.toml and toy-pp.toml into.")
 def gen(out: str) -> None:
-    """Write the toy manifests (each with its -ref twin), their salt, the layered toy's checkpoint and their config."""
+    """Write the toy manifests (each with its -ref twin), their salt, the layered toy's checkpoint and their configs (toy.toml; toy-pp.toml: toy-layers through pipeline stages)."""
     from toy.gen import generate as gen_toy
 
     paths = gen_toy(out)

@@ -158,7 +158,7 @@ def test_kern_gen_reproduces_the_shipped_set_byte_for_byte(tmp_path):
     for p in written:
         rel = p.relative_to(tmp_path)
         assert (SHIPPED / rel).read_bytes() == p.read_bytes(), f"{rel} differs from `kern gen --out manifests`"
-    shipped = {p.relative_to(SHIPPED) for p in (SHIPPED / "toy").iterdir()} | {Path("toy.toml")}
+    shipped = {p.relative_to(SHIPPED) for p in (SHIPPED / "toy").iterdir()} | {Path("toy.toml"), Path("toy-pp.toml")}
     assert shipped == {p.relative_to(tmp_path) for p in written}
 
 

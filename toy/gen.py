@@ -1,8 +1,9 @@
 """`kern gen`: write the toy manifests (five shapes, the float toy, the layered toy (`toy/gen_layers.py`),
-and their `-ref` twins), the salt, the layered toy's checkpoint, the config.
+and their `-ref` twins), the salt, the layered toy's checkpoint, the config, and the pipeline config
+(toy-layers through 2 and 3 stages).
 
-The generated set ships as `manifests/toy/` + `manifests/toy.toml`; a test holds `kern gen --out
-manifests` to reproducing it byte for byte.
+The generated set ships as `manifests/toy/` + `manifests/toy.toml` + `manifests/toy-pp.toml`; a test
+holds `kern gen --out manifests` to reproducing it byte for byte.
 """
 
 from __future__ import annotations
@@ -172,6 +173,32 @@ def config_text(targets: dict[str, dict]) -> str:
     return "".join(parts)
 
 
+# The layered toy through pipeline stages (`kern serve --stages N`): e2e gates these as targets of
+# their own. They live in a second file, toy-pp.toml, because the Rust kern gate driver denies unknown
+# fields in a config (reference/kern-e2e.md §3): a `stages` key in toy.toml would make it refuse the
+# whole file, not skip one target. That driver reads only the config it is given (kern.toml by
+# default); `e2e`, with no --config and no kern.toml found, reads toy.toml and then toy-pp.toml.
+PP_STAGES = (2, 3)
+PP_HEADER = """# toy-layers served as a pipeline (written by `kern gen`). Paths are relative to this file.
+#
+# Each target is toy-layers of toy.toml (the same manifest, reference and weights) with `stages = N`:
+# `kern serve` cuts it into N stages and serves it as a head and N-1 stage processes, and `e2e`
+# (which reads this file after toy.toml when given no --config and no kern.toml is found) gates it
+# like toy-layers, token-exact against toy/model.py, and checks its hits equal toy-layers'.
+#
+# A file of its own: the Rust kern gate driver denies unknown fields (it has no `stages`), so the key
+# in toy.toml would make that driver refuse the whole file. It never reads this one.
+"""
+
+
+def pp_config_text(layered: dict) -> str:
+    """toy-pp.toml: toy-layers' table once per pipeline depth in `PP_STAGES`, with its `stages`."""
+    parts = [PP_HEADER]
+    for n in PP_STAGES:
+        parts.append(f"\n[targets.{gen_layers.NAME}-pp{n}]\n" + tomli_w.dumps({**layered, "stages": n}))
+    return "".join(parts)
+
+
 def generate(out: str | Path) -> list[Path]:
     """Write the toy set under `out`; return the paths written."""
     from safetensors.numpy import save_file
@@ -207,4 +234,7 @@ def generate(out: str | Path) -> list[Path]:
     config = out / "toy.toml"
     config.write_text(config_text(targets))
     written.append(config)
+    pp = out / "toy-pp.toml"
+    pp.write_text(pp_config_text(targets[gen_layers.NAME]))
+    written.append(pp)
     return written

@@ -2,7 +2,7 @@
 
 Session churn: ``--capacity C --host-gib H --max-seqs 8`` where, in pages of the target, C holds the
 scenario's largest request and the pad, and H holds one and a half of it (lined: and two line
-slots). Four conversations (prompts 1-4) take turns: each turn sends the conversation so far
+slots; a pipeline: on the stage whose host pages are largest, as `--host-gib` is per stage). Four conversations (prompts 1-4) take turns: each turn sends the conversation so far
 (its last turn's ids, the answer fed back, the suffix). The turns are ordered so that sessions are
 parked, woken, extended, parked again (their host copy still live, so only new pages are copied)
 and woken again, and the host runs out so a parked conversation is dropped and its next turn
@@ -33,7 +33,7 @@ def _room_pages(r, order=ORDER) -> int:
 def flags(r) -> list[str]:
     f = r.facts["default"]
     pages = _room_pages(r)
-    page_bytes = int(r.live_facts("page_bytes"))
+    page_bytes = r.host_page_bytes()  # a pipeline: the largest stage's, so every stage holds H
     slot_bytes = int(r.live_facts("slot_bytes"))
     host = (pages * 3 // 2) * page_bytes + (2 * slot_bytes if r.stateful else 0)
     capacity = (pages + 1) * int(f["page"])

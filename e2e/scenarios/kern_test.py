@@ -12,7 +12,7 @@ VERDICTS = {0: "PASS", 1: "FAIL", 2: "INCONCLUSIVE"}
 
 def run(r) -> None:
     base = r.opts.kern or [sys.executable, "-m", "oracle.cli"]
-    cmd = [*base, "--config", str(r.opts.config), "test", r.target.name, "--backend", r.opts.backend]
+    cmd = [*base, "--config", str(r.target.config or r.opts.config), "test", r.target.name, "--backend", r.opts.backend]
     r.dir.mkdir(parents=True, exist_ok=True)
     log = r.dir / "kern-test.log"
     try:

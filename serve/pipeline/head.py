@@ -127,11 +127,24 @@ def _await(watch: HeadWatch, kind: str, want: set[int], timeout: float, procs) -
     return got
 
 
+def _host_tier(pages: int, page_bytes: int):
+    """The head's host tier: counted in pages (one unit each; every stage maps host page h to h x its
+    own host page), its `used()` in bytes of stage 0's host pages (`page_bytes` each), the unit of the
+    `host_bytes` fact, so /stats `host_used_bytes` means bytes as in a single process."""
+    from pool import Host
+
+    class PageHost(Host):
+        def used(self) -> int:
+            return super().used() * page_bytes
+
+    return PageHost(pages, 1, 1, 0)
+
+
 def build_head(paths: list[Path], opts, pp: PipelineOptions):
     """The engine for stage 0 with a Pipeline as its runtime, and the Head that stops the stages."""
     from manifests import derive, load
     from manifests.config import resolve
-    from pool import Geometry, Host, Lease, Pool, Prefix, chunk_size, chunks_for
+    from pool import Geometry, Lease, Pool, Prefix, chunk_size, chunks_for
     from runtime.backend import make_backend
     from runtime.protocol import Protocol
     from runtime.runtime import Runtime
@@ -194,7 +207,7 @@ def build_head(paths: list[Path], opts, pp: PipelineOptions):
     host_pages = min([int(opts.host_gib * GIB) // hpb0] + [int(h.head["host_pages"]) for h in hellos.values()])
     chunk_bytes = chunk_size(geometry)
     pool = Pool(geometry, chunk_bytes, chunks_for(geometry, capacity, 0, chunk_bytes), 0, tokens=capacity)
-    host = Host(host_pages, 1, 1, 0) if host_pages > 0 else None  # counted in pages: each stage maps its bytes
+    host = _host_tier(host_pages, hpb0) if host_pages > 0 else None  # counted in pages: each stage maps its bytes
     pad = pool.lease_pad()
     if not isinstance(pad, Lease):
         raise EngineError(f"the pool cannot lease the pad ({pad!r}); raise --capacity")
@@ -211,7 +224,8 @@ def build_head(paths: list[Path], opts, pp: PipelineOptions):
     down = ZmqWire.make(ctx, zmq.PUSH, connect=hellos[1].head["up"], send_timeout=pp.timeout)
     runtime = Pipeline(StageWork(local, sends[0]), proto, down, watch, n, pp.timeout, hpb0)
     logs.event("pp ready", stages=n, cut=cid, pages=pool.pages_max, stage_pages=",".join(
-        [str(fewest)] + [str(hellos[k].head["pages"]) for k in range(1, n)]), host_pages=host_pages)
+        [str(fewest)] + [str(hellos[k].head["pages"]) for k in range(1, n)]), host_pages=host_pages,
+        stage_page_bytes=",".join([str(hpb0)] + [str(hellos[k].head["page_bytes"]) for k in range(1, n)]))
     engine = Engine(
         model=m0.model, manifest_path=str(paths[0]), runtime=runtime, pool=pool, pad=pad, host=host,
         prefix=Prefix(unit), rows=rows, chunk=chunk, max_seqs=max_seqs, lined=False, unit=unit, reach=reach,
