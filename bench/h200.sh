@@ -24,10 +24,10 @@ step() {  # step NAME LIMIT_S CMD...: run CMD under a time limit, log it, add a 
 }
 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$OUT/gpu.txt" 2>&1
-step gpu-tests 200 "$PY" -m pytest -q -p no:cacheprovider -m gpu -n 4
-step gate 200 "$PY" -c "from e2e.cli import main; main()" --backend gpu --max-tokens 256 --jobs 9 --out "$OUT/e2e"
-step graphs 150 "$PY" bench/serve.py --backend gpu --graphs both --targets toy-paged --concurrency 1 64
-step stages 150 "$PY" bench/serve.py --backend gpu --stages 1 2 3
+step gpu-tests 150 "$PY" -m pytest -q -p no:cacheprovider -m gpu -n 4
+step gate 180 "$PY" -c "from e2e.cli import main; main()" --backend gpu --max-tokens 256 --jobs 9 --out "$OUT/e2e"
+step graphs 110 "$PY" bench/serve.py --backend gpu --graphs both --targets toy-paged --concurrency 1 64
+step stages 110 "$PY" bench/serve.py --backend gpu --stages 1 2 3
 echo "== the gate's summary"; sed -n '1,40p' "$OUT/e2e/summary.md" 2>/dev/null
 echo "== graphs"; tail -n 25 "$OUT/graphs.log"
 echo "== stages"; tail -n 12 "$OUT/stages.log"
