@@ -18,7 +18,7 @@ import threading
 from pathlib import Path
 from typing import Any, Iterable
 
-__all__ = ["Cache", "KernRun", "SOURCE_DIRS", "identity", "kern_run_identity", "key", "reference_identity"]
+__all__ = ["RUNTIME_LOCK", "Cache", "KernRun", "SOURCE_DIRS", "identity", "kern_run_identity", "key", "reference_identity"]
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCE_DIRS = ("runtime", "toy", "manifests", "oracle")
@@ -91,6 +91,13 @@ class Cache:
         os.replace(tmp, self.path)
 
 
+# One runtime at a time in this process, whoever runs it (KernRun, the float targets' Prober): numba's
+# CPU threading layer and numba-cuda's module loading are not for concurrent callers (e2e --jobs
+# gates several targets from threads; two locks let a toy-paged run and a toy-float probe load
+# kernels at once, and numba-cuda's library table raised "key already in dictionary").
+RUNTIME_LOCK = threading.Lock()
+
+
 class KernRun:
     """`kern run` in process: one sequence through the runtime, no server, answers cached.
 
@@ -102,7 +109,7 @@ class KernRun:
     kind = "kern run"
     # one sequence at a time in this process: numba's CPU threading layer and a GPU stream are
     # not for concurrent callers (e2e --jobs gates several targets from threads)
-    _lock = threading.Lock()
+    _lock = RUNTIME_LOCK
     exact = False
     available = True
     accept_pct = None

@@ -18,11 +18,12 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-import threading
 from pathlib import Path
 from typing import Iterable
 
 import numpy as np
+
+from oracle.cache import RUNTIME_LOCK
 
 __all__ = ["ProbeError", "Prober", "read", "write"]
 
@@ -70,7 +71,7 @@ def _name(context: list[int]) -> str:
 class Prober:
     """`kern run --probe-dir` in this process, kept warm; dumps cached under `root` by identity."""
 
-    _lock = threading.Lock()
+    _lock = RUNTIME_LOCK  # shared with KernRun: one runtime at a time in this process
     ROOM = 1024  # runtimes are sized in steps of this many tokens
 
     def __init__(self, manifest: str | Path, weights: Iterable[str | Path], backend: str, root: str | Path,

@@ -76,3 +76,12 @@ def test_prober_is_cached_by_artifact_identity(tmp_path):
     other = Prober(t.manifest, t.weights, "cpu", tmp_path / "probes", "another identity")
     other.probe(ctx)
     assert other.made == 1 and len(list((tmp_path / "probes").glob("probe-*"))) == 1
+
+
+def test_probes_and_kern_runs_share_one_runtime_lock():
+    """Property: a process runs one in-process runtime at a time, KernRun's or a Prober's (e2e --jobs
+    gates targets from threads; numba-cuda's module loading raced when each class had its own lock)."""
+    from oracle.cache import RUNTIME_LOCK, KernRun
+    from oracle.probe import Prober
+
+    assert KernRun._lock is RUNTIME_LOCK and Prober._lock is RUNTIME_LOCK
