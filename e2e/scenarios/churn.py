@@ -20,13 +20,17 @@ CONVERSATIONS = 4
 # which conversation takes each turn after the four first turns
 ORDER = (0, 1, 0, 2, 3, 0, 1, 2, 0, 3)
 MAX_SEQS = 8
+# Answer tokens per request in these sessions, whatever --max-tokens: their pool and host sizes are
+# fitted to answers of this length (at 256 most answers meet EOS far short of the bound, the tiers
+# sized for the bound never fill, and nothing is evicted or dropped).
+TOKENS = 64
 
 
 def _room_pages(r, order=ORDER) -> int:
     """Pages of the largest request the scenario sends (a conversation's last turn, bounded)."""
     turns = max(order.count(i) for i in range(CONVERSATIONS)) + (order is ORDER)
     longest = max(len(a.prompt_ids) for a in r.cold[:CONVERSATIONS])
-    tokens = longest + turns * (r.m + 1 + len(r.suffix)) + r.rows - 1
+    tokens = longest + turns * (TOKENS + 1 + len(r.suffix)) + r.rows - 1
     return -(-tokens // r.page)
 
 
@@ -46,15 +50,15 @@ def run(r) -> None:
     convo: list[list[int]] = []
     tiers: list[list[tuple[str | None, int]]] = [[] for _ in range(CONVERSATIONS)]
     for i in range(CONVERSATIONS):
-        a = r.answer(PROMPTS[i])
+        a = r.answer(PROMPTS[i], TOKENS)
         ids = r.prompt_ids(a, PROMPTS[i])
-        same.add(f"conversation {i + 1} turn 1", ids, a.ids, r.oracle.run(ids, r.m, r.rows))
+        same.add(f"conversation {i + 1} turn 1", ids, a.ids, r.oracle.run(ids, TOKENS, r.rows))
         convo.append(ids + a.fed)
         tiers[i].append((a.tier, a.cached))
     for n, i in enumerate(ORDER):
         ids = convo[i] + r.suffix
-        a = r.answer(ids)
-        same.add(f"conversation {i + 1} turn {len(tiers[i]) + 1}", ids, a.ids, r.oracle.run(ids, r.m, r.rows))
+        a = r.answer(ids, TOKENS)
+        same.add(f"conversation {i + 1} turn {len(tiers[i]) + 1}", ids, a.ids, r.oracle.run(ids, TOKENS, r.rows))
         convo[i] = ids + a.fed
         tiers[i].append((a.tier, a.cached))
     c = live.stats.read()
@@ -93,9 +97,9 @@ def drop(r) -> None:
     convo: dict[int, list[int]] = {}
     for i in DROP_TURNS:
         ids = convo[i] + r.suffix if i in convo else PROMPTS[i]
-        a = r.answer(ids)
+        a = r.answer(ids, TOKENS)
         ids = r.prompt_ids(a, ids)
-        same.add(f"conversation {i + 1}", ids, a.ids, r.oracle.run(ids, r.m, r.rows))
+        same.add(f"conversation {i + 1}", ids, a.ids, r.oracle.run(ids, TOKENS, r.rows))
         convo[i] = ids + a.fed
     c = live.stats.read()
     ev = c.get("evictions", 0)
