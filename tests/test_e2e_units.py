@@ -124,7 +124,8 @@ def _target(name):
 def test_plan_all_steps_in_session_order():
     names = [s.name for s in plan(_target("toy-stateful-spec"), None, True)]
     assert names == ["kern_test", "conc1", "run_equals_reference", "repeat", "turn2", "concurrent",
-                     "spec_acceptance", "abort", "host_cold", "park_wake", "host_churn", "evict_drops", "slot_growth", "rows1",
+                     "spec_acceptance", "abort", "host_cold", "park_wake", "host_churn", "evict_drops", "ties", "host_frag",
+                     "slot_growth", "rows1",
                      "wake_room"]
     paged = [s.name for s in plan(_target("toy-paged"), None, False)]
     assert "slot_growth" not in paged and "rows1" not in paged and "spec_acceptance" not in paged

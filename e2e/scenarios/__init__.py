@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from e2e.config import GateTarget
-from e2e.scenarios import abort, churn, concurrent, conc1, host, kern_test, repeat, rows1, slots, turn2, wake_room
+from e2e.scenarios import abort, churn, concurrent, conc1, host, kern_test, repeat, rows1, slots, ties, turn2, wake_room
 
 __all__ = ["CHECKS", "COMPARED", "CROSS_CHECKS", "POLICY_CHECKS", "STEPS", "Step", "plan"]
 
@@ -42,6 +42,9 @@ STEPS: tuple[Step, ...] = (
     Step("park_wake", "host", ("park_wake",), ("host_cold",), host.park_wake, flags=host.flags),
     Step("host_churn", "churn", ("host_churn",), ("turn2",), churn.run, flags=churn.flags),
     Step("evict_drops", "drop", ("evict_drops",), ("turn2",), churn.drop, flags=churn.drop_flags),
+    Step("ties", "ties", ("index_ties",), ("turn2",), ties.run, flags=ties.flags),
+    Step("host_frag", "frag", ("host_frag",), ("turn2",), ties.frag, flags=ties.flags,
+         applies=lambda t: t.lined),
     Step("slot_growth", "slots", ("slot_growth",), ("turn2",), slots.run, flags=slots.flags,
          applies=lambda t: t.lined),
     Step("rows1", "rows1", ("rows1_equals_run", "rows1_vs_spec"), ("conc1",), rows1.run, flags=rows1.flags,
