@@ -147,11 +147,15 @@ class Client:
         except ValueError:
             return None
 
-    def hang_up(self, prompt: str, chunks: int = 3, max_tokens: int = 4096, timeout: float = 120.0) -> tuple[str, int]:
-        """Stream a completion, read `chunks` ``data:`` lines, close the socket; its id and the lines read."""
+    def hang_up(self, prompt: str, chunks: int = 3, max_tokens: int = 4096, timeout: float = 120.0,
+                ignore_eos: bool = False) -> tuple[str, int]:
+        """Stream a completion, read `chunks` ``data:`` lines, close the socket; its id and the lines read.
+        `ignore_eos` asks the answer to run all `max_tokens` (so it is still running when the socket closes)."""
         rid = self._take_id()
-        body = json.dumps({"model": self.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
-                           "stream": True}).encode()
+        fields = {"model": self.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True}
+        if ignore_eos:
+            fields["ignore_eos"] = True
+        body = json.dumps(fields).encode()
         head = (f"POST /v1/completions HTTP/1.1\r\nHost: {self.session.host}:{self.session.port}\r\n"
                 f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n")
         got = 0
