@@ -13,7 +13,6 @@ from array import array
 __all__ = ["Tokens", "WIDTH"]
 
 WIDTH = 4
-_new = object.__new__
 _SWAP = array("I", [1]).tobytes()[0] == 1  # a little-endian machine stores 'I' byte-swapped
 
 
@@ -82,10 +81,7 @@ class Tokens:
     def prefix(self, n: int) -> Tokens:
         """The first `n` tokens, sharing this buffer."""
         assert 0 <= n <= self.n, f"prefix of {n} tokens of {self.n}"
-        t = _new(Tokens)  # Tokens(self.data, n), its checks done
-        t.data = self.data
-        t.n = n
-        return t
+        return Tokens(self.data, n)
 
     def tolist(self) -> list[int]:
         a = array("I")
