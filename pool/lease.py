@@ -112,7 +112,7 @@ class Lease:
         """Seal own pages into one chain run until `shared >= keep`; they are never written again."""
         if self.shared < keep:
             tip = self._chain
-            if tip is not None:
+            if tip is not None and tip.parent is not None:
                 tip.absorb_parent()
             self._chain = Node(self.pages[self.shared:keep], tip, self._pool)
             self._pool._sealed += keep - self.shared
@@ -123,8 +123,12 @@ class Lease:
         assert depth <= self.shared, f"{depth=} {self.shared=}"
         if depth == 0:
             return None
-        node = self._chain.ancestor(depth)
-        return node.hold()
+        node = self._chain
+        if node.depth != depth:
+            node = node.ancestor(depth)
+        assert node.refs > 0, f"{node!r} is already released"
+        node.refs += 1  # node.hold()
+        return node
 
     def release(self) -> None:
         """Give back the own pages and let go of the chain and the slot."""

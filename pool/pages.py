@@ -9,6 +9,8 @@ short it plans a `Remap` (unmake free objects of the other kind, make the missin
 from __future__ import annotations
 
 
+from array import array
+
 import numpy as np
 
 from pool.chunks import PAGE, SLOT, Arena, Chunks, Remap
@@ -20,27 +22,36 @@ from pool.store import Copies, Node, Slot
 __all__ = ["Pool"]
 
 ABSENT, FREE, HELD, ARRIVING, LEAVING = range(5)
+_len = len  # `checkpoint` and `restore` take a parameter named len
+_FREE_BYTE, _HELD_BYTE = bytes([FREE]), bytes([HELD])
+# up to this many ids, taking and giving back go id by id (a byte find or store each), past it by
+# numpy (whose per-call cost is a few microseconds)
+_FEW = 24
 
 
 class _Objects:
-    """Statuses of one kind (pages or slots) in a numpy byte array and its tallies. Taking is lowest
-    free ids first, found by a vectorised scan from `_low` (no free id lies below it); giving back
-    many ids is one fancy-indexed store."""
+    """Statuses of one kind (pages or slots) in a byte array and its tallies. Taking is lowest free
+    ids first, found from `_low` (no free id lies below it) by a byte search for a few ids and a
+    vectorised scan for many; giving back many ids is one fancy-indexed store. `status` is a numpy
+    view of the bytes `_raw`, which a single id reads and writes without numpy's per-call cost."""
 
-    __slots__ = ("status", "live", "held", "_low")
+    __slots__ = ("status", "_raw", "live", "held", "_low", "_absent")
 
     def __init__(self, n: int) -> None:
-        self.status = np.zeros(n, dtype=np.uint8)
+        self._raw = bytearray(n)
+        self.status = np.frombuffer(self._raw, dtype=np.uint8)
         # Free + Held
         self.live = 0
         self.held = 0
         self._low = n
+        self._absent = n
 
     def set(self, i: int, to: int) -> None:
-        was = int(self.status[i])
+        was = self._raw[i]
         self.live += (to in (FREE, HELD)) - (was in (FREE, HELD))
         self.held += (to == HELD) - (was == HELD)
-        self.status[i] = to
+        self._absent += (to == ABSENT) - (was == ABSENT)
+        self._raw[i] = to
         if to == FREE and i < self._low:
             self._low = i
 
@@ -49,6 +60,7 @@ class _Objects:
         assert not np.count_nonzero(self.status[a:b] != ABSENT), "laying out ids that exist"
         self.status[a:b] = FREE
         self.live += b - a
+        self._absent -= b - a
         self._low = min(self._low, a)
 
     @property
@@ -59,16 +71,32 @@ class _Objects:
         """The `n` lowest free ids, now held (the caller checked `idle`)."""
         if n == 0:
             return []
+        if n <= _FEW:
+            raw, out, at = self._raw, [], self._low
+            for _ in range(n):
+                at = raw.find(_FREE_BYTE, at)
+                assert at >= 0, "popping more ids than are free"
+                out.append(at)
+                at += 1
+            for i in out:
+                raw[i] = HELD
+            self.held += n
+            self._low = at
+            return out
         status, total = self.status, len(self.status)
-        parts, need, at = [], n, self._low
+        # from the first free id (a byte search), in windows that double while ids are short
+        parts, need, at = [], n, self._raw.find(_FREE_BYTE, self._low)
+        assert at >= 0, "popping more ids than are free"
+        size = max(4 * need, 4096)
         while need:
-            end = min(total, at + max(4 * need, 4096))
+            end = min(total, at + size)
             assert at < end, "popping more ids than are free"
             idx = np.flatnonzero(status[at:end] == FREE)[:need]
             if idx.size:
                 parts.append(idx + at)
                 need -= idx.size
             at = end
+            size *= 2
         ids = parts[0] if len(parts) == 1 else np.concatenate(parts)
         status[ids] = HELD
         self.held += n
@@ -77,27 +105,36 @@ class _Objects:
 
     def give(self, i: int) -> None:
         """A held id is free again."""
-        assert self.status[i] == HELD, f"{i=} given back but not held"
-        self.status[i] = FREE
+        assert self._raw[i] == HELD, f"{i=} given back but not held"
+        self._raw[i] = FREE
         self.held -= 1
         if i < self._low:
             self._low = i
 
-    def give_many(self, ids: list[int]) -> None:
-        """Held ids are free again, at once."""
-        if len(ids) <= 16:
+    def give_many(self, ids) -> None:
+        """Held ids (a list, or an `array('q')`: a run's pages) are free again, at once."""
+        n = len(ids)
+        if n <= _FEW:
+            raw, low = self._raw, self._low
             for i in ids:
-                self.give(i)
+                assert raw[i] == HELD, f"{i=} given back but not held"
+                raw[i] = FREE
+                self.held -= 1
+                if i < low:
+                    low = self._low = i
             return
-        arr = np.asarray(ids, dtype=np.int64)
-        assert (self.status[arr] == HELD).all(), "ids given back but not all held"
-        self.status[arr] = FREE
-        self.held -= len(ids)
+        arr = np.frombuffer(ids, dtype=np.int64) if type(ids) is array else np.asarray(ids, dtype=np.int64)
+        status = self.status
+        assert status[arr].tobytes().count(_HELD_BYTE) == n, "ids given back but not all held"
+        status[arr] = FREE
+        self.held -= n
         lo = int(arr.min())
         if lo < self._low:
             self._low = lo
 
     def absent(self, n: int, first: int) -> list[int]:
+        if not self._absent or not n:
+            return []
         return (np.flatnonzero(self.status[first:] == ABSENT)[:n] + first).tolist()
 
     def idle_desc(self) -> list[int]:
@@ -115,6 +152,7 @@ class Pool:
     def __init__(self, geometry: Geometry, chunk: int, chunks: int, first_slots: int, tokens: int | None = None) -> None:
         self.geometry = geometry
         self.unit = geometry.unit
+        self._row_pages = geometry.row_tokens // self.unit  # the geometry is frozen
         self.chunk = chunk
         self.chunks = chunks
         budget = chunk * chunks
@@ -195,7 +233,7 @@ class Pool:
     @property
     def max_pages(self) -> int:
         """Pages one sequence may hold: a row, within the pool less the pad."""
-        return min(self.geometry.row_tokens // self.unit, self.pages_max - self._pad_pages)
+        return min(self._row_pages, self.pages_max - self._pad_pages)
 
     @property
     def max_seq_tokens(self) -> int:
@@ -349,17 +387,22 @@ class Pool:
     def checkpoint(self, lease: Lease, len: int) -> tuple[Checkpoint, Copies] | Denied:
         """Freeze the first `len` tokens: whole pages sealed and shared, the partial page and the
         slot copied. The lease keeps writing its own partial page."""
-        lease._check()
-        if lease.pages and not 1 <= len <= lease.tokens:
+        if not lease._live:
+            lease._check()
+        unit, pages = self.unit, lease.pages
+        if pages and not 1 <= len <= _len(pages) * unit:
             raise PoolError(f"checkpoint at {len} is past the lease ({lease.tokens} tokens)")
         if len < 1:
             raise PoolError(f"checkpoint at {len}")
-        full = len // self.unit if lease.pages else 0
-        partial = bool(lease.pages) and len % self.unit != 0
-        got = self._take(1 if partial else 0, lease._slot is not None)
-        if isinstance(got, Denied):
-            return got
-        fresh, slot = got
+        full = len // unit if pages else 0
+        partial = bool(pages) and len % unit != 0
+        if partial or lease._slot is not None:
+            got = self._take(1 if partial else 0, lease._slot is not None)
+            if isinstance(got, Denied):
+                return got
+            fresh, slot = got
+        else:
+            fresh, slot = None, None  # what _take(0, False) gives: nothing, never refused
         copies = Copies()
         lease._share(full)
         tip = lease._held_at(full)
@@ -369,7 +412,8 @@ class Pool:
             copies.pages.append((lease.pages[full], fresh[0]))
         if slot is not None:
             copies.slot = (lease._slot.id, slot.id)
-        return Checkpoint(len, tip, self._stored(slot)), copies
+            slot = self._stored(slot)
+        return Checkpoint(len, tip, slot), copies
 
     def retire(self, lease: Lease, len: int) -> Checkpoint:
         """Seal the first `len` tokens in place (the partial page too: its writer is gone), move the

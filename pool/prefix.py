@@ -37,6 +37,9 @@ class Tier(str, enum.Enum):
         return f"Tier.{self.name}"
 
 
+_DEVICE, _HOST = Tier.DEVICE, Tier.HOST
+
+
 class Hit:
     """A usable prefix of `len` tokens and a held clone of the store it comes from.
 
@@ -97,25 +100,32 @@ class Evicted:
 
 
 class _Entry:
-    __slots__ = ("key", "device", "host", "slot", "used", "node")
+    __slots__ = ("key", "device", "host", "slot", "used", "node", "in_device", "in_host")
 
     def __init__(self, key: Tokens, device: Any, slot: bool, node: _Node) -> None:
         self.key = key
         self.device = device
         self.host: Any = None
         self.slot = slot
+        # the tick of the last use: it only grows (see `Prefix._stamp`)
         self.used = 0
         # None once removed
         self.node: _Node | None = node
+        # whether the tier's recency heap holds an item for this entry
+        self.in_device = False
+        self.in_host = False
 
     @property
     def tier(self) -> Tier:
-        return Tier.DEVICE if self.device is not None else Tier.HOST
+        return _DEVICE if self.device is not None else _HOST
 
 
 class _Node:
-    """A node of the tree. Its edge is bytes `lo:hi` of `buf`, a key's packed buffer (zero-copy: the
-    keys of one growing sequence share one buffer, and merging two nodes cut from it copies nothing)."""
+    """A node of the tree. Its edge is bytes `lo:hi` of `buf`, the packed buffer of a key that spells
+    the whole path from the root to this node: `lo` and `hi` are absolute (4 times the parent's depth
+    and this node's). So nothing is copied: the keys of one growing sequence share one buffer, a
+    split cuts a buffer in two views, and a node merged into its only child widens the child's view
+    of its own buffer."""
 
     __slots__ = ("buf", "lo", "hi", "edge", "children", "parent", "depth", "entry", "paged_below",
                  "resident_below", "_keys")
@@ -146,13 +156,13 @@ class _Node:
         return [kids[t] for t in self._keys]
 
     def put(self, child: _Node) -> None:
-        t = child.first()
+        t = child.buf[child.lo:child.lo + WIDTH]
         if t not in self.children:
             bisect.insort(self._keys, t)
         self.children[t] = child
 
     def drop(self, child: _Node) -> None:
-        t = child.first()
+        t = child.buf[child.lo:child.lo + WIDTH]
         del self.children[t]
         del self._keys[bisect.bisect_left(self._keys, t)]
 
@@ -183,9 +193,12 @@ class Prefix:
         self._entries: set[_Entry] = set()
         self._clock = 0
         self._seq = 0
-        # (tick, seq, entry): an entry counts only while its tick and tier are current
-        self._lru: dict[Tier, list[tuple[int, int, _Entry]]] = {Tier.DEVICE: [], Tier.HOST: []}
-        self._count = {Tier.DEVICE: 0, Tier.HOST: 0}
+        # per tier, a heap of (tick, seq, entry): at most one item an entry, whose tick is at most
+        # the entry's (`_stamp`); an item of an entry removed or in the other tier is stale
+        self._lru_device: list[tuple[int, int, _Entry]] = []
+        self._lru_host: list[tuple[int, int, _Entry]] = []
+        self._resident = 0
+        self._parked = 0
         # the entry inserted last (a growing sequence's, usually)
         self._last: _Entry | None = None
 
@@ -198,7 +211,7 @@ class Prefix:
         return len(self._entries)
 
     def count(self, tier: Tier) -> int:
-        return self._count[tier]
+        return self._resident if tier is _DEVICE else self._parked
 
     def _sorted(self) -> list[_Entry]:
         return sorted(self._entries, key=lambda e: e.key.packed())
@@ -216,29 +229,66 @@ class Prefix:
 
     # recency
 
+    # An entry's tick only grows (every stamp but a park's is past the clock; a park keeps the
+    # tick), and ticks are distinct (each stamp takes a fresh one). So a stamp only sets `used`
+    # while the entry's tier heap holds an item for it, whose tick is then a lower bound; the
+    # coldest is found by lifting the top item to its entry's tick until the top is current: no
+    # item below it can hide a colder entry. A tier change (insert of a parked entry, park) then
+    # stamps, which gives the new tier its item.
+
     def _stamp(self, e: _Entry, tick: int) -> None:
         e.used = tick
-        tier = Tier.DEVICE if e.device is not None else Tier.HOST
-        heap = self._lru[tier]
-        seq = self._seq = self._seq + 1
-        heapq.heappush(heap, (tick, seq, e))
-        if len(heap) > 4 * self._count[tier] + 64:
-            fresh = []
-            for x in self._entries:
-                if x.tier == tier:
-                    self._seq += 1
-                    fresh.append((x.used, self._seq, x))
-            heapq.heapify(fresh)
-            self._lru[tier] = fresh
+        if e.device is not None:
+            if not e.in_device:
+                e.in_device = True
+                self._seq += 1
+                heapq.heappush(self._lru_device, (tick, self._seq, e))
+                if len(self._lru_device) > 2 * self._resident + 64:
+                    self._compact(True)
+        elif not e.in_host:
+            e.in_host = True
+            self._seq += 1
+            heapq.heappush(self._lru_host, (tick, self._seq, e))
+            if len(self._lru_host) > 2 * self._parked + 64:
+                self._compact(False)
+
+    def _compact(self, device: bool) -> None:
+        """Rebuild a tier's heap from its entries: the items of removed entries and of entries now
+        in the other tier go (amortised: a heap is rebuilt once it holds twice its tier and more)."""
+        fresh = []
+        for x in self._entries:
+            if (x.device is not None) == device:
+                self._seq += 1
+                fresh.append((x.used, self._seq, x))
+                mine = True
+            else:
+                mine = False
+            if device:
+                x.in_device = mine
+            else:
+                x.in_host = mine
+        heapq.heapify(fresh)
+        if device:
+            self._lru_device = fresh
+        else:
+            self._lru_host = fresh
 
     def _coldest(self, tier: Tier) -> _Entry | None:
-        heap = self._lru[tier]
-        device = tier is Tier.DEVICE
+        device = tier is _DEVICE
+        heap = self._lru_device if device else self._lru_host
         while heap:
             tick, _, e = heap[0]
-            if e.node is not None and e.used == tick and (e.device is not None) == device:
+            if e.node is None or (e.device is not None) != device:
+                heapq.heappop(heap)
+                if device:
+                    e.in_device = False
+                else:
+                    e.in_host = False
+            elif e.used == tick:
                 return e
-            heapq.heappop(heap)
+            else:
+                self._seq += 1
+                heapq.heapreplace(heap, (e.used, self._seq, e))
         return None
 
     # tree
@@ -259,7 +309,12 @@ class Prefix:
                 leaf = _Node(key, at, end, node, end >> 2)
                 node.put(leaf)
                 return leaf
-            c = _common(child.edge, key, at, end)
+            edge = child.edge
+            if key.startswith(edge, at, end):
+                node = child
+                at += len(edge)
+                continue
+            c = _common(edge, key, at, end)
             if c * WIDTH < len(child.edge):
                 # split: the head keeps the subtree's counts
                 cut = child.lo + c * WIDTH
@@ -276,14 +331,25 @@ class Prefix:
 
     def _remove(self, e: _Entry) -> None:
         self._entries.discard(e)
-        self._count[e.tier] -= 1
-        stateless = not e.slot
+        device = e.device
+        if device is not None:
+            self._resident -= 1
+        else:
+            self._parked -= 1
         node = e.node
-        self._bump(node, -stateless, -(stateless and e.device is not None))
+        if not e.slot:
+            # _bump(node, -1, -resident), inline
+            resident = device is not None
+            up = node
+            while up is not None:
+                up.paged_below -= 1
+                up.resident_below -= resident
+                up = up.parent
         e.node = None
-        for store in (e.device, e.host):
-            if store is not None:
-                store.release()
+        if device is not None:
+            device.release()
+        if e.host is not None:
+            e.host.release()
         node.entry = None
         # prune an empty leaf, merge a pass-through node into its only child
         while node.parent is not None and node.entry is None:
@@ -294,13 +360,11 @@ class Prefix:
                 continue
             if len(node.children) == 1:
                 (child,) = node.children.values()
-                parent.drop(node)
-                if child.buf is node.buf and child.lo == node.hi:
-                    child.set_edge(node.buf, node.lo, child.hi)
-                else:
-                    child.set_edge(bytes(node.edge) + bytes(child.edge), 0, len(node.edge) + len(child.edge))
+                # the child's buffer spells its whole path, node's edge included: a wider view
+                child.set_edge(child.buf, node.lo, child.hi)
                 child.parent = parent
-                parent.put(child)
+                # the merged child starts with node's first token: it takes node's place
+                parent.children[node.buf[node.lo:node.lo + WIDTH]] = child
             break
 
     def clear(self) -> None:
@@ -319,12 +383,14 @@ class Prefix:
         the entry one page shorter when that is stateless, resident and has no host copy, so a
         sequence checkpointed every page keeps one growing entry.
         """
-        key = Tokens.of(key)
-        n = len(key)
+        if type(key) is not Tokens:
+            key = Tokens.of(key)
+        n = key.n
         if not 1 <= n == store.tokens:
             raise PoolError(f"inserting a store of {store.tokens} tokens under a key of {n}")
         self._clock += 1
-        if self._grow(key, store):
+        last = self._last
+        if last is not None and key.data is last.key.data and self._grow(key, store):
             return
         node = self._node_for(key.data, n * WIDTH)
         e = node.entry
@@ -333,8 +399,8 @@ class Prefix:
                 raise PoolError(f"entry of {n} tokens: has_slot {e.slot}, store {store.has_slot}")
             if e.device is None:
                 e.device = store
-                self._count[Tier.HOST] -= 1
-                self._count[Tier.DEVICE] += 1
+                self._parked -= 1
+                self._resident += 1
                 self._bump(node, 0, int(not e.slot))
             else:
                 store.release()
@@ -343,9 +409,20 @@ class Prefix:
             e = _Entry(key, store, store.has_slot, node)
             node.entry = e
             self._entries.add(e)
-            self._count[Tier.DEVICE] += 1
-            self._bump(node, int(not e.slot), int(not e.slot))
-            self._stamp(e, self._clock)
+            self._resident += 1
+            if not e.slot:
+                up = node
+                while up is not None:
+                    up.paged_below += 1
+                    up.resident_below += 1
+                    up = up.parent
+            # _stamp, inline: a new entry is resident and in no heap yet
+            e.used = self._clock
+            e.in_device = True
+            self._seq += 1
+            heapq.heappush(self._lru_device, (self._clock, self._seq, e))
+            if len(self._lru_device) > 2 * self._resident + 64:
+                self._compact(True)
         self._last = e
         unit = self.unit
         if not e.slot and n > unit and n % unit == 0:
@@ -361,7 +438,8 @@ class Prefix:
         entry's key a page longer (the same buffer), that entry is a leaf, stateless, resident and
         without a host copy, and the store is stateless. The general path would hang a one-page
         leaf below it, remove it by the growth rule and merge the two nodes; this leaves the same
-        tree, counts and ticks."""
+        tree, counts and ticks. The entry itself grows (nothing outside the index holds it): it keeps
+        its heap item, whose tick stays a lower bound of its own."""
         last, unit = self._last, self.unit
         if (last is None or last.node is None or key.data is not last.key.data or key.n != last.key.n + unit
                 or key.n % unit or store.has_slot or last.slot or last.device is None or last.host is not None):
@@ -371,14 +449,12 @@ class Prefix:
             return False
         node.set_edge(node.buf, node.lo, key.n * WIDTH)
         node.depth = key.n
-        e = _Entry(key, store, False, node)
-        node.entry = e
-        self._entries.add(e)
-        self._stamp(e, self._clock)
-        self._entries.discard(last)
-        last.node = None
-        last.device.release()
-        self._last = e
+        old = last.device
+        last.key = key
+        last.device = store
+        # _stamp: resident already, so its item is in the device heap
+        last.used = self._clock
+        old.release()
         return True
 
     def lookup(self, tokens) -> Hit | None:
@@ -387,105 +463,114 @@ class Prefix:
         Internal updates: every entry offered is restamped (entries nearer the root warmer); a
         lookup that finds nothing touches nothing.
         """
-        t = Tokens.of(tokens)
+        t = tokens if type(tokens) is Tokens else Tokens.of(tokens)
         if not t.n:
             return None
         q = t.data
         end = t.n * WIDTH - WIDTH
-        qlen = end >> 2
+        # the ticks of this lookup: base for the on-path entry nearest the root, one less for each
+        # deeper one, then one less for the off-path candidate; all past the clock (`_stamp`: an
+        # entry with a tick already has its heap item, so a stamp here is the assignment)
+        base = self._clock + (end >> 2) + 2
+        self._clock = base
+        touched = 0
+        unit = self.unit
+        # The off-path candidate, found on the way down: a node of the path with stateless entries
+        # off it (under a child other than `avoid`, the one the walk takes), sharing `far` whole-page
+        # tokens, `warm` if one of them is resident. The best shares the most pages, resident at equal
+        # length, the deepest among equals: (far, warm) only grows root-first, so a tie goes deeper.
+        cand = avoid = None
+        far, warm = -1, False
         node, at, nxt, c = self._root, 0, None, 0
-        path = [node]
-        ons = []
+        e = None  # node.entry
+        on = None  # the deepest on-path node with an entry: the longest on-path offer
         children = node.children
         while at < end:
             child = children.get(q[at:at + WIDTH])
             if child is None:
                 break
+            if node.paged_below > child.paged_below + (e is not None and not e.slot) and node.depth >= unit:
+                shared = node.depth // unit * unit
+                res = node.resident_below > child.resident_below + (e is not None and not e.slot and e.device is not None)
+                if shared > far or res or not warm:
+                    cand, avoid, far, warm = node, child, shared, res
             edge = child.edge
             if q.startswith(edge, at, end):
-                node, at = child, at + len(edge)
-                path.append(node)
-                if node.entry is not None:
-                    ons.append(node)
+                node = child
+                at += len(edge)
+                e = node.entry
+                if e is not None:
+                    e.used = base - touched
+                    touched += 1
+                    on = node
                 children = node.children
                 continue
             c = _common(edge, q, at, end)
             nxt = child
             break
-        d = at >> 2
-        matched = d + c if nxt is not None else d
-        base = self._clock + qlen + 2
-        self._clock = base
-        touched = 0
+        pick = None
+        if nxt is not None:
+            # the walk left inside nxt's edge: nxt's subtree shares the pages matched
+            matched = (at >> 2) + c
+            if nxt.paged_below > 0 and matched >= unit:
+                shared = matched // unit * unit
+                res = nxt.resident_below > 0
+                if shared > far or res or not warm:
+                    pick, far, warm = nxt, shared, res
+        elif node.paged_below > (e is not None and not e.slot) and node.depth >= unit:
+            shared = node.depth // unit * unit
+            res = node.resident_below > (e is not None and not e.slot and e.device is not None)
+            if shared > far or res or not warm:
+                cand, avoid, far, warm = node, None, shared, res
+        if pick is None and cand is not None:
+            # its first child in token order holding what made it the candidate
+            kids = cand.children
+            if warm:
+                for t in cand._keys:
+                    k = kids[t]
+                    if k is not avoid and k.resident_below > 0:
+                        pick = k
+                        break
+            if pick is None:
+                for t in cand._keys:
+                    k = kids[t]
+                    if k is not avoid and k.paged_below > 0:
+                        pick = k
+                        break
         # on-path offers: (len, resident, entry); the deepest is the longest
         best: tuple[int, bool, _Entry] | None = None
-        stamp = self._stamp
-        for n in ons:
-            e = n.entry
-            stamp(e, base - touched)
-            touched += 1
-            best = (n.depth, e.device is not None, e)
-        pick = self._off_path(path, nxt, matched)
+        if on is not None:
+            e = on.entry
+            best = (on.depth, e.device is not None, e)
         if pick is not None:
-            length, child, resident = pick
-            e = self._descend(child, resident)
-            self._stamp(e, base - touched)
-            offer = (length, resident, e)
+            resident = pick.resident_below > 0
+            e = self._descend(pick, resident)
+            e.used = base - touched
+            offer = (far, resident, e)
             if offer[0] > 0 and (best is None or offer[:2] >= best[:2]):
                 best = offer
         if best is None:
             return None
         length, resident, e = best
         store = (e.device if resident else e.host).clone()
-        return Hit(length, Tier.DEVICE if resident else Tier.HOST, store, e.key)
-
-    def _off_path(self, path: list[_Node], nxt: _Node | None, matched: int) -> tuple[int, _Node, bool] | None:
-        """The off-path candidate sharing the most whole pages (resident at equal length; among
-        equals the deepest, as the last maximum of a root-first scan).
-
-        Scans from the deepest candidate up and stops once no shallower node can do better."""
-        unit = self.unit
-        best: tuple[int, bool, _Node] | None = None
-        if nxt is not None and nxt.paged_below > 0 and matched >= unit:
-            best = (matched // unit * unit, nxt.resident_below > 0, nxt)
-        avoid = nxt
-        for i in range(len(path) - 1, -1, -1):
-            n = path[i]
-            if n.depth < unit:
-                break
-            shared = n.depth // unit * unit
-            if best is not None and (shared < best[0] or best[1]):
-                break
-            if n.paged_below > (n.entry is not None and not n.entry.slot) + (avoid.paged_below if avoid else 0):
-                pick = None
-                kids = n.children
-                for t in n._keys:
-                    k = kids[t]
-                    if k is not avoid and k.resident_below > 0:
-                        pick = k
-                        break
-                if pick is None:
-                    for t in n._keys:
-                        k = kids[t]
-                        if k is not avoid and k.paged_below > 0:
-                            pick = k
-                            break
-                if pick is not None:
-                    key = (shared, pick.resident_below > 0)
-                    if best is None or key > best[:2]:
-                        best = (key[0], key[1], pick)
-            avoid = n
-        return None if best is None else (best[0], best[2], best[1])
+        return Hit(length, _DEVICE if resident else _HOST, store, e.key)
 
     @staticmethod
     def _descend(node: _Node, resident: bool) -> _Entry:
+        """The first stateless entry (resident if asked) of `node`'s subtree in token order, which
+        its counts say is there."""
         while True:
             e = node.entry
             if e is not None and not e.slot and (not resident or e.device is not None):
                 return e
             kids = node.children
-            node = next(k for k in map(kids.__getitem__, node._keys)
-                        if (k.resident_below if resident else k.paged_below) > 0)
+            for t in node._keys:
+                k = kids[t]
+                if (k.resident_below if resident else k.paged_below) > 0:
+                    node = k
+                    break
+            else:
+                raise AssertionError(f"no {'resident' if resident else 'stateless'} entry below a node that counts one")
 
     def evict(self, park: Callable[[Any], Any] | None = None) -> Evicted | None:
         """Take the coldest resident entry: park it (dropping the coldest parked entries while the
@@ -495,8 +580,19 @@ class Prefix:
         index takes it over), or a `Denied` (or None) when the host is full. An exception from
         `park` removes the entry and propagates.
         """
-        e = self._coldest(Tier.DEVICE)
-        if e is None:
+        # _coldest(_DEVICE), inline
+        heap = self._lru_device
+        while heap:
+            tick, _, e = heap[0]
+            if e.node is None or e.device is None:
+                heapq.heappop(heap)
+                e.in_device = False
+            elif e.used == tick:
+                break
+            else:
+                self._seq += 1
+                heapq.heapreplace(heap, (e.used, self._seq, e))
+        else:
             return None
         key = e.key
         dropped = 0
@@ -513,13 +609,13 @@ class Prefix:
             if e.host is not None:
                 e.device.release()
                 e.device = None
-                self._count[Tier.DEVICE] -= 1
-                self._count[Tier.HOST] += 1
+                self._resident -= 1
+                self._parked += 1
                 self._bump(e.node, 0, -int(not e.slot))
                 # the same tick moves to the parked tier
                 self._stamp(e, e.used)
                 return Evicted(key, True, dropped)
-            victim = self._coldest(Tier.HOST)
+            victim = self._coldest(_HOST)
             if victim is None:
                 break
             self._remove(victim)

@@ -9,6 +9,7 @@ run there first, so a run is always held whole.
 
 from __future__ import annotations
 
+from array import array
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -21,19 +22,26 @@ class Owner(Protocol):
     def _give_slot(self, slot: "Slot") -> None: ...
 
 
+_NONE = array("q")
+
+
 class Node:
     """A run of frozen pages, its parent, and its holders (children, stores, leases).
 
     `Node(pages, parent, owner)` takes over the caller's hold on `parent` and is born with one holder:
     the caller. `depth` is the depth of its last page. `twin` is a device run's weak link to its host
     copy: live while the host run is, and the copy of exactly this run.
+
+    `pages` is an `array('q')` (page ids or host offsets): it slices and concatenates like a list,
+    numpy reads it without a copy, and the garbage collector never walks it (a pool of millions of
+    pages in lists made every full collection visit every id).
     """
 
     __slots__ = ("pages", "parent", "refs", "depth", "twin", "owner")
 
-    def __init__(self, pages: list[int], parent: Node | None, owner: Owner) -> None:
+    def __init__(self, pages, parent: Node | None, owner: Owner) -> None:
         assert pages, "a run of no pages"
-        self.pages = pages
+        self.pages = pages if type(pages) is array else array("q", pages)
         self.parent = parent
         self.refs = 1
         self.depth = (parent.depth if parent is not None else 0) + len(pages)
@@ -41,7 +49,7 @@ class Node:
         self.owner = owner
 
     def __repr__(self) -> str:
-        return f"Node(pages={self.pages}, depth={self.depth}, refs={self.refs})"
+        return f"Node(pages={self.pages.tolist()}, depth={self.depth}, refs={self.refs})"
 
     @property
     def page(self) -> int:
@@ -91,7 +99,7 @@ class Node:
             self.pages = parent.pages + self.pages
             self.parent = parent.parent
             parent.refs = 0
-            parent.pages = []
+            parent.pages = _NONE
 
     def live_twin(self) -> Node | None:
         twin = self.twin
@@ -220,13 +228,22 @@ class Store:
 
     def clone(self) -> Store:
         assert self._live, f"cloning a released {type(self).__name__}"
-        tip = self._tip.hold() if self._tip is not None else None
-        slot = self._slot.hold() if self._slot is not None else None
+        tip = self._tip
+        if tip is not None:
+            assert tip.refs > 0, f"{tip!r} is already released"
+            tip.refs += 1
+        slot = self._slot
+        if slot is not None:
+            slot.hold()
         return type(self)(self.tokens, tip, slot)
 
     def release(self) -> None:
         assert self._live, f"{type(self).__name__} released twice"
         self._live = False
-        release_chain(self._tip)
+        tip = self._tip
+        if tip is not None and tip.refs > 1:
+            tip.refs -= 1  # not the last holder: release_chain's first step, and its last
+        else:
+            release_chain(tip)
         if self._slot is not None:
             self._slot.release()

@@ -13,6 +13,7 @@ from array import array
 __all__ = ["Tokens", "WIDTH"]
 
 WIDTH = 4
+_new = object.__new__
 _SWAP = array("I", [1]).tobytes()[0] == 1  # a little-endian machine stores 'I' byte-swapped
 
 
@@ -81,7 +82,10 @@ class Tokens:
     def prefix(self, n: int) -> Tokens:
         """The first `n` tokens, sharing this buffer."""
         assert 0 <= n <= self.n, f"prefix of {n} tokens of {self.n}"
-        return Tokens(self.data, n)
+        t = _new(Tokens)  # Tokens(self.data, n), its checks done
+        t.data = self.data
+        t.n = n
+        return t
 
     def tolist(self) -> list[int]:
         a = array("I")

@@ -18,6 +18,8 @@ and the infinite-cache bound (the hit tokens of an index that never evicts).
 from __future__ import annotations
 
 import collections
+import contextlib
+import gc
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable
@@ -29,7 +31,7 @@ from serve.admission import WAIT, Admission
 from serve.engine import size
 from serve.request import Request
 from serve.stats import Counters
-from serve.traces import Req, fresh_tokens, request_tokens
+from serve.traces import Req, packed_fresh, packed_prompt
 
 __all__ = ["Figures", "Setup", "replay_engine", "replay_lru", "setup_for"]
 
@@ -169,42 +171,67 @@ def _last_checkpoint(cached: int, end: int, m: int, emits: int, chunk: int) -> i
     return before if before > cached else 0
 
 
+class _Kept:
+    """A snapshot of the bound's index: its length only."""
+
+    __slots__ = ("tokens",)
+    has_slot = False
+
+    def __init__(self, tokens: int) -> None:
+        self.tokens = tokens
+
+    def clone(self):
+        return self
+
+    def release(self) -> None:
+        pass
+
+
+def _bound_one(ix: Prefix, toks: Tokens, m: int, unit: int, emits: int, chunk: int) -> int:
+    """One request of `_bound`: its hit, then its last snapshot kept."""
+    hit = ix.lookup(toks)
+    cached = hit.len if hit is not None else 0
+    end = len(toks) if emits else len(toks) - 1
+    # answer tokens are fresh, so only the prompt's part of the snapshot can ever be hit
+    n = min(_last_checkpoint(cached, end, m, emits, chunk), len(toks)) // unit * unit
+    if n > cached:
+        ix.insert(toks.prefix(n), _Kept(n))
+    return cached
+
+
 def _bound(reqs: list[Req], unit: int, setup: Setup) -> int:
     """Hit tokens of an index that never evicts and holds every snapshot the policy makes (each
-    request's last checkpoint: whole pages of what its steps fed), each request looking up first."""
-
-    class _Kept:
-        __slots__ = ("tokens",)
-        has_slot = False
-
-        def __init__(self, tokens: int) -> None:
-            self.tokens = tokens
-
-        def clone(self):
-            return self
-
-        def release(self) -> None:
-            pass
-
+    request's last checkpoint: whole pages of what its steps fed), each request looking up first.
+    (`replay_engine` runs the same steps beside its own, on the prompts it builds anyway.)"""
     ix = Prefix(unit)
-    total = 0
     emits = 1 if setup.emits else 0
-    for r in reqs:
-        toks = Tokens.from_numpy(request_tokens(r, setup.vocab))
-        hit = ix.lookup(toks)
-        cached = hit.len if hit is not None else 0
-        total += cached
-        end = len(toks) if emits else len(toks) - 1
-        # answer tokens are fresh, so only the prompt's part of the snapshot can ever be hit
-        n = min(_last_checkpoint(cached, end, r.output_length, emits, setup.chunk), len(toks)) // unit * unit
-        if n > cached:
-            ix.insert(toks.prefix(n), _Kept(n))
-    return total
+    return sum(_bound_one(ix, Tokens(packed_prompt(r, setup.vocab)), r.output_length, unit, emits, setup.chunk)
+               for r in reqs)
+
+
+@contextlib.contextmanager
+def _collector_paused():
+    """The cyclic garbage collector off for a replay, as it was after. A replay makes no reference
+    cycles that die before its end (its trees are whole until then), while it keeps hundreds of
+    thousands of runs, entries and tree nodes alive and allocates millions of copy plans' pairs:
+    each collection that this sets off rescans what is live and frees nothing."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 def replay_engine(reqs: list[Req], setup: Setup, tick: Callable[[int], None] | None = None,
                   bound: int | None = None) -> Figures:
     """Replay `reqs` one at a time through a server's pool, index and host tier (module docstring)."""
+    with _collector_paused():
+        return _replay_engine(reqs, setup, tick, bound)
+
+
+def _replay_engine(reqs: list[Req], setup: Setup, tick: Callable[[int], None] | None, bound: int | None) -> Figures:
     t0 = time.perf_counter()
     pool, host = size(setup.geometry, setup.capacity, 0, setup.host_bytes)
     pad = pool.lease_pad()
@@ -219,14 +246,22 @@ def replay_engine(reqs: list[Req], setup: Setup, tick: Callable[[int], None] | N
                   "engine", unit)
     left: list[int] = []
     fresh = 0
+    vocab, chunk = setup.vocab, setup.chunk
+    # the infinite-cache bound, unless given: its own index, fed the same prompts in the same order
+    bix = Prefix(unit) if bound is None else None
+    bound_tokens = 0
     for i, r in enumerate(reqs):
-        prompt = request_tokens(r, setup.vocab)
+        prompt = packed_prompt(r, vocab)
+        n = len(prompt) >> 2
         m = r.output_length
-        seq = Tokens.from_numpy(np.concatenate([prompt, fresh_tokens(fresh, m, setup.vocab)]))
+        seq = Tokens(prompt + packed_fresh(fresh, m, vocab))
         fresh += m
-        req = _Request(f"r{i}", seq.prefix(len(prompt)), m, 1, _quiet, seq=seq)
+        ids = seq.prefix(n)
+        if bix is not None:
+            bound_tokens += _bound_one(bix, ids, m, unit, emits, chunk)
+        req = _Request(f"r{i}", ids, m, 1, _quiet, seq=seq)
         fig.requests += 1
-        fig.input_tokens += len(prompt)
+        fig.input_tokens += n
         got = adm.admit(req)
         if got == WAIT:
             raise AssertionError("a request waits with nothing else running: the pool is held by no one")
@@ -237,8 +272,8 @@ def replay_engine(reqs: list[Req], setup: Setup, tick: Callable[[int], None] | N
                 tick(1)
             continue
         fig.per_request.append((req.cached, req.tier))
-        left.append(len(prompt) - req.cached)
-        _run(adm, req, setup.chunk, emits, m, unit)
+        left.append(n - req.cached)
+        _run(adm, req, chunk, emits, m, unit)
         req.lease.release()
         req.lease = None
         if tick:
@@ -248,7 +283,7 @@ def replay_engine(reqs: list[Req], setup: Setup, tick: Callable[[int], None] | N
     fig.resident_hits, fig.resident_hit_tokens = c["resident_hits"], c["resident_hit_tokens"]
     fig.host_hits, fig.host_hit_tokens = c["host_hits"], c["host_hit_tokens"]
     fig.parks, fig.evictions, fig.host_evictions = c["parks"], c["evictions"], c["host_evictions"]
-    _finish(fig, left, bound if bound is not None else _bound(reqs, unit, setup))
+    _finish(fig, left, bound if bound is not None else bound_tokens)
     engine.prefix.clear()
     pad.release()
     assert pool.used == 0 and pool.leases == 0, f"the replay leaked: {pool!r}"

@@ -114,8 +114,10 @@ def replay_command(ctx, trace, page, capacity_text, host_tokens, host_gib, bytes
     host //= scale_k
     figs = []
     bound = None
-    with click.progressbar(length=len(reqs) * len(capacities), label=f"replaying {len(reqs)} requests",
-                           file=sys.stderr, show_pos=True) as bar:
+    total = len(reqs) * len(capacities)
+    # drawn about 200 times in all, not once a request (a draw on a terminal costs more than a request)
+    with click.progressbar(length=total, label=f"replaying {len(reqs)} requests", file=sys.stderr, show_pos=True,
+                           update_min_steps=max(1, total // 200)) as bar:
         for cap in capacities:
             if policy == "lru":
                 fig = replay_lru(reqs, cap, tick=bar.update)

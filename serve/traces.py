@@ -17,10 +17,11 @@ import numpy as np
 
 from pool import Tokens
 
-__all__ = ["BLOCK", "Req", "TraceError", "block_tokens", "read", "scale"]
+__all__ = ["BLOCK", "Req", "TraceError", "block_tokens", "packed_fresh", "packed_prompt", "read", "scale"]
 
 BLOCK = 512
 FRESH = 1 << 31  # output tokens are numbered from here: never in any prompt
+_OFFSETS = np.arange(BLOCK, dtype=np.uint32)
 
 
 class TraceError(ValueError):
@@ -74,6 +75,26 @@ def request_tokens(r: Req, vocab: int | None = None) -> np.ndarray:
     if r.tokens is not None:
         return np.asarray(r.tokens, dtype=np.int64)
     return block_tokens(r.hash_ids, r.input_length, vocab, r.block)
+
+
+def packed_prompt(r: Req, vocab: int | None = None) -> bytes:
+    """`request_tokens(r, vocab)` packed as `pool.Tokens` packs them (4 big-endian bytes a token).
+    A Mooncake prompt without a vocabulary is built in 32 bits straight away (its ids are below
+    2**31), with no int64 array in between."""
+    if r.tokens is not None or vocab is not None or r.block > BLOCK:
+        return request_tokens(r, vocab).astype(">u4").tobytes()
+    ids = np.asarray(r.hash_ids, dtype=np.int64)
+    if len(ids) and (ids.min() < 0 or ids.max() >= (FRESH // BLOCK)):
+        raise TraceError(f"hash ids must be in 0..{FRESH // BLOCK - 1}")
+    toks = (ids.astype(np.uint32)[:, None] * np.uint32(BLOCK) + _OFFSETS[:r.block]).ravel()[:r.input_length]
+    return toks.astype(">u4").tobytes()
+
+
+def packed_fresh(start: int, n: int, vocab: int | None = None) -> bytes:
+    """`fresh_tokens(start, n, vocab)`, packed."""
+    if vocab is not None:
+        return fresh_tokens(start, n, vocab).astype(">u4").tobytes()
+    return np.arange(FRESH + start, FRESH + start + n, dtype=">u4").tobytes()
 
 
 def _int(d: dict, key: str, where: str, least: int) -> int:
