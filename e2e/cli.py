@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import os
 import shlex
 import signal
 import sys
@@ -26,7 +27,7 @@ from e2e.config import ConfigError, GateTarget, load_targets
 from e2e.gate import SESSION_PORTS, Options, Run, run_target
 from e2e.report import commit, junit, write_report, write_summary
 from e2e.scenarios import CHECKS, CROSS_CHECKS, plan
-from e2e.session import STARTED, stop_all
+from e2e.session import STARTED, project_env, stop_all
 from e2e.stages import record as record_stages
 from oracle.cache import Cache, KernRun, kern_run_identity
 from oracle.probe import Prober
@@ -100,9 +101,18 @@ def gate_target(t: GateTarget, opts: Options, reference: Path | None, wanted: se
         made = getattr(getattr(oracle, "prober", None), "made", 0)
         per = ", ".join(f"{k} {v}" for k, v in checks.excused.items()) or "none"
         echo(f"  near-ties excused: {sum(checks.excused.values())} ({per}); {made} probes run")
-    echo(f"  {t.name}: {wall:.1f}s")
+    echo(f"  {t.name}: {wall:.1f}s ({time_split(run.times)})")
     return {"target": t.name, "skipped": None, "facts": run.facts, "counters": run.counters,
-            "checks": checks.list, "near_ties": dict(checks.excused), "hits": hits, "wall_s": wall}
+            "checks": checks.list, "near_ties": dict(checks.excused), "hits": hits, "wall_s": wall,
+            "times": dict(run.times)}
+
+
+def time_split(times: dict[str, float], top: int = 6) -> str:
+    """The largest parts of a target's time, ``part 1.2s, ...`` (a session's name: its steps' time)."""
+    parts = sorted(times.items(), key=lambda kv: -kv[1])
+    text = ", ".join(f"{k} {v:.1f}s" for k, v in parts[:top])
+    rest = sum(v for _, v in parts[top:])
+    return text + (f", the rest {rest:.1f}s" if rest else "")
 
 
 def gate_all(chosen: list[GateTarget], opts: Options, ref: Path | None, wanted: set[str] | None, jobs: int) -> list[dict]:
@@ -129,6 +139,22 @@ def gate_all(chosen: list[GateTarget], opts: Options, ref: Path | None, wanted: 
         raise
     finally:
         ex.shutdown(wait=True)
+
+
+def start_zygote(cfg: Path, chosen: list[GateTarget], backend: str):
+    """The warm parent the servers are forked from (`e2e/zygote.py`); None (fresh processes) if it
+    cannot start. On the CPU it runs each target's kernels once first; elsewhere it only imports."""
+    from e2e.zygote import Zygote, ZygoteGone
+
+    warm = [t.name for t in chosen if not t.skipped and t.config in (None, cfg)] if backend == "cpu" else []
+    t0 = time.monotonic()
+    try:
+        z = Zygote(project_env(), cfg, warm)
+    except (ZygoteGone, OSError) as exc:
+        click.echo(f"e2e: no zygote ({exc}); each server starts as a fresh process", err=True)
+        return None
+    click.echo(f"zygote: warm in {time.monotonic() - t0:.1f}s ({len(warm)} target(s)' kernels run once)")
+    return z
 
 
 def no_gpu() -> str | None:
@@ -163,11 +189,15 @@ def no_gpu() -> str | None:
 @click.option("--server-flags", default="", help="Extra server flags for every session (session flags override).")
 @click.option("--kern", default=None, help="Command that runs `kern` (default: this Python's oracle.cli).")
 @click.option("--load-timeout", type=float, default=600.0, show_default=True)
-@click.option("--jobs", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Targets gated at once (each in its own server processes; progress lines carry the target).")
+@click.option("--jobs", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Targets gated at once (each in its own server processes; progress lines carry the target); "
+                   "0: one per CPU core.")
+@click.option("--zygote/--no-zygote", default=True, show_default=True,
+              help="Fork our own kern's servers from one warm process (imports and CPU kernels loaded once); "
+                   "--no-zygote starts each as a fresh process. Ignored with --kern.")
 @click.option("--junit", "junit_path", type=click.Path(dir_okay=False), default=None, help="Write JUnit XML here.")
 def cli(config, targets, scenarios, reference, no_reference, out, max_tokens, backend, port, capacity,
-        server_flags, kern, load_timeout, jobs, junit_path) -> None:
+        server_flags, kern, load_timeout, jobs, zygote, junit_path) -> None:
     """Gate every target of a config through the server, token-exact against an oracle."""
     t0 = time.monotonic()
     wanted = set(_names(scenarios)) or None
@@ -189,11 +219,18 @@ def cli(config, targets, scenarios, reference, no_reference, out, max_tokens, ba
     if backend == "gpu" and (why := no_gpu()) is not None:
         reports = [_skipped(t, why, click.echo) for t in chosen]
     else:
-        reports = gate_all(chosen, opts, ref, wanted, jobs)
+        if zygote and opts.kern is None:
+            opts.zygote = start_zygote(cfg, chosen, backend)
+        try:
+            reports = gate_all(chosen, opts, ref, wanted, jobs or max(1, os.cpu_count() or 1))
+        finally:
+            if opts.zygote is not None:
+                opts.zygote.close()
         record_stages(chosen, reports, wanted, click.echo)
     for r in reports:
         write_report(opts.out, r)
-    meta = {"commit": commit(), "backend": backend, "max_tokens": max_tokens, "wall_s": time.monotonic() - t0}
+    meta = {"commit": commit(), "backend": backend, "max_tokens": max_tokens, "wall_s": time.monotonic() - t0,
+            "zygote_warm_s": getattr(opts.zygote, "warm_s", None)}
     table, code = write_summary(opts.out, reports, meta)
     click.echo("\n" + table)
     if junit_path:

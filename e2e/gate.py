@@ -14,6 +14,7 @@ all-serial session's hit counters, so a staged target's can be held to its singl
 from __future__ import annotations
 
 import hashlib
+import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,6 +46,7 @@ class Options:
     load_timeout: float = 600.0
     kern: list[str] | None = None
     kern_test_timeout: float = 3600.0
+    zygote: Any = None  # an `e2e.zygote.Zygote`: servers of our own kern are forked from it
 
 
 @dataclass
@@ -82,6 +84,7 @@ class Run:
     served: list[dict[str, Any]] = field(default_factory=list)
     session_hits: dict[str, dict[str, int]] = field(default_factory=dict)
     stage_page_bytes: dict[str, list[int]] = field(default_factory=dict)  # per session, a pipeline's stages
+    times: dict[str, float] = field(default_factory=dict)  # where the target's time went: seconds by part
 
     @property
     def dir(self) -> Path:
@@ -124,7 +127,8 @@ class Run:
         self.close()
         o = self.opts
         cmd, port = self.command(name, flags)
-        s = Session(name, cmd, port, self.dir / f"server-{name}.log", load_timeout=o.load_timeout)
+        s = Session(name, cmd, port, self.dir / f"server-{name}.log", load_timeout=o.load_timeout,
+                    zygote=o.zygote if o.kern is None else None)
         try:
             facts = s.start()
         except BaseException:
@@ -217,17 +221,33 @@ class Run:
 def run_target(run: Run, steps: list) -> str | None:
     """Every step, in order, opening each step's session when it first needs one. Returns why the
     target could not run (a reason outside the commit: `Unavailable`), else None."""
+    def spent(part: str, since: float) -> float:
+        now = time.monotonic()
+        run.times[part] = round(run.times.get(part, 0.0) + now - since, 2)
+        return now
+
     try:
         for step in steps:
+            t0 = time.monotonic()
             if step.session is not None and (run.live is None or run.live.session.name != step.session):
+                if run.live is not None:
+                    name = run.live.session.name
+                    run.close()
+                    t0 = spent(f"{name} stop", t0)
                 run.open(step.session, step.flags(run) if step.flags else [])
+                t0 = spent(f"{step.session} start", t0)
             run.step, run.serial = step.name, step.serial
             if not step.serial and step.session is not None:
                 run.unserial.add(step.session)
             step.run(run)
             if run.live is not None and run.live.policy is not None and run.live.policy.active:
                 run.live.policy.compare(step.name, run.live.client.stats())
+            spent(step.session or step.name, t0)
+        t0 = time.monotonic()
+        name = run.live.session.name if run.live is not None else None
         run.close()
+        if name is not None:
+            spent(f"{name} stop", t0)
     except Unavailable as exc:
         live, run.live = run.live, None
         if live is not None:

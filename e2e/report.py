@@ -84,7 +84,18 @@ def summary_text(reports: list[dict[str, Any]], meta: dict[str, Any] | None = No
     if wall is None:
         wall = sum(float(r.get("wall_s") or 0) for r in reports)
     lines.append(f"- wall time: {float(wall):.1f} s")
+    if meta.get("zygote_warm_s") is not None:
+        lines.append(f"- servers forked from a zygote, warm in {float(meta['zygote_warm_s']):.1f} s")
     lines += ["", table]
+    timed = [r for r in reports if r.get("times")]
+    if timed:
+        lines += ["", "## Where the time went", "", "Seconds by part: a session's name is its steps' time "
+                  "(requests and checks); `start` and `stop` its server's.", ""]
+        for r in timed:
+            parts = sorted(r["times"].items(), key=lambda kv: -kv[1])
+            starts = sum(v for k, v in parts if k.endswith((" start", " stop")))
+            lines.append(f"- {r['target']} ({float(r.get('wall_s') or 0):.1f} s; servers' start and stop "
+                         f"{starts:.1f} s): " + ", ".join(f"{k} {v:.1f}" for k, v in parts))
     failed = [(r["target"], c) for r in reports if r.get("skipped") is None
               for c in r.get("checks", []) if c["ok"] is False]
     if failed:

@@ -113,9 +113,11 @@ class Session:
     """One server process: `start` waits for ready, `stop` sends SIGTERM (kill after `term_timeout`)."""
 
     def __init__(self, name: str, cmd: list[str], port: int, log_path: str | Path,
-                 host: str = "127.0.0.1", load_timeout: float = 600.0, term_timeout: float = 60.0):
+                 host: str = "127.0.0.1", load_timeout: float = 600.0, term_timeout: float = 60.0,
+                 zygote=None):
         self.name = name
         self.cmd = cmd
+        self.zygote = zygote  # an `e2e.zygote.Zygote` forks the server (cmd is then our own oracle.cli)
         self.port = port
         self.host = host
         self.url = f"http://{host}:{port}"
@@ -137,10 +139,19 @@ class Session:
             if STARTED.closed:
                 raise Unavailable("the gate is stopping")
             with open(self.log.path, "wb") as f:
-                f.write(("$ " + " ".join(self.cmd) + "\n").encode())
+                f.write(("$ " + " ".join(self.cmd) + (" (forked by the gate's zygote)" if self.zygote else "")
+                         + "\n").encode())
                 f.flush()
-                self.proc = subprocess.Popen(self.cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                             env=env, start_new_session=True)
+                if self.zygote is not None:
+                    from e2e.zygote import ZygoteGone
+
+                    try:
+                        self.proc = self.zygote.spawn(self.cmd[3:], self.log.path, env={"RUST_LOG": SERVER_LOG})
+                    except ZygoteGone as exc:
+                        raise ServerError(f"server {self.name}: {exc}") from exc
+                else:
+                    self.proc = subprocess.Popen(self.cmd, stdout=f, stderr=subprocess.STDOUT,
+                                                 stdin=subprocess.DEVNULL, env=env, start_new_session=True)
             STARTED.sessions.add(self)
         while True:
             try:
@@ -167,7 +178,7 @@ class Session:
                 self.stop(kill=True)
                 raise ServerError(f"server {self.name} not ready after {self.load_timeout:.0f}s; log tail: "
                                   + self.log.tail())
-            time.sleep(0.1)
+            time.sleep(0.02)
 
     def _answers(self) -> bool:
         try:

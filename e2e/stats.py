@@ -83,4 +83,4 @@ class Stats:
                 return s
             if time.monotonic() - t0 > timeout:
                 return s
-            time.sleep(0.1)
+            time.sleep(0.02)

@@ -95,3 +95,13 @@ def test_commit(tmp_path):
     assert commit(tmp_path) == "unknown"  # not a checkout
     sha = commit()
     assert sha == "unknown" or re.fullmatch(r"[0-9a-f]{40}", sha)
+
+
+def test_summary_says_where_each_targets_time_went():
+    """The summary lists each target's parts largest first, with its servers' start and stop summed."""
+    reports = [{"target": "toy-x", "skipped": None, "checks": [], "wall_s": 9.0,
+                "times": {"kern_test": 1.5, "default": 4.0, "default start": 0.25, "host stop": 0.5}}]
+    text, _ = summary_text(reports, {"zygote_warm_s": 1.25})
+    line = next(ln for ln in text.splitlines() if ln.startswith("- toy-x"))
+    assert line == "- toy-x (9.0 s; servers' start and stop 0.8 s): default 4.0, kern_test 1.5, host stop 0.5, default start 0.2"
+    assert "zygote, warm in 1.2 s" in text

@@ -12,6 +12,8 @@ The toy families, told apart by the manifest's states alone:
 - **paged**: otherwise: next_of(S).
 """
 
+from functools import lru_cache
+
 MASK = (1 << 64) - 1
 WORDS = 64
 EOS = 256
@@ -55,6 +57,7 @@ def next_of(s: int) -> int:
     return EOS if (s >> 56) % EOS_EVERY == 0 else s % VOCAB_BYTES
 
 
+@lru_cache(maxsize=1 << 20)  # a pure function of (t, p); a gate asks the same slots again and again
 def slot_sum(t: int, p: int) -> int:
     """The head words of the slot (t, p), rotated by p and summed."""
     return sum(rotl(mark(t, p, w), p) for w in range(WORDS)) & MASK

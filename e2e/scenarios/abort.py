@@ -50,7 +50,7 @@ def ended(log, rid: str, timeout: float = 10.0) -> str | None:
         reasons = [ln.get("reason") for ln in log.lines("finished") if ln.get("request") == rid]
         if reasons or time.monotonic() - t0 > timeout:
             return reasons[-1] if reasons else None
-        time.sleep(0.1)
+        time.sleep(0.02)
 
 
 def run(r) -> None:
@@ -64,7 +64,6 @@ def run(r) -> None:
     if ours and room:
         bound = max(1, min(bound, int(room) - len(prompt.encode()) - r.rows + 1))
     rid, got = live.client.hang_up(prompt, CHUNKS, bound, ignore_eos=ours)
-    time.sleep(1.0)
     reason = ended(live.session.log, rid)
     a = r.answer(PROMPTS[0])
     same = Same(r.oracle, r.rows)

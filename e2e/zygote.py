@@ -1,0 +1,153 @@
+"""The gate's warm parent for its servers (`oracle/zygote.py`): started once, asked to fork each one.
+
+`Zygote.spawn(argv, log)` returns a `Child` with the part of `subprocess.Popen` a `Session` uses
+(``pid``, ``poll``, ``wait``, ``send_signal``, ``kill``, ``returncode``): the child is not ours but
+the zygote's, so its exit code comes back over the zygote's stdout, read by one thread here.
+
+A zygote is used only for our own `kern` (no ``--kern``); ``e2e --no-zygote`` starts every server as
+a fresh process instead. If the zygote dies, every child it had is reported killed (-9) and new
+spawns raise `ZygoteGone`, which the session reports as a server that could not start.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+__all__ = ["Child", "Zygote", "ZygoteGone"]
+
+
+class ZygoteGone(RuntimeError):
+    """The zygote process is not running (it could not start, or it exited)."""
+
+
+class Child:
+    """A server process the zygote forked, seen as much like a `subprocess.Popen` as a session needs."""
+
+    def __init__(self, zygote: "Zygote", pid: int):
+        self.zygote = zygote
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self.returncode = self.zygote.exit_code(self.pid)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        end = None if timeout is None else time.monotonic() + timeout
+        with self.zygote.cond:
+            while self.poll() is None:
+                left = None if end is None else end - time.monotonic()
+                if left is not None and left <= 0:
+                    raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout)
+                self.zygote.cond.wait(left)
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        import os
+
+        if self.poll() is None:
+            os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+
+class Zygote:
+    """One `python -m oracle.zygote` process; `spawn` is thread-safe (targets gated at once share it)."""
+
+    def __init__(self, env: dict[str, str], config: Path | None = None, warm: list[str] | tuple[str, ...] = (),
+                 ready_timeout: float = 600.0):
+        cmd = [sys.executable, "-m", "oracle.zygote"]
+        if config is not None:
+            cmd += ["--config", str(config)]
+        if warm:
+            cmd += ["--warm", *warm]
+        self.cond = threading.Condition()
+        self.exits: dict[int, int] = {}
+        self.replies: list[dict] = []
+        self.gone = False
+        self.warm_s: float | None = None
+        self.lock = threading.Lock()  # one spawn at a time: replies come back in order
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None, env=env,
+                                     start_new_session=True)
+        self.reader = threading.Thread(target=self._read, name="zygote-reader", daemon=True)
+        self.reader.start()
+        with self.cond:
+            if not self.cond.wait_for(lambda: self.warm_s is not None or self.gone, ready_timeout):
+                self.close()
+                raise ZygoteGone(f"the zygote was not ready after {ready_timeout:.0f}s")
+        if self.gone:
+            raise ZygoteGone(f"the zygote exited while warming (code {self.proc.poll()})")
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for raw in self.proc.stdout:
+            try:
+                msg = json.loads(raw)
+            except ValueError:
+                continue
+            with self.cond:
+                if "exit" in msg:
+                    self.exits[int(msg["exit"])] = int(msg["code"])
+                elif "ready" in msg:
+                    self.warm_s = float(msg.get("warm_s", 0.0))
+                else:
+                    self.replies.append(msg)
+                self.cond.notify_all()
+        with self.cond:
+            self.gone = True
+            self.cond.notify_all()
+
+    def exit_code(self, pid: int) -> int | None:
+        with self.cond:
+            if pid in self.exits:
+                return self.exits[pid]
+            if self.gone:
+                return -9
+            return None
+
+    def spawn(self, argv: list[str], log: Path, env: dict[str, str] | None = None, timeout: float = 60.0) -> Child:
+        """Fork `kern ARGV` with stdout and stderr appended to `log`; its `Child`."""
+        line = json.dumps({"argv": list(argv), "log": str(log), "env": env or {}}) + "\n"
+        with self.lock:
+            with self.cond:
+                if self.gone:
+                    raise ZygoteGone("the zygote has exited")
+            try:
+                assert self.proc.stdin is not None
+                self.proc.stdin.write(line.encode())
+                self.proc.stdin.flush()
+            except (BrokenPipeError, OSError) as exc:
+                raise ZygoteGone(f"the zygote has exited ({exc})") from exc
+            with self.cond:
+                if not self.cond.wait_for(lambda: self.replies or self.gone, timeout):
+                    raise ZygoteGone(f"the zygote did not answer a spawn in {timeout:.0f}s")
+                if not self.replies:
+                    raise ZygoteGone("the zygote has exited")
+                reply = self.replies.pop(0)
+        if "pid" not in reply:
+            raise ZygoteGone(f"the zygote refused a spawn: {reply.get('error', reply)}")
+        return Child(self, int(reply["pid"]))
+
+    def close(self) -> None:
+        """Close the zygote's stdin (it kills what it still runs and exits); wait for it."""
+        try:
+            if self.proc.stdin is not None:
+                self.proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            self.proc.wait(15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()

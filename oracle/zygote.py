@@ -1,0 +1,192 @@
+"""A warm parent for `kern` processes: imported and compiled once, forked for each command.
+
+    python -m oracle.zygote [--config FILE] [--warm TARGET ...]
+
+The gate starts a dozen servers a target, and each fresh `kern serve` pays Python's imports (about
+0.8 s) and numba's loading of its cached kernels on the first request (about 0.9 s) before it
+answers. This process pays them once: it imports the CLI, the server and the runtime, runs a few
+tokens through the runtime for each ``--warm`` target on the CPU, then forks a child for each command
+it is sent. A child is the command's own process, as `python -m oracle.cli ARGV` would be: its own
+session (`setsid`: signals and `killpg` reach it and what it starts), its stdout and stderr the log
+file named, its exit code the command's. What it inherits is only what import and compilation leave.
+
+numba's OpenMP threading layer refuses to run in a child forked after it ran (GNU OpenMP is not fork
+safe), so this process, and every child, uses numba's ``workqueue`` layer. The GPU is never touched
+here (CUDA forbids a fork after it is initialised): a `--backend gpu` child initialises its own.
+
+Protocol (JSON lines; stdin in, stdout out): first ``{"ready": true, "warm_s": S}``; then for each
+request ``{"argv": [...], "log": PATH, "env": {...}}`` the reply ``{"pid": N}`` (or ``{"error": why}``),
+and whenever a child ends ``{"exit": N, "code": C}`` (C < 0: killed by signal -C, as `subprocess`
+says it). When stdin closes every child still running is killed and this process exits.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import sys
+import time
+import traceback
+
+os.environ["NUMBA_THREADING_LAYER"] = "workqueue"  # before numba is imported: see the docstring
+
+
+def _say(obj: dict) -> None:
+    sys.stdout.write(json.dumps(obj) + "\n")
+    sys.stdout.flush()
+
+
+def warm(config: str | None, targets: list[str]) -> None:
+    """Import what a server imports and run a few tokens of each target through the runtime (CPU)."""
+    import serve.app  # noqa: F401  (the server's imports)
+    import serve.cli  # noqa: F401
+    from oracle.cli import main
+
+    base = ["--config", config] if config else []
+    for t in targets:
+        for rows in ("1", None):
+            argv = [*base, "run", t, "--steps", "3", "--backend", "cpu", "--prompt", "warm"]
+            if rows:
+                argv += ["--rows", rows]
+            saved = [os.dup(1), os.dup(2)]
+            null = os.open(os.devnull, os.O_WRONLY)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(null, 1)
+            os.dup2(null, 2)
+            try:
+                main(argv, standalone_mode=False)
+            except BaseException:  # a target that cannot run warm is the child's to report, not ours
+                pass
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os.dup2(saved[0], 1)
+                os.dup2(saved[1], 2)
+                for fd in (*saved, null):
+                    os.close(fd)
+
+
+def child(argv: list[str], log: str, env: dict[str, str]) -> None:
+    """In the forked child: become the command's process, run it, exit with its code."""
+    code = 1
+    try:
+        os.setsid()
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD, signal.SIGPIPE):
+            signal.signal(sig, signal.SIG_DFL)
+        signal.set_wakeup_fd(-1)
+        fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.close(fd)
+        os.close(null)
+        sys.stdin = open(0, closefd=False)
+        sys.stdout = open(1, "w", buffering=1, closefd=False)
+        sys.stderr = open(2, "w", buffering=1, closefd=False)
+        os.environ.update(env)
+        sys.argv = ["kern", *argv]
+        from oracle.cli import main
+        try:
+            main(argv, prog_name="kern")
+            code = 0
+        except SystemExit as exc:
+            c = exc.code
+            code = c if isinstance(c, int) else (0 if c is None else 1)
+            if not isinstance(c, int) and c is not None:
+                print(c, file=sys.stderr)
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
+def serve_requests() -> None:
+    rd, wr = os.pipe()
+    os.set_blocking(wr, False)
+    signal.set_wakeup_fd(wr)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the gate's Ctrl-C is the gate's to handle; stdin's end is ours
+    live: set[int] = set()
+    buf = b""
+    stdin = sys.stdin.buffer.raw if hasattr(sys.stdin.buffer, "raw") else sys.stdin.buffer
+    while True:
+        try:
+            ready, _, _ = select.select([stdin, rd], [], [])
+        except InterruptedError:
+            ready = [rd]
+        if rd in ready:
+            try:
+                os.read(rd, 4096)
+            except BlockingIOError:
+                pass
+        _reap(live)
+        if stdin in ready:
+            data = os.read(stdin.fileno(), 65536)
+            if not data:
+                break
+            buf += data
+            while b"\n" in buf:
+                line, buf = buf.split(b"\n", 1)
+                if line.strip():
+                    _spawn(line, live)
+    for pid in live:
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    deadline = time.monotonic() + 10
+    while live and time.monotonic() < deadline:
+        _reap(live)
+        time.sleep(0.01)
+
+
+def _spawn(line: bytes, live: set[int]) -> None:
+    try:
+        req = json.loads(line)
+        argv, log, env = list(map(str, req["argv"])), str(req["log"]), dict(req.get("env") or {})
+    except (ValueError, KeyError, TypeError) as exc:
+        _say({"error": f"bad request {line[:200]!r}: {exc}"})
+        return
+    pid = os.fork()
+    if pid == 0:
+        child(argv, log, env)
+    live.add(pid)
+    _say({"pid": pid})
+
+
+def _reap(live: set[int]) -> None:
+    while live:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        live.discard(pid)
+        _say({"exit": pid, "code": os.waitstatus_to_exitcode(status)})
+
+
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m oracle.zygote", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--config", default=None, help="the config the --warm targets are named in")
+    ap.add_argument("--warm", nargs="*", default=[], help="targets whose CPU kernels are run once before serving")
+    args = ap.parse_args(argv)
+    t0 = time.monotonic()
+    warm(args.config, args.warm)
+    _say({"ready": True, "warm_s": round(time.monotonic() - t0, 2)})
+    serve_requests()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,69 @@
+"""The gate's zygote (`oracle/zygote.py`, `e2e/zygote.py`): a forked `kern` is the command's own
+process: its exit code, its log, its signals; and closing the zygote leaves no child running."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import httpx
+import pytest
+
+from e2e.log import Log
+from e2e.session import Session, project_env, server_command
+from e2e.zygote import Zygote
+from manifests.config import PACKAGED
+
+
+
+@pytest.fixture(scope="module")
+def zygote():
+    z = Zygote(project_env(), PACKAGED, ["toy-paged"])
+    yield z
+    z.close()
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def test_a_forked_run_has_its_commands_output_and_exit_code(zygote, tmp_path):
+    """`kern run` forked: exit 0 and its output in the log; a bad target: exit 2 and the error in the log."""
+    ok = zygote.spawn(["--config", str(PACKAGED), "run", "toy-paged", "--steps", "3", "--backend", "cpu"],
+                      tmp_path / "ok.log")
+    assert ok.wait(60) == 0
+    assert "generated ids" in (tmp_path / "ok.log").read_text()
+    bad = zygote.spawn(["--config", str(PACKAGED), "run", "no-such-target", "--backend", "cpu"], tmp_path / "bad.log")
+    assert bad.wait(60) == 2
+    assert "no-such-target" in (tmp_path / "bad.log").read_text()
+
+
+def test_a_forked_server_serves_and_drains_on_sigterm(zygote, tmp_path):
+    """A session forked by the zygote reads its port from the log, answers, and exits 0 on SIGTERM."""
+    cmd = server_command(None, PACKAGED, "toy-paged", 0, ["--backend", "cpu", "--capacity", "1024"])
+    s = Session("z", cmd, 0, tmp_path / "server.log", zygote=zygote)
+    s.start()
+    r = httpx.post(s.url + "/v1/completions", json={"model": "toy-paged", "prompt": "Hi", "max_tokens": 4}, timeout=30)
+    assert r.status_code == 200, r.text
+    assert s.stop() == 0
+    assert Log(tmp_path / "server.log").lines("stopped")
+
+
+def test_closing_the_zygote_kills_what_it_still_runs(tmp_path):
+    """A child left running when the gate closes its zygote does not outlive it."""
+    z = Zygote(project_env(), PACKAGED, [])
+    cmd = server_command(None, PACKAGED, "toy-paged", 0, ["--backend", "cpu", "--capacity", "1024"])
+    s = Session("left", cmd, 0, tmp_path / "server.log", zygote=z)
+    s.start()
+    pid = s.proc.pid
+    z.close()
+    deadline = time.monotonic() + 10
+    while not _gone(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _gone(pid), f"server {pid} outlived its zygote"
+    assert s.proc.poll() == -signal.SIGKILL
