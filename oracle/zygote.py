@@ -74,8 +74,12 @@ def child(argv: list[str], log: str, env: dict[str, str]) -> None:
     code = 1
     try:
         os.setsid()
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD, signal.SIGPIPE):
+        # the signals as a fresh Python sets them: SIGPIPE ignored (a write to a socket the client
+        # closed raises, it does not kill the server), SIGINT raising KeyboardInterrupt
+        for sig in (signal.SIGTERM, signal.SIGCHLD):
             signal.signal(sig, signal.SIG_DFL)
+        signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.set_wakeup_fd(-1)
         fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         null = os.open(os.devnull, os.O_RDONLY)

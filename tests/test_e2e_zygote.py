@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -44,10 +45,15 @@ def test_a_forked_run_has_its_commands_output_and_exit_code(zygote, tmp_path):
 
 
 def test_a_forked_server_serves_and_drains_on_sigterm(zygote, tmp_path):
-    """A session forked by the zygote reads its port from the log, answers, and exits 0 on SIGTERM."""
+    """A session forked by the zygote reads its port from the log, answers, and exits 0 on SIGTERM; it
+    ignores SIGPIPE as a fresh Python does (else a client's hang-up mid-answer kills it: exit -13)."""
     cmd = server_command(None, PACKAGED, "toy-paged", 0, ["--backend", "cpu", "--capacity", "1024"])
     s = Session("z", cmd, 0, tmp_path / "server.log", zygote=zygote)
     s.start()
+    status = Path(f"/proc/{s.proc.pid}/status")
+    if status.exists():
+        ignored = int(next(ln for ln in status.read_text().splitlines() if ln.startswith("SigIgn:")).split()[1], 16)
+        assert ignored & (1 << (signal.SIGPIPE - 1)), "the forked server does not ignore SIGPIPE"
     r = httpx.post(s.url + "/v1/completions", json={"model": "toy-paged", "prompt": "Hi", "max_tokens": 4}, timeout=30)
     assert r.status_code == 200, r.text
     assert s.stop() == 0
