@@ -55,7 +55,8 @@ def gate(m: Mutant, max_tokens: int, timeout: float) -> tuple[str, str, float]:
         stale = apply(root, m)
         if stale is not None:
             return "stale", stale, time.monotonic() - t0
-        env = dict(os.environ, PYTHONPATH=str(root))
+        path = os.environ.get("PYTHONPATH")  # the copy first; what the caller put on the path after it
+        env = dict(os.environ, PYTHONPATH=str(root) + (os.pathsep + path if path else ""))
         if m.kernel:
             gen = subprocess.run([sys.executable, "-m", "oracle.cli", "gen", "--out", "manifests"], cwd=root,
                                  env=env, capture_output=True, text=True)
