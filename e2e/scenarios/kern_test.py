@@ -15,12 +15,34 @@ def run(r) -> None:
     cmd = [*base, "--config", str(r.target.config or r.opts.config), "test", r.target.name, "--backend", r.opts.backend]
     r.dir.mkdir(parents=True, exist_ok=True)
     log = r.dir / "kern-test.log"
-    try:
-        p = subprocess.run(cmd, capture_output=True, text=True, env=project_env(), timeout=r.opts.kern_test_timeout)
-        out, code = p.stdout + p.stderr, p.returncode
-    except subprocess.TimeoutExpired as exc:
-        out, code = f"{exc}", None
-    log.write_text("$ " + " ".join(cmd) + "\n" + out)
+    if r.opts.zygote is not None and r.opts.kern is None:
+        out, code = _forked(r.opts.zygote, cmd, log, r.opts.kern_test_timeout)
+    else:
+        try:
+            p = subprocess.run(cmd, capture_output=True, text=True, env=project_env(), timeout=r.opts.kern_test_timeout)
+            out, code = p.stdout + p.stderr, p.returncode
+        except subprocess.TimeoutExpired as exc:
+            out, code = f"{exc}", None
+        log.write_text("$ " + " ".join(cmd) + "\n" + out)
     last = next((ln for ln in reversed(out.splitlines()) if ln.strip()), "")
     verdict = VERDICTS.get(code, "timeout" if code is None else f"exit {code}")
     r.checks.add("kern_test", code == 0, f"{verdict}; {last[:160]}")
+
+
+def _forked(zygote, cmd: list[str], log, timeout: float) -> tuple[str, int | None]:
+    """`kern test` forked from the gate's zygote (`e2e/zygote.py`), its output in `log`; (output, code)."""
+    from e2e.zygote import ZygoteGone
+
+    header = "$ " + " ".join(cmd) + " (forked by the gate's zygote)\n"
+    log.write_text(header)
+    try:
+        child = zygote.spawn(cmd[3:], log)
+    except ZygoteGone as exc:
+        return f"{exc}", 1
+    try:
+        code = child.wait(timeout)
+    except subprocess.TimeoutExpired as exc:
+        child.kill()
+        child.wait(30)
+        return f"{exc}", None
+    return log.read_text()[len(header):], code
