@@ -69,10 +69,13 @@ def warm(config: str | None, targets: list[str]) -> None:
                     os.close(fd)
 
 
-def child(argv: list[str], log: str, env: dict[str, str]) -> None:
-    """In the forked child: become the command's process, run it, exit with its code."""
+def child(argv: list[str], log: str, env: dict[str, str], inherited: tuple[int, ...] = ()) -> None:
+    """In the forked child: become the command's process, run it, exit with its code. `inherited`:
+    the zygote's own descriptors (its signal pipe), closed here."""
     code = 1
     try:
+        for fd in inherited:
+            os.close(fd)
         os.setsid()
         # the signals as a fresh Python sets them: SIGPIPE ignored (a write to a socket the client
         # closed raises, it does not kill the server), SIGINT raising KeyboardInterrupt
@@ -141,7 +144,7 @@ def serve_requests() -> None:
             while b"\n" in buf:
                 line, buf = buf.split(b"\n", 1)
                 if line.strip():
-                    _spawn(line, live)
+                    _spawn(line, live, (rd, wr))
     for pid in live:
         try:
             os.killpg(pid, signal.SIGKILL)
@@ -153,7 +156,7 @@ def serve_requests() -> None:
         time.sleep(0.01)
 
 
-def _spawn(line: bytes, live: set[int]) -> None:
+def _spawn(line: bytes, live: set[int], inherited: tuple[int, ...]) -> None:
     try:
         req = json.loads(line)
         argv, log, env = list(map(str, req["argv"])), str(req["log"]), dict(req.get("env") or {})
@@ -162,7 +165,7 @@ def _spawn(line: bytes, live: set[int]) -> None:
         return
     pid = os.fork()
     if pid == 0:
-        child(argv, log, env)
+        child(argv, log, env, inherited)
     live.add(pid)
     _say({"pid": pid})
 

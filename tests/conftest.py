@@ -3,7 +3,9 @@
 `kern_server(target, *flags)` starts one (`--port 0`; the `serving` log line names the port; the
 CPU backend, or the one `KERN_TEST_BACKEND` names, so `KERN_TEST_BACKEND=gpu` runs the server tests
 on a GPU), waits for /health, and the fixture always ends it at teardown. The process runs from this
-checkout (`python -m serve`, PYTHONPATH set), whatever the installed console scripts point at.
+checkout, whatever the installed console scripts point at: on the CPU it is forked from this worker's
+zygote (`e2e/zygote.py`: the same `kern serve` process without paying imports and kernel loading
+again); `KERN_TEST_FRESH_SERVERS=1`, or another backend, starts `python -m serve` fresh (PYTHONPATH set).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ BACKEND = os.environ.get("KERN_TEST_BACKEND", "cpu")
 class ServerProcess:
     """A running server: its process, base URL and log file."""
 
-    proc: subprocess.Popen
+    proc: subprocess.Popen  # or an `e2e.zygote.Child` (the same poll, wait, send_signal, kill)
     log_path: Path
     port: int = 0
 
@@ -65,13 +67,44 @@ class ServerProcess:
         return self.proc.wait()
 
 
+class _Zygotes:
+    """This worker's warm parent for CPU servers (`e2e/zygote.py`), started on first use and closed at
+    exit; none with `KERN_TEST_FRESH_SERVERS=1` or another backend (each server a fresh process)."""
+
+    def __init__(self) -> None:
+        self.zygote = None
+
+    def get(self, backend: str):
+        if backend != "cpu" or os.environ.get("KERN_TEST_FRESH_SERVERS") == "1":
+            return None
+        if self.zygote is None:
+            import atexit
+
+            from e2e.session import project_env
+            from e2e.zygote import Zygote
+            from manifests.config import PACKAGED
+
+            self.zygote = Zygote(project_env(), PACKAGED, ["toy-paged", "toy-stateful"])
+            atexit.register(self.zygote.close)
+        return self.zygote
+
+
+ZYGOTES = _Zygotes()
+
+
 def start_server(target: str, *flags: str, log_path: Path, backend: str = BACKEND, timeout: float = 120.0) -> ServerProcess:
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     # debug: tests read the debug lines (` admitted `, ` finished `); a test's own --log-level comes later and wins
-    cmd = [sys.executable, "-m", "serve", target, "--backend", backend, "--port", "0", "--log-level", "debug", *flags]
-    log = open(log_path, "wb")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=env)
-    log.close()
+    args = [target, "--backend", backend, "--port", "0", "--log-level", "debug", *flags]
+    zygote = ZYGOTES.get(backend)
+    if zygote is not None:  # forked: the same `kern serve` process, without paying imports and kernels again
+        log_path.write_bytes(b"")
+        proc = zygote.spawn(["serve", *args], log_path)
+    else:
+        log = open(log_path, "wb")
+        proc = subprocess.Popen([sys.executable, "-m", "serve", *args], stdout=log, stderr=subprocess.STDOUT,
+                                cwd=REPO, env=env)
+        log.close()
     server = ServerProcess(proc, log_path)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

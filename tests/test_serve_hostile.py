@@ -134,11 +134,14 @@ def _burst_then_sigterm(server, n: int, max_tokens: int, queued: int, long: bool
     for t in threads:
         t.start()
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        g = server.stats()["gauges"]
-        if g["waiting"] + g["running"] >= queued:
+    while time.monotonic() < deadline:  # every request in (a SIGTERM before a connect is refused), `queued` unfinished
+        st = server.stats()
+        g = st["gauges"]
+        if st["counters"]["requests"] >= n and g["waiting"] + g["running"] >= queued:
             break
         time.sleep(0.05)
+    else:
+        raise AssertionError(f"never {n} requests in with {queued} unfinished: the SIGTERM would find no work")
     server.proc.send_signal(signal.SIGTERM)
     for t in threads:
         t.join(120)
@@ -176,10 +179,11 @@ def test_sigterm_drains_and_exits_0(kern_server):
     """A drain that finishes in time answers everything exactly and exits 0."""
     target = "toy-paged"
     server = kern_server(target, "--capacity", "352", "--drain-timeout", "120")
-    prompts, results, rc = _burst_then_sigterm(server, n=3, max_tokens=20, queued=2)
+    # three answers of 240 tokens, one at a time: still running when the SIGTERM lands
+    prompts, results, rc = _burst_then_sigterm(server, n=3, max_tokens=240, queued=2, long=True)
     for i, res in enumerate(results):
         assert isinstance(res, tuple) and res[0] == 200, f"request {i}: {res!r}"
-        assert res[1] == oracle(target, prompts[i], 20)
+        assert res[1] == oracle(target, prompts[i], 240)
     assert rc == 0, server.log()[-2000:]
 
 
