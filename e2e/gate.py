@@ -46,7 +46,7 @@ class Options:
     load_timeout: float = 600.0
     kern: list[str] | None = None
     kern_test_timeout: float = 3600.0
-    zygote: Any = None  # an `e2e.zygote.Zygote`: servers of our own kern are forked from it
+    zygote: Any = None  # an `e2e.zygote.Zygote` (only without `kern`): servers and `kern test` are forked from it
 
 
 @dataclass
@@ -128,7 +128,7 @@ class Run:
         o = self.opts
         cmd, port = self.command(name, flags)
         s = Session(name, cmd, port, self.dir / f"server-{name}.log", load_timeout=o.load_timeout,
-                    zygote=o.zygote if o.kern is None else None)
+                    zygote=o.zygote)
         try:
             facts = s.start()
         except BaseException:

@@ -27,7 +27,7 @@ import httpx
 from e2e.log import Log, kv
 
 __all__ = ["STARTED", "ServerExited", "ServerError", "Session", "Unavailable", "free_port", "merge_flags",
-           "project_env", "server_command", "split_flags", "stop_all"]
+           "kern_args", "own_kern", "project_env", "server_command", "split_flags", "stop_all"]
 
 EXIT_MEANINGS = {101: "scheduler crashed", -9: "killed", -15: "terminated"}
 SERVER_LOG = "kern_serve=debug,kern_runtime=info"  # the RUST_LOG of a gated server
@@ -117,7 +117,7 @@ class Session:
                  zygote=None):
         self.name = name
         self.cmd = cmd
-        self.zygote = zygote  # an `e2e.zygote.Zygote` forks the server (cmd is then our own oracle.cli)
+        self.zygote = zygote  # an `e2e.zygote.Zygote` forks the server (cmd is then `own_kern()`'s)
         self.port = port
         self.host = host
         self.url = f"http://{host}:{port}"
@@ -146,7 +146,7 @@ class Session:
                     from e2e.zygote import ZygoteGone
 
                     try:
-                        self.proc = self.zygote.spawn(self.cmd[3:], self.log.path, env={"RUST_LOG": SERVER_LOG})
+                        self.proc = self.zygote.spawn(kern_args(self.cmd), self.log.path, env={"RUST_LOG": SERVER_LOG})
                     except ZygoteGone as exc:
                         raise ServerError(f"server {self.name}: {exc}") from exc
                 else:
@@ -238,6 +238,19 @@ def project_env() -> dict[str, str]:
     return dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=root + (os.pathsep + path if path else ""))
 
 
+def own_kern() -> list[str]:
+    """The command that runs this checkout's `kern` (what `--kern` defaults to)."""
+    return [sys.executable, "-m", "oracle.cli"]
+
+
+def kern_args(cmd: list[str]) -> list[str]:
+    """`cmd`'s arguments after `own_kern()`: what a zygote is asked to run."""
+    base = own_kern()
+    if cmd[:len(base)] != base:
+        raise ValueError(f"not this checkout's kern: {cmd[:len(base)]}")
+    return cmd[len(base):]
+
+
 def server_command(kern: list[str] | None, config: Path, target: str, port: int, flags: list[str]) -> list[str]:
-    base = kern or [sys.executable, "-m", "oracle.cli"]
+    base = kern or own_kern()
     return [*base, "--config", str(config), "serve", target, "--port", str(port), *flags]

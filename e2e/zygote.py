@@ -12,6 +12,7 @@ spawns raise `ZygoteGone`, which the session reports as a server that could not 
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -50,16 +51,11 @@ class Child:
         return self.returncode
 
     def send_signal(self, sig: int) -> None:
-        import os
-
         if self.poll() is None:
             os.kill(self.pid, sig)
 
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
-
-    def terminate(self) -> None:
-        self.send_signal(signal.SIGTERM)
 
 
 class Zygote:

@@ -3,19 +3,18 @@
 from __future__ import annotations
 
 import subprocess
-import sys
 
-from e2e.session import project_env
+from e2e.session import kern_args, own_kern, project_env
 
 VERDICTS = {0: "PASS", 1: "FAIL", 2: "INCONCLUSIVE"}
 
 
 def run(r) -> None:
-    base = r.opts.kern or [sys.executable, "-m", "oracle.cli"]
+    base = r.opts.kern or own_kern()
     cmd = [*base, "--config", str(r.target.config or r.opts.config), "test", r.target.name, "--backend", r.opts.backend]
     r.dir.mkdir(parents=True, exist_ok=True)
     log = r.dir / "kern-test.log"
-    if r.opts.zygote is not None and r.opts.kern is None:
+    if r.opts.zygote is not None:
         out, code = _forked(r.opts.zygote, cmd, log, r.opts.kern_test_timeout)
     else:
         try:
@@ -36,7 +35,7 @@ def _forked(zygote, cmd: list[str], log, timeout: float) -> tuple[str, int | Non
     header = "$ " + " ".join(cmd) + " (forked by the gate's zygote)\n"
     log.write_text(header)
     try:
-        child = zygote.spawn(cmd[3:], log)
+        child = zygote.spawn(kern_args(cmd), log)
     except ZygoteGone as exc:
         return f"{exc}", 1
     try:
