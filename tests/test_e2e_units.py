@@ -291,3 +291,32 @@ def test_exit_codes(tmp_path, checks, code):
     reports = [{"target": f"t{i}", "skipped": "why" if c is None else None, "checks": c or []}
                for i, c in enumerate(checks)]
     assert write_summary(tmp_path, reports)[1] == code
+
+
+class _StatsClient:
+    """A client whose server has (`raw` a dict) or lacks (`raw` None) ``/stats``; counts completions."""
+
+    def __init__(self, raw):
+        self.raw, self.completions = raw, 0
+
+    def stats(self):
+        return self.raw
+
+    def complete(self, prompt, max_tokens):
+        self.completions += 1
+
+
+def test_flush_waits_out_the_log_window_only_for_a_server_without_stats(monkeypatch, tmp_path):
+    """Property: `Stats.flush` before any read asks ``/stats`` first; a server that answers it costs
+    no sleep and no request, and only one without it gets the 5 s window and the closing request."""
+    import e2e.stats as stats_mod
+
+    slept: list[float] = []
+    monkeypatch.setattr(stats_mod.time, "sleep", slept.append)
+    log = Log(tmp_path / "server.log")
+    with_endpoint = _StatsClient({"counters": {}, "gauges": {}, "facts": {}})
+    stats_mod.Stats(with_endpoint, log).flush()
+    assert (slept, with_endpoint.completions) == ([], 0)
+    without = _StatsClient(None)
+    stats_mod.Stats(without, log).flush()
+    assert sum(slept) > 5 and without.completions == 1
