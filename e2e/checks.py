@@ -37,5 +37,15 @@ class Checks:
             self.excused[name] = self.excused.get(name, 0) + excused
         self.echo(f"  {mark(ok)} {name}: {note}")
 
+    def fork(self) -> "Checks":
+        """An empty list with the same filter and echo, for one lane; `extend` takes it back in."""
+        return Checks(self.wanted, self.echo)
+
+    def extend(self, other: "Checks") -> None:
+        """Take in a lane's checks (already filtered and echoed), in their order."""
+        self.list.extend(other.list)
+        for name, n in other.excused.items():
+            self.excused[name] = self.excused.get(name, 0) + n
+
     def failed(self) -> list[str]:
         return [c["name"] for c in self.list if c["ok"] is False]

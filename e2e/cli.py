@@ -12,6 +12,7 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import os
+import resource
 import shlex
 import signal
 import sys
@@ -90,7 +91,7 @@ def gate_target(t: GateTarget, opts: Options, reference: Path | None, wanted: se
     oracle, runner = _oracles(t, reference, opts.out, opts.backend)
     checks = Checks(wanted, echo=echo)
     run = Run(t, opts, oracle, runner, checks, echo=echo)
-    unavailable = run_target(run, steps)
+    unavailable = run_target(run, steps, opts.at_once)
     wall = round(time.monotonic() - t0, 1)
     hits = {"served": run.served, "counters": run.session_hits}  # for stages_equal_single (e2e/stages.py)
     if unavailable is not None:
@@ -104,7 +105,7 @@ def gate_target(t: GateTarget, opts: Options, reference: Path | None, wanted: se
     echo(f"  {t.name}: {wall:.1f}s ({time_split(run.times)})")
     return {"target": t.name, "skipped": None, "facts": run.facts, "counters": run.counters,
             "checks": checks.list, "near_ties": dict(checks.excused), "hits": hits, "wall_s": wall,
-            "times": dict(run.times)}
+            "times": dict(run.times), "cpu": dict(run.cpu)}
 
 
 def time_split(times: dict[str, float], top: int = 6) -> str:
@@ -195,9 +196,13 @@ def no_gpu() -> str | None:
 @click.option("--zygote/--no-zygote", default=True, show_default=True,
               help="Fork our own kern's servers from one warm process (imports and CPU kernels loaded once); "
                    "--no-zygote starts each as a fresh process. Ignored with --kern.")
+@click.option("--sessions-at-once/--sessions-in-turn", "at_once", default=True, show_default=True,
+              help="Run a target's independent sessions at once, each in its own server, every session's "
+                   "server started as soon as the first one's facts are known; --sessions-in-turn runs "
+                   "them one after another.")
 @click.option("--junit", "junit_path", type=click.Path(dir_okay=False), default=None, help="Write JUnit XML here.")
 def cli(config, targets, scenarios, reference, no_reference, out, max_tokens, backend, port, capacity,
-        server_flags, kern, load_timeout, jobs, zygote, junit_path) -> None:
+        server_flags, kern, load_timeout, jobs, zygote, at_once, junit_path) -> None:
     """Gate every target of a config through the server, token-exact against an oracle."""
     t0 = time.monotonic()
     wanted = set(_names(scenarios)) or None
@@ -215,7 +220,7 @@ def cli(config, targets, scenarios, reference, no_reference, out, max_tokens, ba
         except ReferenceError as exc:
             raise click.UsageError(str(exc)) from None
     opts = Options(cfg.resolve(), Path(out), max_tokens, backend, port, server_flags, capacity, load_timeout,
-                   shlex.split(kern) if kern else None)
+                   shlex.split(kern) if kern else None, at_once=at_once)
     if backend == "gpu" and (why := no_gpu()) is not None:
         reports = [_skipped(t, why, click.echo) for t in chosen]
     else:
@@ -230,13 +235,19 @@ def cli(config, targets, scenarios, reference, no_reference, out, max_tokens, ba
     for r in reports:
         write_report(opts.out, r)
     meta = {"commit": commit(), "backend": backend, "max_tokens": max_tokens, "wall_s": time.monotonic() - t0,
-            "zygote_warm_s": getattr(opts.zygote, "warm_s", None)}
+            "zygote_warm_s": getattr(opts.zygote, "warm_s", None), "gate_cpu_s": _own_cpu()}
     table, code = write_summary(opts.out, reports, meta)
     click.echo("\n" + table)
     if junit_path:
         Path(junit_path).parent.mkdir(parents=True, exist_ok=True)
         Path(junit_path).write_text(junit(reports))
     sys.exit(code)
+
+
+def _own_cpu() -> float:
+    """This process's CPU seconds so far (user + sys; its children not included)."""
+    use = resource.getrusage(resource.RUSAGE_SELF)
+    return round(use.ru_utime + use.ru_stime, 1)
 
 
 EXIT_INTERRUPTED = 130

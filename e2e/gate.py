@@ -13,7 +13,9 @@ all-serial session's hit counters, so a staged target's can be held to its singl
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import threading
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -28,7 +30,7 @@ from e2e.session import ServerExited, Session, Unavailable, merge_flags, server_
 from e2e.stats import Stats
 from verdicts.policy import POLICY_COUNTERS
 
-__all__ = ["Options", "Run", "run_target"]
+__all__ = ["Found", "Options", "Run", "lanes", "run_target"]
 
 HIT_COUNTERS = POLICY_COUNTERS  # what a session's hits come to (resident/host hits and tokens, parks, ...)
 SESSION_PORTS = {"default": 0, "host": 1, "slots": 2, "rows1": 3, "wake_room": 4, "churn": 5, "drop": 6, "ties": 7, "frag": 8}
@@ -47,6 +49,23 @@ class Options:
     kern: list[str] | None = None
     kern_test_timeout: float = 3600.0
     zygote: Any = None  # an `e2e.zygote.Zygote` (only without `kern`): servers and `kern test` are forked from it
+    at_once: bool = True  # a target's independent sessions at once (`run_target`); False: one after another
+
+
+@dataclass
+class Found:
+    """What earlier steps found, for later ones (in any lane): cold answers, first-turn requests,
+    the suffix and turn-2 answers, the host session's cold answers, the burst's acceptance."""
+    cold: list[Answer] = field(default_factory=list)
+    first_turns: dict[int, list[str]] = field(default_factory=dict)
+    suffix: list[int] = field(default_factory=list)
+    turn2: list[dict[str, Any]] = field(default_factory=list)
+    host_cold: list[list[int]] = field(default_factory=list)
+    burst: dict[str, Any] = field(default_factory=dict)
+
+
+def _found(name: str) -> property:
+    return property(lambda self: getattr(self.found, name), lambda self, v: setattr(self.found, name, v))
 
 
 @dataclass
@@ -69,14 +88,8 @@ class Run:
     counters: dict[str, dict[str, Any]] = field(default_factory=dict)
     server_facts: dict[str, dict[str, Any]] = field(default_factory=dict)  # /stats facts per session
     live: Live | None = None
-    # what earlier steps found
-    cold: list[Answer] = field(default_factory=list)
-    first_turns: dict[int, list[str]] = field(default_factory=dict)
-    snapshots: dict[str, str | None] = field(default_factory=dict)
-    suffix: list[int] = field(default_factory=list)
-    turn2: list[dict[str, Any]] = field(default_factory=list)
-    host_cold: list[list[int]] = field(default_factory=list)
-    burst: dict[str, Any] = field(default_factory=dict)
+    found: Found = field(default_factory=lambda: Found())  # what earlier steps found: shared by every lane
+    snapshots: dict[str, str | None] = field(default_factory=dict)  # this lane's answers' snapshot news
     # what serial steps were answered, for the staged targets' comparison (e2e/stages.py)
     step: str = ""
     serial: bool = True
@@ -85,6 +98,20 @@ class Run:
     session_hits: dict[str, dict[str, int]] = field(default_factory=dict)
     stage_page_bytes: dict[str, list[int]] = field(default_factory=dict)  # per session, a pipeline's stages
     times: dict[str, float] = field(default_factory=dict)  # where the target's time went: seconds by part
+    cpu: dict[str, float] = field(default_factory=dict)  # CPU seconds (user + sys) of each session's server, forked ones
+
+    cold = _found("cold")
+    first_turns = _found("first_turns")
+    suffix = _found("suffix")
+    turn2 = _found("turn2")
+    host_cold = _found("host_cold")
+    burst = _found("burst")
+
+    def lane(self) -> "Run":
+        """A view of this run for one lane (`run_target`): its own open session, step, checks, served
+        answers and snapshots; the target, options, oracles, facts, counters and `found` shared."""
+        return dataclasses.replace(self, live=None, checks=self.checks.fork(), snapshots={}, step="",
+                                   serial=True, served=[])
 
     @property
     def dir(self) -> Path:
@@ -175,6 +202,13 @@ class Run:
             live.session.check()
         finally:
             live.session.stop()
+            self.note_cpu(live.session)
+
+    def note_cpu(self, session: Session) -> None:
+        """The CPU seconds a forked server spent (the zygote reports them with its exit)."""
+        use = getattr(session.proc, "usage", None) or {}
+        if "cpu_s" in use:
+            self.cpu[session.name] = round(self.cpu.get(session.name, 0.0) + sum(use["cpu_s"]), 2)
 
     def host_page_bytes(self, session: str = "default") -> int:
         """Bytes of one host page on the stage that holds the most (a pipeline's `--host-gib` is per
@@ -218,24 +252,122 @@ class Run:
         return a.prompt_ids or (list(prompt.encode()) if isinstance(prompt, str) else list(prompt))
 
 
-def run_target(run: Run, steps: list) -> str | None:
-    """Every step, in order, opening each step's session when it first needs one. Returns why the
-    target could not run (a reason outside the commit: `Unavailable`), else None."""
+def lanes(steps: list, at_once: bool = True) -> list[list]:
+    """The steps split into lanes, in plan order: one per session (its steps in order) and one per
+    step without a session (`kern_test`, `run_equals_reference`); with `at_once` False, one lane."""
+    if not at_once:
+        return [list(steps)] if steps else []
+    out: list[list] = []
+    by_session: dict[str, list] = {}
+    for step in steps:
+        if step.session is None:
+            out.append([step])
+        elif step.session in by_session:
+            by_session[step.session].append(step)
+        else:
+            by_session[step.session] = [step]
+            out.append(by_session[step.session])
+    return out
+
+
+class _DepFailed(Exception):
+    """A step this lane needs did not complete (its lane recorded why): the lane stops quietly."""
+
+
+@dataclass
+class _Plan:
+    """What the lanes of one target share: each step's completion, the first session's start (the
+    facts every other session's flags read), and whether the target is stopping."""
+    names: set[str]
+    base_lane: int | None
+    ended: dict[str, threading.Event] = field(default_factory=dict)
+    completed: set[str] = field(default_factory=set)
+    based: threading.Event = field(default_factory=threading.Event)
+    stopping: bool = False
+    unavailable: str | None = None
+    errors: list[str] = field(default_factory=list)
+
+    def wait(self, deps: tuple[str, ...]) -> None:
+        for d in deps:
+            if d in self.ended:
+                self.ended[d].wait()
+                if d not in self.completed:
+                    raise _DepFailed(d)
+
+    def end(self, name: str, ok: bool) -> None:
+        if ok:
+            self.completed.add(name)
+        self.ended[name].set()
+
+
+def run_target(run: Run, steps: list, at_once: bool = True) -> str | None:
+    """Every step, each lane (`lanes`) in its own thread: a session's server starts as soon as the
+    first session's facts are known and its steps wait for the steps they depend on. Lanes that
+    share nothing run at once, so the target takes its longest chain, not the sum. Returns why the
+    target could not run (a reason outside the commit: `Unavailable`), else None. Checks and served
+    answers come back in lane order, whatever order the lanes finish in."""
+    split = lanes(steps, at_once)
+    first = next((i for i, lane in enumerate(split) if any(st.session for st in lane)), None)
+    plan = _Plan({st.name for st in steps}, first)
+    plan.ended = {st.name: threading.Event() for st in steps}
+    if first is None:
+        plan.based.set()
+    views = [run.lane() for _ in split]
+    threads = [threading.Thread(target=_run_lane, args=(v, lane, plan, i), daemon=True,
+                                name=f"{run.target.name}:{lane[0].session or lane[0].name}")
+               for i, (v, lane) in enumerate(zip(views, split))]
+    for t in threads:
+        t.start()
+    try:
+        for t in threads:
+            while t.is_alive():
+                t.join(0.2)  # short joins: Ctrl-C reaches this thread
+    except BaseException:
+        plan.stopping = True
+        raise
+    for v in views:
+        run.checks.extend(v.checks)
+        run.served.extend(v.served)
+    if plan.unavailable is not None:
+        return plan.unavailable
+    if plan.errors:
+        run.checks.add("error", False, "; ".join(plan.errors)[:2000])
+    return None
+
+
+def _run_lane(run: Run, steps: list, plan: _Plan, index: int) -> None:
+    """One lane's steps in order (`run` is the lane's view): open each step's session when it first
+    needs one, wait for the step's dependencies, run it. An error ends the lane with its note in
+    `plan.errors`; steps that never completed are ended as failed, so lanes needing them stop."""
     def spent(part: str, since: float) -> float:
         now = time.monotonic()
         run.times[part] = round(run.times.get(part, 0.0) + now - since, 2)
         return now
 
+    done = 0
     try:
+        if index != plan.base_lane and any(st.facts for st in steps):
+            plan.based.wait()  # every session's flags read the first session's facts
         for step in steps:
-            t0 = time.monotonic()
+            if plan.stopping:
+                raise _DepFailed("the target is stopping")
+            deps = tuple(d for d in step.deps if d in plan.names)
             if step.session is not None and (run.live is None or run.live.session.name != step.session):
+                if not step.early:
+                    plan.wait(deps)  # its flags may read what they find (answer lengths, ...)
+                t0 = time.monotonic()
                 if run.live is not None:
                     name = run.live.session.name
                     run.close()
                     t0 = spent(f"{name} stop", t0)
-                run.open(step.session, step.flags(run) if step.flags else [])
-                t0 = spent(f"{step.session} start", t0)
+                try:
+                    run.open(step.session, step.flags(run) if step.flags else [])
+                finally:
+                    if index == plan.base_lane:
+                        plan.based.set()
+                spent(f"{step.session} start", t0)
+            plan.wait(deps)
+            t0 = time.monotonic()
             run.step, run.serial = step.name, step.serial
             if not step.serial and step.session is not None:
                 run.unserial.add(step.session)
@@ -243,18 +375,20 @@ def run_target(run: Run, steps: list) -> str | None:
             if run.live is not None and run.live.policy is not None and run.live.policy.active:
                 run.live.policy.compare(step.name, run.live.client.stats())
             spent(step.session or step.name, t0)
+            plan.end(step.name, True)
+            done += 1
         t0 = time.monotonic()
         name = run.live.session.name if run.live is not None else None
         run.close()
         if name is not None:
             spent(f"{name} stop", t0)
+    except _DepFailed:
+        _drop(run)
     except Unavailable as exc:
-        live, run.live = run.live, None
-        if live is not None:
-            live.client.close()
-            live.session.stop()
-        return str(exc)
-    except Exception as exc:  # any failure ends the target as a gated error
+        plan.unavailable = plan.unavailable or str(exc)
+        plan.stopping = True
+        _drop(run)
+    except Exception as exc:  # any failure ends the lane, and the target has a gated error
         frames = traceback.extract_tb(exc.__traceback__)
         ours = [f for f in frames if "site-packages" not in f.filename] or frames
         where = ours[-1]  # the innermost frame of ours: where a bisect should look
@@ -263,15 +397,24 @@ def run_target(run: Run, steps: list) -> str | None:
             s = run.live.session
             if not s.alive() and s.proc is not None:
                 note += f" (server {s.name} exited with code {s.proc.returncode}; log tail: {s.log.tail(8)})"
-        run.checks.add("error", False, note[:2000])
+        plan.errors.append(note)
         if not isinstance(exc, ServerExited):
             try:
                 run.policy_check()
             except Exception:  # the error above is the news; a policy check that cannot be read is not
                 pass
-        live, run.live = run.live, None
-        if live is not None:
-            live.client.close()
-            live.session.stop()
-    return None
+        _drop(run)
+    finally:
+        if index == plan.base_lane:
+            plan.based.set()
+        for step in steps[done:]:
+            plan.end(step.name, False)
 
+
+def _drop(run: Run) -> None:
+    """Stop the lane's open session without its closing checks."""
+    live, run.live = run.live, None
+    if live is not None:
+        live.client.close()
+        live.session.stop()
+        run.note_cpu(live.session)

@@ -90,12 +90,22 @@ def summary_text(reports: list[dict[str, Any]], meta: dict[str, Any] | None = No
     timed = [r for r in reports if r.get("times")]
     if timed:
         lines += ["", "## Where the time went", "", "Seconds by part: a session's name is its steps' time "
-                  "(requests and checks); `start` and `stop` its server's.", ""]
+                  "(requests and checks); `start` and `stop` its server's. A target's independent sessions "
+                  "run at once, so its parts add up to more than its wall time. CPU: the seconds (user + "
+                  "sys) each forked server spent, and the gate process's own over the whole run.", ""]
         for r in timed:
             parts = sorted(r["times"].items(), key=lambda kv: -kv[1])
             starts = sum(v for k, v in parts if k.endswith((" start", " stop")))
-            lines.append(f"- {r['target']} ({float(r.get('wall_s') or 0):.1f} s; servers' start and stop "
-                         f"{starts:.1f} s): " + ", ".join(f"{k} {v:.1f}" for k, v in parts))
+            line = (f"- {r['target']} ({float(r.get('wall_s') or 0):.1f} s; servers' start and stop "
+                    f"{starts:.1f} s): " + ", ".join(f"{k} {v:.1f}" for k, v in parts))
+            cpu = sorted((r.get("cpu") or {}).items(), key=lambda kv: -kv[1])
+            if cpu:
+                line += (f"; servers' CPU {sum(v for _, v in cpu):.1f} s: "
+                         + ", ".join(f"{k} {v:.1f}" for k, v in cpu))
+            lines.append(line)
+        if meta.get("gate_cpu_s") is not None:
+            lines.append(f"- the gate process: {float(meta['gate_cpu_s']):.1f} s CPU (clients, oracles, "
+                         "in-process `kern run`)")
     failed = [(r["target"], c) for r in reports if r.get("skipped") is None
               for c in r.get("checks", []) if c["ok"] is False]
     if failed:

@@ -50,6 +50,11 @@ class Child:
                 self.zygote.cond.wait(left)
         return self.returncode
 
+    @property
+    def usage(self) -> dict:
+        """Once it ended: its CPU seconds ``cpu_s`` [user, sys] and ``maxrss_kib`` (empty before)."""
+        return self.zygote.usage.get(self.pid, {})
+
     def send_signal(self, sig: int) -> None:
         if self.poll() is None:
             os.kill(self.pid, sig)
@@ -70,6 +75,7 @@ class Zygote:
             cmd += ["--warm", *warm]
         self.cond = threading.Condition()
         self.exits: dict[int, int] = {}
+        self.usage: dict[int, dict] = {}  # per ended child: its own CPU seconds (user, sys) and peak memory
         self.replies: list[dict] = []
         self.gone = False
         self.warm_s: float | None = None
@@ -95,6 +101,7 @@ class Zygote:
             with self.cond:
                 if "exit" in msg:
                     self.exits[int(msg["exit"])] = int(msg["code"])
+                    self.usage[int(msg["exit"])] = {k: msg[k] for k in ("cpu_s", "maxrss_kib") if k in msg}
                 elif "ready" in msg:
                     self.warm_s = float(msg.get("warm_s", 0.0))
                 else:

@@ -16,8 +16,8 @@ here (CUDA forbids a fork after it is initialised): a `--backend gpu` child init
 
 Protocol (JSON lines; stdin in, stdout out): first ``{"ready": true, "warm_s": S}``; then for each
 request ``{"argv": [...], "log": PATH, "env": {...}}`` the reply ``{"pid": N}`` (or ``{"error": why}``),
-and whenever a child ends ``{"exit": N, "code": C}`` (C < 0: killed by signal -C, as `subprocess`
-says it). When stdin closes every child still running is killed and this process exits.
+and whenever a child ends ``{"exit": N, "code": C, "cpu_s": [USER, SYS], "maxrss_kib": K}`` (C < 0:
+killed by signal -C, as `subprocess` says it; the CPU seconds and peak memory are the child's own). When stdin closes every child still running is killed and this process exits.
 """
 
 from __future__ import annotations
@@ -173,13 +173,14 @@ def _spawn(line: bytes, live: set[int], inherited: tuple[int, ...]) -> None:
 def _reap(live: set[int]) -> None:
     while live:
         try:
-            pid, status = os.waitpid(-1, os.WNOHANG)
+            pid, status, use = os.wait4(-1, os.WNOHANG)
         except ChildProcessError:
             return
         if pid == 0:
             return
         live.discard(pid)
-        _say({"exit": pid, "code": os.waitstatus_to_exitcode(status)})
+        _say({"exit": pid, "code": os.waitstatus_to_exitcode(status),
+              "cpu_s": [round(use.ru_utime, 3), round(use.ru_stime, 3)], "maxrss_kib": use.ru_maxrss})
 
 
 def main(argv: list[str] | None = None) -> None:

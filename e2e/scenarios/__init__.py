@@ -26,10 +26,13 @@ class Step:
     flags: Callable | None = None
     applies: Callable[[GateTarget], bool] = lambda t: True
     serial: bool = True  # one request at a time: the policy oracle predicts it exactly
+    facts: bool = True  # reads the first session's facts (rows, page, ...): its lane waits for that start
+    early: bool = False  # its flags read nothing its deps find: its server may start before they complete
 
 
 STEPS: tuple[Step, ...] = (
-    Step("kern_test", None, ("kern_test",), (), kern_test.run, applies=lambda t: t.reference is not None),
+    Step("kern_test", None, ("kern_test",), (), kern_test.run,
+         applies=lambda t: t.reference is not None, facts=False),
     Step("conc1", "default", ("conc1_equals_run",), (), conc1.run),
     Step("run_equals_reference", None, ("run_equals_reference",), (), conc1.run_equals_reference),
     Step("repeat", "default", ("repeat_hit",), ("conc1",), repeat.run),
@@ -46,9 +49,9 @@ STEPS: tuple[Step, ...] = (
     Step("host_frag", "frag", ("host_frag",), ("turn2",), ties.frag, flags=ties.flags,
          applies=lambda t: t.lined),
     Step("slot_growth", "slots", ("slot_growth",), ("turn2",), slots.run, flags=slots.flags,
-         applies=lambda t: t.lined),
+         applies=lambda t: t.lined, early=True),
     Step("rows1", "rows1", ("rows1_equals_run", "rows1_vs_spec"), ("conc1",), rows1.run, flags=rows1.flags,
-         applies=lambda t: t.spec),
+         applies=lambda t: t.spec, early=True),
     Step("wake_room", "wake_room", ("wake_room",), ("turn2",), wake_room.run, flags=wake_room.flags),
 )
 

@@ -1,0 +1,125 @@
+"""The gate's lanes (`e2e.gate.run_target`): a target's sessions at once, each step after its deps.
+
+Steps here have no server (session None: each its own lane) or fake sessions that only `lanes`
+groups, so these run in milliseconds; the gate over real servers is `e2e` itself (CI runs it).
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from pathlib import Path
+
+from e2e.checks import Checks
+from e2e.config import load_targets
+from e2e.gate import Options, Run, lanes, run_target
+from e2e.scenarios import STEPS, Step, plan
+
+
+def _run(tmp_path: Path) -> Run:
+    cfg, (t,) = load_targets(None, ["toy-paged"])
+    return Run(t, Options(cfg, tmp_path), None, None, Checks(echo=lambda line: None))
+
+
+def test_lanes_group_each_session_and_keep_sessionless_steps_apart():
+    """Property: every step lands in exactly one lane; a lane holds one session's steps in plan
+    order, or one step without a session; lanes come in the order of their first step."""
+    cfg, targets = load_targets(None, None)
+    for t in targets:
+        steps = plan(t, None, True)
+        split = lanes(steps)
+        assert sorted(s.name for lane in split for s in lane) == sorted(s.name for s in steps)
+        for lane in split:
+            sessions = {s.session for s in lane}
+            assert len(sessions) == 1 and (None not in sessions or len(lane) == 1)
+            assert [steps.index(s) for s in lane] == sorted(steps.index(s) for s in lane)
+        firsts = [steps.index(lane[0]) for lane in split]
+        assert firsts == sorted(firsts)
+        assert lanes(steps, at_once=False) == [steps]
+
+
+def _steps(n: int, seed: int, log: list, fail: set[str]) -> list[Step]:
+    """`n` sessionless steps with random earlier deps; each sleeps a little, records when it ran and
+    adds its check; those named in `fail` raise."""
+    rng = random.Random(seed)
+    lock = threading.Lock()
+    out = []
+    for i in range(n):
+        name = f"s{i}"
+        deps = tuple(sorted({f"s{rng.randrange(i)}" for _ in range(rng.randrange(3))})) if i else ()
+
+        def body(r, name=name):
+            with lock:
+                log.append(("start", name, time.monotonic()))
+            time.sleep(rng.random() * 0.02)
+            if name in fail:
+                raise RuntimeError(f"{name} broke")
+            r.checks.add(name, True, "ran")
+            with lock:
+                log.append(("end", name, time.monotonic()))
+
+        out.append(Step(name, None, (name,), deps, body, facts=False))
+    return out
+
+
+def test_every_step_runs_after_its_deps_and_checks_come_back_in_plan_order(tmp_path):
+    """Property (seeded random DAGs): a step starts only after each of its deps ended; every step
+    runs once; the checks come back in plan order whatever order the lanes finished in."""
+    for seed in range(20):
+        log: list = []
+        steps = _steps(12, seed, log, set())
+        r = _run(tmp_path)
+        assert run_target(r, steps) is None
+        ends = {name: t for kind, name, t in log if kind == "end"}
+        starts = {name: t for kind, name, t in log if kind == "start"}
+        assert set(starts) == set(ends) == {s.name for s in steps}
+        for s in steps:
+            for d in s.deps:
+                assert ends[d] <= starts[s.name], (seed, s.name, d)
+        assert [c["name"] for c in r.checks.list] == [s.name for s in steps]
+
+
+def test_a_failed_step_is_one_error_and_what_needs_it_never_runs(tmp_path):
+    """Property: the steps depending (transitively) on a failed one never run; the others all do;
+    the target gets a single gated ``error`` check naming the failure."""
+    for seed in range(20):
+        log: list = []
+        steps = _steps(12, seed, log, {"s3"})
+        r = _run(tmp_path)
+        assert run_target(r, steps) is None
+        needs = {"s3"}
+        for s in steps:
+            if set(s.deps) & needs:
+                needs.add(s.name)
+        ran = {name for kind, name, _ in log if kind == "end"}
+        assert ran == {s.name for s in steps} - needs, seed
+        errors = [c for c in r.checks.list if c["name"] == "error"]
+        assert len(errors) == 1 and errors[0]["ok"] is False and "s3 broke" in errors[0]["note"]
+
+
+def test_independent_steps_overlap(tmp_path):
+    """Two steps with no deps between them run at once: the second starts before the first ends
+    (each waits for the other to have started, so this cannot pass one after the other)."""
+    both = threading.Barrier(2, timeout=10)
+
+    def body(r):
+        both.wait()  # raises BrokenBarrierError if the other never starts while this one runs
+        r.checks.add(r.step, True, "met")
+
+    steps = [Step("a", None, ("a",), (), body, facts=False), Step("b", None, ("b",), (), body, facts=False)]
+    r = _run(tmp_path)
+    run_target(r, steps)
+    assert [(c["name"], c["ok"]) for c in r.checks.list] == [("a", True), ("b", True)]
+    r = _run(tmp_path)
+    both.reset()
+    steps_in_turn = [Step("a", None, ("a",), (), lambda r: both.wait(timeout=0.2), facts=False)]
+    run_target(r, steps_in_turn, at_once=False)
+    assert [c["name"] for c in r.checks.list] == ["error"]  # alone in its turn, the barrier breaks
+
+
+def test_the_packaged_steps_declare_what_their_sessions_read():
+    """The steps whose servers start early (`early`) have constant flags: they read no answer."""
+    for s in STEPS:
+        if s.early:
+            assert s.flags is not None and s.flags(None) == s.flags(None)
