@@ -11,6 +11,7 @@ whole, so a ``git bisect`` step never reuses another commit's answers:
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -18,7 +19,7 @@ import threading
 from pathlib import Path
 from typing import Any, Iterable
 
-__all__ = ["RUNTIME_LOCK", "Cache", "KernRun", "SOURCE_DIRS", "identity", "kern_run_identity", "key", "reference_identity"]
+__all__ = ["RUNTIME_LOCK", "runtime_lock", "Cache", "KernRun", "SOURCE_DIRS", "identity", "kern_run_identity", "key", "reference_identity"]
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCE_DIRS = ("runtime", "toy", "manifests", "oracle")
@@ -70,6 +71,7 @@ class Cache:
         self.identity = ident
         self.answers: dict[str, list[int]] = {}
         self.discarded = False
+        self.lock = threading.Lock()
         try:
             raw = json.loads(self.path.read_text())
         except (OSError, ValueError):
@@ -84,18 +86,43 @@ class Cache:
         return list(hit) if hit is not None else None
 
     def put(self, ids: Iterable[int], steps: int, rows: int, answer: list[int]) -> None:
-        self.answers[key(ids, steps, rows)] = [int(t) for t in answer]
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps({"identity": self.identity, "answers": self.answers}))
-        os.replace(tmp, self.path)
+        with self.lock:  # a target's lanes put from threads
+            self.answers[key(ids, steps, rows)] = [int(t) for t in answer]
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_suffix(".json.tmp")
+            tmp.write_text(json.dumps({"identity": self.identity, "answers": self.answers}))
+            os.replace(tmp, self.path)
 
 
-# One runtime at a time in this process, whoever runs it (KernRun, the float targets' Prober): numba's
-# CPU threading layer and numba-cuda's module loading are not for concurrent callers (e2e --jobs
-# gates several targets from threads; two locks let a toy-paged run and a toy-float probe load
-# kernels at once, and numba-cuda's library table raised "key already in dictionary").
+# One GPU runtime at a time in this process, whoever runs it (KernRun, the float targets' Prober):
+# numba-cuda's module loading is not for concurrent callers (e2e gates targets and their lanes from
+# threads; two locks let a toy-paged run and a toy-float probe load kernels at once, and numba-cuda's
+# library table raised "key already in dictionary"), nor is numba's `workqueue` CPU layer. On the
+# CPU under a threadsafe layer (omp, tbb) runs go at once: the kernels release the GIL (nogil).
 RUNTIME_LOCK = threading.Lock()
+THREADSAFE_LAYERS = ("omp", "tbb")
+
+
+def runtime_lock(on_cpu: bool) -> Any:
+    """The lock a runtime call takes: none for a CPU runtime under a threadsafe numba threading layer
+    (started here if no parallel kernel has run yet, so no first launch has to decide it alone), else
+    RUNTIME_LOCK."""
+    if on_cpu:
+        import numba
+
+        try:
+            if numba.threading_layer() in THREADSAFE_LAYERS:
+                return contextlib.nullcontext()
+        except ValueError:  # no parallel kernel has run in this process yet: start the layer now
+            try:
+                from numba.np.ufunc.parallel import _launch_threads  # what a first parallel launch calls
+
+                _launch_threads()
+                if numba.threading_layer() in THREADSAFE_LAYERS:
+                    return contextlib.nullcontext()
+            except Exception:  # numba's internals moved: the first launch decides, under the lock
+                pass
+    return RUNTIME_LOCK
 
 
 class KernRun:
@@ -107,9 +134,6 @@ class KernRun:
     """
 
     kind = "kern run"
-    # one sequence at a time in this process: numba's CPU threading layer and a GPU stream are
-    # not for concurrent callers (e2e --jobs gates several targets from threads)
-    _lock = RUNTIME_LOCK
     exact = False
     available = True
     accept_pct = None
@@ -123,6 +147,7 @@ class KernRun:
         self.cache = cache
         self.chunk = chunk
         self._manifest: Any = None
+        self._on_cpu = backend == "cpu"
 
     def run(self, ids: list[int], steps: int, rows: int) -> list[int]:
         ids = [int(t) for t in ids]
@@ -135,8 +160,9 @@ class KernRun:
 
         if self._manifest is None:
             self._manifest = load(self.manifest_path)
-        with KernRun._lock:
+        with runtime_lock(self._on_cpu):
             rt, cell = single(self._manifest, self.weights, len(ids), steps, rows, self.backend)
+            self._on_cpu = getattr(rt.backend, "name", None) == "cpu"  # `auto` is known once resolved
             out = [int(t) for t in generate(rt, cell, ids, steps, rows, self.chunk).ids]
         if self.cache is not None:
             self.cache.put(ids, steps, rows, out)

@@ -18,12 +18,13 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import threading
 from pathlib import Path
 from typing import Iterable
 
 import numpy as np
 
-from oracle.cache import RUNTIME_LOCK
+from oracle.cache import runtime_lock
 
 __all__ = ["ProbeError", "Prober", "read", "write"]
 
@@ -71,7 +72,6 @@ def _name(context: list[int]) -> str:
 class Prober:
     """`kern run --probe-dir` in this process, kept warm; dumps cached under `root` by identity."""
 
-    _lock = RUNTIME_LOCK  # shared with KernRun: one runtime at a time in this process
     ROOM = 1024  # runtimes are sized in steps of this many tokens
 
     def __init__(self, manifest: str | Path, weights: Iterable[str | Path], backend: str, root: str | Path,
@@ -84,6 +84,7 @@ class Prober:
         self._manifest = None
         self._runtimes: dict[int, tuple] = {}
         self.made = 0  # probes run (not read from the cache)
+        self._lock = threading.Lock()  # one probe at a time: its warm runtimes and dump directory
         self.vocab = int(json.loads(self.manifest_path.read_text())["buffers"]["logits"]["shape"][-1])
 
     def _fresh_root(self) -> None:
@@ -96,7 +97,7 @@ class Prober:
     def probe(self, context: list[int]) -> tuple[str, list[float], int]:
         """The runtime's logits predicting the token after `context`: (tag, logits, its argmax)."""
         context = [int(t) for t in context]
-        with Prober._lock:
+        with self._lock, runtime_lock(self.backend == "cpu"):  # a GPU's runtimes: one at a time in this process
             self._fresh_root()
             d = self.root / _name(context)
             try:

@@ -344,3 +344,36 @@ def test_a_packed_call_over_its_context_bound_is_refused():
     b = Cell(list(range(1031, 2061)), None, [2] * 400, 0)
     with pytest.raises(ValueError, match="context 16408 .* over vars.context.max 16384"):
         rt.step("prefill", [a, b])
+
+
+def test_the_layered_reference_answers_the_same_whatever_was_asked_before():
+    """Property (seeded): `generate_layered` remembers fed prefixes (a trie shared by every call in
+    the process), and its answer for any ids is the memo-free fold of `_feed` over them, whether the
+    prefix was never seen, seen as an earlier prompt, or seen as an earlier prompt plus its answer."""
+    import random
+
+    def plain(ids, max_tokens, layers):
+        sums, x = (0,) * layers, []
+        for p, t in enumerate(ids):
+            x, sums = model._feed(t, p, sums, layers)
+        out, n = [], len(ids)
+        while len(out) < max_tokens:
+            t = model.next_of(model.head_sum(x))
+            if t == model.EOS:
+                break
+            out.append(t)
+            x, sums = model._feed(t, n, sums, layers)
+            n += 1
+        return out
+
+    rng = random.Random(7)
+    model._PREFIXES.clear()
+    for _ in range(30):
+        layers = rng.choice([2, 4])
+        ids = [rng.randrange(256) for _ in range(rng.randrange(1, 40))]
+        first = model.generate_layered(ids, 12, layers)
+        assert first == plain(ids, 12, layers)
+        turn2 = ids + first + [rng.randrange(256) for _ in range(rng.randrange(5))]
+        assert model.generate_layered(turn2, 12, layers) == plain(turn2, 12, layers)
+        assert model.generate_layered(ids[: len(ids) // 2 + 1], 6, layers) == plain(ids[: len(ids) // 2 + 1], 6, layers)
+    assert len(model._PREFIXES) > 0

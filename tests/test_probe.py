@@ -78,10 +78,26 @@ def test_prober_is_cached_by_artifact_identity(tmp_path):
     assert other.made == 1 and len(list((tmp_path / "probes").glob("probe-*"))) == 1
 
 
-def test_probes_and_kern_runs_share_one_runtime_lock():
-    """Property: a process runs one in-process runtime at a time, KernRun's or a Prober's (e2e --jobs
-    gates targets from threads; numba-cuda's module loading raced when each class had its own lock)."""
-    from oracle.cache import RUNTIME_LOCK, KernRun
-    from oracle.probe import Prober
+def test_runtimes_take_turns_unless_on_a_threadsafe_cpu_layer(monkeypatch):
+    """Property: an in-process runtime call (KernRun's or a Prober's) takes the one process-wide
+    RUNTIME_LOCK on a GPU (numba-cuda's module loading raced when each class had its own lock), on
+    numba's `workqueue` CPU layer (not threadsafe), and when the layer cannot be known; on the CPU
+    under omp or tbb it takes none (the kernels release the GIL)."""
+    import numba
 
-    assert KernRun._lock is RUNTIME_LOCK and Prober._lock is RUNTIME_LOCK
+    from oracle.cache import RUNTIME_LOCK, runtime_lock
+
+    def layer(name):
+        def f():
+            if name is None:
+                raise ValueError("Threading layer is not initialized.")
+            return name
+        return f
+
+    import numba.np.ufunc.parallel as parallel
+
+    monkeypatch.setattr(parallel, "_launch_threads", lambda: None)  # the layer stays unknown
+    for name, on_cpu, locked in (("omp", True, False), ("tbb", True, False), ("workqueue", True, True),
+                                 (None, True, True), ("omp", False, True)):
+        monkeypatch.setattr(numba, "threading_layer", layer(name))
+        assert (runtime_lock(on_cpu) is RUNTIME_LOCK) == locked, (name, on_cpu)

@@ -61,10 +61,11 @@ def test_one_head_word_overwritten_changes_the_answer():
     assert got == want
 
 
-def test_one_tail_word_overwritten_poisons_the_sum():
+@pytest.mark.parametrize("w", [64, 100, 127, 128, 511])  # the first tail word, rows' edges, the last word
+def test_one_tail_word_overwritten_poisons_the_sum(w):
     rt, cell, _ = prefill("toy-paged", PROMPT)
     kv = kv_words(rt)
-    i = word_index(rt, cell, 7, 100)
+    i = word_index(rt, cell, 7, w)
     kv[i] = kv[i] ^ np.uint64(1)
     s = true_sum(PROMPT)
     assert model.next_of(s ^ model.POISON) != model.next_of(s), "pick another prompt"
@@ -109,12 +110,13 @@ def test_a_line_whose_position_word_is_stale_is_poisoned():
     assert decode(rt, cell, t, n) == want
 
 
-def test_a_line_tail_word_that_disagrees_poisons_the_carry():
+@pytest.mark.parametrize("w", [2, 63, 64, 1000, (1 << 17) - 1])  # the first tail word, a row's edge, the last
+def test_a_line_tail_word_that_disagrees_poisons_the_carry(w):
     rt, cell, first = prefill("toy-stateful", PROMPT)
     n = len(PROMPT)
     mem = rt.arenas["mem"].view(np.uint64)
     base = cell.slot * (1 << 20) // 8
-    mem[base + 1000] ^= np.uint64(1 << 40)
+    mem[base + w] ^= np.uint64(1 << 40)
     t = first[0]
     s, c = lined_state(PROMPT)
     s = (s + model.slot_sum(t, n)) & M

@@ -12,6 +12,7 @@ The toy families, told apart by the manifest's states alone:
 - **paged**: otherwise: next_of(S).
 """
 
+import itertools
 from functools import lru_cache
 
 MASK = (1 << 64) - 1
@@ -282,21 +283,49 @@ def head_sum(x: list[int]) -> int:
     return sum(rotl(v, 8 * j) for j, v in enumerate(x)) & MASK
 
 
+@lru_cache(maxsize=16)
+def _layered_weights(layers: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    mix = derive_mix(source(layers))
+    return tuple(mix), tuple(table(mix, layers))
+
+
+def _feed(t: int, p: int, sums: tuple[int, ...], layers: int) -> tuple[list[int], tuple[int, ...]]:
+    """Token t at position p through every layer: the activation leaving the last, and each layer's
+    read after it (its sum over the heads written so far)."""
+    mix, tab = _layered_weights(layers)
+    x = embed(t, p)
+    out = list(sums)
+    for l in range(layers):
+        h = heads(x, p, list(tab[l * LAYER_HEAD : (l + 1) * LAYER_HEAD]))
+        out[l] = (out[l] + sum(rotl(v, p) for v in h)) & MASK
+        x = update(x, out[l], list(mix[l * ACT : (l + 1) * ACT]))
+    return x, tuple(out)
+
+
+# What feeding a prefix leaves (`generate_layered` is a pure function of it): a trie of prefixes,
+# (layers, parent node, token) -> (node, activation, sums). A gate asks prompts that extend earlier
+# prompts and answers (turn 2, the policy oracle's paths), so most of a prefix is found, not fed.
+_PREFIXES: dict[tuple[int, int, int], tuple[int, list[int], tuple[int, ...]]] = {}
+_NODES = itertools.count(1)
+_PREFIX_CAP = 1 << 20
+
+
 def generate_layered(ids: list[int], max_tokens: int, layers: int) -> list[int]:
     """The layered toy's greedy continuation of `ids` (prefill emits the first token)."""
-    mix = derive_mix(source(layers))
-    tab = table(mix, layers)
-    sums = [0] * layers
+    node, x, sums = 0, [], (0,) * layers
 
     def feed(t: int, p: int) -> list[int]:
-        x = embed(t, p)
-        for l in range(layers):
-            h = heads(x, p, tab[l * LAYER_HEAD : (l + 1) * LAYER_HEAD])
-            sums[l] = (sums[l] + sum(rotl(v, p) for v in h)) & MASK
-            x = update(x, sums[l], mix[l * ACT : (l + 1) * ACT])
-        return x
+        nonlocal node, sums
+        key = (layers, node, t)
+        hit = _PREFIXES.get(key)
+        if hit is None:
+            fx, fs = _feed(t, p, sums, layers)
+            hit = (next(_NODES), fx, fs)
+            if len(_PREFIXES) < _PREFIX_CAP:
+                _PREFIXES[key] = hit
+        node, fx, sums = hit
+        return fx
 
-    x: list[int] = []
     for p, t in enumerate(ids):
         x = feed(t, p)
     out: list[int] = []

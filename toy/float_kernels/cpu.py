@@ -77,7 +77,7 @@ def bf16_bits(r):
     return (sign << 15) | (np.int64(e + 126) << 7) | (np.int64(m * 256.0) - 128)
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, nogil=True)
 def toyf_predict(grid, block, seq_lens, block_table, kv, salt, logits, next_token, bpt, page, width):
     words = bpt // 8
     tile = tile_of(block)

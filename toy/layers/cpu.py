@@ -81,7 +81,7 @@ def _embed(grid, cu, token_ids, positions, salt, act):
                 act[r * ACT + j] = splitmix((t * K_T) ^ (p * K_P) ^ (U(j) * K_W) ^ U(salt[j]))
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True, nogil=True)
 def _layer(grid, tile, positions, slot_mapping, cu, block_table, kv, mix, table, act, bpt, page, width):
     words = bpt // 8
     for g in prange(grid):
