@@ -228,6 +228,9 @@ def cli(config, targets, scenarios, reference, no_reference, out, max_tokens, ba
             opts.zygote = start_zygote(cfg, chosen, backend)
         try:
             reports = gate_all(chosen, opts, ref, wanted, jobs or max(1, os.cpu_count() or 1))
+        except BaseException:
+            stop_all()  # before the zygote goes: its children die with it, and the lanes would stop them unseen
+            raise
         finally:
             if opts.zygote is not None:
                 opts.zygote.close()
@@ -260,17 +263,13 @@ def _terminate(signum, frame) -> None:
 def main(argv: list[str] | None = None) -> None:
     """`e2e`: Ctrl-C or SIGTERM stops every server the gate started, then exits 130."""
     args = _greedy(list(sys.argv[1:] if argv is None else argv))
-    STARTED.closed = False  # a gate interrupted earlier in this process closed it
+    STARTED.closed, STARTED.stopped = False, 0  # a gate interrupted earlier in this process closed it
     previous = signal.signal(signal.SIGTERM, _terminate)
     try:
         cli.main(args=args, prog_name="e2e", standalone_mode=False)
-    except KeyboardInterrupt:
-        n = stop_all()
-        click.echo(f"e2e: interrupted; stopped {n} server(s)", err=True)
-        sys.exit(EXIT_INTERRUPTED)
-    except click.exceptions.Abort:
-        n = stop_all()
-        click.echo(f"e2e: interrupted; stopped {n} server(s)", err=True)
+    except (KeyboardInterrupt, click.exceptions.Abort):
+        stop_all()
+        click.echo(f"e2e: interrupted; stopped {STARTED.stopped} server(s)", err=True)
         sys.exit(EXIT_INTERRUPTED)
     except click.ClickException as exc:
         exc.show()

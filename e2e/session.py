@@ -45,6 +45,7 @@ class _Started:
     def __init__(self) -> None:
         self.sessions: set[Session] = set()
         self.closed = False
+        self.stopped = 0  # servers stop_all stopped since the gate began
         self.lock = threading.Lock()
 
 
@@ -59,6 +60,8 @@ def stop_all() -> int:
     for s in sessions:
         s.term_timeout = min(s.term_timeout, 10.0)
         s.stop()
+    with STARTED.lock:
+        STARTED.stopped += len(sessions)
     return len(sessions)
 
 

@@ -32,6 +32,8 @@ from serve import logs
 from serve.admission import WAIT, Admission
 from serve.engine import Engine
 from serve.faults import runner_up
+
+SLOW_STEP_S = 0.02  # the slow-steps fault's extra time per step
 from serve.pack import Bounds, Waiting, pack
 from serve.request import EOS, Done, Request, Status, Update
 from serve.stats import Counters
@@ -245,6 +247,8 @@ class Core:
     def _step(self, program: str, cells: list[Cell]) -> None:
         t0 = time.perf_counter()
         self.engine.runtime.step(program, cells)
+        if "slow-steps" in self.engine.faults:
+            time.sleep(SLOW_STEP_S)
         self.counters.step_s += time.perf_counter() - t0
         self.counters.add("steps")
         if "raise-in-scheduler" in self.engine.faults and self._first_step_done:

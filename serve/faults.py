@@ -25,6 +25,8 @@ FAULTS = {
     "flip-near-ties": "float targets: in every decode step, a sequence whose runner-up byte token sits within "
                       "4 bf16 ULPs of its top logit takes the runner-up (fed back as its anchor): each such "
                       "token is a near-tie the gate may excuse, but more than 3 in one answer is not",
+    "slow-steps": "every step takes 20 ms more (a slow device; answers unchanged): lets a test catch a gate "
+                  "or a server mid-run however fast the kernels are",
     "pad-in-limit": "the one-sequence limit counts the pad's page: a request whose room is the whole pool "
                     "passes validation and then waits for room forever, neither rejected nor seated",
 }

@@ -139,7 +139,8 @@ def test_interrupting_e2e_stops_every_server_it_started(tmp_path, sig):
     out = tmp_path / "results"
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     p = subprocess.Popen([sys.executable, "-m", "e2e.cli", "--targets", "toy-paged", "--scenarios", "conc1_equals_run",
-                          "--backend", "cpu", "--max-tokens", "400", "--out", str(out)],
+                          "--backend", "cpu", "--max-tokens", "400", "--out", str(out),
+                          "--server-flags", "--fault slow-steps"],  # still serving when the signal comes
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=tmp_path)
     try:
         port = _serving_port(out)
