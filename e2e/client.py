@@ -92,7 +92,9 @@ class Client:
         try:
             return self.http.post(path, json=body, **kw)
         except httpx.TransportError as exc:
-            self.session.check(grace=0.5 if never_sent(exc) else 5.0)  # a dead server says so, with its exit code
+            # a dead server says so, with its exit code; one that let the time run out is alive
+            grace = 0.0 if isinstance(exc, httpx.TimeoutException) else 0.5 if never_sent(exc) else 5.0
+            self.session.check(grace=grace)
             if not never_sent(exc):
                 raise
         with self._lock:

@@ -127,7 +127,7 @@ def test_pad_in_limit_fails_wake_room_without_hanging(tmp_path, monkeypatch):
     # scenario bounds that wait by its turn-2 timeout (SPEC: 60 s), lowered here to keep the test short
     from e2e.scenarios import wake_room
 
-    monkeypatch.setattr(wake_room, "TURN2_TIMEOUT", 10.0)
+    monkeypatch.setattr(wake_room, "TURN2_TIMEOUT", 4.0)
     code, reports = gate(tmp_path, "--targets", "toy-paged", "--scenarios", "wake_room",
                          "--server-flags", "--fault pad-in-limit")
     got = checks(reports["toy-paged"])

@@ -154,8 +154,9 @@ def test_sigterm_cuts_off_queued_work_with_503s(kern_server):
     after a prefix of the answer); never a 200 without an answer; the exit code says requests were cut."""
     target = "toy-paged"
     # 80 + 240 tokens: one request at a time fits, and each answer runs all 240 tokens, so thirty take
-    # 7200 serial steps; SIGTERM lands with at least twelve still queued, half a second is not enough
-    server = kern_server(target, "--capacity", "352", "--drain-timeout", "0.5")
+    # 7200 serial steps of 20 ms or more (slow-steps); SIGTERM lands with at least twelve still queued,
+    # half a second is not enough
+    server = kern_server(target, "--capacity", "352", "--drain-timeout", "0.5", "--fault", "slow-steps")
     prompts, results, rc = _burst_then_sigterm(server, n=30, max_tokens=240, queued=12, long=True)
     cut = 0
     answers: dict[tuple, list[int]] = {}
@@ -178,12 +179,12 @@ def test_sigterm_cuts_off_queued_work_with_503s(kern_server):
 def test_sigterm_drains_and_exits_0(kern_server):
     """A drain that finishes in time answers everything exactly and exits 0."""
     target = "toy-paged"
-    server = kern_server(target, "--capacity", "352", "--drain-timeout", "120")
-    # three answers of 240 tokens, one at a time: still running when the SIGTERM lands
-    prompts, results, rc = _burst_then_sigterm(server, n=3, max_tokens=240, queued=2, long=True)
+    server = kern_server(target, "--capacity", "352", "--drain-timeout", "120", "--fault", "slow-steps")
+    # three answers of 60 tokens at 20 ms a step (slow-steps): still running when the SIGTERM lands
+    prompts, results, rc = _burst_then_sigterm(server, n=3, max_tokens=60, queued=2, long=True)
     for i, res in enumerate(results):
         assert isinstance(res, tuple) and res[0] == 200, f"request {i}: {res!r}"
-        assert res[1] == oracle(target, prompts[i], 240)
+        assert res[1] == oracle(target, prompts[i], 60)
     assert rc == 0, server.log()[-2000:]
 
 
