@@ -148,6 +148,7 @@ class KernRun:
         self.chunk = chunk
         self._manifest: Any = None
         self._on_cpu = backend == "cpu"
+        self._warm = False  # a run has loaded this manifest's kernels
 
     def run(self, ids: list[int], steps: int, rows: int) -> list[int]:
         ids = [int(t) for t in ids]
@@ -160,10 +161,14 @@ class KernRun:
 
         if self._manifest is None:
             self._manifest = load(self.manifest_path)
-        with runtime_lock(self._on_cpu):
+        # a GPU's first run loads this manifest's kernels (numba-cuda's loading takes turns); later
+        # ones launch loaded kernels and go at once
+        lock = contextlib.nullcontext() if self._warm and not self._on_cpu else runtime_lock(self._on_cpu)
+        with lock:
             rt, cell = single(self._manifest, self.weights, len(ids), steps, rows, self.backend)
             self._on_cpu = getattr(rt.backend, "name", None) == "cpu"  # `auto` is known once resolved
             out = [int(t) for t in generate(rt, cell, ids, steps, rows, self.chunk).ids]
+        self._warm = True
         if self.cache is not None:
             self.cache.put(ids, steps, rows, out)
         return out

@@ -92,6 +92,35 @@ class _Zygotes:
 ZYGOTES = _Zygotes()
 
 
+class _Lent:
+    """The worker's zygote lent to an in-process gate (`e2e.cli.main`): the gate's close leaves it."""
+
+    def __init__(self, zygote) -> None:
+        self.zygote = zygote
+        self.warm_s = zygote.warm_s
+
+    def spawn(self, *args, **kw):
+        return self.zygote.spawn(*args, **kw)
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.fixture(autouse=True)
+def _gates_borrow_the_workers_zygote(monkeypatch):
+    """A gate run in this process forks its servers from the worker's zygote instead of warming its
+    own (about 1.5 s a gate); `KERN_TEST_FRESH_SERVERS=1` leaves every gate its own."""
+    import e2e.cli
+
+    own = e2e.cli.start_zygote
+
+    def lend(cfg, chosen, backend):
+        z = ZYGOTES.get("cpu") if backend in ("cpu", "auto") else None
+        return _Lent(z) if z is not None else own(cfg, chosen, backend)
+
+    monkeypatch.setattr(e2e.cli, "start_zygote", lend)
+
+
 def start_server(target: str, *flags: str, log_path: Path, backend: str = BACKEND, timeout: float = 120.0) -> ServerProcess:
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     # debug: tests read the debug lines (` admitted `, ` finished `); a test's own --log-level comes later and wins
