@@ -73,12 +73,20 @@ def _target(ctx, what: str, weights: tuple[str, ...]):
 @click.option("--probe-steps", type=click.IntRange(min=1), default=None,
               help="With --probe-dir: stop after this many decode steps (default: every step of the run).")
 @click.option("--probe-labels", default="", help="Accepted for the Rust kern's sake: only logits and tokens are dumped.")
+@click.option("--prompts-file", type=click.Path(dir_okay=False, exists=True), default=None,
+              help="Run each prompt of this file (one JSON list of token ids a line), each its own sequence "
+                   "through one process's runtime; with --json, one object a line, in the file's order.")
 @click.pass_context
 def run(ctx, target, stages_dir, prompt, prompt_ids, steps, rows, chunk, backend, capacity, weights, device, as_json,
-        probe_dir, probe_steps, probe_labels) -> None:
+        probe_dir, probe_steps, probe_labels, prompts_file) -> None:
     """Generate greedily for one sequence through the runtime, no server (TARGET, or --stages DIR)."""
     if target is None and stages_dir is None:
         fail("give a TARGET (a target name or a manifest path), or --stages DIR")
+    if prompts_file is not None:
+        if stages_dir is not None or probe_dir is not None or prompt is not None or prompt_ids is not None:
+            fail("--prompts-file runs a TARGET's prompts: not with --stages, --probe-dir, --prompt or --prompt-ids")
+        _run_file(ctx, target, prompts_file, steps, rows, chunk, backend, capacity, weights, as_json)
+        return
     if prompt is not None and prompt_ids is not None:
         fail("give --prompt or --prompt-ids, not both")
     if steps < 1:
@@ -122,6 +130,37 @@ def run(ctx, target, stages_dir, prompt, prompt_ids, steps, rows, chunk, backend
         return
     click.echo(bytes(t for t in ids if t < 256).decode("utf-8", "replace") + text)
     click.echo(f"generated ids: {g.ids}", err=True)
+
+
+def _run_file(ctx, target, path, steps, rows, chunk, backend, capacity, weights, as_json) -> None:
+    """`kern run --prompts-file`: each line's ids through its own sequence, answers in order."""
+    if steps < 1:
+        fail(f"--steps must be >= 1, got {steps}")
+    prompts = []
+    for n, line in enumerate(Path(path).read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            ids = json.loads(line)
+        except ValueError as exc:
+            fail(f"{path}:{n}: not JSON ({exc})")
+        if not isinstance(ids, list) or not ids or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+            fail(f"{path}:{n}: want a non-empty JSON list of token ids, got {line[:80]!r}")
+        prompts.append(ids)
+    try:
+        from runtime.protocol import Protocol
+
+        t, m = _target(ctx, target, weights)
+        rows = rows or Protocol(m).widest
+        for ids in prompts:
+            rt, cell = single(m, list(t.weights), len(ids), steps, rows, backend, capacity)
+            g = generate(rt, cell, ids, steps, rows, chunk)
+            if as_json:
+                click.echo(json.dumps({"target": t.name, "prompt_ids": ids, "ids": g.ids, "rows": rows}))
+            else:
+                click.echo(f"{ids} -> {g.ids}")
+    except USER_ERRORS as exc:
+        fail(str(exc))
 
 
 @main.command("test")

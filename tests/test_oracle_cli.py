@@ -121,3 +121,27 @@ def test_every_command_has_help():
     for cmd in ([], ["run"], ["test"], ["gen"]):
         r = kern(*cmd, "--help")
         assert r.returncode == 0 and "Usage:" in r.stdout
+
+
+def test_kern_run_prompts_file_answers_each_line_as_the_model(tmp_path):
+    """Each line of --prompts-file is its own sequence: one JSON answer a line, in order, each the
+    model's (a speculative target, so every line runs rounds through one process's runtime)."""
+    prompts = [[1, 2, 3], list(b"Hello there"), [7] * 40]
+    f = tmp_path / "prompts.jsonl"
+    f.write_text("".join(json.dumps(p) + "\n" for p in prompts) + "\n")
+    r = kern("run", "toy-stateful-spec", "--prompts-file", str(f), "--steps", "16", "--json")
+    assert r.returncode == 0, r.stderr
+    outs = [json.loads(line) for line in r.stdout.splitlines()]
+    raw = target("toy-stateful-spec")[0].raw
+    assert [o["prompt_ids"] for o in outs] == prompts
+    assert [o["ids"] for o in outs] == [model.generate(p, 16, raw) for p in prompts]
+
+
+@pytest.mark.parametrize("line, says", [('[1, "a"]', "list of token ids"), ("[]", "list of token ids"),
+                                        ("{", "not JSON"), ("[1, 999]", "0..256")])
+def test_kern_run_prompts_file_refuses_a_bad_line_by_its_number(tmp_path, line, says):
+    f = tmp_path / "prompts.jsonl"
+    f.write_text("[1, 2]\n" + line + "\n")
+    r = kern("run", "toy-paged", "--prompts-file", str(f))
+    assert r.returncode == 2 and says in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert ":2:" in r.stderr or says == "0..256", r.stderr
