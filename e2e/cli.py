@@ -147,14 +147,16 @@ def start_zygote(cfg: Path, chosen: list[GateTarget], backend: str):
     cannot start. On the CPU it runs each target's kernels once first; elsewhere it only imports."""
     from e2e.zygote import Zygote, ZygoteGone
 
-    warm = [t.name for t in chosen if not t.skipped and t.config in (None, cfg)] if backend == "cpu" else []
+    on_cpu = backend == "cpu" or (backend == "auto" and no_gpu() is not None)  # `auto` without a GPU is the CPU
+    warm = [t.name for t in chosen if not t.skipped and t.config in (None, cfg)] if on_cpu else []
     t0 = time.monotonic()
     try:
-        z = Zygote(project_env(), cfg, warm)
+        z = Zygote(project_env(), cfg, warm, gpu_imports=not on_cpu)
     except (ZygoteGone, OSError) as exc:
         click.echo(f"e2e: no zygote ({exc}); each server starts as a fresh process", err=True)
         return None
-    click.echo(f"zygote: warm in {time.monotonic() - t0:.1f}s ({len(warm)} target(s)' kernels run once)")
+    gpu = f"; GPU imports: {z.gpu_imports}" if z.gpu_imports else ""
+    click.echo(f"zygote: warm in {time.monotonic() - t0:.1f}s ({len(warm)} target(s)' kernels run once{gpu})")
     return z
 
 

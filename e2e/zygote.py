@@ -67,18 +67,21 @@ class Zygote:
     """One `python -m oracle.zygote` process; `spawn` is thread-safe (targets gated at once share it)."""
 
     def __init__(self, env: dict[str, str], config: Path | None = None, warm: list[str] | tuple[str, ...] = (),
-                 ready_timeout: float = 600.0):
+                 ready_timeout: float = 600.0, gpu_imports: bool = False):
         cmd = [sys.executable, "-m", "oracle.zygote"]
         if config is not None:
             cmd += ["--config", str(config)]
         if warm:
             cmd += ["--warm", *warm]
+        if gpu_imports:
+            cmd += ["--gpu-imports"]
         self.cond = threading.Condition()
         self.exits: dict[int, int] = {}
         self.usage: dict[int, dict] = {}  # per ended child: its own CPU seconds (user, sys) and peak memory
         self.replies: list[dict] = []
         self.gone = False
         self.warm_s: float | None = None
+        self.gpu_imports: str | None = None  # what the zygote imported of the GPU backend (with gpu_imports)
         self.lock = threading.Lock()  # one spawn at a time: replies come back in order
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None, env=env,
                                      start_new_session=True)
@@ -103,6 +106,7 @@ class Zygote:
                     self.exits[int(msg["exit"])] = int(msg["code"])
                     self.usage[int(msg["exit"])] = {k: msg[k] for k in ("cpu_s", "maxrss_kib") if k in msg}
                 elif "ready" in msg:
+                    self.gpu_imports = msg.get("gpu_imports")
                     self.warm_s = float(msg.get("warm_s", 0.0))
                 else:
                     self.replies.append(msg)

@@ -69,6 +69,30 @@ def warm(config: str | None, targets: list[str]) -> None:
                     os.close(fd)
 
 
+GPU_MODULES = ("toy.kernels.cuda", "toy.float_kernels.cuda", "toy.layers.cuda")
+
+
+def gpu_imports() -> str:
+    """Import the GPU backend (cupy, numba.cuda) and the CUDA kernel modules without touching a
+    device, so a GPU child pays only its own CUDA context; what was imported, or why not. A driver
+    that this left initialised would make every forked child's CUDA fail: that is an error."""
+    try:
+        import runtime.gpu
+
+        runtime.gpu.numba_cuda()
+        import importlib
+
+        for name in GPU_MODULES:
+            importlib.import_module(name)
+    except Exception as exc:  # no cupy or no CUDA toolkit here: the children import what they can
+        return f"none ({type(exc).__name__}: {exc})"
+    from numba.cuda.cudadrv.driver import driver
+
+    if getattr(driver, "is_initialized", False):
+        raise SystemExit("oracle.zygote: importing the GPU modules initialised CUDA; a forked child could not use it")
+    return "cupy, numba.cuda, " + ", ".join(GPU_MODULES)
+
+
 def child(argv: list[str], log: str, env: dict[str, str], inherited: tuple[int, ...] = ()) -> None:
     """In the forked child: become the command's process, run it, exit with its code. `inherited`:
     the zygote's own descriptors (its signal pipe), closed here."""
@@ -189,10 +213,15 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m oracle.zygote", description=__doc__.split("\n\n")[0])
     ap.add_argument("--config", default=None, help="the config the --warm targets are named in")
     ap.add_argument("--warm", nargs="*", default=[], help="targets whose CPU kernels are run once before serving")
+    ap.add_argument("--gpu-imports", action="store_true",
+                    help="also import the GPU backend and the CUDA kernel modules (no device is touched)")
     args = ap.parse_args(argv)
     t0 = time.monotonic()
     warm(args.config, args.warm)
-    _say({"ready": True, "warm_s": round(time.monotonic() - t0, 2)})
+    ready = {"ready": True}
+    if args.gpu_imports:
+        ready["gpu_imports"] = gpu_imports()
+    _say({**ready, "warm_s": round(time.monotonic() - t0, 2)})
     serve_requests()
 
 

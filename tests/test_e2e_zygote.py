@@ -73,3 +73,17 @@ def test_closing_the_zygote_kills_what_it_still_runs(tmp_path):
         time.sleep(0.05)
     assert _gone(pid), f"server {pid} outlived its zygote"
     assert s.proc.poll() == -signal.SIGKILL
+
+
+def test_gpu_imports_say_what_they_did_and_children_still_run(tmp_path):
+    """`--gpu-imports` (a GPU gate's zygote) imports the GPU backend and its kernel modules, or says
+    why not (no cupy here), and never leaves CUDA initialised: a forked child still runs and exits 0.
+    Its answer and CPU usage come back with the exit."""
+    z = Zygote(project_env(), PACKAGED, [], gpu_imports=True)
+    try:
+        assert z.gpu_imports and (z.gpu_imports.startswith("none (") or "numba.cuda" in z.gpu_imports)
+        c = z.spawn(["--config", str(PACKAGED), "run", "toy-paged", "--steps", "3", "--backend", "cpu"], tmp_path / "run.log")
+        assert c.wait(60) == 0, (tmp_path / "run.log").read_text()
+        assert len(c.usage["cpu_s"]) == 2 and c.usage["maxrss_kib"] > 0
+    finally:
+        z.close()
