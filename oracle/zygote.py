@@ -17,7 +17,8 @@ here (CUDA forbids a fork after it is initialised): a `--backend gpu` child init
 Protocol (JSON lines; stdin in, stdout out): first ``{"ready": true, "warm_s": S}``; then for each
 request ``{"argv": [...], "log": PATH, "env": {...}}`` the reply ``{"pid": N}`` (or ``{"error": why}``),
 and whenever a child ends ``{"exit": N, "code": C, "cpu_s": [USER, SYS], "maxrss_kib": K}`` (C < 0:
-killed by signal -C, as `subprocess` says it; the CPU seconds and peak memory are the child's own). When stdin closes every child still running is killed and this process exits.
+killed by signal -C, as `subprocess` says it; the CPU seconds and peak memory are the child's own).
+When stdin closes every child still running is killed and this process exits.
 """
 
 from __future__ import annotations

@@ -32,11 +32,11 @@ from serve import logs
 from serve.admission import WAIT, Admission
 from serve.engine import Engine
 from serve.faults import runner_up
-
-SLOW_STEP_S = 0.02  # the slow-steps fault's extra time per step
 from serve.pack import Bounds, Waiting, pack
 from serve.request import EOS, Done, Request, Status, Update
 from serve.stats import Counters
+
+SLOW_STEP_S = 0.02  # the slow-steps fault's extra time per step
 
 __all__ = ["Core", "Flight", "Plan", "Work", "snapshot_holdings"]
 

@@ -296,9 +296,9 @@ def _feed(t: int, p: int, sums: tuple[int, ...], layers: int) -> tuple[list[int]
     x = embed(t, p)
     out = list(sums)
     for l in range(layers):
-        h = heads(x, p, list(tab[l * LAYER_HEAD : (l + 1) * LAYER_HEAD]))
+        h = heads(x, p, tab[l * LAYER_HEAD : (l + 1) * LAYER_HEAD])
         out[l] = (out[l] + sum(rotl(v, p) for v in h)) & MASK
-        x = update(x, out[l], list(mix[l * ACT : (l + 1) * ACT]))
+        x = update(x, out[l], mix[l * ACT : (l + 1) * ACT])
     return x, tuple(out)
 
 

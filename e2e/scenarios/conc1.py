@@ -6,9 +6,10 @@ run_equals_reference: with `--reference`, `kern run` on the same ids must equal 
 from __future__ import annotations
 
 import json
-import subprocess
 
 from e2e.prompts import PROMPTS
+from e2e.scenarios.kern_test import forked
+from e2e.session import own_kern
 from verdicts import Same, oracle_gate
 
 
@@ -33,12 +34,12 @@ def run_equals_reference(r) -> None:
         r.checks.add("run_equals_reference", None, "no kern run oracle")
         return
     rows = r.rows
-    forked = _forked_runs(r, [list(p.encode()) for p in PROMPTS], rows)
+    how = _forked_runs(r, [list(p.encode()) for p in PROMPTS], rows)
     same = Same(r.oracle, rows)
     for i, p in enumerate(PROMPTS):
         ids = list(p.encode())
         same.add(f"prompt {i + 1}", ids, r.runner.run(ids, r.m, rows), r.oracle.run(ids, r.m, rows))
-    r.checks.add("run_equals_reference", same.ok, f"{same} (kern run vs reference, rows {rows}{forked})", same.excused)
+    r.checks.add("run_equals_reference", same.ok, f"{same} (kern run vs reference, rows {rows}{how})", same.excused)
 
 
 def _forked_runs(r, prompts: list[list[int]], rows: int) -> str:
@@ -52,25 +53,18 @@ def _forked_runs(r, prompts: list[list[int]], rows: int) -> str:
     todo = [ids for ids in prompts if cache.get(ids, r.m, rows) is None]
     if not todo:
         return "; cached"
-    from e2e.zygote import ZygoteGone
-
     r.dir.mkdir(parents=True, exist_ok=True)
-    file, log = r.dir / "kern-run.jsonl", r.dir / "kern-run.log"
+    file = r.dir / "kern-run.jsonl"
     file.write_text("".join(json.dumps(ids) + "\n" for ids in todo))
-    argv = ["run", str(runner.manifest_path), *[a for w in runner.weights for a in ("--weights", w)],
-            "--prompts-file", str(file), "--steps", str(r.m), "--rows", str(rows), "--backend", runner.backend, "--json"]
-    log.write_text("")
-    try:
-        child = z.spawn(argv, log)
-        code = child.wait(r.opts.kern_test_timeout)
-    except (ZygoteGone, subprocess.TimeoutExpired) as exc:
-        return f"; forked run failed ({exc}), run here"
+    cmd = [*own_kern(), "run", str(runner.manifest_path), *[a for w in runner.weights for a in ("--weights", w)],
+           "--prompts-file", str(file), "--steps", str(r.m), "--rows", str(rows), "--backend", runner.backend, "--json"]
+    out, code = forked(z, cmd, r.dir / "kern-run.log", r.opts.kern_test_timeout)
     got = 0
-    for line in log.read_text().splitlines():
+    for line in out.splitlines():
         try:
-            out = json.loads(line)
-            cache.put(out["prompt_ids"], r.m, rows, out["ids"])
+            answer = json.loads(line)
+            cache.put(answer["prompt_ids"], r.m, rows, answer["ids"])
             got += 1
         except (ValueError, KeyError, TypeError):
-            continue  # the log's other lines (warnings)
+            continue  # the log's other lines (warnings, a zygote's refusal)
     return f"; forked `kern run --prompts-file`: {got}/{len(todo)} answered, exit {code}"

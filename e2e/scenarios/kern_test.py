@@ -15,7 +15,7 @@ def run(r) -> None:
     r.dir.mkdir(parents=True, exist_ok=True)
     log = r.dir / "kern-test.log"
     if r.opts.zygote is not None:
-        out, code = _forked(r.opts.zygote, cmd, log, r.opts.kern_test_timeout)
+        out, code = forked(r.opts.zygote, cmd, log, r.opts.kern_test_timeout)
     else:
         try:
             p = subprocess.run(cmd, capture_output=True, text=True, env=project_env(), timeout=r.opts.kern_test_timeout)
@@ -28,8 +28,9 @@ def run(r) -> None:
     r.checks.add("kern_test", code == 0, f"{verdict}; {last[:160]}")
 
 
-def _forked(zygote, cmd: list[str], log, timeout: float) -> tuple[str, int | None]:
-    """`kern test` forked from the gate's zygote (`e2e/zygote.py`), its output in `log`; (output, code)."""
+def forked(zygote, cmd: list[str], log, timeout: float) -> tuple[str, int | None]:
+    """A `kern` command forked from the gate's zygote (`e2e/zygote.py`), its output in `log`;
+    (output, code), code None when it ran past `timeout` (then killed)."""
     from e2e.zygote import ZygoteGone
 
     header = "$ " + " ".join(cmd) + " (forked by the gate's zygote)\n"

@@ -118,7 +118,7 @@ def line_tails_differ(a, words, c):
 
 
 @njit(cache=True, inline="always")
-def fill_slot(kv, base, words, t, p, salt, tile):
+def fill_slot(kv, base, words, t, p, salt):
     """Write slot (t, p) at `base`; return the sum of its heads rotated by p."""
     s = U(0)
     for w in range(HEAD):
@@ -131,7 +131,7 @@ def fill_slot(kv, base, words, t, p, salt, tile):
 
 @njit(cache=True, inline="always")
 def read_slot(kv, base, words, q, tile):
-    """Sum the slot's heads rotated by q, tile by tile; count tails that disagree with their head."""
+    """Sum the slot's heads rotated by q, tile by tile; and 1 if a tail disagrees with its head, else 0."""
     s = U(0)
     for t0 in range(0, HEAD, tile):
         part = U(0)
@@ -157,7 +157,7 @@ def seq_sum(kv, block_table, g, n, words, page, width, tile):
 
 
 @njit(cache=True, inline="always")
-def line_read(mem, base, words, tile):
+def line_read(mem, base, words):
     """A line's carry, or carry ^ POISON if a tail word disagrees."""
     c = mem[base]
     if line_tails_differ(mem[base:base + words], words, c) != U(0):
@@ -176,7 +176,7 @@ def carry_at(mem, base, c, p0):
 
 
 @njit(cache=True, inline="always")
-def line_write(mem, base, words, c, pos, tile):
+def line_write(mem, base, words, c, pos):
     mem[base] = c
     mem[base + 1] = U(pos)
     line_tails(mem[base:base + words], words, c)
@@ -186,7 +186,7 @@ def line_write(mem, base, words, c, pos, tile):
 def toy_write(grid, tile, token_ids, positions, slot_mapping, kv, salt, bpt):
     words = bpt // 8
     for r in prange(grid):
-        fill_slot(kv, slot_mapping[r] * words, words, token_ids[r], positions[r], salt, tile)
+        fill_slot(kv, slot_mapping[r] * words, words, token_ids[r], positions[r], salt)
 
 
 @njit(cache=True, parallel=True, nogil=True)
@@ -207,7 +207,7 @@ def toy_predict_mem(grid, tile, seq_lens, block_table, kv, line_index, mem, salt
         line = np.int64(line_index[g])
         c = U(0)
         if line > 0:
-            c = line_read(mem, line * lwords, lwords, tile)
+            c = line_read(mem, line * lwords, lwords)
         next_token[g] = next_of(s + c)
 
 
@@ -221,10 +221,10 @@ def toy_fold(grid, tile, token_ids, positions, line_index, mem, salt, rows, line
         base = line * lwords
         r0 = g * rows
         p0 = positions[r0]
-        c = carry_at(mem, base, line_read(mem, base, lwords, tile), p0)
+        c = carry_at(mem, base, line_read(mem, base, lwords), p0)
         for i in range(rows):
             c = fold(c, token_ids[r0 + i], positions[r0 + i], salt)
-        line_write(mem, base, lwords, c, p0 + rows, tile)
+        line_write(mem, base, lwords, c, p0 + rows)
 
 
 @njit(cache=True, inline="always")
@@ -238,13 +238,13 @@ def _round(g, tile, token_ids, positions, slot_mapping, block_table, kv, line_in
     c = U(0)
     if line > 0:
         base = line * lwords
-        c = carry_at(mem, base, line_read(mem, base, lwords, tile), p0)
+        c = carry_at(mem, base, line_read(mem, base, lwords), p0)
     t = token_ids[r0]
     taken = 1
     keep = c
     for i in range(rows):
         p = p0 + i
-        s += fill_slot(kv, slot_mapping[r0 + i] * words, words, t, p, salt, tile)
+        s += fill_slot(kv, slot_mapping[r0 + i] * words, words, t, p, salt)
         if line > 0:
             c = fold(c, t, p, salt)
         n = next_of(s + c)
@@ -256,7 +256,7 @@ def _round(g, tile, token_ids, positions, slot_mapping, block_table, kv, line_in
         t = n
     count[g] = taken
     if line > 0:
-        line_write(mem, line * lwords, lwords, keep, p0 + taken, tile)
+        line_write(mem, line * lwords, lwords, keep, p0 + taken)
 
 
 @njit(cache=True, parallel=True, nogil=True)
