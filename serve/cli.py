@@ -147,6 +147,9 @@ def serve_command(ctx, target, port, host, capacity, host_gib, max_seqs, chunk, 
     from serve import logs
     from serve.engine import EngineError, Options, build
     from serve.faults import Faults
+    from serve.startup import Phases
+
+    phases = Phases()  # the ready line's start_s and its split
 
     from serve.guard import fit_descriptors
 
@@ -196,7 +199,7 @@ def serve_command(ctx, target, port, host, capacity, host_gib, max_seqs, chunk, 
 
         plan = pipeline_paths(target, stages, at, config, list(weights) or None, bool(pp_listen))
         if plan is None:
-            engine = build(target, opts)
+            engine = build(target, opts, phases)
         else:
             from serve.pipeline.head import PipelineOptions, build_head
 
@@ -208,15 +211,16 @@ def serve_command(ctx, target, port, host, capacity, host_gib, max_seqs, chunk, 
         fail(exc)
     if served_model_name:
         engine.model = served_model_name
-    code = run(engine, host, port, api_key, stats_every, limits, protect_stats, sock, sampling=sampling)
+    code = run(engine, host, port, api_key, stats_every, limits, protect_stats, sock, sampling=sampling, phases=phases)
     if head is not None:
         head.stop()
     sys.exit(code)
 
 
 def run(engine, host: str, port: int, api_key: str | None, stats_every: float = 5.0, limits: Limits = _D,
-        protect_stats: bool = False, sock=None, sampling: str = "refuse") -> int:
-    """Serve until a signal; the exit code. `sock`: the listening socket (`bind`), else bound here."""
+        protect_stats: bool = False, sock=None, sampling: str = "refuse", phases=None) -> int:
+    """Serve until a signal; the exit code. `sock`: the listening socket (`bind`), else bound here.
+    `phases` (`serve.startup.Phases`): the start so far, whose split the ready line gives."""
     import logging
 
     import uvicorn
@@ -224,6 +228,10 @@ def run(engine, host: str, port: int, api_key: str | None, stats_every: float = 
     from serve import guard, logs
     from serve.app import make_app
     from serve.scheduler import Scheduler
+    from serve.startup import Phases
+
+    phases = phases or Phases()
+    phases.mark("imports")
 
     scheduler = Scheduler(engine, stats_every)
     f = engine.facts()
@@ -236,7 +244,8 @@ def run(engine, host: str, port: int, api_key: str | None, stats_every: float = 
                  host_gib_per_rank=host_gib, model=engine.model, backend=engine.backend, faults=",".join(sorted(engine.faults.names)) or "none")
     scheduler.start()
     scheduler.ready.wait()
-    logs.event("scheduler ready", **ready)
+    phases.mark("scheduler")
+    logs.event("scheduler ready", **ready, **phases.as_fields())
 
     limit_log = logs.Limiter()
 
@@ -251,7 +260,9 @@ def run(engine, host: str, port: int, api_key: str | None, stats_every: float = 
             await super().startup(sockets)
             if self.started:
                 bound = [s.getsockname()[1] for srv in self.servers for s in srv.sockets]
-                logs.event("serving", model=engine.model, host=host, port=bound[0] if bound else port)
+                phases.mark("http")
+                logs.event("serving", model=engine.model, host=host, port=bound[0] if bound else port,
+                           start_s=phases.as_fields()["start_s"])
                 self.flusher = loop.create_task(_flush_every(limit_log))
 
         async def shutdown(self, sockets=None) -> None:

@@ -12,6 +12,7 @@ from manifests.config import resolve
 from pool import Geometry, Host, Lease, Pool, Prefix, chunk_size, chunks_for
 from runtime.runtime import Runtime
 from serve.faults import Faults
+from serve.startup import Phases
 
 __all__ = ["Engine", "EngineError", "Options", "build", "size"]
 
@@ -121,8 +122,10 @@ def size(geometry: Geometry, capacity: int, first_slots: int, host_bytes: int) -
     return pool, host
 
 
-def build(what: str, opts: Options) -> Engine:
-    """Resolve the target, size the pool, load the runtime, lease the pad."""
+def build(what: str, opts: Options, phases: Phases | None = None) -> Engine:
+    """Resolve the target, size the pool, load the runtime, lease the pad; each timed in `phases`
+    (``manifest``, ``device``, ``pool``, ``runtime``) when given."""
+    mark = phases.mark if phases is not None else (lambda _name: None)
     if opts.device is not None and opts.backend != "cpu":
         os.environ.setdefault("CUDA_VISIBLE_DEVICES", str(opts.device).split(",")[0])
     target = resolve(what, opts.config, list(opts.weights) or None)
@@ -131,7 +134,9 @@ def build(what: str, opts: Options) -> Engine:
     from runtime.protocol import Protocol
 
     proto = Protocol(m)
+    mark("manifest")
     backend = make_backend(opts.backend)
+    mark("device")
     unit, reach, lined = derive.page_unit(m), derive.reach(m), derive.is_lined(m)
     rows = opts.rows if opts.rows is not None else proto.widest
     proto.check_rows(rows, unit)
@@ -157,8 +162,10 @@ def build(what: str, opts: Options) -> Engine:
         raise EngineError(f"--capacity {capacity} tokens is under two pages of {unit} (the pad takes one)")
     pool, host = size(geometry, capacity, first_slots, int(opts.host_gib * GIB))
     host_bytes = host.units * host.grain if host is not None else 0
+    mark("pool")
     rt = Runtime(m, list(target.weights), pages=max(pool.pages_max, 1), slots=pool.slots_max, backend=backend,
                  max_seqs=max_seqs, host_bytes=host_bytes, graphs=opts.graphs)
+    mark("runtime")
     pad = pool.lease_pad()
     if not isinstance(pad, Lease):
         raise EngineError(f"the pool cannot lease the pad ({pad!r}); raise --capacity")

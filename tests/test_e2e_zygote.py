@@ -49,7 +49,13 @@ def test_a_forked_server_serves_and_drains_on_sigterm(zygote, tmp_path):
     ignores SIGPIPE as a fresh Python does (else a client's hang-up mid-answer kills it: exit -13)."""
     cmd = server_command(None, PACKAGED, "toy-paged", 0, ["--backend", "cpu", "--capacity", "1024"])
     s = Session("z", cmd, 0, tmp_path / "server.log", zygote=zygote)
-    s.start()
+    facts = s.start()
+    # the ready line's start split counts from the fork: within the gate's own wait for it, and the parts
+    # (imports, manifest, device, pool, runtime, scheduler) add up to it
+    parts = {k: float(v) for k, v in facts.items() if k.endswith("_s") and k not in ("start_s", "load_s")}
+    assert {"imports_s", "device_s", "runtime_s", "scheduler_s"} <= parts.keys(), facts
+    assert 0 < float(facts["start_s"]) <= facts["load_s"] + 0.1, facts
+    assert abs(sum(parts.values()) - float(facts["start_s"])) < 0.01 * len(parts), facts
     status = Path(f"/proc/{s.proc.pid}/status")
     if status.exists():
         ignored = int(next(ln for ln in status.read_text().splitlines() if ln.startswith("SigIgn:")).split()[1], 16)

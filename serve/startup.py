@@ -1,0 +1,48 @@
+"""Where a server's start went, by phase, for its ready line (`start_s`, `imports_s`, `device_s`, ...).
+
+`Phases.mark(name)` ends the phase `name` at now; `as_fields()` gives ``NAME_s`` per phase and
+``start_s``, the seconds from the process's start (its fork, for a server the gate's zygote forked)
+to the last mark. The process's start is read from Linux's /proc; elsewhere the clock starts when
+`Phases` is made, and the first phase (the imports) is not counted.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+__all__ = ["Phases", "process_age"]
+
+
+def process_age() -> float | None:
+    """Seconds since this process started (was forked or exec'd), or None where /proc cannot say."""
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            stat = f.read()
+        # the fields after the command's closing parenthesis; starttime is field 22 (the 20th of those)
+        started = int(stat[stat.rindex(b")") + 2:].split()[19]) / os.sysconf("SC_CLK_TCK")
+        return max(time.clock_gettime(time.CLOCK_BOOTTIME) - started, 0.0)
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
+
+
+class Phases:
+    """Named spans, each from the previous mark (the process's start, for the first) to its own."""
+
+    def __init__(self, first: str = "imports"):
+        now = time.monotonic()
+        age = process_age()
+        self.origin = now - age if age is not None else now
+        self.last = self.origin
+        self.spans: dict[str, float] = {}
+        self.mark(first, now)
+
+    def mark(self, name: str, now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        self.spans[name] = self.spans.get(name, 0.0) + max(now - self.last, 0.0)
+        self.last = now
+
+    def as_fields(self) -> dict[str, float]:
+        fields = {f"{k}_s": round(v, 3) for k, v in self.spans.items()}
+        fields["start_s"] = round(self.last - self.origin, 3)
+        return fields
