@@ -93,3 +93,54 @@ def test_gpu_imports_say_what_they_did_and_children_still_run(tmp_path):
         assert len(c.usage["cpu_s"]) == 2 and c.usage["maxrss_kib"] > 0
     finally:
         z.close()
+
+
+
+def _age(pid: int) -> float:
+    stat = Path(f"/proc/{pid}/stat").read_bytes()
+    started = int(stat[stat.rindex(b")") + 2:].split()[19]) / os.sysconf("SC_CLK_TCK")
+    return time.clock_gettime(time.CLOCK_BOOTTIME) - started
+
+
+def _children(ppid: int) -> set[int]:
+    out = set()
+    for d in Path("/proc").iterdir():
+        try:
+            if d.name.isdigit() and int((d / "stat").read_bytes().rsplit(b")", 1)[1].split()[1]) == ppid:
+                out.add(int(d.name))
+        except (OSError, ValueError, IndexError):
+            pass
+    return out
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads process start times from /proc")
+def test_spares_run_requests_as_fresh_children_do_and_none_outlives_close(tmp_path):
+    """`--spares 4`: requests are run by children forked before they were asked for (a spare's age
+    exceeds the time since its spawn), with their exit codes, logs and usage as a fresh child's; one
+    naming --device gets a fresh child (younger than that); the spare left unused is killed at close."""
+    z = Zygote(project_env(), PACKAGED, [], spares=4)
+    try:
+        time.sleep(0.6)
+        run = ["--config", str(PACKAGED), "run", "toy-paged", "--steps", "2", "--backend", "cpu"]
+        kids = []
+        for i, extra in enumerate([[], [], ["--device", "0"], []]):
+            t = time.monotonic()
+            c = z.spawn(run + extra, tmp_path / f"k{i}.log")
+            kids.append((c, _age(c.pid), time.monotonic() - t))
+        unused = _children(z.proc.pid) - {c.pid for c, _, _ in kids}
+        assert len(unused) == 1, unused
+        for i, (c, a, spawn_s) in enumerate(kids):
+            if i == 2:
+                assert a < 0.5, (i, a)
+                continue
+            assert a > spawn_s + 0.5, (i, a, spawn_s)
+            assert c.wait(60) == 0, (tmp_path / f"k{i}.log").read_text()
+            assert "generated ids" in (tmp_path / f"k{i}.log").read_text()
+            assert len(c.usage["cpu_s"]) == 2
+        kids[2][0].wait(60)
+    finally:
+        z.close()
+    deadline = time.monotonic() + 10
+    while not all(_gone(p) for p in unused) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert all(_gone(p) for p in unused), f"an unused spare {unused} outlived its zygote"
