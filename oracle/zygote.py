@@ -150,9 +150,6 @@ def child(argv: list[str], log: str, env: dict[str, str], inherited: tuple[int, 
             os._exit(code)
 
 
-STARTED_AT = "KERN_STARTED_AT"
-
-
 def warm_device() -> None:
     """In a spare: create this process's CUDA context (cupy's and numba.cuda's, device 0)."""
     import cupy as cp
@@ -166,65 +163,47 @@ def warm_device() -> None:
 
 
 class Spares:
-    """Children forked ahead with their CUDA context made, waiting for a command (``--spares``): `n`
-    in all, at most `at_once` making their context at a time (the driver makes one at a time; forty
-    asking at once make the first ones wait as long as the last)."""
+    """Children forked ahead with their CUDA context made, waiting for a command (``--spares``)."""
 
-    def __init__(self, n: int, inherited: tuple[int, ...], live: set[int], at_once: int = 2):
-        self.rd, self.wr = os.pipe()  # each spare writes its pid here once its context is made
-        self.inherited = inherited
-        self.live = live
-        self.left = n
-        self.at_once = at_once
+    def __init__(self, n: int, inherited: tuple[int, ...]):
+        self.rd, wr = os.pipe()  # each spare writes its pid here once its context is made
         self.waiting: dict[int, int] = {}  # pid -> the write end of its request pipe, oldest first
-        self.warming: set[int] = set()
-        self.top_up()
-
-    def top_up(self) -> None:
-        while self.left > 0 and len(self.warming) < self.at_once:
+        self.ready: set[int] = set()
+        for _ in range(n):
             req_rd, req_wr = os.pipe()
             pid = os.fork()
             if pid == 0:
                 os.close(req_wr)
                 os.close(self.rd)
-                spare(req_rd, self.wr, (*self.inherited, *self.waiting.values()))
+                spare(req_rd, wr, (*inherited, *self.waiting.values()))
             os.close(req_rd)
-            self.left -= 1
             self.waiting[pid] = req_wr
-            self.warming.add(pid)
-            self.live.add(pid)
+        os.close(wr)
 
     def heard(self) -> None:
         try:
             data = os.read(self.rd, 4096)
         except BlockingIOError:
             return
-        self.warming.difference_update(int(x) for x in data.split() if x.isdigit())
-        self.top_up()
-
-    def reaped(self, pid: int) -> None:
-        """A spare that ended before it was asked for (it could not start): it warms no more."""
-        if pid in self.warming:
-            self.warming.discard(pid)
-            self.top_up()
-        wfd = self.waiting.pop(pid, None)
-        if wfd is not None:
-            os.close(wfd)
+        if not data:  # every spare has said it is ready (or died)
+            os.close(self.rd)
+            self.rd = None
+            return
+        self.ready.update(int(x) for x in data.split() if x.isdigit())
 
     def fds(self) -> tuple[int, ...]:
-        """The descriptors a fresh child closes: the spares' request pipes and the ready pipe."""
-        return (self.rd, self.wr, *self.waiting.values())
+        """The descriptors a fresh child closes: its siblings' request pipes and the ready pipe."""
+        return (*((self.rd,) if self.rd is not None else ()), *self.waiting.values())
 
     def take(self, line: bytes) -> int | None:
-        """Hand `line` (a request) to a ready spare, else the one warming longest; its pid, or None when
-        none is left (the request then gets a fresh child)."""
-        pid = next((p for p in self.waiting if p not in self.warming), next(iter(self.waiting), None))
+        """Hand `line` (a request) to a ready spare, else the oldest; its pid, or None if none is left."""
+        pid = next((p for p in self.waiting if p in self.ready), next(iter(self.waiting), None))
         if pid is None:
             return None
         wfd = self.waiting.pop(pid)
         try:
             os.write(wfd, line + b"\n")
-        except OSError:  # it died while warming
+        except OSError:  # the spare died while warming: the request goes to a fresh child
             return None
         finally:
             os.close(wfd)
@@ -257,7 +236,6 @@ def spare(req_rd: int, ready_wr: int, inherited: tuple[int, ...]) -> None:
                 os._exit(0)  # never asked for
             line += chunk
         os.close(req_rd)
-        os.environ[STARTED_AT] = repr(time.monotonic())  # its start is now, not its fork (serve/startup.py)
         req = json.loads(line)
         child(list(map(str, req["argv"])), str(req["log"]), dict(req.get("env") or {}))
     except BaseException:
@@ -272,23 +250,23 @@ def serve_requests(spares: int = 0) -> None:
     signal.set_wakeup_fd(wr)
     signal.signal(signal.SIGCHLD, lambda *_: None)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the gate's Ctrl-C is the gate's to handle; stdin's end is ours
-    live: set[int] = set()
-    pool = Spares(spares, (rd, wr), live) if spares > 0 else None
+    pool = Spares(spares, (rd, wr)) if spares > 0 else None
+    live: set[int] = set(pool.waiting) if pool else set()
     buf = b""
     stdin = sys.stdin.buffer.raw if hasattr(sys.stdin.buffer, "raw") else sys.stdin.buffer
     while True:
         try:
-            ready, _, _ = select.select([stdin, rd] + ([pool.rd] if pool else []), [], [])
+            ready, _, _ = select.select([stdin, rd] + ([pool.rd] if pool and pool.rd is not None else []), [], [])
         except InterruptedError:
             ready = [rd]
-        if pool and pool.rd in ready:
+        if pool and pool.rd is not None and pool.rd in ready:
             pool.heard()
         if rd in ready:
             try:
                 os.read(rd, 4096)
             except BlockingIOError:
                 pass
-        _reap(live, pool)
+        _reap(live)
         if stdin in ready:
             data = os.read(stdin.fileno(), 65536)
             if not data:
@@ -298,8 +276,6 @@ def serve_requests(spares: int = 0) -> None:
                 line, buf = buf.split(b"\n", 1)
                 if line.strip():
                     _spawn(line, live, (rd, wr) + (pool.fds() if pool else ()), pool)
-    if pool is not None:
-        pool.left = 0  # no more spares while the rest are killed
     for pid in live:
         try:
             os.killpg(pid, signal.SIGKILL)
@@ -330,7 +306,7 @@ def _spawn(line: bytes, live: set[int], inherited: tuple[int, ...], pool: Spares
     _say({"pid": pid})
 
 
-def _reap(live: set[int], pool: Spares | None = None) -> None:
+def _reap(live: set[int]) -> None:
     while live:
         try:
             pid, status, use = os.wait4(-1, os.WNOHANG)
@@ -339,8 +315,6 @@ def _reap(live: set[int], pool: Spares | None = None) -> None:
         if pid == 0:
             return
         live.discard(pid)
-        if pool is not None:
-            pool.reaped(pid)
         _say({"exit": pid, "code": os.waitstatus_to_exitcode(status),
               "cpu_s": [round(use.ru_utime, 3), round(use.ru_stime, 3)], "maxrss_kib": use.ru_maxrss})
 

@@ -3,9 +3,7 @@
 `Phases.mark(name)` ends the phase `name` at now; `as_fields()` gives ``NAME_s`` per phase and
 ``start_s``, the seconds from the process's start (its fork, for a server the gate's zygote forked)
 to the last mark. The process's start is read from Linux's /proc; elsewhere the clock starts when
-`Phases` is made, and the first phase (the imports) is not counted. A spare the zygote forked ahead
-(its CUDA context made while it waited) starts when it was handed its command: ``KERN_STARTED_AT``,
-a `time.monotonic()` reading, taken from the environment once.
+`Phases` is made, and the first phase (the imports) is not counted.
 """
 
 from __future__ import annotations
@@ -33,12 +31,8 @@ class Phases:
 
     def __init__(self, first: str = "imports"):
         now = time.monotonic()
-        handed = os.environ.pop("KERN_STARTED_AT", None)
         age = process_age()
-        try:
-            self.origin = float(handed) if handed else now - age if age is not None else now
-        except ValueError:
-            self.origin = now - age if age is not None else now
+        self.origin = now - age if age is not None else now
         self.last = self.origin
         self.spans: dict[str, float] = {}
         self.mark(first, now)

@@ -32,10 +32,3 @@ def test_first_phase_starts_at_the_process_start():
     t0 = time.monotonic()
     p = Phases()
     assert p.origin <= t0 and p.spans["imports"] >= 0
-
-
-def test_a_spare_counts_from_when_it_was_handed_its_command(monkeypatch):
-    monkeypatch.setenv("KERN_STARTED_AT", repr(time.monotonic() - 2.0))
-    p = Phases()
-    assert 1.9 < p.spans["imports"] < 3.0
-    assert "KERN_STARTED_AT" not in __import__("os").environ  # read once: what it starts does not inherit it
