@@ -142,9 +142,6 @@ def gate_all(chosen: list[GateTarget], opts: Options, ref: Path | None, wanted: 
         ex.shutdown(wait=True)
 
 
-SPARES_PER_TARGET = 10
-
-
 def start_zygote(cfg: Path, chosen: list[GateTarget], backend: str):
     """The warm parent the servers are forked from (`e2e/zygote.py`); None (fresh processes) if it
     cannot start. On the CPU it runs each target's kernels once first; elsewhere it only imports."""
@@ -154,10 +151,7 @@ def start_zygote(cfg: Path, chosen: list[GateTarget], backend: str):
     warm = [t.name for t in chosen if not t.skipped and t.config in (None, cfg)] if on_cpu else []
     t0 = time.monotonic()
     try:
-        # on a GPU, each child's CUDA context is made ahead (the driver makes one at a time): a spare for
-        # each process a target forks (its servers, kern_test, the forked kern run)
-        spares = 0 if on_cpu else SPARES_PER_TARGET * sum(not t.skipped for t in chosen)
-        z = Zygote(project_env(), cfg, warm, gpu_imports=not on_cpu, spares=spares)
+        z = Zygote(project_env(), cfg, warm, gpu_imports=not on_cpu)
     except (ZygoteGone, OSError) as exc:
         click.echo(f"e2e: no zygote ({exc}); each server starts as a fresh process", err=True)
         return None

@@ -67,7 +67,7 @@ class Zygote:
     """One `python -m oracle.zygote` process; `spawn` is thread-safe (targets gated at once share it)."""
 
     def __init__(self, env: dict[str, str], config: Path | None = None, warm: list[str] | tuple[str, ...] = (),
-                 ready_timeout: float = 600.0, gpu_imports: bool = False, spares: int = 0):
+                 ready_timeout: float = 600.0, gpu_imports: bool = False):
         cmd = [sys.executable, "-m", "oracle.zygote"]
         if config is not None:
             cmd += ["--config", str(config)]
@@ -75,8 +75,6 @@ class Zygote:
             cmd += ["--warm", *warm]
         if gpu_imports:
             cmd += ["--gpu-imports"]
-        if spares:
-            cmd += ["--spares", str(spares)]  # children with their CUDA context made ahead (oracle/zygote.py)
         self.cond = threading.Condition()
         self.exits: dict[int, int] = {}
         self.usage: dict[int, dict] = {}  # per ended child: its own CPU seconds (user, sys) and peak memory

@@ -19,14 +19,6 @@ request ``{"argv": [...], "log": PATH, "env": {...}}`` the reply ``{"pid": N}`` 
 and whenever a child ends ``{"exit": N, "code": C, "cpu_s": [USER, SYS], "maxrss_kib": K}`` (C < 0:
 killed by signal -C, as `subprocess` says it; the CPU seconds and peak memory are the child's own).
 When stdin closes every child still running is killed and this process exits.
-
-``--spares N`` (a GPU gate's): a driver creates one CUDA context at a time, so fifty servers that each
-create theirs at once wait for one another (about 0.15 s a context on an H200: 8-9 s for the last of
-48). So N children are forked at the start, each creates its CUDA context (`cupy` and `numba.cuda`,
-device 0) and waits; a request is handed to a spare that is ready (else to the oldest), which then
-runs the command as a fresh child does, its context already made. A request whose env names
-``CUDA_VISIBLE_DEVICES`` or whose argv has ``--device`` gets a fresh child; spares never asked for are
-killed when stdin closes.
 """
 
 from __future__ import annotations
@@ -109,8 +101,7 @@ def child(argv: list[str], log: str, env: dict[str, str], inherited: tuple[int, 
     try:
         for fd in inherited:
             os.close(fd)
-        if os.getsid(0) != os.getpid():  # a spare is its session's leader already
-            os.setsid()
+        os.setsid()
         # the signals as a fresh Python sets them: SIGPIPE ignored (a write to a socket the client
         # closed raises, it does not kill the server), SIGINT raising KeyboardInterrupt
         for sig in (signal.SIGTERM, signal.SIGCHLD):
@@ -150,117 +141,20 @@ def child(argv: list[str], log: str, env: dict[str, str], inherited: tuple[int, 
             os._exit(code)
 
 
-def warm_device() -> None:
-    """In a spare: create this process's CUDA context (cupy's and numba.cuda's, device 0)."""
-    import cupy as cp
-
-    import runtime.gpu
-
-    cp.cuda.Device(0).use()
-    cp.cuda.Stream(non_blocking=True)
-    cp.zeros(1, cp.uint8)
-    runtime.gpu.numba_cuda().current_context()
-
-
-class Spares:
-    """Children forked ahead with their CUDA context made, waiting for a command (``--spares``)."""
-
-    def __init__(self, n: int, inherited: tuple[int, ...]):
-        self.rd, wr = os.pipe()  # each spare writes its pid here once its context is made
-        self.waiting: dict[int, int] = {}  # pid -> the write end of its request pipe, oldest first
-        self.ready: set[int] = set()
-        for _ in range(n):
-            req_rd, req_wr = os.pipe()
-            pid = os.fork()
-            if pid == 0:
-                os.close(req_wr)
-                os.close(self.rd)
-                spare(req_rd, wr, (*inherited, *self.waiting.values()))
-            os.close(req_rd)
-            self.waiting[pid] = req_wr
-        os.close(wr)
-
-    def heard(self) -> None:
-        try:
-            data = os.read(self.rd, 4096)
-        except BlockingIOError:
-            return
-        if not data:  # every spare has said it is ready (or died)
-            os.close(self.rd)
-            self.rd = None
-            return
-        self.ready.update(int(x) for x in data.split() if x.isdigit())
-
-    def fds(self) -> tuple[int, ...]:
-        """The descriptors a fresh child closes: its siblings' request pipes and the ready pipe."""
-        return (*((self.rd,) if self.rd is not None else ()), *self.waiting.values())
-
-    def take(self, line: bytes) -> int | None:
-        """Hand `line` (a request) to a ready spare, else the oldest; its pid, or None if none is left."""
-        pid = next((p for p in self.waiting if p in self.ready), next(iter(self.waiting), None))
-        if pid is None:
-            return None
-        wfd = self.waiting.pop(pid)
-        try:
-            os.write(wfd, line + b"\n")
-        except OSError:  # the spare died while warming: the request goes to a fresh child
-            return None
-        finally:
-            os.close(wfd)
-        return pid
-
-
-def spare(req_rd: int, ready_wr: int, inherited: tuple[int, ...]) -> None:
-    """A spare's life: its own session, its CUDA context, then the one request it is handed."""
-    code = 1
-    try:
-        for fd in inherited:
-            os.close(fd)
-        os.setsid()
-        signal.set_wakeup_fd(-1)
-        null = os.open(os.devnull, os.O_WRONLY)  # the zygote's stdout is its protocol: nothing else goes there
-        os.dup2(null, 1)
-        os.close(null)
-        for sig in (signal.SIGTERM, signal.SIGCHLD):
-            signal.signal(sig, signal.SIG_DFL)
-        try:
-            warm_device()
-        except Exception:  # no device: the command reports that itself
-            pass
-        os.write(ready_wr, f"{os.getpid()}\n".encode())
-        os.close(ready_wr)
-        line = b""
-        while not line.endswith(b"\n"):
-            chunk = os.read(req_rd, 65536)
-            if not chunk:
-                os._exit(0)  # never asked for
-            line += chunk
-        os.close(req_rd)
-        req = json.loads(line)
-        child(list(map(str, req["argv"])), str(req["log"]), dict(req.get("env") or {}))
-    except BaseException:
-        traceback.print_exc()
-    finally:
-        os._exit(code)
-
-
-def serve_requests(spares: int = 0) -> None:
+def serve_requests() -> None:
     rd, wr = os.pipe()
     os.set_blocking(wr, False)
     signal.set_wakeup_fd(wr)
     signal.signal(signal.SIGCHLD, lambda *_: None)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the gate's Ctrl-C is the gate's to handle; stdin's end is ours
-    pool = Spares(spares, (rd, wr)) if spares > 0 else None
-    live: set[int] = set(pool.waiting) if pool else set()
+    live: set[int] = set()
     buf = b""
     stdin = sys.stdin.buffer.raw if hasattr(sys.stdin.buffer, "raw") else sys.stdin.buffer
     while True:
         try:
-            ready, _, _ = select.select([stdin, rd] + ([pool.rd] if pool and pool.rd is not None else []), [], [])
+            ready, _, _ = select.select([stdin, rd], [], [])
         except InterruptedError:
             ready = [rd]
-        if pool and pool.rd is not None and pool.rd in ready:
-            pool.heard()
         if rd in ready:
             try:
                 os.read(rd, 4096)
@@ -275,7 +169,7 @@ def serve_requests(spares: int = 0) -> None:
             while b"\n" in buf:
                 line, buf = buf.split(b"\n", 1)
                 if line.strip():
-                    _spawn(line, live, (rd, wr) + (pool.fds() if pool else ()), pool)
+                    _spawn(line, live, (rd, wr))
     for pid in live:
         try:
             os.killpg(pid, signal.SIGKILL)
@@ -287,18 +181,13 @@ def serve_requests(spares: int = 0) -> None:
         time.sleep(0.01)
 
 
-def _spawn(line: bytes, live: set[int], inherited: tuple[int, ...], pool: Spares | None = None) -> None:
+def _spawn(line: bytes, live: set[int], inherited: tuple[int, ...]) -> None:
     try:
         req = json.loads(line)
         argv, log, env = list(map(str, req["argv"])), str(req["log"]), dict(req.get("env") or {})
     except (ValueError, KeyError, TypeError) as exc:
         _say({"error": f"bad request {line[:200]!r}: {exc}"})
         return
-    if pool is not None and "CUDA_VISIBLE_DEVICES" not in env and "--device" not in argv:
-        pid = pool.take(line.strip())
-        if pid is not None:
-            _say({"pid": pid})
-            return
     pid = os.fork()
     if pid == 0:
         child(argv, log, env, inherited)
@@ -327,8 +216,6 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--warm", nargs="*", default=[], help="targets whose CPU kernels are run once before serving")
     ap.add_argument("--gpu-imports", action="store_true",
                     help="also import the GPU backend and the CUDA kernel modules (no device is touched)")
-    ap.add_argument("--spares", type=int, default=0,
-                    help="fork this many children ahead, each with its CUDA context made, for the requests to take")
     args = ap.parse_args(argv)
     t0 = time.monotonic()
     warm(args.config, args.warm)
@@ -336,7 +223,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.gpu_imports:
         ready["gpu_imports"] = gpu_imports()
     _say({**ready, "warm_s": round(time.monotonic() - t0, 2)})
-    serve_requests(args.spares)
+    serve_requests()
 
 
 if __name__ == "__main__":
