@@ -235,13 +235,26 @@ def cut_cmd(ctx, manifest, at, out, weights) -> None:
 def _register_optional() -> None:
     try:
         from serve.cli import serve_command
-    except ImportError:
+    except ImportError as exc:  # the server's dependencies are missing: say so, not "No such command"
+        why = f"needs the server's dependencies, which do not import here: {exc} (install kern: pip install -e .)"
+        for name in ("serve", "server", "replay"):
+            main.add_command(_missing(name, why), name)
         return
     main.add_command(serve_command, "serve")
     main.add_command(serve_command, "server")
     from serve.replay_cli import replay_command
 
     main.add_command(replay_command, "replay")
+
+
+def _missing(name: str, why: str) -> click.Command:
+    @click.command(name, context_settings=dict(ignore_unknown_options=True, allow_extra_args=True),
+                   add_help_option=False, help=f"Unavailable here: {why}")
+    def cmd() -> None:
+        click.echo(f"kern {name}: error: {why}", err=True)
+        sys.exit(2)
+
+    return cmd
 
 
 _register_optional()

@@ -32,3 +32,15 @@ def test_first_phase_starts_at_the_process_start():
     t0 = time.monotonic()
     p = Phases()
     assert p.origin <= t0 and p.spans["imports"] >= 0
+
+
+def test_serve_without_the_servers_dependencies_says_what_is_missing():
+    """Where the server's dependencies do not import, `kern serve` is one line naming the import that
+    failed and exit 2, not click's "No such command 'serve'"."""
+    code = ("import sys\n"
+            "for m in ('uvicorn', 'fastapi', 'h11'): sys.modules[m] = None\n"
+            "from oracle.cli import main; main(['serve', 'toy-paged', '--port', '0'])")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.startswith("kern serve: error: needs the server's dependencies") and "import of" in r.stderr
+    assert "No such command" not in r.stderr and "Traceback" not in r.stderr
