@@ -207,6 +207,7 @@ def serve_command(ctx, target, port, host, capacity, host_gib, max_seqs, chunk, 
             if target_weights and not weights:
                 opts.weights = tuple(str(w) for w in target_weights)
             engine, head = build_head(paths, opts, PipelineOptions(listen=pp_listen, timeout=pp_timeout))
+            phases.mark("stages")  # the head's load and its stages' start
     except errors as exc:
         fail(exc)
     if served_model_name:
