@@ -4,8 +4,9 @@
 
 For each --at-once K it forks --contexts children, at most K alive at a time, each of which makes its
 CUDA context as a server does (cupy's device and stream, one allocation, numba.cuda's context) and
-exits; it prints the wall time, the milliseconds a context, and when the tenth was made. The ceiling
-beside each row is the same count made one at a time (K = 1) in the same run, as a ratio.
+exits; it prints the wall time, the milliseconds a context, and when the tenth was made, and beside
+each row, as a ratio, how much faster it went than the same count made one at a time (K = 1) in the
+same run.
 
 Measured on the H200 (docs/gate-speed.md): about 330 ms a context one at a time, 190 ms with 4-8 at
 once, 245 ms with 40 at once (and the tenth made only after 8.6 s): the driver makes them in turn,

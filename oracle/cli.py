@@ -146,21 +146,24 @@ def _run_file(ctx, target, path, steps, rows, chunk, backend, capacity, weights,
             fail(f"{path}:{n}: not JSON ({exc})")
         if not isinstance(ids, list) or not ids or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
             fail(f"{path}:{n}: want a non-empty JSON list of token ids, got {line[:80]!r}")
-        prompts.append(ids)
+        prompts.append((n, ids))
     try:
         from runtime.protocol import Protocol
 
         t, m = _target(ctx, target, weights)
         rows = rows or Protocol(m).widest
-        for ids in prompts:
-            rt, cell = single(m, list(t.weights), len(ids), steps, rows, backend, capacity)
-            g = generate(rt, cell, ids, steps, rows, chunk)
-            if as_json:
-                click.echo(json.dumps({"target": t.name, "prompt_ids": ids, "ids": g.ids, "rows": rows}))
-            else:
-                click.echo(f"{ids} -> {g.ids}")
     except USER_ERRORS as exc:
         fail(str(exc))
+    for n, ids in prompts:
+        try:
+            rt, cell = single(m, list(t.weights), len(ids), steps, rows, backend, capacity)
+            g = generate(rt, cell, ids, steps, rows, chunk)
+        except USER_ERRORS as exc:  # a token outside the vocabulary, a prompt over the capacity: its line
+            fail(f"{path}:{n}: {exc}")
+        if as_json:
+            click.echo(json.dumps({"target": t.name, "prompt_ids": ids, "ids": g.ids, "rows": rows}))
+        else:
+            click.echo(f"{ids} -> {g.ids}")
 
 
 @main.command("test")
