@@ -147,7 +147,7 @@ def start_zygote(cfg: Path, chosen: list[GateTarget], backend: str):
     cannot start. On the CPU it runs each target's kernels once first; elsewhere it only imports."""
     from e2e.zygote import Zygote, ZygoteGone
 
-    on_cpu = backend == "cpu" or (backend == "auto" and no_gpu() is not None)  # `auto` without a GPU is the CPU
+    on_cpu = on_the_cpu(backend)
     warm = [t.name for t in chosen if not t.skipped and t.config in (None, cfg)] if on_cpu else []
     t0 = time.monotonic()
     try:
@@ -158,6 +158,34 @@ def start_zygote(cfg: Path, chosen: list[GateTarget], backend: str):
     gpu = f"; GPU imports: {z.gpu_imports}" if z.gpu_imports else ""
     click.echo(f"zygote: warm in {time.monotonic() - t0:.1f}s ({len(warm)} target(s)' kernels run once{gpu})")
     return z
+
+
+GPU_HOSTS = 8  # --hosts on a GPU: processes (CUDA contexts) the gate's single-process servers share
+
+
+def start_hosts(n: int, cfg: Path, chosen: list[GateTarget], on_cpu: bool, out: Path):
+    """`n` warm hosts (`e2e/hosts.py`) for the single-process targets' servers, `kern test` and
+    `kern run`; None (the zygote, else fresh processes) if none can start."""
+    from e2e.hosts import Hosts
+    from e2e.zygote import ZygoteGone
+
+    warm = [t.name for t in chosen if not t.skipped and t.stages <= 1 and t.config in (None, cfg)]
+    t0 = time.monotonic()
+    try:
+        h = Hosts(n, project_env(), "cpu" if on_cpu else "gpu", cfg, warm, log_dir=out / "hosts")
+    except (ZygoteGone, OSError, ValueError) as exc:
+        click.echo(f"e2e: no hosts ({exc}); each server is a process of its own", err=True)
+        return None
+    for e in h.errors:
+        click.echo(f"e2e: a host did not start: {e}", err=True)
+    click.echo(f"hosts: {len(h)} warm in {time.monotonic() - t0:.1f}s ({'cpu' if on_cpu else 'gpu'}; "
+               f"{len(warm)} target(s) run once in each); their own logs under {out / 'hosts'}")
+    return h
+
+
+def on_the_cpu(backend: str) -> bool:
+    """Whether `backend` runs on the CPU here (`auto` without a GPU does)."""
+    return backend == "cpu" or (backend == "auto" and no_gpu() is not None)
 
 
 def no_gpu() -> str | None:
@@ -198,13 +226,18 @@ def no_gpu() -> str | None:
 @click.option("--zygote/--no-zygote", default=True, show_default=True,
               help="Fork our own kern's servers from one warm process (imports and CPU kernels loaded once); "
                    "--no-zygote starts each as a fresh process. Ignored with --kern.")
+@click.option("--hosts", type=click.IntRange(min=0), default=None,
+              help="Run our own kern's single-process servers, `kern test` and `kern run` as threads of N warm "
+                   "host processes (one device context each) instead of a process each (0: off). Default: "
+                   f"{GPU_HOSTS} on a GPU (whose driver makes one CUDA context at a time, about 0.2 s each), "
+                   "0 on the CPU (forked from the zygote). Ignored with --kern.")
 @click.option("--sessions-at-once/--sessions-in-turn", "at_once", default=True, show_default=True,
               help="Run a target's independent sessions at once, each in its own server, every session's "
                    "server started as soon as the first one's facts are known; --sessions-in-turn runs "
                    "them one after another.")
 @click.option("--junit", "junit_path", type=click.Path(dir_okay=False), default=None, help="Write JUnit XML here.")
 def cli(config, targets, scenarios, reference, no_reference, out, max_tokens, backend, port, capacity,
-        server_flags, kern, load_timeout, jobs, zygote, at_once, junit_path) -> None:
+        server_flags, kern, load_timeout, jobs, zygote, at_once, junit_path, hosts=None) -> None:
     """Gate every target of a config through the server, token-exact against an oracle."""
     t0 = time.monotonic()
     wanted = set(_names(scenarios)) or None
@@ -226,27 +259,45 @@ def cli(config, targets, scenarios, reference, no_reference, out, max_tokens, ba
     if backend == "gpu" and (why := no_gpu()) is not None:
         reports = [_skipped(t, why, click.echo) for t in chosen]
     else:
-        if zygote and opts.kern is None:
-            opts.zygote = start_zygote(cfg, chosen, backend)
+        if opts.kern is None:
+            start_spawners(opts, cfg, chosen, backend, zygote, hosts)
         try:
             reports = gate_all(chosen, opts, ref, wanted, jobs or max(1, os.cpu_count() or 1))
         except BaseException:
             stop_all()  # before the zygote goes: its children die with it, and the lanes would stop them unseen
             raise
         finally:
-            if opts.zygote is not None:
-                opts.zygote.close()
+            for spawner in (opts.hosts, opts.zygote):
+                if spawner is not None:
+                    spawner.close()
         record_stages(chosen, reports, wanted, click.echo)
     for r in reports:
         write_report(opts.out, r)
     meta = {"commit": commit(), "backend": backend, "max_tokens": max_tokens, "wall_s": time.monotonic() - t0,
-            "zygote_warm_s": getattr(opts.zygote, "warm_s", None), "gate_cpu_s": _own_cpu()}
+            "zygote_warm_s": getattr(opts.zygote, "warm_s", None), "gate_cpu_s": _own_cpu(),
+            "hosts": len(opts.hosts) if opts.hosts is not None else 0, "hosts_warm_s": getattr(opts.hosts, "warm_s", None)}
     table, code = write_summary(opts.out, reports, meta)
     click.echo("\n" + table)
     if junit_path:
         Path(junit_path).parent.mkdir(parents=True, exist_ok=True)
         Path(junit_path).write_text(junit(reports))
     sys.exit(code)
+
+
+def start_spawners(opts: Options, cfg: Path, chosen: list[GateTarget], backend: str, zygote: bool,
+                   hosts: int | None) -> None:
+    """The hosts (`--hosts`) and the zygote (a staged target's servers, or everything without hosts),
+    started at once."""
+    on_cpu = on_the_cpu(backend)
+    n = hosts if hosts is not None else (0 if on_cpu else GPU_HOSTS)
+    staged = any(t.stages > 1 and not t.skipped for t in chosen)
+    with concurrent.futures.ThreadPoolExecutor(2) as ex:
+        h = ex.submit(start_hosts, n, cfg, chosen, on_cpu, opts.out) if n else None
+        z = ex.submit(start_zygote, cfg, chosen, backend) if zygote and (staged or not n) else None
+        opts.hosts = h.result() if h is not None else None
+        opts.zygote = z.result() if z is not None else None
+    if zygote and opts.zygote is None and opts.hosts is None and n:  # no hosts after all: the zygote
+        opts.zygote = start_zygote(cfg, chosen, backend)
 
 
 def _own_cpu() -> float:

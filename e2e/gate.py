@@ -49,6 +49,14 @@ class Options:
     kern: list[str] | None = None
     kern_test_timeout: float = 3600.0
     zygote: Any = None  # an `e2e.zygote.Zygote` (only without `kern`): servers and `kern test` are forked from it
+    hosts: Any = None  # an `e2e.hosts.Hosts` (only without `kern`): runs them as threads instead (not staged servers)
+
+    def spawner(self, staged: bool = False) -> Any:
+        """What starts our own kern's commands: the hosts (a staged server starts processes of its
+        own, so it is forked from the zygote), else the zygote, else None (a fresh process each)."""
+        if self.hosts is not None and not staged:
+            return self.hosts
+        return self.zygote
     at_once: bool = True  # a target's independent sessions at once (`run_target`); False: one after another
 
 
@@ -155,7 +163,7 @@ class Run:
         o = self.opts
         cmd, port = self.command(name, flags)
         s = Session(name, cmd, port, self.dir / f"server-{name}.log", load_timeout=o.load_timeout,
-                    zygote=o.zygote)
+                    zygote=o.spawner(staged=self.target.stages > 1))
         try:
             facts = s.start()
         except BaseException:

@@ -142,8 +142,10 @@ class Session:
             if STARTED.closed:
                 raise Unavailable("the gate is stopping")
             with open(self.log.path, "wb") as f:
-                f.write(("$ " + " ".join(self.cmd) + (" (forked by the gate's zygote)" if self.zygote else "")
-                         + "\n").encode())
+                how = ""
+                if self.zygote is not None:
+                    how = " (a thread of one of the gate's hosts)" if self.zygote.hosted else " (forked by the gate's zygote)"
+                f.write(("$ " + " ".join(self.cmd) + how + "\n").encode())
                 f.flush()
                 if self.zygote is not None:
                     from e2e.zygote import ZygoteGone
@@ -218,10 +220,11 @@ class Session:
                 p.wait()
             except ProcessLookupError:
                 pass
-        try:  # whatever the server started (a pipeline's stages) goes with it: it leads its session
-            os.killpg(p.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+        if not getattr(p, "hosted", False):  # a host's thread has no process group of its own
+            try:  # whatever the server started (a pipeline's stages) goes with it: it leads its session
+                os.killpg(p.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
         self.exit_code = p.returncode
         with STARTED.lock:
             STARTED.sessions.discard(self)

@@ -55,9 +55,18 @@ class Child:
         """Once it ended: its CPU seconds ``cpu_s`` [user, sys] and ``maxrss_kib`` (empty before)."""
         return self.zygote.usage.get(self.pid, {})
 
+    @property
+    def hosted(self) -> bool:
+        """A command a host runs in a thread (`oracle/host.py`): no process of its own, so no
+        process group to kill; its signals go through the host."""
+        return self.zygote.hosted
+
     def send_signal(self, sig: int) -> None:
         if self.poll() is None:
-            os.kill(self.pid, sig)
+            if self.hosted:
+                self.zygote.signal(self.pid, sig)
+            else:
+                os.kill(self.pid, sig)
 
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
@@ -66,9 +75,13 @@ class Child:
 class Zygote:
     """One `python -m oracle.zygote` process; `spawn` is thread-safe (targets gated at once share it)."""
 
+    hosted = False  # its children are processes (a `Host`'s are threads)
+    module = "oracle.zygote"
+
     def __init__(self, env: dict[str, str], config: Path | None = None, warm: list[str] | tuple[str, ...] = (),
-                 ready_timeout: float = 600.0, gpu_imports: bool = False):
-        cmd = [sys.executable, "-m", "oracle.zygote"]
+                 ready_timeout: float = 600.0, gpu_imports: bool = False, args: list[str] | tuple[str, ...] = (),
+                 stderr=None):
+        cmd = [sys.executable, "-m", self.module, *args]
         if config is not None:
             cmd += ["--config", str(config)]
         if warm:
@@ -79,11 +92,13 @@ class Zygote:
         self.exits: dict[int, int] = {}
         self.usage: dict[int, dict] = {}  # per ended child: its own CPU seconds (user, sys) and peak memory
         self.replies: list[dict] = []
+        self.spawned = 0
         self.gone = False
         self.warm_s: float | None = None
         self.gpu_imports: str | None = None  # what the zygote imported of the GPU backend (with gpu_imports)
         self.lock = threading.Lock()  # one spawn at a time: replies come back in order
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None, env=env,
+        self.ready_error: str | None = None
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, env=env,
                                      start_new_session=True)
         self.reader = threading.Thread(target=self._read, name="zygote-reader", daemon=True)
         self.reader.start()
@@ -91,8 +106,10 @@ class Zygote:
             if not self.cond.wait_for(lambda: self.warm_s is not None or self.gone, ready_timeout):
                 self.close()
                 raise ZygoteGone(f"the zygote was not ready after {ready_timeout:.0f}s")
-        if self.gone:
-            raise ZygoteGone(f"the zygote exited while warming (code {self.proc.poll()})")
+        if self.gone or self.ready_error:
+            self.close()
+            raise ZygoteGone(f"the {self.module} process could not start: "
+                             + (self.ready_error or f"it exited while warming (code {self.proc.poll()})"))
 
     def _read(self) -> None:
         assert self.proc.stdout is not None
@@ -106,6 +123,8 @@ class Zygote:
                     self.exits[int(msg["exit"])] = int(msg["code"])
                     self.usage[int(msg["exit"])] = {k: msg[k] for k in ("cpu_s", "maxrss_kib") if k in msg}
                 elif "ready" in msg:
+                    if not msg["ready"]:
+                        self.ready_error = str(msg.get("error", "not ready"))
                     self.gpu_imports = msg.get("gpu_imports")
                     self.warm_s = float(msg.get("warm_s", 0.0))
                 else:
@@ -144,7 +163,25 @@ class Zygote:
                 reply = self.replies.pop(0)
         if "pid" not in reply:
             raise ZygoteGone(f"the zygote refused a spawn: {reply.get('error', reply)}")
+        with self.cond:
+            self.spawned += 1
         return Child(self, int(reply["pid"]))
+
+    def live(self) -> int:
+        """How many of its children have not ended."""
+        with self.cond:
+            return self.spawned - len(self.exits)
+
+    def signal(self, pid: int, sig: int) -> None:
+        """Ask the zygote to deliver `sig` to its child `pid` (a host's command: `Host`)."""
+        line = json.dumps({"signal": pid, "sig": int(sig)}) + "\n"
+        with self.lock:
+            try:
+                assert self.proc.stdin is not None
+                self.proc.stdin.write(line.encode())
+                self.proc.stdin.flush()
+            except (BrokenPipeError, OSError, ValueError):
+                pass  # gone: every child it had is reported killed
 
     def close(self) -> None:
         """Close the zygote's stdin (it kills what it still runs and exits); wait for it."""

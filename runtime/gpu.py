@@ -19,6 +19,7 @@ module before `numba.cuda` (or `toy.kernels.cuda`).
 from __future__ import annotations
 
 import os
+import threading
 
 import numpy as np
 
@@ -42,6 +43,13 @@ except ImportError as exc:  # the CUDA simulator needs no cupy; the backend does
     cp = None
 
 _MEMCPY_DEFAULT = 4  # cudaMemcpyDefault: direction from the pointers (unified addressing)
+
+# numba-cuda loads a kernel's module into the context at its first launch, and that is not safe for
+# two threads at once ("key already in dictionary"): several runtimes in one process (the servers of
+# a host, oracle/host.py) each launch a kernel for the first time under this lock. Keyed by the
+# entry and its arguments' types (a new type compiles and loads another specialisation).
+_LOAD_LOCK = threading.Lock()
+_LOADED: set = set()
 
 
 def numba_cuda():
@@ -172,7 +180,15 @@ class GpuBackend(Backend):
         return module.entry(self.name, entry)
 
     def launch(self, fn, grid: int, block: int, args: list) -> None:
-        fn(grid, block, *[self._nb(a) for a in args], stream=self.nb_stream)
+        nb = [self._nb(a) for a in args]
+        key = (fn, *[(a.dtype.str, a.ndim, a.is_c_contiguous()) if hasattr(a, "is_c_contiguous") else type(a)
+                     for a in nb])
+        if key in _LOADED:
+            fn(grid, block, *nb, stream=self.nb_stream)
+            return
+        with _LOAD_LOCK:  # a first launch loads its module into the context: one thread at a time
+            fn(grid, block, *nb, stream=self.nb_stream)
+            _LOADED.add(key)
 
     def _nb(self, a):
         """A numba view of a cupy array, made once per (address, length, dtype) and kept. numba

@@ -162,9 +162,9 @@ def serve_command(ctx, target, port, host, capacity, host_gib, max_seqs, chunk, 
         fit_descriptors(limits)
     except ValueError as exc:
         fail(exc)
-    import os
+    from serve import hosted
 
-    logs.set_level(log_level or logs.level_from_env(os.environ.get("RUST_LOG")) or "info")
+    logs.set_level(log_level or logs.level_from_env(hosted.getenv("RUST_LOG")) or "info")
     if config is None and ctx.obj and isinstance(ctx.obj, dict):
         config = ctx.obj.get("config")
     opts = Options(capacity=capacity, host_gib=host_gib, max_seqs=max_seqs, chunk=chunk, rows=rows, backend=backend,
@@ -281,15 +281,26 @@ def run(engine, host: str, port: int, api_key: str | None, stats_every: float = 
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False, lifespan="off",
                             http=guard.protocol(limits, limit_log), timeout_keep_alive=limits.keep_alive,
                             timeout_graceful_shutdown=limits.drain_timeout + GRACE_S)
-    for name in ("uvicorn.error", "asyncio"):
-        logging.getLogger(name).addFilter(limit_log.logging_filter(name.replace(".error", "")))
+    filters = [(logging.getLogger(name), limit_log.logging_filter(name.replace(".error", "")))
+               for name in ("uvicorn.error", "asyncio")]
+    for logger, f in filters:
+        logger.addFilter(f)
     server = Server(config)
     if sock is None:
         sock = bind(host, port)
-    # uvicorn re-raises the signal it drained on; let that land here, harmlessly, so we exit 0
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: None)
-    server.run(sockets=[sock])
+    from serve import hosted
+
+    # a host's command: the host's signal message stops it as SIGTERM (SIGINT) would; SIGKILL, or a
+    # crash, stops it at once (serve/hosted.py)
+    if not hosted.on_stop(lambda sig: _stop_hosted(server, sig)):
+        # uvicorn re-raises the signal it drained on; let that land here, harmlessly, so we exit 0
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: None)
+    try:
+        server.run(sockets=[sock])
+    finally:
+        for logger, f in filters:
+            logger.removeFilter(f)
     if not server.started:
         return EXIT_START_FAILED
     scheduler.stop()
@@ -302,6 +313,15 @@ def run(engine, host: str, port: int, api_key: str | None, stats_every: float = 
 
 
 GRACE_S = 5.0
+
+
+def _stop_hosted(server, sig: int) -> None:
+    """What SIGTERM or SIGINT does to a server of its own process (uvicorn's handler: drain, and a
+    second SIGINT forces); SIGKILL forces at once."""
+    if sig == signal.SIGKILL:
+        server.should_exit = server.force_exit = True
+    else:
+        server.handle_exit(sig, None)
 
 
 async def _flush_every(limit_log) -> None:

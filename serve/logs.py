@@ -7,6 +7,7 @@ info, or what `RUST_LOG` asks of `kern_serve`, as the Rust kern gate driver sets
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import sys
 import threading
@@ -18,12 +19,26 @@ __all__ = ["LEVELS", "Limiter", "event", "fmt", "level_from_env", "set_level"]
 _lock = threading.Lock()
 LEVELS = {"DEBUG": 10, "INFO": 20, "WARN": 30, "ERROR": 40}
 _threshold = LEVELS["INFO"]
+# a server run as a host's command (serve/hosted.py) has its own level; None: the process's
+_command_threshold: contextvars.ContextVar[int | None] = contextvars.ContextVar("kern_log_threshold", default=None)
 
 
 def set_level(name: str) -> None:
-    """Write only lines at `name` (debug, info, warn or error) or above."""
+    """Write only lines at `name` (debug, info, warn or error) or above: this process's lines, or,
+    in a host's command (`serve.hosted`), that command's."""
     global _threshold
-    _threshold = LEVELS[{"WARNING": "WARN"}.get(name.upper(), name.upper())]
+    level = LEVELS[{"WARNING": "WARN"}.get(name.upper(), name.upper())]
+    from serve.hosted import COMMAND
+
+    if COMMAND.get() is not None:
+        _command_threshold.set(level)
+    else:
+        _threshold = level
+
+
+def _current_threshold() -> int:
+    t = _command_threshold.get()
+    return _threshold if t is None else t
 
 
 def level_from_env(rust_log: str | None) -> str | None:
@@ -63,7 +78,7 @@ def fmt(name: str, level: str = "INFO", **fields) -> str:
 
 
 def event(name: str, level: str = "INFO", **fields) -> None:
-    if LEVELS.get(level, LEVELS["ERROR"]) < _threshold:
+    if LEVELS.get(level, LEVELS["ERROR"]) < _current_threshold():
         return
     line = fmt(name, level, **fields)
     with _lock:
@@ -124,11 +139,16 @@ class Limiter:
     def logging_filter(self, name: str) -> logging.Filter:
         """A filter for a library's logger (uvicorn's, asyncio's): every record becomes the event
         `name` through this limiter, its reason the message's first line; the first of each reason
-        keeps its traceback. The record itself is dropped."""
-        limiter = self
+        keeps its traceback. The record itself is dropped. In a host's command (`serve.hosted`) only
+        that command's records: the loggers are the process's, shared by every server in it."""
+        from serve.hosted import COMMAND
+
+        limiter, owner = self, COMMAND.get()
 
         class Limited(logging.Filter):
             def filter(self, record: logging.LogRecord) -> bool:
+                if owner is not None and COMMAND.get() is not owner:
+                    return True  # another server's record: its own filter takes it
                 lines = record.getMessage().strip().splitlines() or ["?"]
                 exc = record.exc_info[1] if record.exc_info else None
                 fields = {"reason": lines[0][:120]}

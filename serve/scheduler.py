@@ -8,19 +8,19 @@ batch:
     core.run(plan)              # launch each step on the runtime, commit what its cells emitted
 
 Handlers on other threads only post to the inbox. An exception here ends the process with exit code
-101: a server that accepts and never answers is worse than one that is gone.
+101: a server that accepts and never answers is worse than one that is gone (a server run in a
+host, `serve/hosted.py`, ends its command with 101 instead, and stops at once).
 """
 
 from __future__ import annotations
 
 import concurrent.futures
-import os
 import queue
 import threading
 import time
 import traceback
 
-from serve import logs
+from serve import hosted, logs
 from serve.core import Core, Plan, snapshot_holdings
 from serve.engine import Engine
 from serve.request import Request
@@ -106,7 +106,7 @@ class Scheduler(threading.Thread):
         except BaseException:
             logs.event("scheduler crashed", "ERROR", error=traceback.format_exc().strip().splitlines()[-1])
             traceback.print_exc()
-            os._exit(EXIT_CRASH)
+            hosted.crashed(EXIT_CRASH)  # the process (or, in a host, this server's command) ends
 
     def _loop(self) -> None:
         core = self.core

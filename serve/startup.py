@@ -3,7 +3,8 @@
 `Phases.mark(name)` ends the phase `name` at now; `as_fields()` gives ``NAME_s`` per phase and
 ``start_s``, the seconds from the process's start (its fork, for a server the gate's zygote forked)
 to the last mark. The process's start is read from Linux's /proc; elsewhere the clock starts when
-`Phases` is made, and the first phase (the imports) is not counted.
+`Phases` is made, and the first phase (the imports) is not counted. A server run as a host's command
+(`serve/hosted.py`) counts from when the host was handed the command.
 """
 
 from __future__ import annotations
@@ -31,8 +32,11 @@ class Phases:
 
     def __init__(self, first: str = "imports"):
         now = time.monotonic()
+        from serve.hosted import started
+
+        handed = started()  # a host's command counts from when it was handed over
         age = process_age()
-        self.origin = now - age if age is not None else now
+        self.origin = handed if handed is not None else (now - age if age is not None else now)
         self.last = self.origin
         self.spans: dict[str, float] = {}
         self.mark(first, now)

@@ -95,6 +95,8 @@ ZYGOTES = _Zygotes()
 class _Lent:
     """The worker's zygote lent to an in-process gate (`e2e.cli.main`): the gate's close leaves it."""
 
+    hosted = False
+
     def __init__(self, zygote) -> None:
         self.zygote = zygote
         self.warm_s = zygote.warm_s

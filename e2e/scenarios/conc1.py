@@ -43,10 +43,11 @@ def run_equals_reference(r) -> None:
 
 
 def _forked_runs(r, prompts: list[list[int]], rows: int) -> str:
-    """With a zygote, `kern run --prompts-file` in a forked child fills the runner's cache first: the
-    runs go in their own process (their own GIL and device), not this one's, which serves every lane.
+    """With a zygote (or hosts), `kern run --prompts-file` forked (or a host's thread) fills the runner's
+    cache first: the runs go in another process (its own GIL and device), not this one's, which
+    serves every lane.
     Whatever it did not answer the runner runs here. A note for the check: how the runs were made."""
-    runner, z = r.runner, r.opts.zygote
+    runner, z = r.runner, r.opts.spawner()
     cache = getattr(runner, "cache", None)
     if z is None or cache is None or not hasattr(runner, "manifest_path"):
         return ""

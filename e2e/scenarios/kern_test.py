@@ -14,8 +14,8 @@ def run(r) -> None:
     cmd = [*base, "--config", str(r.target.config or r.opts.config), "test", r.target.name, "--backend", r.opts.backend]
     r.dir.mkdir(parents=True, exist_ok=True)
     log = r.dir / "kern-test.log"
-    if r.opts.zygote is not None:
-        out, code = forked(r.opts.zygote, cmd, log, r.opts.kern_test_timeout)
+    if r.opts.spawner() is not None:
+        out, code = forked(r.opts.spawner(), cmd, log, r.opts.kern_test_timeout)
     else:
         try:
             p = subprocess.run(cmd, capture_output=True, text=True, env=project_env(), timeout=r.opts.kern_test_timeout)
@@ -33,7 +33,8 @@ def forked(zygote, cmd: list[str], log, timeout: float) -> tuple[str, int | None
     (output, code), code None when it ran past `timeout` (then killed)."""
     from e2e.zygote import ZygoteGone
 
-    header = "$ " + " ".join(cmd) + " (forked by the gate's zygote)\n"
+    header = "$ " + " ".join(cmd) + (" (a thread of one of the gate's hosts)" if zygote.hosted
+                                     else " (forked by the gate's zygote)") + "\n"
     log.write_text(header)
     try:
         child = zygote.spawn(kern_args(cmd), log)

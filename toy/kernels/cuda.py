@@ -17,6 +17,7 @@ importable there).
 """
 
 import math
+import weakref
 
 import numpy as np
 from numba import cuda
@@ -338,27 +339,27 @@ def _fold(token_ids, positions, line_index, mem, salt, rows, lwords):
 
 # -- the entries: fn(grid, block, *args) like the CPU's ---------------------------------------------
 
-_SCRATCH: dict = {}  # (what, stream key) -> device array; insertion-ordered, the oldest dropped past 64
+# Scratch per stream: launches on one stream are ordered, so they may share it. Held as long as the
+# stream object is (the runtime's backend holds it, and its captured graphs hold the scratch's
+# addresses): several runtimes in one process (a host's servers) each keep their own, and a runtime
+# that is gone takes its scratch with it. Stream 0 (the legacy default) has one table for good.
+_SCRATCH: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # stream -> {what: device array}
+_SCRATCH0: dict = {}
 
 
-def _stream_key(stream) -> int:
-    """The CUDA stream's handle: launches on one stream are ordered, so they may share scratch."""
+def _table(stream) -> dict:
     if not stream:
-        return 0
-    h = getattr(stream, "handle", None)
-    try:
-        return int(h)  # cuda-python's CUstream
-    except (TypeError, ValueError):
-        v = getattr(h, "value", None)  # ctypes c_void_p
-        return int(v) if v is not None else id(stream)
-
-
-def _cached(key, make):
-    got = _SCRATCH.get(key)
+        return _SCRATCH0
+    got = _SCRATCH.get(stream)
     if got is None:
-        got = _SCRATCH[key] = make()
-        while len(_SCRATCH) > 64:
-            del _SCRATCH[next(iter(_SCRATCH))]
+        got = _SCRATCH[stream] = {}
+    return got
+
+
+def _cached(table: dict, key, make):
+    got = table.get(key)
+    if got is None:
+        got = table[key] = make()
     return got
 
 
@@ -366,16 +367,16 @@ def _scratch(name, stream, n, dtype):
     """A device array of at least n elements for launches on `stream`. It starts large enough for
     any split read of up to 4096 sequences (grid * splits < SPLIT_BLOCKS + grid), so it never moves
     once made: a captured CUDA graph holds its address."""
-    key = (name, _stream_key(stream))
-    got = _cached(key, lambda: cuda.device_array(max(n, 2 * SPLIT_BLOCKS), dtype))
+    table = _table(stream)
+    got = _cached(table, name, lambda: cuda.device_array(max(n, 2 * SPLIT_BLOCKS), dtype))
     if got.size < n:
-        got = _SCRATCH[key] = cuda.device_array(n, dtype)
+        got = table[name] = cuda.device_array(n, dtype)
     return got
 
 
 def _none(stream):
     """Stand-ins for the line index and arena of a target without a line (never read)."""
-    return _cached(("none", _stream_key(stream)), lambda: (cuda.to_device(np.zeros(1, np.int32)), cuda.to_device(np.zeros(1, np.uint64))))
+    return _cached(_table(stream), "none", lambda: (cuda.to_device(np.zeros(1, np.int32)), cuda.to_device(np.zeros(1, np.uint64))))
 
 
 def _splits(grid, cap):

@@ -1,0 +1,101 @@
+"""The gate's hosts (`oracle/host.py`): a few warm processes that run its servers as threads.
+
+On a GPU each process makes its own CUDA context and the driver makes them one at a time, so a gate
+whose every server, `kern test` and `kern run` is a process of its own (sixty-odd) waits on the
+driver. `Hosts(n, ...)` starts `n` host processes at once (each makes its one context and, on the
+CPU, runs each warm target once) and `spawn` hands each command to the host running the fewest, as
+a `Child` that answers like the zygote's (`e2e/zygote.py`): its signals go through the host, and it
+has no process group of its own (`Child.hosted`).
+
+A staged target's server starts stage processes of its own, so the gate forks those from the zygote
+instead (`e2e/cli.py`). If a host dies, its commands are reported killed (-9) and new ones go to the
+others; when none is left, `spawn` raises `ZygoteGone` (the session reports a server that could not
+start).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from e2e.zygote import Child, Zygote, ZygoteGone
+
+__all__ = ["Host", "Hosts"]
+
+
+class Host(Zygote):
+    """One `python -m oracle.host` process, spoken to as a zygote is."""
+
+    hosted = True
+    module = "oracle.host"
+
+
+class Hosts:
+    """`n` hosts started at once; `spawn` picks the one running the fewest commands."""
+
+    hosted = True
+
+    def __init__(self, n: int, env: dict[str, str], backend: str, config: Path | None = None,
+                 warm: list[str] | tuple[str, ...] = (), log_dir: Path | None = None, ready_timeout: float = 600.0):
+        if n < 1:
+            raise ValueError(f"hosts: {n} must be at least 1")
+        self.backend = backend
+        self.logs: list[Path] = []
+        if log_dir is not None:
+            log_dir.mkdir(parents=True, exist_ok=True)
+            self.logs = [log_dir / f"host-{i}.log" for i in range(n)]
+        self.lock = threading.Lock()
+        t0 = time.monotonic()
+
+        def start(i: int) -> Host:
+            err = open(self.logs[i], "ab") if self.logs else None
+            try:
+                return Host(env, config, warm, ready_timeout, args=["--backend", backend], stderr=err)
+            finally:
+                if err is not None:
+                    err.close()
+
+        with ThreadPoolExecutor(n) as ex:
+            futures = [ex.submit(start, i) for i in range(n)]
+        self.hosts: list[Host] = []
+        errors = []
+        for f in futures:
+            try:
+                self.hosts.append(f.result())
+            except (ZygoteGone, OSError) as exc:
+                errors.append(str(exc))
+        if not self.hosts:
+            raise ZygoteGone("; ".join(errors) or "no host started")
+        self.errors = errors
+        self.warm_s = round(time.monotonic() - t0, 2)
+        self.gpu_imports = None
+
+    def spawn(self, argv: list[str], log: Path, env: dict[str, str] | None = None, timeout: float = 60.0) -> Child:
+        """Run `kern ARGV` on the host with the fewest commands running, its output appended to `log`."""
+        while True:
+            with self.lock:
+                alive = [h for h in self.hosts if not h.gone]
+                if not alive:
+                    raise ZygoteGone("every host has exited")
+                host = min(alive, key=Host.live)
+            try:
+                return host.spawn(argv, log, env, timeout)
+            except ZygoteGone:
+                if not host.gone:
+                    raise
+                # that host died just now: the next one
+
+    def __len__(self) -> int:
+        return len(self.hosts)
+
+    def close(self) -> None:
+        for h in self.hosts:
+            try:
+                if h.proc.stdin is not None:
+                    h.proc.stdin.close()
+            except OSError:
+                pass
+        for h in self.hosts:
+            h.close()

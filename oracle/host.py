@@ -1,0 +1,254 @@
+"""A warm process that runs several `kern` commands at once, each in a thread of its own.
+
+    python -m oracle.host [--backend cpu|gpu] [--config FILE] [--warm TARGET ...]
+
+On a GPU every process pays its own CUDA context, and the driver makes contexts one at a time
+(about 0.2 s each on an H200, `bench/cuda_contexts.py`): a gate that starts sixty GPU processes
+waits 11 s or more for the driver alone. A host makes its context once, before it says it is
+ready, and then runs each command it is sent (`kern serve`, `kern test`, `kern run`) in a thread,
+all of them on that context. What a command needs of "its process" it gets from `serve.hosted`:
+
+- its output: this process's `sys.stdout` and `sys.stderr` write to the command's log, chosen by
+  the thread's context (every thread a command starts runs in its context: `inherit_context`);
+- its environment (`RUST_LOG`): `serve.hosted.getenv` reads the command's first;
+- its signals: the message ``{"signal": ID, "sig": N}`` stops a server as SIGTERM would (drain);
+  SIGKILL (or SIGINT twice) forces it. A command that cannot be stopped (a `kern run`) is reported
+  killed at once and left to finish with its output dropped;
+- its exit code: `sys.exit` ends the thread, not the process; a scheduler that crashes ends its
+  command with 101 and stops its server (`serve.hosted.crashed`).
+
+Protocol (JSON lines; stdin in, stdout out), as `oracle/zygote.py`'s: first ``{"ready": true,
+"warm_s": S, "host_pid": P, "backend": B}`` (or ``{"ready": false, "error": why}`` and exit 1); for
+each ``{"argv": [...], "log": PATH, "env": {...}}`` the reply ``{"pid": ID}`` (ID names the command:
+it is no process) or ``{"error": why}``; ``{"signal": ID, "sig": N}`` is answered by nothing; and
+whenever a command ends ``{"exit": ID, "code": C}`` (C < 0: killed by signal -C). When stdin closes
+every command still running is told SIGKILL and the host exits.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import io
+import json
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+
+# CPU commands launch parallel kernels from several threads at once: only the omp and tbb layers
+# allow that (numba's workqueue layer aborts the process)
+os.environ.setdefault("NUMBA_THREADING_LAYER", "threadsafe")
+
+from serve import hosted  # noqa: E402  (after the threading layer is chosen)
+
+_OUT = threading.Lock()  # one protocol line at a time
+_real_stdout = sys.stdout
+
+
+def _say(obj: dict) -> None:
+    with _OUT:
+        _real_stdout.write(json.dumps(obj) + "\n")
+        _real_stdout.flush()
+
+
+_SINK: contextvars.ContextVar["Running | None"] = contextvars.ContextVar("kern_host_sink", default=None)
+
+
+class Routed(io.TextIOBase):
+    """This process's stdout or stderr: each write goes to the log of the command whose thread wrote
+    it, or (outside any command) to `fallback`, the host's own stream."""
+
+    def __init__(self, fallback):
+        self.fallback = fallback
+
+    def _target(self):
+        r = _SINK.get()
+        return self.fallback if r is None else r.stream
+
+    def write(self, s: str) -> int:
+        return self._target().write(s)
+
+    def flush(self) -> None:
+        self._target().flush()
+
+    def isatty(self) -> bool:
+        return False
+
+    def writable(self) -> bool:
+        return True
+
+    def fileno(self) -> int:
+        return self._target().fileno()
+
+    @property
+    def encoding(self) -> str:
+        return getattr(self._target(), "encoding", "utf-8")
+
+    @property
+    def errors(self) -> str:
+        return getattr(self._target(), "errors", "strict")
+
+
+class _Null(io.TextIOBase):
+    def write(self, s: str) -> int:
+        return len(s)
+
+    def fileno(self) -> int:
+        raise io.UnsupportedOperation("a killed command's output goes nowhere")
+
+
+class Running:
+    """One command in its thread: its id, its `serve.hosted.Command`, whether its exit was reported."""
+
+    def __init__(self, cid: int, argv: list[str], log: str, env: dict[str, str]):
+        self.cid, self.argv, self.log, self.env = cid, argv, log, env
+        self.command = hosted.Command(env=dict(env), ended=self.report)
+        self.reported = False
+        self.lock = threading.Lock()
+        self.sink: io.TextIOBase | None = None
+        self.null = _Null()
+        self.thread = threading.Thread(target=self._run, name=f"command-{cid}", daemon=True)
+
+    def report(self, code: int) -> None:
+        """Say the command ended with `code`, once; what it writes after that is dropped."""
+        with self.lock:
+            if self.reported:
+                return
+            self.reported = True
+        if self.sink is not None:
+            try:
+                self.sink.flush()
+            except (OSError, ValueError):
+                pass
+        _say({"exit": self.cid, "code": code})
+        _LIVE.pop(self.cid, None)
+
+    @property
+    def stream(self):
+        """Where the command's output goes: its log, until its exit was reported (then nowhere)."""
+        return self.null if self.reported or self.sink is None else self.sink
+
+    def signal(self, sig: int) -> None:
+        stoppable = self.command.signal(sig)
+        if sig == signal.SIGKILL or not stoppable:
+            self.report(-sig)  # killed: reported now, whatever the thread still does
+
+    def _run(self) -> None:
+        code = 1
+        try:
+            self.sink = open(self.log, "a", buffering=1, encoding="utf-8", errors="replace")
+        except OSError as exc:
+            _say({"exit": self.cid, "code": 1, "error": f"cannot open the log {self.log}: {exc}"})
+            _LIVE.pop(self.cid, None)
+            return
+        _SINK.set(self)
+        hosted.COMMAND.set(self.command)
+        try:
+            from oracle.cli import main
+
+            main(self.argv, prog_name="kern")
+            code = 0
+        except SystemExit as exc:
+            c = exc.code
+            code = c if isinstance(c, int) else (0 if c is None else 1)
+            if not isinstance(c, int) and c is not None:
+                print(c, file=sys.stderr)
+        except BaseException:
+            traceback.print_exc()
+            code = 1
+        finally:
+            self.report(code)
+            _SINK.set(None)
+            try:
+                self.sink.close()
+            except OSError:
+                pass
+
+
+_LIVE: dict[int, Running] = {}
+
+
+def warm(backend: str, config: str | None, targets: list[str]) -> str:
+    """Make this process's device (a GPU: its one CUDA context) and run a few tokens of each target
+    through the runtime, so the first command pays neither; what the device is."""
+    from oracle.cli import main
+
+    if backend == "gpu":
+        from runtime.backend import make_backend
+
+        make_backend("gpu").synchronize()
+    base = ["--config", config] if config else []
+    quiet = Running(0, [], os.devnull, {})
+    quiet.sink = open(os.devnull, "w")
+    token = _SINK.set(quiet)
+    try:
+        for t in targets:
+            try:
+                main([*base, "run", t, "--steps", "3", "--backend", backend, "--prompt", "warm"], standalone_mode=False)
+            except BaseException:  # a target that cannot run warm is its command's to report, not ours
+                pass
+    finally:
+        _SINK.reset(token)
+        quiet.sink.close()
+    return backend
+
+
+def serve_requests() -> None:
+    ids = iter(range(1, 1 << 62))
+    for raw in sys.stdin.buffer:
+        line = raw.strip()
+        if not line:
+            continue
+        try:
+            req = json.loads(line)
+            if "signal" in req:
+                r = _LIVE.get(int(req["signal"]))
+                if r is not None:
+                    r.signal(int(req["sig"]))
+                continue
+            argv, log, env = list(map(str, req["argv"])), str(req["log"]), dict(req.get("env") or {})
+        except (ValueError, KeyError, TypeError) as exc:
+            _say({"error": f"bad request {line[:200]!r}: {exc}"})
+            continue
+        r = Running(next(ids), argv, log, {str(k): str(v) for k, v in env.items()})
+        _LIVE[r.cid] = r
+        _say({"pid": r.cid})
+        r.thread.start()
+    left = list(_LIVE.values())
+    for r in left:  # stdin closed: the gate is gone, so is every command
+        r.signal(signal.SIGKILL)
+    deadline = time.monotonic() + 5
+    for r in left:
+        r.thread.join(max(deadline - time.monotonic(), 0))
+
+
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m oracle.host", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--backend", choices=("cpu", "gpu"), default="gpu", help="the device made before ready")
+    ap.add_argument("--config", default=None, help="the config the --warm targets are named in")
+    ap.add_argument("--warm", nargs="*", default=[], help="targets run for a few tokens before ready")
+    args = ap.parse_args(argv)
+    t0 = time.monotonic()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the gate's Ctrl-C is the gate's; stdin's end is ours
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # a client's hang-up is an error on its socket
+    sys.stdout = Routed(sys.stdout)
+    sys.stderr = Routed(sys.stderr)
+    hosted.inherit_context()
+    try:
+        device = warm(args.backend, args.config, args.warm)
+    except Exception as exc:
+        _say({"ready": False, "error": f"{type(exc).__name__}: {exc}"})
+        sys.exit(1)
+    _say({"ready": True, "warm_s": round(time.monotonic() - t0, 2), "host_pid": os.getpid(), "backend": device})
+    serve_requests()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # daemon command threads (killed servers finishing) do not hold the exit
+
+
+if __name__ == "__main__":
+    main()
