@@ -62,14 +62,14 @@ def _greedy(argv: list[str]) -> list[str]:
     return out
 
 
-def _oracles(t: GateTarget, reference: Path | None, out: Path, backend: str):
+def _oracles(t: GateTarget, reference: Path | None, out: Path, backend: str, worker: bool = False):
     ident = kern_run_identity(t.manifest, t.weights, backend)
     # a float target's divergences may be near-ties: the probe gives the runtime's logits at that step
     prober = Prober(t.manifest, t.weights, backend, out / t.name / "probes", ident) if t.floats else None
     runner = KernRun(t.manifest, t.weights, backend, Cache(out / t.name / "oracle.json", ident), prober=prober)
     if reference is None:
         return runner, None
-    return Reference(reference, t.manifest, prober=prober), runner
+    return Reference(reference, t.manifest, prober=prober, worker=worker), runner
 
 
 def _skipped(t: GateTarget, reason: str, echo: Callable[[str], None]) -> dict:
@@ -88,10 +88,13 @@ def gate_target(t: GateTarget, opts: Options, reference: Path | None, wanted: se
     staged = f", {t.stages} pipeline stages" if t.stages > 1 else ""
     echo(f"== {t.name} ({t.ranks} rank(s), {'stateful' if t.lined else 'paged'}, rows {t.widest}{staged})")
     t0 = time.monotonic()
-    oracle, runner = _oracles(t, reference, opts.out, opts.backend)
+    oracle, runner = _oracles(t, reference, opts.out, opts.backend, opts.reference_worker)
     checks = Checks(wanted, echo=echo)
     run = Run(t, opts, oracle, runner, checks, echo=echo)
-    unavailable = run_target(run, steps, opts.at_once)
+    try:
+        unavailable = run_target(run, steps, opts.at_once)
+    finally:
+        getattr(oracle, "close", lambda: None)()
     wall = round(time.monotonic() - t0, 1)
     hits = {"served": run.served, "counters": run.session_hits}  # for stages_equal_single (e2e/stages.py)
     if unavailable is not None:
@@ -160,6 +163,7 @@ def start_zygote(cfg: Path, chosen: list[GateTarget], backend: str):
     return z
 
 
+WORKER_CORES = 8  # --reference-worker by default from this many cores on
 GPU_HOSTS = 8  # --hosts on a GPU: processes (CUDA contexts) the gate's single-process servers share
 
 
@@ -231,13 +235,17 @@ def no_gpu() -> str | None:
                    "host processes (one device context each) instead of a process each (0: off). Default: "
                    f"{GPU_HOSTS} on a GPU (whose driver makes one CUDA context at a time, about 0.2 s each), "
                    "0 on the CPU (forked from the zygote). Ignored with --kern.")
+@click.option("--reference-worker/--reference-in-process", "reference_worker", default=None,
+              help="Run each target's reference arithmetic (model.py) in a process of its own, off the gate's "
+                   f"GIL. Default: in a worker on a machine of {WORKER_CORES} or more cores, else in process.")
 @click.option("--sessions-at-once/--sessions-in-turn", "at_once", default=True, show_default=True,
               help="Run a target's independent sessions at once, each in its own server, every session's "
                    "server started as soon as the first one's facts are known; --sessions-in-turn runs "
                    "them one after another.")
 @click.option("--junit", "junit_path", type=click.Path(dir_okay=False), default=None, help="Write JUnit XML here.")
 def cli(config, targets, scenarios, reference, no_reference, out, max_tokens, backend, port, capacity,
-        server_flags, kern, load_timeout, jobs, zygote, at_once, junit_path, hosts=None) -> None:
+        server_flags, kern, load_timeout, jobs, zygote, at_once, junit_path, hosts=None,
+        reference_worker=None) -> None:
     """Gate every target of a config through the server, token-exact against an oracle."""
     t0 = time.monotonic()
     wanted = set(_names(scenarios)) or None
@@ -255,7 +263,8 @@ def cli(config, targets, scenarios, reference, no_reference, out, max_tokens, ba
         except ReferenceError as exc:
             raise click.UsageError(str(exc)) from None
     opts = Options(cfg.resolve(), Path(out), max_tokens, backend, port, server_flags, capacity, load_timeout,
-                   shlex.split(kern) if kern else None, at_once=at_once)
+                   shlex.split(kern) if kern else None, at_once=at_once,
+                   reference_worker=(os.cpu_count() or 1) >= WORKER_CORES if reference_worker is None else reference_worker)
     if backend == "gpu" and (why := no_gpu()) is not None:
         reports = [_skipped(t, why, click.echo) for t in chosen]
     else:

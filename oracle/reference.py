@@ -66,7 +66,7 @@ class Reference:
     available = True
 
     def __init__(self, model: str | Path, manifest: dict[str, Any] | str | Path, cache: Cache | None = None,
-                 prober: Any = None):
+                 prober: Any = None, worker: bool = False):
         self.path = Path(model)
         self.prober = prober
         self.module = load_model(self.path)
@@ -76,6 +76,28 @@ class Reference:
         self.cache = cache
         pct = getattr(self.module, "ACCEPT_PCT", None)
         self.accept_pct: tuple[float, float] | None = tuple(pct) if pct is not None else None  # type: ignore[assignment]
+        # `worker`: the module's arithmetic runs in a process of its own (one, so what it remembers of
+        # earlier calls, a plain-Python model's memo, serves every later one); the caller's threads
+        # (a gate's lanes, its other targets) keep their GIL for their clients and checks
+        self._pool = None
+        if worker:
+            import multiprocessing
+            from concurrent.futures import ProcessPoolExecutor
+
+            self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"),
+                                             initializer=_worker_init, initargs=(str(self.path), self.manifest))
+
+    def _call(self, name: str, *args):
+        """`name(*args, manifest)` of the module, here or in the worker."""
+        if self._pool is not None:
+            return self._pool.submit(_worker_call, name, *args).result()
+        return getattr(self.module, name)(*args, self.manifest)
+
+    def close(self) -> None:
+        """End the worker process, if any."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
 
     def run(self, ids: list[int], steps: int, rows: int = 1) -> list[int]:
         ids = [int(t) for t in ids]
@@ -83,7 +105,7 @@ class Reference:
             hit = self.cache.get(ids, steps, rows)
             if hit is not None:
                 return hit
-        out = [int(t) for t in self.module.generate(list(ids), int(steps), self.manifest)]
+        out = [int(t) for t in self._call("generate", list(ids), int(steps))]
         if self.cache is not None:
             self.cache.put(ids, steps, rows, out)
         return out
@@ -95,7 +117,7 @@ class Reference:
 
     def logits(self, context: list[int]) -> list[float]:
         """The reference's logits after `context`, as floats (from its bf16 bits)."""
-        bits = [int(b) for b in self.module.logits([int(t) for t in context], self.manifest)]
+        bits = [int(b) for b in self._call("logits", [int(t) for t in context])]
         return [struct.unpack("<f", struct.pack("<I", (b & 0xFFFF) << 16))[0] for b in bits]
 
     def path_of(self, ids: list[int], steps: int, rows: int, emits: bool) -> dict | None:
@@ -103,6 +125,8 @@ class Reference:
         fn = getattr(self.module, "path", None)
         if not callable(fn):
             return None
+        if self._pool is not None:
+            return self._pool.submit(_worker_path, [int(t) for t in ids], int(steps), int(rows), bool(emits)).result()
         return fn([int(t) for t in ids], int(steps), self.manifest, int(rows), bool(emits))
 
     def near_tie(self, context: list[int], a: int, b: int, rows: int = 1) -> str:
@@ -114,3 +138,20 @@ class Reference:
         except Exception as exc:  # no probe, no evidence: nothing is excused
             return f"no evidence (probe failed: {type(exc).__name__}: {exc})"
         return evidence(probe, a, b, self.logits(context))
+
+
+# the worker process's side (`Reference(worker=True)`): the module and manifest, loaded once
+_WORKER: dict[str, Any] = {}
+
+
+def _worker_init(path: str, manifest: dict[str, Any]) -> None:
+    _WORKER["module"] = load_model(path)
+    _WORKER["manifest"] = manifest
+
+
+def _worker_call(name: str, *args):
+    return getattr(_WORKER["module"], name)(*args, _WORKER["manifest"])
+
+
+def _worker_path(ids: list[int], steps: int, rows: int, emits: bool):
+    return _WORKER["module"].path(ids, steps, _WORKER["manifest"], rows, emits)

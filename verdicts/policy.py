@@ -36,10 +36,12 @@ and a request that would wait for room.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 __all__ = ["POLICY_COUNTERS", "Policy", "Prediction", "Unmodelled"]
 
+_FREE_RUN = re.compile(b"\x00+")  # a run of free host grains
 POLICY_COUNTERS = ("resident_hits", "resident_hit_tokens", "host_hits", "host_hit_tokens", "prefix_hit_tokens",
             "parks", "wakes", "wake_tokens", "evictions", "host_evictions", "not_kept")
 
@@ -143,17 +145,9 @@ class Policy:
     # host
 
     def _runs(self) -> list[tuple[int, int]]:
-        runs, i, h = [], 0, self.host
-        while i < len(h):
-            if h[i]:
-                i += 1
-                continue
-            j = i
-            while j < len(h) and not h[j]:
-                j += 1
-            runs.append((i, j - i))
-            i = j
-        return runs
+        """The host's free runs, (start, length) in order (found by the regex engine: a host of a
+        million grains is scanned in C, not grain by grain)."""
+        return [(m.start(), m.end() - m.start()) for m in _FREE_RUN.finditer(self.host)]
 
     def _host_take(self, n: int, high: bool) -> int | None:
         runs = self._runs()
