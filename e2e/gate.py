@@ -238,6 +238,11 @@ class Run:
     def answer(self, prompt: str | list[int], max_tokens: int | None = None, **kw) -> Answer:
         live = self.need_any()
         m = max_tokens or self.m
+        ids = list(prompt.encode()) if isinstance(prompt, str) else list(prompt)
+        if live.policy is not None and live.policy.active:  # the reference starts on it while the server serves
+            live.policy.prefetch(ids, m)
+        elif callable(getattr(self.oracle, "prefetch", None)):
+            self.oracle.prefetch(ids, m, self.rows)
         try:
             a = live.client.complete(prompt, m, **kw)
         except Rejected as exc:

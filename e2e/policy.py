@@ -54,6 +54,11 @@ class PolicyGate:
             self.policy = None
             self.why = why
 
+    def prefetch(self, ids: list[int], max_tokens: int) -> None:
+        """Let the reference start on this request's path (and answer) while the server serves it."""
+        if self.policy is not None and callable(getattr(self.reference, "prefetch", None)):
+            self.reference.prefetch(ids, max_tokens, self.rows, path=(self.rows, self.policy.emits))
+
     def expect(self, label: str, ids: list[int], max_tokens: int, answer) -> None:
         """Predict the request and compare the answer's cached tokens, tier and snapshot."""
         if self.policy is None:

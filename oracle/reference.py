@@ -13,11 +13,16 @@ the probe against the reference's logits and gives the verdict (`verdicts.eviden
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import importlib.util
 import json
+import os
+import pickle
 import struct
 import sys
+import threading
+from concurrent.futures import Future
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -80,23 +85,54 @@ class Reference:
         # earlier calls, a plain-Python model's memo, serves every later one); the caller's threads
         # (a gate's lanes, its other targets) keep their GIL for their clients and checks
         self._pool = None
+        self._memo: dict[tuple, Any] = {}  # (what, args) -> its answer, or a Future of it (`prefetch`)
+        self._memo_lock = threading.Lock()
         if worker:
-            import multiprocessing
-            from concurrent.futures import ProcessPoolExecutor
-
-            self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"),
-                                             initializer=_worker_init, initargs=(str(self.path), self.manifest))
+            self._pool = Worker(self.path, self.manifest)
 
     def _call(self, name: str, *args):
-        """`name(*args, manifest)` of the module, here or in the worker."""
-        if self._pool is not None:
-            return self._pool.submit(_worker_call, name, *args).result()
+        """`name(*args, manifest)` of the module (`path`: `path(ids, steps, manifest, rows, emits)`),
+        here or in the worker; remembered, since the arithmetic is a pure function of its arguments."""
+        key = (name, *[tuple(a) if isinstance(a, list) else a for a in args])
+        with self._memo_lock:
+            got = self._memo.get(key)
+            if got is None and self._pool is not None:
+                got = self._memo[key] = self._pool.submit(name, *args)
+        if got is None:
+            got = self._local(name, *args)
+            with self._memo_lock:
+                self._memo[key] = got
+            return got
+        return got.result() if isinstance(got, Future) else got
+
+    def _local(self, name: str, *args):
+        if name == "path":
+            ids, steps, rows, emits = args
+            return self.module.path(ids, steps, self.manifest, rows, emits)
         return getattr(self.module, name)(*args, self.manifest)
+
+    def prefetch(self, ids: list[int], steps: int, rows: int = 1, path: tuple[int, bool] | None = None) -> None:
+        """With a worker: start computing `run(ids, steps)` (and, given ``path=(rows, emits)``, its
+        `path_of`) now, while the caller does other things (sends the same prompt to the server);
+        the later call takes the answer. Without a worker, nothing (it would only take turns)."""
+        if self._pool is None:
+            return
+        ids = [int(t) for t in ids]
+        if self.cache is None or self.cache.get(ids, steps, rows) is None:
+            self._submit("generate", ids, int(steps))
+        if path is not None and callable(getattr(self.module, "path", None)):
+            self._submit("path", ids, int(steps), int(path[0]), bool(path[1]))
+
+    def _submit(self, name: str, *args) -> None:
+        key = (name, *[tuple(a) if isinstance(a, list) else a for a in args])
+        with self._memo_lock:
+            if key not in self._memo and self._pool is not None:
+                self._memo[key] = self._pool.submit(name, *args)
 
     def close(self) -> None:
         """End the worker process, if any."""
         if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool.close()
             self._pool = None
 
     def run(self, ids: list[int], steps: int, rows: int = 1) -> list[int]:
@@ -125,9 +161,8 @@ class Reference:
         fn = getattr(self.module, "path", None)
         if not callable(fn):
             return None
-        if self._pool is not None:
-            return self._pool.submit(_worker_path, [int(t) for t in ids], int(steps), int(rows), bool(emits)).result()
-        return fn([int(t) for t in ids], int(steps), self.manifest, int(rows), bool(emits))
+        got = self._call("path", [int(t) for t in ids], int(steps), int(rows), bool(emits))
+        return copy.deepcopy(got)  # remembered: the caller's copy is its own
 
     def near_tie(self, context: list[int], a: int, b: int, rows: int = 1) -> str:
         if not self.floats or self.prober is None:
@@ -140,18 +175,100 @@ class Reference:
         return evidence(probe, a, b, self.logits(context))
 
 
-# the worker process's side (`Reference(worker=True)`): the module and manifest, loaded once
-_WORKER: dict[str, Any] = {}
+class Worker:
+    """One `python -m oracle.reference MODEL` process that runs the module's calls in turn;
+    `submit(name, *args)` returns a Future of `name(*args, manifest)` (`path`: with the manifest
+    third). A process of our own, not a multiprocessing pool: nothing of the caller's `__main__` is
+    imported again there. If it dies, every call not answered fails with `ReferenceError`."""
+
+    def __init__(self, path: Path, manifest: dict[str, Any]):
+        import subprocess
+
+        root = str(Path(__file__).resolve().parent.parent)
+        env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        self.proc = subprocess.Popen([sys.executable, "-m", "oracle.reference", str(path)], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, env=env, start_new_session=True)
+        self.lock = threading.Lock()
+        self.waiting: dict[int, Future] = {}
+        self.next = 0
+        self._send(("manifest", manifest))
+        self.reader = threading.Thread(target=self._read, name="reference-worker", daemon=True)
+        self.reader.start()
+
+    def _send(self, obj) -> None:
+        assert self.proc.stdin is not None
+        pickle.dump(obj, self.proc.stdin, protocol=pickle.HIGHEST_PROTOCOL)
+        self.proc.stdin.flush()
+
+    def submit(self, name: str, *args) -> Future:
+        fut: Future = Future()
+        with self.lock:
+            n, self.next = self.next, self.next + 1
+            self.waiting[n] = fut
+            try:
+                self._send((n, name, args))
+            except (BrokenPipeError, OSError, ValueError) as exc:
+                self.waiting.pop(n, None)
+                fut.set_exception(ReferenceError(f"the reference worker is gone ({exc})"))
+        return fut
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        while True:
+            try:
+                n, ok, value = pickle.load(self.proc.stdout)
+            except (EOFError, OSError, pickle.UnpicklingError, ValueError):
+                break
+            with self.lock:
+                fut = self.waiting.pop(n, None)
+            if fut is not None:
+                if ok:
+                    fut.set_result(value)
+                else:
+                    fut.set_exception(ReferenceError(value))
+        with self.lock:
+            left, self.waiting = self.waiting, {}
+        for fut in left.values():
+            fut.set_exception(ReferenceError(f"the reference worker exited (code {self.proc.poll()})"))
+
+    def close(self) -> None:
+        try:
+            if self.proc.stdin is not None:
+                self.proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            self.proc.wait(10)
+        except Exception:
+            self.proc.kill()
+            self.proc.wait()
 
 
-def _worker_init(path: str, manifest: dict[str, Any]) -> None:
-    _WORKER["module"] = load_model(path)
-    _WORKER["manifest"] = manifest
+def _worker_call(module: ModuleType, manifest: dict[str, Any], name: str, *args):
+    if name == "path":
+        ids, steps, rows, emits = args
+        return module.path(ids, steps, manifest, rows, emits)
+    return getattr(module, name)(*args, manifest)
 
 
-def _worker_call(name: str, *args):
-    return getattr(_WORKER["module"], name)(*args, _WORKER["manifest"])
+def _serve_worker(path: str) -> None:
+    """The worker's loop: the manifest first, then (n, name, args) -> (n, ok, answer or why)."""
+    stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
+    sys.stdout = sys.stderr  # what the module prints is not the protocol
+    module = load_model(path)
+    _, manifest = pickle.load(stdin)
+    while True:
+        try:
+            n, name, args = pickle.load(stdin)
+        except EOFError:
+            return
+        try:
+            out = (n, True, _worker_call(module, manifest, name, *args))
+        except Exception as exc:  # the reference's own failure: the caller's to report
+            out = (n, False, f"{type(exc).__name__}: {exc}")
+        pickle.dump(out, stdout, protocol=pickle.HIGHEST_PROTOCOL)
+        stdout.flush()
 
 
-def _worker_path(ids: list[int], steps: int, rows: int, emits: bool):
-    return _WORKER["module"].path(ids, steps, _WORKER["manifest"], rows, emits)
+if __name__ == "__main__":
+    _serve_worker(sys.argv[1])
