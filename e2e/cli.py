@@ -284,7 +284,8 @@ def cli(config, targets, scenarios, reference, no_reference, out, max_tokens, ba
         write_report(opts.out, r)
     meta = {"commit": commit(), "backend": backend, "max_tokens": max_tokens, "wall_s": time.monotonic() - t0,
             "zygote_warm_s": getattr(opts.zygote, "warm_s", None), "gate_cpu_s": _own_cpu(),
-            "hosts": len(opts.hosts) if opts.hosts is not None else 0, "hosts_warm_s": getattr(opts.hosts, "warm_s", None)}
+            "hosts": len(opts.hosts) if opts.hosts is not None else 0, "hosts_warm_s": getattr(opts.hosts, "warm_s", None),
+            "hosts_cpu_s": opts.hosts.cpu_s() if opts.hosts is not None else None}
     table, code = write_summary(opts.out, reports, meta)
     click.echo("\n" + table)
     if junit_path:

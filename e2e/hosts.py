@@ -99,3 +99,8 @@ class Hosts:
                 pass
         for h in self.hosts:
             h.close()
+
+    def cpu_s(self) -> float | None:
+        """CPU seconds (user + sys) the hosts spent, all their commands together, once closed."""
+        seen = [sum(h.usage_self["cpu_s"]) for h in self.hosts if "cpu_s" in h.usage_self]
+        return round(sum(seen), 1) if seen else None

@@ -93,6 +93,7 @@ class Zygote:
         self.usage: dict[int, dict] = {}  # per ended child: its own CPU seconds (user, sys) and peak memory
         self.replies: list[dict] = []
         self.spawned = 0
+        self.usage_self: dict = {}  # a host's own CPU seconds [user, sys] and peak memory, said as it exits
         self.gone = False
         self.warm_s: float | None = None
         self.gpu_imports: str | None = None  # what the zygote imported of the GPU backend (with gpu_imports)
@@ -122,6 +123,8 @@ class Zygote:
                 if "exit" in msg:
                     self.exits[int(msg["exit"])] = int(msg["code"])
                     self.usage[int(msg["exit"])] = {k: msg[k] for k in ("cpu_s", "maxrss_kib") if k in msg}
+                elif "bye" in msg:  # a host's own CPU and peak memory, as it exits
+                    self.usage_self = {k: msg[k] for k in ("cpu_s", "maxrss_kib") if k in msg}
                 elif "ready" in msg:
                     if not msg["ready"]:
                         self.ready_error = str(msg.get("error", "not ready"))

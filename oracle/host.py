@@ -22,7 +22,8 @@ Protocol (JSON lines; stdin in, stdout out), as `oracle/zygote.py`'s: first ``{"
 each ``{"argv": [...], "log": PATH, "env": {...}}`` the reply ``{"pid": ID}`` (ID names the command:
 it is no process) or ``{"error": why}``; ``{"signal": ID, "sig": N}`` is answered by nothing; and
 whenever a command ends ``{"exit": ID, "code": C}`` (C < 0: killed by signal -C). When stdin closes
-every command still running is told SIGKILL and the host exits.
+every command still running is told SIGKILL, and the host says ``{"bye": true, "cpu_s": [USER, SYS],
+"maxrss_kib": K}`` (its own, all its commands together) and exits.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import contextvars
 import io
 import json
 import os
+import resource
 import signal
 import sys
 import threading
@@ -245,6 +247,8 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(1)
     _say({"ready": True, "warm_s": round(time.monotonic() - t0, 2), "host_pid": os.getpid(), "backend": device})
     serve_requests()
+    use = resource.getrusage(resource.RUSAGE_SELF)
+    _say({"bye": True, "cpu_s": [round(use.ru_utime, 2), round(use.ru_stime, 2)], "maxrss_kib": use.ru_maxrss})
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)  # daemon command threads (killed servers finishing) do not hold the exit
