@@ -187,7 +187,9 @@ class Session:
 
     def _answers(self) -> bool:
         try:
-            httpx.get(self.url + "/v1/models", timeout=2.0)
+            from e2e.client import tls
+
+            httpx.get(self.url + "/v1/models", timeout=2.0, verify=tls())
             return True
         except httpx.HTTPError:
             return False

@@ -225,7 +225,7 @@ class Worker:
                 if ok:
                     fut.set_result(value)
                 else:
-                    fut.set_exception(ReferenceError(value))
+                    fut.set_exception(value)
         with self.lock:
             left, self.waiting = self.waiting, {}
         for fut in left.values():
@@ -264,8 +264,12 @@ def _serve_worker(path: str) -> None:
             return
         try:
             out = (n, True, _worker_call(module, manifest, name, *args))
-        except Exception as exc:  # the reference's own failure: the caller's to report
-            out = (n, False, f"{type(exc).__name__}: {exc}")
+        except Exception as exc:  # the reference's own failure: raised to the caller as it was raised here
+            out = (n, False, exc)
+            try:
+                pickle.dumps(exc)
+            except Exception:
+                out = (n, False, ReferenceError(f"{type(exc).__name__}: {exc}"))
         pickle.dump(out, stdout, protocol=pickle.HIGHEST_PROTOCOL)
         stdout.flush()
 

@@ -1,0 +1,209 @@
+"""The gate's hosts (`oracle/host.py`, `e2e/hosts.py`): several `kern` commands in one process, each
+a thread, each with what a process of its own would have: its log, its environment, its exit code,
+its stop. Run on the CPU here; on a GPU the same host holds one CUDA context for all of them."""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+import time
+
+import httpx
+import pytest
+
+from e2e.cli import main
+from e2e.hosts import Host, Hosts
+from e2e.log import Log
+from e2e.session import Session, project_env, server_command
+from manifests.config import PACKAGED
+from serve import hosted
+
+FLAGS = ["--backend", "cpu", "--capacity", "1024"]
+
+
+@pytest.fixture(scope="module")
+def host():
+    h = Host(project_env(), PACKAGED, ["toy-paged"], args=["--backend", "cpu"])
+    yield h
+    h.close()
+
+
+def _session(host, tmp_path, name: str, *flags: str) -> Session:
+    cmd = server_command(None, PACKAGED, "toy-paged", 0, [*FLAGS, *flags])
+    return Session(name, cmd, 0, tmp_path / f"{name}.log", zygote=host)
+
+
+def _complete(s: Session, prompt: str = "Hi", n: int = 4) -> httpx.Response:
+    return httpx.post(s.url + "/v1/completions", json={"model": "toy-paged", "prompt": prompt, "max_tokens": n},
+                      timeout=30)
+
+
+def test_two_hosted_servers_serve_at_once_each_with_its_own_log_and_stop(host, tmp_path):
+    """Two servers in one host: each binds its own port, writes only its own log, and drains on its
+    own SIGTERM (exit 0) while the other goes on serving."""
+    a, b = _session(host, tmp_path, "a"), _session(host, tmp_path, "b")
+    a.start()
+    b.start()
+    assert a.port != b.port
+    ra, rb = _complete(a), _complete(b)
+    assert ra.status_code == rb.status_code == 200
+    assert ra.json()["choices"][0]["text"] == rb.json()["choices"][0]["text"]  # same target, same answer
+    assert a.proc.hosted and a.proc.pid != b.proc.pid
+    assert a.stop() == 0
+    assert _complete(b).status_code == 200, "stopping one hosted server stopped the other"
+    assert b.stop() == 0
+    for s, other in ((a, b), (b, a)):
+        log = Log(s.log.path)
+        assert len(log.lines("serving")) == 1 and log.lines("serving")[0]["port"] == s.port
+        assert log.lines("stopped"), log.text()
+        assert f"port={other.port}" not in log.text()
+
+
+def test_each_hosted_command_has_its_own_environment_and_level(host, tmp_path):
+    """RUST_LOG is the command's own: a server asked for debug lines writes them; one beside it in the
+    same process, asked for none, does not."""
+    loud = _session(host, tmp_path, "loud")  # Session.start passes RUST_LOG=kern_serve=debug
+    quiet = _session(host, tmp_path, "quiet", "--log-level", "info")
+    loud.start()
+    quiet.start()
+    for s in (loud, quiet):
+        assert _complete(s).status_code == 200
+    loud.stop()
+    quiet.stop()
+    assert " admitted " in loud.log.text()
+    assert " admitted " not in quiet.log.text() and " finished " not in quiet.log.text()
+
+
+def test_hosted_runs_exit_with_their_codes_and_outputs(host, tmp_path):
+    """`kern run` as a host's command: exit 0 with its output in its log; a target that does not
+    exist: exit 2 with the error in its own log, and nothing of one in the other's."""
+    ok = host.spawn(["--config", str(PACKAGED), "run", "toy-paged", "--steps", "3", "--backend", "cpu"],
+                    tmp_path / "ok.log")
+    bad = host.spawn(["--config", str(PACKAGED), "run", "no-such-target", "--backend", "cpu"], tmp_path / "bad.log")
+    assert ok.wait(60) == 0
+    assert bad.wait(60) == 2
+    assert "generated ids" in (tmp_path / "ok.log").read_text()
+    assert "no-such-target" in (tmp_path / "bad.log").read_text()
+    assert "no-such-target" not in (tmp_path / "ok.log").read_text()
+    assert "generated ids" not in (tmp_path / "bad.log").read_text()
+
+
+def test_a_killed_hosted_server_is_reported_at_once_and_stops(host, tmp_path):
+    """SIGKILL: the command is reported killed (-9) at once, and its server stops (its port closes)."""
+    s = _session(host, tmp_path, "k")
+    s.start()
+    t0 = time.monotonic()
+    s.proc.kill()
+    assert s.proc.wait(5) == -9
+    assert time.monotonic() - t0 < 5
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            httpx.get(s.url + "/health", timeout=1)
+        except httpx.TransportError:
+            break
+        time.sleep(0.05)
+    else:
+        pytest.fail("a killed hosted server still answers after 10 s")
+
+
+def test_a_crashing_scheduler_ends_its_command_with_101_not_the_host(host, tmp_path):
+    """A scheduler that raises ends its own command with 101 (not the host: os._exit there would take
+    every server with it); its request does not hang; the server beside it goes on."""
+    other = _session(host, tmp_path, "other")
+    other.start()
+    s = _session(host, tmp_path, "crash", "--fault", "raise-in-scheduler")
+    s.start()
+    outcome = {}
+
+    def call():
+        try:
+            outcome["r"] = _complete(s, "hello", 32)
+        except httpx.HTTPError as exc:
+            outcome["error"] = exc
+
+    th = threading.Thread(target=call)
+    th.start()
+    assert s.proc.wait(10) == 101
+    th.join(15)
+    assert not th.is_alive(), "a request hung after the hosted scheduler crashed"
+    assert "error" in outcome or outcome["r"].status_code >= 500
+    assert "scheduler crashed" in s.log.text()
+    assert _complete(other).status_code == 200
+    assert other.stop() == 0
+
+
+def test_closing_the_hosts_stops_what_they_still_run(tmp_path):
+    """A server left running when the gate closes its hosts does not outlive them."""
+    hs = Hosts(2, project_env(), "cpu", PACKAGED, [], log_dir=tmp_path / "hosts")
+    assert len(hs) == 2
+    s = Session("left", server_command(None, PACKAGED, "toy-paged", 0, FLAGS), 0, tmp_path / "left.log", zygote=hs)
+    s.start()
+    pids = [h.proc.pid for h in hs.hosts]
+    hs.close()
+    assert all(h.proc.poll() is not None for h in hs.hosts), pids
+    with pytest.raises(httpx.TransportError):
+        httpx.get(s.url + "/health", timeout=2)
+    assert hs.cpu_s() is not None and hs.cpu_s() > 0
+
+
+def test_hosts_spread_commands_over_the_least_busy(tmp_path):
+    """Each spawn goes to the host running the fewest commands: two servers on two hosts, one each."""
+    hs = Hosts(2, project_env(), "cpu", PACKAGED, [])
+    try:
+        a = Session("a", server_command(None, PACKAGED, "toy-paged", 0, FLAGS), 0, tmp_path / "a.log", zygote=hs)
+        b = Session("b", server_command(None, PACKAGED, "toy-paged", 0, FLAGS), 0, tmp_path / "b.log", zygote=hs)
+        a.start()
+        b.start()
+        assert a.proc.zygote is not b.proc.zygote
+        assert sorted(h.live() for h in hs.hosts) == [1, 1]
+        a.stop()
+        b.stop()
+        assert sorted(h.live() for h in hs.hosts) == [0, 0]
+    finally:
+        hs.close()
+
+
+def test_a_gate_with_hosts_passes_and_says_so(tmp_path):
+    """The whole gate on toy-paged with its servers, `kern test` and `kern run` in two hosts: every
+    check passes, the logs say where each ran, and the summary gives the hosts' CPU."""
+    out = tmp_path / "results"
+    with pytest.raises(SystemExit) as exc:
+        main(["--out", str(out), "--backend", "cpu", "--max-tokens", "12", "--targets", "toy-paged", "--hosts", "2"])
+    report = json.loads((out / "toy-paged" / "report.json").read_text())
+    assert exc.value.code == 0, report["checks"]
+    assert all(c["ok"] for c in report["checks"] if c["ok"] is not None)
+    assert "a thread of one of the gate's hosts" in (out / "toy-paged" / "server-default.log").read_text()
+    assert "a thread of one of the gate's hosts" in (out / "toy-paged" / "kern-test.log").read_text()
+    summary = (out / "summary.md").read_text()
+    assert "threads of 2 host(s)" in summary and "the hosts spent" in summary
+
+
+def test_outside_a_host_a_server_has_its_process():
+    """`serve.hosted` outside a host: the process's environment, no stop hook (the caller's signals),
+    no start clock of its own."""
+    assert hosted.COMMAND.get() is None
+    assert hosted.getenv("PATH") is not None
+    assert hosted.on_stop(lambda sig: None) is False
+    assert hosted.started() is None
+
+
+def test_a_host_command_sees_its_own_and_is_told_signals_sent_before_it_listened():
+    """Inside a command: its environment first; a signal sent before its stop handler was registered
+    is delivered at registration (a server told to stop while loading stops once it serves)."""
+    import contextvars
+
+    cmd = hosted.Command(env={"RUST_LOG": "kern_serve=debug"})
+    got = []
+
+    def inside():
+        hosted.COMMAND.set(cmd)
+        assert hosted.getenv("RUST_LOG") == "kern_serve=debug"
+        assert cmd.signal(signal.SIGTERM) is False  # nobody listening yet
+        assert hosted.on_stop(got.append) is True
+        assert hosted.started() == cmd.t0
+
+    contextvars.copy_context().run(inside)
+    assert got == [signal.SIGTERM]
+    assert hosted.COMMAND.get() is None, "the command's context leaked out"
