@@ -88,7 +88,11 @@ def gate_target(t: GateTarget, opts: Options, reference: Path | None, wanted: se
     staged = f", {t.stages} pipeline stages" if t.stages > 1 else ""
     echo(f"== {t.name} ({t.ranks} rank(s), {'stateful' if t.lined else 'paged'}, rows {t.widest}{staged})")
     t0 = time.monotonic()
+    began = round(t0 - opts.started, 1)  # where this target sits on the gate's timeline
     oracle, runner = _oracles(t, reference, opts.out, opts.backend, opts.reference_worker)
+    prober = getattr(oracle, "prober", None)
+    if prober is not None:  # its device and kernels made now, off the first near-tie's path
+        threading.Thread(target=prober.warm, name=f"{t.name}:probe-warm", daemon=True).start()
     checks = Checks(wanted, echo=echo)
     run = Run(t, opts, oracle, runner, checks, echo=echo)
     try:
@@ -108,7 +112,7 @@ def gate_target(t: GateTarget, opts: Options, reference: Path | None, wanted: se
     echo(f"  {t.name}: {wall:.1f}s ({time_split(run.times)})")
     return {"target": t.name, "skipped": None, "facts": run.facts, "counters": run.counters,
             "checks": checks.list, "near_ties": dict(checks.excused), "hits": hits, "wall_s": wall,
-            "times": dict(run.times), "cpu": dict(run.cpu)}
+            "times": dict(run.times), "cpu": dict(run.cpu), "began_s": began}
 
 
 def time_split(times: dict[str, float], top: int = 6) -> str:
@@ -264,7 +268,8 @@ def cli(config, targets, scenarios, reference, no_reference, out, max_tokens, ba
             raise click.UsageError(str(exc)) from None
     opts = Options(cfg.resolve(), Path(out), max_tokens, backend, port, server_flags, capacity, load_timeout,
                    shlex.split(kern) if kern else None, at_once=at_once,
-                   reference_worker=(os.cpu_count() or 1) >= WORKER_CORES if reference_worker is None else reference_worker)
+                   reference_worker=(os.cpu_count() or 1) >= WORKER_CORES if reference_worker is None else reference_worker,
+                   started=t0)
     if backend == "gpu" and (why := no_gpu()) is not None:
         reports = [_skipped(t, why, click.echo) for t in chosen]
     else:

@@ -49,6 +49,7 @@ class Options:
     kern: list[str] | None = None
     kern_test_timeout: float = 3600.0
     zygote: Any = None  # an `e2e.zygote.Zygote` (only without `kern`): servers and `kern test` are forked from it
+    started: float = field(default_factory=time.monotonic)  # when the gate began: targets' timelines count from it
     reference_worker: bool = False  # each target's reference arithmetic in a process of its own
     hosts: Any = None  # an `e2e.hosts.Hosts` (only without `kern`): runs them as threads instead (not staged servers)
 

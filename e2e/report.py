@@ -101,7 +101,8 @@ def summary_text(reports: list[dict[str, Any]], meta: dict[str, Any] | None = No
         for r in timed:
             parts = sorted(r["times"].items(), key=lambda kv: -kv[1])
             starts = sum(v for k, v in parts if k.endswith((" start", " stop")))
-            line = (f"- {r['target']} ({float(r.get('wall_s') or 0):.1f} s; servers' start and stop "
+            began = f"from {float(r['began_s']):.1f} s into the gate, " if r.get("began_s") is not None else ""
+            line = (f"- {r['target']} ({began}{float(r.get('wall_s') or 0):.1f} s; servers' start and stop "
                     f"{starts:.1f} s): " + ", ".join(f"{k} {v:.1f}" for k, v in parts))
             cpu = sorted((r.get("cpu") or {}).items(), key=lambda kv: -kv[1])
             if cpu:

@@ -175,6 +175,8 @@ _LIVE: dict[int, Running] = {}
 def warm(backend: str, config: str | None, targets: list[str]) -> str:
     """Make this process's device (a GPU: its one CUDA context) and run a few tokens of each target
     through the runtime, so the first command pays neither; what the device is."""
+    import serve.app  # noqa: F401  (what a server imports: fastapi, uvicorn; a second in the first server's start)
+    import serve.cli  # noqa: F401
     from oracle.cli import main
 
     if backend == "gpu":

@@ -87,6 +87,33 @@ class Prober:
         self._lock = threading.Lock()  # one probe at a time: its warm runtimes and dump directory
         self.vocab = int(json.loads(self.manifest_path.read_text())["buffers"]["logits"]["shape"][-1])
 
+    def warm(self) -> None:
+        """Make the runtime a first probe would use, and run it one token (its device, its kernels
+        loaded), so that probe does not pay them: a gate calls this from a thread as a float target
+        starts. Failures are the first probe's to report."""
+        try:
+            with self._lock, runtime_lock(self.backend == "cpu"):
+                from runtime.sequence import generate
+                from runtime.step import Cell
+
+                rt, cell = self._runtime(1)
+                generate(rt, Cell(cell.pages, cell.slot, [], 0), [0], 1, 1)
+        except Exception:  # the probe that needs it will say why
+            pass
+
+    def _runtime(self, tokens: int) -> tuple:
+        """A warm (runtime, cell) with room for `tokens` tokens (sized in steps of ROOM)."""
+        from manifests import load
+        from runtime.sequence import single
+
+        if self._manifest is None:
+            self._manifest = load(self.manifest_path)
+        size = -(-tokens // self.ROOM) * self.ROOM
+        got = self._runtimes.get(size)
+        if got is None:
+            got = self._runtimes[size] = single(self._manifest, self.weights, size - 1, 1, 1, self.backend)
+        return got
+
     def _fresh_root(self) -> None:
         ident = self.root / "identity"
         if self.root.is_dir() and (not ident.is_file() or ident.read_text().strip() != self.identity):
@@ -111,17 +138,10 @@ class Prober:
             return read(d, self.vocab)
 
     def _run(self, context: list[int], d: Path) -> None:
-        from manifests import load
-        from runtime.sequence import generate, single
+        from runtime.sequence import generate
         from runtime.step import Cell
 
-        if self._manifest is None:
-            self._manifest = load(self.manifest_path)
-        size = -(-(len(context) + 1) // self.ROOM) * self.ROOM
-        got = self._runtimes.get(size)
-        if got is None:
-            got = self._runtimes[size] = single(self._manifest, self.weights, size - 1, 1, 1, self.backend)
-        rt, cell = got
+        rt, cell = self._runtime(len(context) + 1)
         cell = Cell(cell.pages, cell.slot, [], 0)
         tmp = d.with_name(d.name + ".tmp")
         if tmp.exists():
