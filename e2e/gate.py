@@ -33,6 +33,7 @@ from verdicts.policy import POLICY_COUNTERS
 __all__ = ["Found", "Options", "Run", "lanes", "run_target"]
 
 HIT_COUNTERS = POLICY_COUNTERS  # what a session's hits come to (resident/host hits and tokens, parks, ...)
+DEFAULT_WEIGHT = 3  # the default session is every other session's dependency: its host is left lighter
 SESSION_PORTS = {"default": 0, "host": 1, "slots": 2, "rows1": 3, "wake_room": 4, "churn": 5, "drop": 6, "ties": 7, "frag": 8}
 
 
@@ -165,7 +166,7 @@ class Run:
         o = self.opts
         cmd, port = self.command(name, flags)
         s = Session(name, cmd, port, self.dir / f"server-{name}.log", load_timeout=o.load_timeout,
-                    zygote=o.spawner(staged=self.target.stages > 1))
+                    zygote=o.spawner(staged=self.target.stages > 1), weight=DEFAULT_WEIGHT if name == "default" else 1)
         try:
             facts = s.start()
         except BaseException:

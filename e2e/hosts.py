@@ -3,7 +3,7 @@
 On a GPU each process makes its own CUDA context and the driver makes them one at a time, so a gate
 whose every server, `kern test` and `kern run` is a process of its own (sixty-odd) waits on the
 driver. `Hosts(n, ...)` starts `n` host processes at once (each makes its one context and, on the
-CPU, runs each warm target once) and `spawn` hands each command to the host running the fewest, as
+CPU, runs each warm target once) and `spawn` hands each command to the least loaded host, as
 a `Child` that answers like the zygote's (`e2e/zygote.py`): its signals go through the host, and it
 has no process group of its own (`Child.hosted`).
 
@@ -31,6 +31,21 @@ class Host(Zygote):
     hosted = True
     module = "oracle.host"
 
+    def close(self) -> None:
+        """Close its stdin and wait until it says every command has ended (its "bye"), not for the
+        process to be gone: on a GPU the driver then tears its CUDA context down, about 0.3 s a
+        process and one process at a time, and no command of the gate's is left in it to wait for."""
+        try:
+            if self.proc.stdin is not None:
+                self.proc.stdin.close()
+        except OSError:
+            pass
+        with self.cond:
+            said = self.cond.wait_for(lambda: self.usage_self or self.gone, 15)
+        if not said:
+            self.proc.kill()
+        threading.Thread(target=self.proc.wait, name="host-reaper", daemon=True).start()
+
 
 class Hosts:
     """`n` hosts started at once; `spawn` picks the one running the fewest commands."""
@@ -47,6 +62,7 @@ class Hosts:
             log_dir.mkdir(parents=True, exist_ok=True)
             self.logs = [log_dir / f"host-{i}.log" for i in range(n)]
         self.lock = threading.Lock()
+        self.weights: dict[Host, dict[int, int]] = {}  # per host, its running commands' weights
         t0 = time.monotonic()
 
         def start(i: int) -> Host:
@@ -72,25 +88,38 @@ class Hosts:
         self.warm_s = round(time.monotonic() - t0, 2)
         self.gpu_imports = None
 
-    def spawn(self, argv: list[str], log: Path, env: dict[str, str] | None = None, timeout: float = 60.0) -> Child:
-        """Run `kern ARGV` on the host with the fewest commands running, its output appended to `log`."""
+    def load(self, host: Host) -> int:
+        """The weight of the commands `host` runs now."""
+        held = self.weights.setdefault(host, {})
+        for pid in [p for p in held if host.exit_code(p) is not None]:
+            del held[pid]
+        return sum(held.values())
+
+    def spawn(self, argv: list[str], log: Path, env: dict[str, str] | None = None, timeout: float = 60.0,
+              weight: int = 1) -> Child:
+        """Run `kern ARGV` on the host whose running commands weigh least, its output appended to
+        `log`. A command on the gate's critical path (a target's default session) weighs more, so the
+        others go elsewhere while it runs."""
         while True:
             with self.lock:
                 alive = [h for h in self.hosts if not h.gone]
                 if not alive:
                     raise ZygoteGone("every host has exited")
-                host = min(alive, key=Host.live)
-            try:
-                return host.spawn(argv, log, env, timeout)
-            except ZygoteGone:
-                if not host.gone:
-                    raise
-                # that host died just now: the next one
+                host = min(alive, key=self.load)
+                try:
+                    child = host.spawn(argv, log, env, timeout)
+                except ZygoteGone:
+                    if not host.gone:
+                        raise
+                    continue  # that host died just now: the next one
+                self.weights.setdefault(host, {})[child.pid] = weight
+                return child
 
     def __len__(self) -> int:
         return len(self.hosts)
 
     def close(self) -> None:
+        """Every host told to end at once; back when each has said every command of its has ended."""
         for h in self.hosts:
             try:
                 if h.proc.stdin is not None:

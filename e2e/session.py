@@ -117,8 +117,9 @@ class Session:
 
     def __init__(self, name: str, cmd: list[str], port: int, log_path: str | Path,
                  host: str = "127.0.0.1", load_timeout: float = 600.0, term_timeout: float = 60.0,
-                 zygote=None):
+                 zygote=None, weight: int = 1):
         self.name = name
+        self.weight = weight  # how much it loads the host it runs in (hosts: e2e/hosts.py)
         self.cmd = cmd
         self.zygote = zygote  # an `e2e.zygote.Zygote` forks the server (cmd is then `own_kern()`'s)
         self.port = port
@@ -151,7 +152,8 @@ class Session:
                     from e2e.zygote import ZygoteGone
 
                     try:
-                        self.proc = self.zygote.spawn(kern_args(self.cmd), self.log.path, env={"RUST_LOG": SERVER_LOG})
+                        self.proc = self.zygote.spawn(kern_args(self.cmd), self.log.path, env={"RUST_LOG": SERVER_LOG},
+                                                      weight=self.weight)
                     except ZygoteGone as exc:
                         raise ServerError(f"server {self.name}: {exc}") from exc
                 else:

@@ -145,8 +145,10 @@ class Zygote:
                 return -9
             return None
 
-    def spawn(self, argv: list[str], log: Path, env: dict[str, str] | None = None, timeout: float = 60.0) -> Child:
-        """Fork `kern ARGV` with stdout and stderr appended to `log`; its `Child`."""
+    def spawn(self, argv: list[str], log: Path, env: dict[str, str] | None = None, timeout: float = 60.0,
+              weight: int = 1) -> Child:
+        """Fork `kern ARGV` with stdout and stderr appended to `log`; its `Child`. (`weight`: how much
+        it loads its process; one process here, so nothing to weigh against: `e2e.hosts.Hosts`.)"""
         line = json.dumps({"argv": list(argv), "log": str(log), "env": env or {}}) + "\n"
         with self.lock:
             with self.cond:

@@ -140,12 +140,14 @@ def test_closing_the_hosts_stops_what_they_still_run(tmp_path):
     assert len(hs) == 2
     s = Session("left", server_command(None, PACKAGED, "toy-paged", 0, FLAGS), 0, tmp_path / "left.log", zygote=hs)
     s.start()
-    pids = [h.proc.pid for h in hs.hosts]
-    hs.close()
-    assert all(h.proc.poll() is not None for h in hs.hosts), pids
+    hs.close()  # back once every host said its commands ended: the server is gone already
     with pytest.raises(httpx.TransportError):
         httpx.get(s.url + "/health", timeout=2)
     assert hs.cpu_s() is not None and hs.cpu_s() > 0
+    deadline = time.monotonic() + 10  # and the processes end (on a GPU, once the driver let their context go)
+    while any(h.proc.poll() is None for h in hs.hosts) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert all(h.proc.poll() is not None for h in hs.hosts), [h.proc.pid for h in hs.hosts]
 
 
 def test_hosts_spread_commands_over_the_least_busy(tmp_path):
@@ -162,6 +164,26 @@ def test_hosts_spread_commands_over_the_least_busy(tmp_path):
         b.stop()
         assert sorted(h.live() for h in hs.hosts) == [0, 0]
     finally:
+        hs.close()
+
+
+def test_a_heavy_command_keeps_the_others_off_its_host(tmp_path):
+    """A command of weight 3 (a default session) counts as three: the next three of weight 1 go to the
+    other host, and only the one after them may join it."""
+    hs = Hosts(2, project_env(), "cpu", PACKAGED, [])
+    started = []
+    try:
+        for i, w in enumerate((3, 1, 1, 1)):
+            s = Session(f"s{i}", server_command(None, PACKAGED, "toy-paged", 0, FLAGS), 0, tmp_path / f"s{i}.log",
+                        zygote=hs, weight=w)
+            s.start()
+            started.append(s)
+        heavy = started[0].proc.zygote
+        assert all(s.proc.zygote is not heavy for s in started[1:]), "a light command joined the heavy one's host"
+        assert sorted(hs.load(h) for h in hs.hosts) == [3, 3]
+    finally:
+        for s in started:
+            s.stop()
         hs.close()
 
 
