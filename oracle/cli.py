@@ -24,6 +24,19 @@ def fail(msg: str, code: int = 2) -> None:
     sys.exit(code)
 
 
+def run_command(argv: list[str]) -> int:
+    """Run `kern ARGV` here and return the exit code a process running it would have had (for a
+    command run in a forked child or a host's thread, whose `sys.exit` must not end the caller)."""
+    try:
+        main(argv, prog_name="kern")
+        return 0
+    except SystemExit as exc:
+        c = exc.code
+        if not isinstance(c, int) and c is not None:
+            print(c, file=sys.stderr)
+        return c if isinstance(c, int) else (0 if c is None else 1)
+
+
 def parse_ids(text: str) -> list[int]:
     try:
         return [int(x) for x in text.replace(" ", "").split(",") if x != ""]

@@ -148,15 +148,9 @@ class Running:
         _SINK.set(self)
         hosted.COMMAND.set(self.command)
         try:
-            from oracle.cli import main
+            from oracle.cli import run_command
 
-            main(self.argv, prog_name="kern")
-            code = 0
-        except SystemExit as exc:
-            c = exc.code
-            code = c if isinstance(c, int) else (0 if c is None else 1)
-            if not isinstance(c, int) and c is not None:
-                print(c, file=sys.stderr)
+            code = run_command(self.argv)
         except BaseException:
             traceback.print_exc()
             code = 1

@@ -121,15 +121,9 @@ def child(argv: list[str], log: str, env: dict[str, str], inherited: tuple[int, 
         sys.stderr = open(2, "w", buffering=1, closefd=False)
         os.environ.update(env)
         sys.argv = ["kern", *argv]
-        from oracle.cli import main
-        try:
-            main(argv, prog_name="kern")
-            code = 0
-        except SystemExit as exc:
-            c = exc.code
-            code = c if isinstance(c, int) else (0 if c is None else 1)
-            if not isinstance(c, int) and c is not None:
-                print(c, file=sys.stderr)
+        from oracle.cli import run_command
+
+        code = run_command(argv)
     except BaseException:
         traceback.print_exc()
         code = 1
