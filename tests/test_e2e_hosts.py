@@ -134,43 +134,13 @@ def test_a_crashing_scheduler_ends_its_command_with_101_not_the_host(host, tmp_p
     assert other.stop() == 0
 
 
-def test_closing_the_hosts_stops_what_they_still_run(tmp_path):
-    """A server left running when the gate closes its hosts does not outlive them."""
+def test_hosts_place_by_weight_and_close_stops_everything(tmp_path):
+    """Each spawn goes to the host whose running commands weigh least: a command of weight 3 (a
+    default session) counts as three, so the next three of weight 1 go to the other host; a stopped
+    one weighs nothing. Closing the hosts stops what they still run: no server outlives them, and
+    the processes end."""
     hs = Hosts(2, project_env(), "cpu", PACKAGED, [], log_dir=tmp_path / "hosts")
     assert len(hs) == 2
-    s = Session("left", server_command(None, PACKAGED, "toy-paged", 0, FLAGS), 0, tmp_path / "left.log", zygote=hs)
-    s.start()
-    hs.close()  # back once every host said its commands ended: the server is gone already
-    with pytest.raises(httpx.TransportError):
-        httpx.get(s.url + "/health", timeout=2)
-    assert hs.cpu_s() is not None and hs.cpu_s() > 0
-    deadline = time.monotonic() + 10  # and the processes end (on a GPU, once the driver let their context go)
-    while any(h.proc.poll() is None for h in hs.hosts) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert all(h.proc.poll() is not None for h in hs.hosts), [h.proc.pid for h in hs.hosts]
-
-
-def test_hosts_spread_commands_over_the_least_busy(tmp_path):
-    """Each spawn goes to the host running the fewest commands: two servers on two hosts, one each."""
-    hs = Hosts(2, project_env(), "cpu", PACKAGED, [])
-    try:
-        a = Session("a", server_command(None, PACKAGED, "toy-paged", 0, FLAGS), 0, tmp_path / "a.log", zygote=hs)
-        b = Session("b", server_command(None, PACKAGED, "toy-paged", 0, FLAGS), 0, tmp_path / "b.log", zygote=hs)
-        a.start()
-        b.start()
-        assert a.proc.zygote is not b.proc.zygote
-        assert sorted(h.live() for h in hs.hosts) == [1, 1]
-        a.stop()
-        b.stop()
-        assert sorted(h.live() for h in hs.hosts) == [0, 0]
-    finally:
-        hs.close()
-
-
-def test_a_heavy_command_keeps_the_others_off_its_host(tmp_path):
-    """A command of weight 3 (a default session) counts as three: the next three of weight 1 go to the
-    other host, and only the one after them may join it."""
-    hs = Hosts(2, project_env(), "cpu", PACKAGED, [])
     started = []
     try:
         for i, w in enumerate((3, 1, 1, 1)):
@@ -181,10 +151,19 @@ def test_a_heavy_command_keeps_the_others_off_its_host(tmp_path):
         heavy = started[0].proc.zygote
         assert all(s.proc.zygote is not heavy for s in started[1:]), "a light command joined the heavy one's host"
         assert sorted(hs.load(h) for h in hs.hosts) == [3, 3]
+        assert started[1].stop() == 0
+        assert sorted(hs.load(h) for h in hs.hosts) == [2, 3]
     finally:
-        for s in started:
-            s.stop()
-        hs.close()
+        hs.close()  # back once every host said its commands ended: the servers are gone already
+    for s in started[2:]:
+        with pytest.raises(httpx.TransportError):
+            httpx.get(s.url + "/health", timeout=2)
+        assert s.stop() == -9  # the host reported it killed as it closed
+    assert hs.cpu_s() is not None and hs.cpu_s() > 0
+    deadline = time.monotonic() + 10  # and the processes end (on a GPU, once the driver let their context go)
+    while any(h.proc.poll() is None for h in hs.hosts) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert all(h.proc.poll() is not None for h in hs.hosts), [h.proc.pid for h in hs.hosts]
 
 
 def test_a_gate_with_hosts_passes_and_says_so(tmp_path):
