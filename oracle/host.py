@@ -45,7 +45,6 @@ os.environ.setdefault("NUMBA_THREADING_LAYER", "threadsafe")
 
 from serve import hosted  # noqa: E402  (after the threading layer is chosen)
 
-SWITCH_MS = "0.5"  # the host's GIL switch interval, ms (KERN_HOST_SWITCH_MS overrides it)
 _OUT = threading.Lock()  # one protocol line at a time
 _real_stdout = sys.stdout
 
@@ -232,10 +231,6 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--warm", nargs="*", default=[], help="targets run for a few tokens before ready")
     args = ap.parse_args(argv)
     t0 = time.monotonic()
-    # Python hands the GIL over every 5 ms by default: a server's scheduler thread back from a CUDA
-    # call waits up to that behind another server's Python, at every step (a decode step alone takes
-    # about 0.3 ms); a host hands it over sooner
-    sys.setswitchinterval(float(os.environ.get("KERN_HOST_SWITCH_MS", SWITCH_MS)) / 1000)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the gate's Ctrl-C is the gate's; stdin's end is ours
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # a client's hang-up is an error on its socket
     sys.stdout = Routed(sys.stdout)
