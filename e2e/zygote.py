@@ -92,7 +92,6 @@ class Zygote:
         self.exits: dict[int, int] = {}
         self.usage: dict[int, dict] = {}  # per ended child: its own CPU seconds (user, sys) and peak memory
         self.replies: list[dict] = []
-        self.spawned = 0
         self.usage_self: dict = {}  # a host's own CPU seconds [user, sys] and peak memory, said as it exits
         self.gone = False
         self.warm_s: float | None = None
@@ -168,14 +167,7 @@ class Zygote:
                 reply = self.replies.pop(0)
         if "pid" not in reply:
             raise ZygoteGone(f"the zygote refused a spawn: {reply.get('error', reply)}")
-        with self.cond:
-            self.spawned += 1
         return Child(self, int(reply["pid"]))
-
-    def live(self) -> int:
-        """How many of its children have not ended."""
-        with self.cond:
-            return self.spawned - len(self.exits)
 
     def signal(self, pid: int, sig: int) -> None:
         """Ask the zygote to deliver `sig` to its child `pid` (a host's command: `Host`)."""
