@@ -68,7 +68,9 @@ class Hosts:
         def start(i: int) -> Host:
             err = open(self.logs[i], "ab") if self.logs else None
             try:
-                return Host(env, config, warm, ready_timeout, args=["--backend", backend], stderr=err)
+                host = Host(env, config, warm, ready_timeout, args=["--backend", backend], stderr=err)
+                host.log = self.logs[i] if self.logs else None
+                return host
             finally:
                 if err is not None:
                     err.close()

@@ -208,7 +208,8 @@ class Session:
                 pass
         if self.proc is not None and self.proc.poll() is not None:
             self.exit_code = self.proc.returncode
-            raise ServerExited(self.name, self.proc.returncode, self.log.tail(8))
+            why = getattr(self.proc, "gone_with_parent", lambda: None)()  # a zygote's or host's child
+            raise ServerExited(self.name, self.proc.returncode, self.log.tail(8) + (f" ({why})" if why else ""))
 
     def stop(self, kill: bool = False) -> int | None:
         """SIGTERM (or SIGKILL), wait, kill after `term_timeout`; the exit code."""

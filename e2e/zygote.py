@@ -61,6 +61,14 @@ class Child:
         process group to kill; its signals go through the host."""
         return self.zygote.hosted
 
+    def gone_with_parent(self) -> str | None:
+        """Why it ended, when it ended because its zygote or host did (else None)."""
+        z = self.zygote
+        if not z.gone or self.pid in z.exits:
+            return None
+        where = f"; its log: {z.log}" if getattr(z, "log", None) else ""
+        return f"its {'host' if z.hosted else 'zygote'} (pid {z.proc.pid}) exited with code {z.proc.poll()}{where}"
+
     def send_signal(self, sig: int) -> None:
         if self.poll() is None:
             if self.hosted:
@@ -77,6 +85,7 @@ class Zygote:
 
     hosted = False  # its children are processes (a `Host`'s are threads)
     module = "oracle.zygote"
+    log: Path | None = None  # where its own stderr goes, when somewhere (a host's: e2e/hosts.py)
 
     def __init__(self, env: dict[str, str], config: Path | None = None, warm: list[str] | tuple[str, ...] = (),
                  ready_timeout: float = 600.0, gpu_imports: bool = False, args: list[str] | tuple[str, ...] = (),

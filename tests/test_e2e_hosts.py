@@ -5,6 +5,7 @@ its stop. Run on the CPU here; on a GPU the same host holds one CUDA context for
 from __future__ import annotations
 
 import json
+import os
 import signal
 import threading
 import time
@@ -15,7 +16,7 @@ import pytest
 from e2e.cli import main
 from e2e.hosts import Host, Hosts
 from e2e.log import Log
-from e2e.session import Session, project_env, server_command
+from e2e.session import ServerExited, Session, project_env, server_command
 from manifests.config import PACKAGED
 from serve import hosted
 
@@ -164,6 +165,30 @@ def test_hosts_place_by_weight_and_close_stops_everything(tmp_path):
     while any(h.proc.poll() is None for h in hs.hosts) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert all(h.proc.poll() is not None for h in hs.hosts), [h.proc.pid for h in hs.hosts]
+
+
+def test_a_server_whose_host_died_says_so(tmp_path):
+    """A host that dies (a driver fault, a kill) takes its servers with it: each is reported killed
+    (-9), and the session's error names the host, its exit and its log; new commands go to a host
+    still alive."""
+    hs = Hosts(2, project_env(), "cpu", PACKAGED, [], log_dir=tmp_path / "hosts")
+    try:
+        s = Session("doomed", server_command(None, PACKAGED, "toy-paged", 0, FLAGS), 0, tmp_path / "d.log", zygote=hs)
+        s.start()
+        host = s.proc.zygote
+        os.kill(host.proc.pid, signal.SIGKILL)
+        with pytest.raises(ServerExited) as exc:
+            s.check(grace=10)
+        assert exc.value.code == -9
+        assert f"its host (pid {host.proc.pid}) exited with code -9" in str(exc.value)
+        assert str(host.log) in str(exc.value)
+        s.stop()
+        t = Session("next", server_command(None, PACKAGED, "toy-paged", 0, FLAGS), 0, tmp_path / "n.log", zygote=hs)
+        t.start()
+        assert t.proc.zygote is not host and _complete(t).status_code == 200
+        assert t.stop() == 0
+    finally:
+        hs.close()
 
 
 def test_a_gate_with_hosts_passes_and_says_so(tmp_path):
