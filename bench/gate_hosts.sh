@@ -9,6 +9,10 @@
 #
 # Nothing here installs anything: the caller puts kern's dependencies on the path first.
 set -uo pipefail
+if [ "${1:-}" = "-h" ] || [ "${1:-}" = "--help" ]; then
+  sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'
+  exit 0
+fi
 OUT="${1:-${OUT:-/tmp/kern-hosts}}"
 VALUES="${2:-8 0 8}"
 shift 2 2>/dev/null || shift $#

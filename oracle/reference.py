@@ -275,4 +275,11 @@ def _serve_worker(path: str) -> None:
 
 
 if __name__ == "__main__":
-    _serve_worker(sys.argv[1])
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m oracle.reference",
+                                 description="The reference worker a gate starts (`Reference(worker=True)`): loads "
+                                             "MODEL, then answers pickled calls on stdin with pickled answers on "
+                                             "stdout until stdin closes. Not for typing at.")
+    ap.add_argument("model", help="the model.py to load")
+    _serve_worker(ap.parse_args().model)
