@@ -177,6 +177,8 @@ def warm(backend: str, config: str | None, targets: list[str]) -> str:
         from runtime.backend import make_backend
 
         make_backend("gpu").synchronize()
+    else:
+        _threadsafe_layer()
     base = ["--config", config] if config else []
     quiet = Running(0, [], os.devnull, {})
     quiet.sink = open(os.devnull, "w")
@@ -191,6 +193,24 @@ def warm(backend: str, config: str | None, targets: list[str]) -> str:
         _SINK.reset(token)
         quiet.sink.close()
     return backend
+
+
+def _threadsafe_layer() -> None:
+    """Start numba's threading layer now and make sure it allows parallel kernels from several
+    threads at once (omp or tbb): with none of those, CPU servers in one process would abort it."""
+    import numba
+
+    try:
+        from numba.np.ufunc.parallel import _launch_threads  # what a first parallel launch calls
+
+        _launch_threads()
+        layer = numba.threading_layer()
+    except Exception as exc:  # NUMBA_THREADING_LAYER=threadsafe and neither omp nor tbb loads
+        raise RuntimeError(f"no numba threading layer safe for several servers in one process ({exc}); "
+                           "install tbb, or give each server its own process (e2e --hosts 0)") from None
+    if layer not in ("omp", "tbb"):
+        raise RuntimeError(f"numba's {layer} threading layer cannot run kernels from several threads at once; "
+                           "install tbb, or give each server its own process (e2e --hosts 0)")
 
 
 def serve_requests() -> None:

@@ -206,6 +206,16 @@ def test_a_gate_with_hosts_passes_and_says_so(tmp_path):
     assert "threads of 2 host(s)" in summary and "the hosts spent" in summary
 
 
+def test_a_cpu_host_refuses_a_threading_layer_that_is_not_thread_safe():
+    """numba's workqueue layer aborts the process when two threads launch parallel kernels at once: a
+    CPU host on it says so instead of being ready (and the gate gives each server a process)."""
+    from e2e.zygote import ZygoteGone
+
+    env = dict(project_env(), NUMBA_THREADING_LAYER="workqueue")
+    with pytest.raises(ZygoteGone, match="workqueue threading layer cannot run kernels from several threads"):
+        Host(env, PACKAGED, [], args=["--backend", "cpu"])
+
+
 def test_outside_a_host_a_server_has_its_process():
     """`serve.hosted` outside a host: the process's environment, no stop hook (the caller's signals),
     no start clock of its own."""
