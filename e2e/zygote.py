@@ -66,8 +66,12 @@ class Child:
         z = self.zygote
         if not z.gone or self.pid in z.exits:
             return None
-        where = f"; its log: {z.log}" if getattr(z, "log", None) else ""
-        return f"its {'host' if z.hosted else 'zygote'} (pid {z.proc.pid}) exited with code {z.proc.poll()}{where}"
+        where = f"; its log: {z.log}" if z.log else ""
+        try:
+            code = z.proc.wait(2)  # its stdout closed as it died: the exit itself follows
+        except subprocess.TimeoutExpired:
+            code = "unknown (still exiting)"
+        return f"its {'host' if z.hosted else 'zygote'} (pid {z.proc.pid}) exited with code {code}{where}"
 
     def send_signal(self, sig: int) -> None:
         if self.poll() is None:
