@@ -53,6 +53,7 @@ class Options:
     started: float = field(default_factory=time.monotonic)  # when the gate began: targets' timelines count from it
     reference_worker: bool = False  # each target's reference arithmetic in a process of its own
     hosts: Any = None  # an `e2e.hosts.Hosts` (only without `kern`): runs them as threads instead (not staged servers)
+    at_once: bool = True  # a target's independent sessions at once (`run_target`); False: one after another
 
     def spawner(self, staged: bool = False) -> Any:
         """What starts our own kern's commands: the hosts (a staged server starts processes of its
@@ -60,7 +61,6 @@ class Options:
         if self.hosts is not None and not staged:
             return self.hosts
         return self.zygote
-    at_once: bool = True  # a target's independent sessions at once (`run_target`); False: one after another
 
 
 @dataclass

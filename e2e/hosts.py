@@ -48,7 +48,7 @@ class Host(Zygote):
 
 
 class Hosts:
-    """`n` hosts started at once; `spawn` picks the one running the fewest commands."""
+    """`n` hosts started at once; `spawn` picks the one whose running commands weigh least."""
 
     hosted = True
 
@@ -56,7 +56,6 @@ class Hosts:
                  warm: list[str] | tuple[str, ...] = (), log_dir: Path | None = None, ready_timeout: float = 600.0):
         if n < 1:
             raise ValueError(f"hosts: {n} must be at least 1")
-        self.backend = backend
         self.logs: list[Path] = []
         if log_dir is not None:
             log_dir.mkdir(parents=True, exist_ok=True)
@@ -88,7 +87,6 @@ class Hosts:
             raise ZygoteGone("; ".join(errors) or "no host started")
         self.errors = errors
         self.warm_s = round(time.monotonic() - t0, 2)
-        self.gpu_imports = None
 
     def load(self, host: Host) -> int:
         """The weight of the commands `host` runs now."""

@@ -19,7 +19,7 @@ import threading
 from pathlib import Path
 from typing import Any, Iterable
 
-__all__ = ["RUNTIME_LOCK", "runtime_lock", "Cache", "KernRun", "SOURCE_DIRS", "identity", "kern_run_identity", "key", "reference_identity"]
+__all__ = ["RUNTIME_LOCK", "THREADSAFE_LAYERS", "runtime_lock", "threading_layer", "Cache", "KernRun", "SOURCE_DIRS", "identity", "kern_run_identity", "key", "reference_identity"]
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCE_DIRS = ("runtime", "toy", "manifests", "oracle")
@@ -103,25 +103,28 @@ RUNTIME_LOCK = threading.Lock()
 THREADSAFE_LAYERS = ("omp", "tbb")
 
 
-def runtime_lock(on_cpu: bool) -> Any:
-    """The lock a runtime call takes: none for a CPU runtime under a threadsafe numba threading layer
-    (started here if no parallel kernel has run yet, so no first launch has to decide it alone), else
-    RUNTIME_LOCK."""
-    if on_cpu:
-        import numba
+def threading_layer() -> str | None:
+    """numba's threading layer in this process, started now if no parallel kernel has run yet (so no
+    first launch has to decide it alone); None when it cannot be started or named."""
+    import numba
 
+    try:
+        return numba.threading_layer()
+    except ValueError:  # no parallel kernel has run in this process yet: start the layer now
         try:
-            if numba.threading_layer() in THREADSAFE_LAYERS:
-                return contextlib.nullcontext()
-        except ValueError:  # no parallel kernel has run in this process yet: start the layer now
-            try:
-                from numba.np.ufunc.parallel import _launch_threads  # what a first parallel launch calls
+            from numba.np.ufunc.parallel import _launch_threads  # what a first parallel launch calls
 
-                _launch_threads()
-                if numba.threading_layer() in THREADSAFE_LAYERS:
-                    return contextlib.nullcontext()
-            except Exception:  # numba's internals moved: the first launch decides, under the lock
-                pass
+            _launch_threads()
+            return numba.threading_layer()
+        except Exception:  # none loads, or numba's internals moved: the first launch decides
+            return None
+
+
+def runtime_lock(on_cpu: bool) -> Any:
+    """The lock a runtime call takes: none for a CPU runtime under a threadsafe numba threading layer,
+    else RUNTIME_LOCK."""
+    if on_cpu and threading_layer() in THREADSAFE_LAYERS:
+        return contextlib.nullcontext()
     return RUNTIME_LOCK
 
 

@@ -105,7 +105,7 @@ class Running:
     """One command in its thread: its id, its `serve.hosted.Command`, whether its exit was reported."""
 
     def __init__(self, cid: int, argv: list[str], log: str, env: dict[str, str]):
-        self.cid, self.argv, self.log, self.env = cid, argv, log, env
+        self.cid, self.argv, self.log = cid, argv, log
         self.command = hosted.Command(env=dict(env), ended=self.report)
         self.reported = False
         self.lock = threading.Lock()
@@ -198,19 +198,12 @@ def warm(backend: str, config: str | None, targets: list[str]) -> str:
 def _threadsafe_layer() -> None:
     """Start numba's threading layer now and make sure it allows parallel kernels from several
     threads at once (omp or tbb): with none of those, CPU servers in one process would abort it."""
-    import numba
+    from oracle.cache import THREADSAFE_LAYERS, threading_layer
 
-    try:
-        from numba.np.ufunc.parallel import _launch_threads  # what a first parallel launch calls
-
-        _launch_threads()
-        layer = numba.threading_layer()
-    except Exception as exc:  # NUMBA_THREADING_LAYER=threadsafe and neither omp nor tbb loads
-        raise RuntimeError(f"no numba threading layer safe for several servers in one process ({exc}); "
-                           "install tbb, or give each server its own process (e2e --hosts 0)") from None
-    if layer not in ("omp", "tbb"):
-        raise RuntimeError(f"numba's {layer} threading layer cannot run kernels from several threads at once; "
-                           "install tbb, or give each server its own process (e2e --hosts 0)")
+    layer = threading_layer()
+    if layer not in THREADSAFE_LAYERS:
+        raise RuntimeError(f"numba's {layer or 'unloadable'} threading layer cannot run kernels from several "
+                           "threads at once; install tbb, or give each server its own process (e2e --hosts 0)")
 
 
 def serve_requests() -> None:

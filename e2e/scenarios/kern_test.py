@@ -14,8 +14,9 @@ def run(r) -> None:
     cmd = [*base, "--config", str(r.target.config or r.opts.config), "test", r.target.name, "--backend", r.opts.backend]
     r.dir.mkdir(parents=True, exist_ok=True)
     log = r.dir / "kern-test.log"
-    if r.opts.spawner() is not None:
-        out, code = forked(r.opts.spawner(), cmd, log, r.opts.kern_test_timeout)
+    spawner = r.opts.spawner()
+    if spawner is not None:
+        out, code = forked(spawner, cmd, log, r.opts.kern_test_timeout)
     else:
         try:
             p = subprocess.run(cmd, capture_output=True, text=True, env=project_env(), timeout=r.opts.kern_test_timeout)
