@@ -5,26 +5,15 @@ slots (64 heads, 8 tails), pages of 2, a 3-page table, two sequences, 12-word li
 subprocess, since the simulator is chosen when numba.cuda is first imported.
 """
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.simulator import simulate
 
 
 def test_cuda_kernels_equal_the_cpu_kernels_under_the_simulator():
     """A quick subset (about 40 simulated blocks); `_simulate(full=True)` runs every block size on
-    every input (about 160 blocks, 40 s)."""
-    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1", PYTHONWARNINGS="ignore")
-    r = subprocess.run(
-        [sys.executable, "-c", "from tests.test_gpu_sim import _simulate; _simulate()"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
-    )
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    assert "simulated: all equal" in r.stdout, r.stdout[-3000:]
+    every input (about 160 blocks)."""
+    simulate("tests.test_gpu_sim")
 
 
 def _simulate(full: bool = False) -> None:

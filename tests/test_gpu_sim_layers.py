@@ -6,24 +6,13 @@ position 3, one fresh), a tail word that disagrees with its head. A subprocess, 
 is chosen when numba.cuda is first imported.
 """
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.simulator import simulate
 
 
 def test_layer_kernels_equal_the_cpu_kernels_under_the_simulator():
-    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1", PYTHONWARNINGS="ignore")
-    r = subprocess.run(
-        [sys.executable, "-c", "from tests.test_gpu_sim_layers import _simulate; _simulate()"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
-    )
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    assert "simulated: all equal" in r.stdout, r.stdout[-3000:]
+    simulate("tests.test_gpu_sim_layers")
 
 
 def _simulate() -> None:

@@ -9,9 +9,6 @@ do not, and the state to mattering byte for byte (tails poison, page order count
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +16,7 @@ import pytest
 
 from runtime.sequence import generate, single
 from runtime.step import Cell
+from tests.simulator import simulate
 from tests.toyrun import target
 from toy import model
 from toy.float_kernels import cpu as fcpu
@@ -164,11 +162,7 @@ def test_every_state_byte_matters():
 def test_cuda_predict_equals_the_cpu_under_the_simulator():
     """CUDA's toyf_predict, simulated, writes the CPU's logits and tokens bit for bit (blocks of 32
     and 64: tiles of 1 and 2 positions), with and without a bad tail."""
-    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1", PYTHONWARNINGS="ignore")
-    r = subprocess.run([sys.executable, "-c", "from tests.test_toy_float import _simulate; _simulate()"],
-                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    assert "simulated: all equal" in r.stdout, r.stdout[-3000:]
+    simulate("tests.test_toy_float", timeout=600)
 
 
 def _simulate() -> None:
