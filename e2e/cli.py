@@ -186,8 +186,10 @@ def start_hosts(n: int, cfg: Path, chosen: list[GateTarget], on_cpu: bool, out: 
         return None
     for e in h.errors:
         click.echo(f"e2e: a host did not start: {e}", err=True)
+    slowest = h.slowest()
     click.echo(f"hosts: {len(h)} warm in {time.monotonic() - t0:.1f}s ({'cpu' if on_cpu else 'gpu'}; "
-               f"{len(warm)} target(s) run once in each); their own logs under {out / 'hosts'}")
+               f"{len(warm)} target(s) run once in each{'; the last: ' + slowest if slowest else ''}); "
+               f"their own logs under {out / 'hosts'}")
     return h
 
 

@@ -115,6 +115,12 @@ class Hosts:
                 self.weights.setdefault(host, {})[child.pid] = weight
                 return child
 
+    def slowest(self) -> str:
+        """The last host to be ready, its warm by part: "imports 1.2, device 0.9, targets 2.1 s"."""
+        h = max(self.hosts, key=lambda h: h.warm_s or 0.0)
+        parts = [f"{k.removesuffix('_s')} {v:.1f}" for k, v in h.warm_split.items()]
+        return ", ".join(parts) + " s" if parts else ""
+
     def __len__(self) -> int:
         return len(self.hosts)
 

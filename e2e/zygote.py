@@ -108,6 +108,7 @@ class Zygote:
         self.usage_self: dict = {}  # a host's own CPU seconds [user, sys] and peak memory, said as it exits
         self.gone = False
         self.warm_s: float | None = None
+        self.warm_split: dict[str, float] = {}  # a host's warm by part (imports_s, device_s, targets_s)
         self.gpu_imports: str | None = None  # what the zygote imported of the GPU backend (with gpu_imports)
         self.lock = threading.Lock()  # one spawn at a time: replies come back in order
         self.ready_error: str | None = None
@@ -141,6 +142,7 @@ class Zygote:
                     if not msg["ready"]:
                         self.ready_error = str(msg.get("error", "not ready"))
                     self.gpu_imports = msg.get("gpu_imports")
+                    self.warm_split = dict(msg.get("split") or {})
                     self.warm_s = float(msg.get("warm_s", 0.0))
                 else:
                     self.replies.append(msg)

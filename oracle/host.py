@@ -18,7 +18,7 @@ all of them on that context. What a command needs of "its process" it gets from 
   command with 101 and stops its server (`serve.hosted.crashed`).
 
 Protocol (JSON lines; stdin in, stdout out), as `oracle/zygote.py`'s: first ``{"ready": true,
-"warm_s": S, "host_pid": P, "backend": B}`` (or ``{"ready": false, "error": why}`` and exit 1); for
+"warm_s": S, "split": {"imports_s": .., "device_s": .., "targets_s": ..}, "host_pid": P, "backend": B}`` (or ``{"ready": false, "error": why}`` and exit 1); for
 each ``{"argv": [...], "log": PATH, "env": {...}}`` the reply ``{"pid": ID}`` (ID names the command:
 it is no process) or ``{"error": why}``; ``{"signal": ID, "sig": N}`` is answered by nothing; and
 whenever a command ends ``{"exit": ID, "code": C}`` (C < 0: killed by signal -C). When stdin closes
@@ -166,19 +166,25 @@ class Running:
 _LIVE: dict[int, Running] = {}
 
 
-def warm(backend: str, config: str | None, targets: list[str]) -> str:
+def warm(backend: str, config: str | None, targets: list[str], split: dict[str, float]) -> str:
     """Make this process's device (a GPU: its one CUDA context) and run a few tokens of each target
-    through the runtime, so the first command pays neither; what the device is."""
+    through the runtime, so the first command pays neither; what the device is. `split` gets the
+    seconds of each part: imports_s, device_s, targets_s."""
+    began = time.monotonic()
     import serve.app  # noqa: F401  (what a server imports: fastapi, uvicorn; a second in the first server's start)
     import serve.cli  # noqa: F401
     from oracle.cli import main
 
+    split["imports_s"] = round(time.monotonic() - began, 2)
+    began = time.monotonic()
     if backend == "gpu":
         from runtime.backend import make_backend
 
         make_backend("gpu").synchronize()
     else:
         _threadsafe_layer()
+    split["device_s"] = round(time.monotonic() - began, 2)
+    began = time.monotonic()
     base = ["--config", config] if config else []
     quiet = Running(0, [], os.devnull, {})
     quiet.sink = open(os.devnull, "w")
@@ -192,6 +198,7 @@ def warm(backend: str, config: str | None, targets: list[str]) -> str:
     finally:
         _SINK.reset(token)
         quiet.sink.close()
+    split["targets_s"] = round(time.monotonic() - began, 2)
     return backend
 
 
@@ -249,12 +256,14 @@ def main(argv: list[str] | None = None) -> None:
     sys.stdout = Routed(sys.stdout)
     sys.stderr = Routed(sys.stderr)
     hosted.inherit_context()
+    split: dict[str, float] = {}
     try:
-        device = warm(args.backend, args.config, args.warm)
+        device = warm(args.backend, args.config, args.warm, split)
     except Exception as exc:
         _say({"ready": False, "error": f"{type(exc).__name__}: {exc}"})
         sys.exit(1)
-    _say({"ready": True, "warm_s": round(time.monotonic() - t0, 2), "host_pid": os.getpid(), "backend": device})
+    _say({"ready": True, "warm_s": round(time.monotonic() - t0, 2), "split": split, "host_pid": os.getpid(),
+          "backend": device})
     serve_requests()
     use = resource.getrusage(resource.RUSAGE_SELF)
     _say({"bye": True, "cpu_s": [round(use.ru_utime, 2), round(use.ru_stime, 2)], "maxrss_kib": use.ru_maxrss})

@@ -140,8 +140,12 @@ def test_hosts_place_by_weight_and_close_stops_everything(tmp_path):
     default session) counts as three, so the next three of weight 1 go to the other host; a stopped
     one weighs nothing. Closing the hosts stops what they still run: no server outlives them, and
     the processes end."""
-    hs = Hosts(2, project_env(), "cpu", PACKAGED, [], log_dir=tmp_path / "hosts")
+    hs = Hosts(2, project_env(), "cpu", PACKAGED, ["toy-paged"], log_dir=tmp_path / "hosts")
     assert len(hs) == 2
+    for h in hs.hosts:  # each said its warm by part, and the parts fit in its whole warm
+        assert set(h.warm_split) == {"imports_s", "device_s", "targets_s"} and min(h.warm_split.values()) >= 0
+        assert sum(h.warm_split.values()) <= h.warm_s + 0.05, (h.warm_split, h.warm_s)
+    assert hs.slowest().startswith("imports ") and "targets" in hs.slowest()
     started = []
     try:
         for i, w in enumerate((3, 1, 1, 1)):
