@@ -171,9 +171,11 @@ WORKER_CORES = 8  # --reference-worker by default from this many cores on
 GPU_HOSTS = 8  # --hosts on a GPU: processes (CUDA contexts) the gate's single-process servers share
 
 
-def start_hosts(n: int, cfg: Path, chosen: list[GateTarget], on_cpu: bool, out: Path):
+def start_hosts(n: int, cfg: Path, chosen: list[GateTarget], on_cpu: bool, out: Path,
+                check: concurrent.futures.Future | None = None):
     """`n` warm hosts (`e2e/hosts.py`) for the single-process targets' servers, `kern test` and
-    `kern run`; None (the zygote, else fresh processes) if none can start."""
+    `kern run`; None (the zygote, else fresh processes) if none can start (said, unless `check`
+    says why: no device)."""
     from e2e.hosts import Hosts
     from e2e.zygote import ZygoteGone
 
@@ -182,7 +184,8 @@ def start_hosts(n: int, cfg: Path, chosen: list[GateTarget], on_cpu: bool, out: 
     try:
         h = Hosts(n, project_env(), "cpu" if on_cpu else "gpu", cfg, warm, log_dir=out / "hosts")
     except (ZygoteGone, OSError, ValueError) as exc:
-        click.echo(f"e2e: no hosts ({exc}); each server is a process of its own", err=True)
+        if check is None or check.result() is None:
+            click.echo(f"e2e: no hosts ({exc}); each server is a process of its own", err=True)
         return None
     for e in h.errors:
         click.echo(f"e2e: a host did not start: {e}", err=True)
@@ -272,20 +275,25 @@ def cli(config, targets, scenarios, reference, no_reference, out, max_tokens, ba
                    shlex.split(kern) if kern else None, at_once=at_once,
                    reference_worker=(os.cpu_count() or 1) >= WORKER_CORES if reference_worker is None else reference_worker,
                    started=t0)
-    if backend == "gpu" and (why := no_gpu()) is not None:
+    why = None
+    with concurrent.futures.ThreadPoolExecutor(1) as ex:
+        # --backend gpu: is there one? Asked (cupy's import, the driver's start: about 1 s on an H200)
+        # while the hosts warm, which fail on their own without one and are then closed unheard
+        check = ex.submit(no_gpu) if backend == "gpu" else None
+        if opts.kern is None:
+            start_spawners(opts, cfg, chosen, backend, zygote, hosts, check)
+        why = check.result() if check is not None else None
+    if why is not None:
+        close_spawners(opts)
         reports = [_skipped(t, why, click.echo) for t in chosen]
     else:
-        if opts.kern is None:
-            start_spawners(opts, cfg, chosen, backend, zygote, hosts)
         try:
             reports = gate_all(chosen, opts, ref, wanted, jobs or max(1, os.cpu_count() or 1))
         except BaseException:
             stop_all()  # before the zygote goes: its children die with it, and the lanes would stop them unseen
             raise
         finally:
-            for spawner in (opts.hosts, opts.zygote):
-                if spawner is not None:
-                    spawner.close()
+            close_spawners(opts)
         record_stages(chosen, reports, wanted, click.echo)
     for r in reports:
         write_report(opts.out, r)
@@ -302,19 +310,29 @@ def cli(config, targets, scenarios, reference, no_reference, out, max_tokens, ba
 
 
 def start_spawners(opts: Options, cfg: Path, chosen: list[GateTarget], backend: str, zygote: bool,
-                   hosts: int | None) -> None:
+                   hosts: int | None, check: concurrent.futures.Future | None = None) -> None:
     """The hosts (`--hosts`) and the zygote (a staged target's servers, or everything without hosts),
-    started at once."""
+    started at once. `check`, if given, says (its result not None) that the backend cannot run here:
+    then a host's failure to start says nothing of its own and no zygote stands in for the hosts."""
     on_cpu = on_the_cpu(backend)
     n = hosts if hosts is not None else (0 if on_cpu else GPU_HOSTS)
     staged = any(t.stages > 1 and not t.skipped for t in chosen)
     with concurrent.futures.ThreadPoolExecutor(2) as ex:
-        h = ex.submit(start_hosts, n, cfg, chosen, on_cpu, opts.out) if n else None
+        h = ex.submit(start_hosts, n, cfg, chosen, on_cpu, opts.out, check) if n else None
         z = ex.submit(start_zygote, cfg, chosen, backend) if zygote and (staged or not n) else None
         opts.hosts = h.result() if h is not None else None
         opts.zygote = z.result() if z is not None else None
+    if check is not None and check.result() is not None:
+        return
     if zygote and opts.zygote is None and opts.hosts is None and n:  # no hosts after all: the zygote
         opts.zygote = start_zygote(cfg, chosen, backend)
+
+
+def close_spawners(opts: Options) -> None:
+    """Close the hosts and the zygote the gate started (each waits for what it still runs to end)."""
+    for spawner in (opts.hosts, opts.zygote):
+        if spawner is not None:
+            spawner.close()
 
 
 def _own_cpu() -> float:
