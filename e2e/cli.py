@@ -28,7 +28,8 @@ from e2e.config import ConfigError, GateTarget, load_targets
 from e2e.gate import SESSION_PORTS, Options, Run, run_target
 from e2e.report import commit, junit, write_report, write_summary
 from e2e.scenarios import CHECKS, CROSS_CHECKS, plan
-from e2e.session import STARTED, project_env, stop_all
+from e2e.scenarios.kern_test import forked
+from e2e.session import STARTED, own_kern, project_env, stop_all
 from e2e.stages import record as record_stages
 from oracle.cache import Cache, KernRun, kern_run_identity
 from oracle.probe import Prober
@@ -62,10 +63,13 @@ def _greedy(argv: list[str]) -> list[str]:
     return out
 
 
-def _oracles(t: GateTarget, reference: Path | None, out: Path, backend: str, worker: bool = False):
+def _oracles(t: GateTarget, reference: Path | None, out: Path, backend: str, worker: bool = False,
+             hosts=None, timeout: float = 600.0):
     ident = kern_run_identity(t.manifest, t.weights, backend)
-    # a float target's divergences may be near-ties: the probe gives the runtime's logits at that step
-    prober = Prober(t.manifest, t.weights, backend, out / t.name / "probes", ident) if t.floats else None
+    # a float target's divergences may be near-ties: the probe gives the runtime's logits at that step,
+    # made in one of the gate's hosts when it has them (then this process makes no device context)
+    spawn = None if hosts is None else (lambda argv, log: forked(hosts, [*own_kern(), *argv], log, timeout))
+    prober = Prober(t.manifest, t.weights, backend, out / t.name / "probes", ident, spawn) if t.floats else None
     runner = KernRun(t.manifest, t.weights, backend, Cache(out / t.name / "oracle.json", ident), prober=prober)
     if reference is None:
         return runner, None
@@ -89,7 +93,8 @@ def gate_target(t: GateTarget, opts: Options, reference: Path | None, wanted: se
     echo(f"== {t.name} ({t.ranks} rank(s), {'stateful' if t.lined else 'paged'}, rows {t.widest}{staged})")
     t0 = time.monotonic()
     began = round(t0 - opts.started, 1)  # where this target sits on the gate's timeline
-    oracle, runner = _oracles(t, reference, opts.out, opts.backend, opts.reference_worker)
+    oracle, runner = _oracles(t, reference, opts.out, opts.backend, opts.reference_worker,
+                              None if opts.kern is not None else opts.hosts, opts.kern_test_timeout)
     prober = getattr(oracle, "prober", None)
     if prober is not None:  # its device and kernels made now, off the first near-tie's path
         threading.Thread(target=prober.warm, name=f"{t.name}:probe-warm", daemon=True).start()

@@ -15,12 +15,13 @@ other artifacts is thrown away, never reused.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import shutil
 import threading
 from pathlib import Path
-from typing import Iterable
+from typing import Callable, Iterable
 
 import numpy as np
 
@@ -75,7 +76,11 @@ class Prober:
     ROOM = 1024  # runtimes are sized in steps of this many tokens
 
     def __init__(self, manifest: str | Path, weights: Iterable[str | Path], backend: str, root: str | Path,
-                 identity: str):
+                 identity: str, spawn: Callable[[list[str], Path], tuple[str, int | None]] | None = None):
+        """`spawn`, if given, runs `kern ARGV` elsewhere, its output in a log, and returns (that
+        output, its exit code): then each probe is `kern run --probe-dir` run there (a gate's host,
+        warm already) and this process makes no runtime, device context or kernels of its own."""
+        self.spawn = spawn
         self.manifest_path = Path(manifest)
         self.weights = [str(w) for w in weights]
         self.backend = backend
@@ -90,7 +95,9 @@ class Prober:
     def warm(self) -> None:
         """Make the runtime a first probe would use, and run it one token (its device, its kernels
         loaded), so that probe does not pay them: a gate calls this from a thread as a float target
-        starts. Failures are the first probe's to report."""
+        starts. Failures are the first probe's to report. Nothing to do when probes are spawned."""
+        if self.spawn is not None:
+            return
         try:
             with self._lock, runtime_lock(self.backend == "cpu"):
                 from runtime.sequence import generate
@@ -124,7 +131,8 @@ class Prober:
     def probe(self, context: list[int]) -> tuple[str, list[float], int]:
         """The runtime's logits predicting the token after `context`: (tag, logits, its argmax)."""
         context = [int(t) for t in context]
-        with self._lock, runtime_lock(self.backend == "cpu"):  # a GPU's runtimes: one at a time in this process
+        in_here = runtime_lock(self.backend == "cpu") if self.spawn is None else contextlib.nullcontext()
+        with self._lock, in_here:  # a GPU's runtimes: one at a time in this process
             self._fresh_root()
             d = self.root / _name(context)
             try:
@@ -138,14 +146,18 @@ class Prober:
             return read(d, self.vocab)
 
     def _run(self, context: list[int], d: Path) -> None:
+        tmp = d.with_name(d.name + ".tmp")
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        if self.spawn is not None:
+            self._spawned(context, tmp)
+            tmp.rename(d)
+            return
         from runtime.sequence import generate
         from runtime.step import Cell
 
         rt, cell = self._runtime(len(context) + 1)
         cell = Cell(cell.pages, cell.slot, [], 0)
-        tmp = d.with_name(d.name + ".tmp")
-        if tmp.exists():
-            shutil.rmtree(tmp)
 
         def dump(tag: str, tokens: list[int]) -> None:
             rows = rt.logits(1)
@@ -156,3 +168,12 @@ class Prober:
         if not tmp.exists():
             raise ProbeError(f"{self.manifest_path.name} has no logits to probe")
         tmp.rename(d)
+
+    def _spawned(self, context: list[int], tmp: Path) -> None:
+        """The same probe as `_run`'s (one sequence, one row, one step) as a `kern run` elsewhere."""
+        cmd = ["run", str(self.manifest_path),
+               *[a for w in self.weights for a in ("--weights", w)], "--prompt-ids", ",".join(map(str, context)),
+               "--steps", "1", "--rows", "1", "--backend", self.backend, "--probe-dir", str(tmp)]
+        out, code = self.spawn(cmd, tmp.with_name(tmp.name[: -len(".tmp")] + ".log"))
+        if code != 0 or not tmp.is_dir():
+            raise ProbeError(f"`kern run --probe-dir` for {len(context)} tokens exited {code}: {out.strip()[-300:]}")

@@ -24,6 +24,8 @@ import threading
 import numpy as np
 
 from runtime.backend import _NP, Backend, KernelError
+from runtime import host_arena
+from runtime.host_arena import ChunkedArena, spans
 
 if not hasattr(np, "row_stack"):  # numpy 2.5 removed it; numba-cuda 0.30 still uses it
     np.row_stack = np.vstack
@@ -80,6 +82,14 @@ def gpu_available() -> bool:
         return False
 
 
+def _pinned_zeros(nbytes: int) -> np.ndarray:
+    """`nbytes` of pinned host memory, zeroed (cupy's pinned pool may hand back used memory)."""
+    mem = cp.cuda.alloc_pinned_memory(max(nbytes, 1))
+    arr = np.frombuffer(mem, np.uint8, nbytes)
+    arr[:] = 0
+    return arr
+
+
 def _is_host(arr) -> bool:
     """Host memory (numpy, pinned or not) as opposed to a device array (which exports CAI)."""
     return not hasattr(arr, "__cuda_array_interface__")
@@ -109,12 +119,10 @@ class GpuBackend(Backend):
         with self.stream:
             return cp.zeros(nbytes, cp.uint8)
 
-    def host_zeros(self, nbytes: int) -> np.ndarray:
-        """Pinned (page-locked) host memory, zeroed."""
-        mem = cp.cuda.alloc_pinned_memory(max(nbytes, 1))
-        arr = np.frombuffer(mem, np.uint8, nbytes)
-        arr[:] = 0
-        return arr
+    def host_zeros(self, nbytes: int) -> ChunkedArena:
+        """Pinned (page-locked) host memory, zeroed, taken a piece at a time as it is first written
+        (`runtime/host_arena.py`: pinning the whole tier up front cost a server seconds of its start)."""
+        return ChunkedArena(nbytes, _pinned_zeros, host_arena.CHUNK)
 
     def view(self, arr, dtype: str):
         return arr.view(np.dtype(_NP[dtype]))
@@ -125,7 +133,10 @@ class GpuBackend(Backend):
             src = src.astype(dst.dtype)
         if _is_host(dst):
             self.xfer.synchronize()
-            dst[: src.size] = src
+            if isinstance(dst, ChunkedArena):
+                dst.write(0, src)
+            else:
+                dst[: src.size] = src
             return
         if src.size:
             # from pageable memory the call returns once `src` is staged, so it may be freed after
@@ -134,7 +145,7 @@ class GpuBackend(Backend):
     def download(self, src, n: int) -> np.ndarray:
         if _is_host(src):
             self.xfer.synchronize()
-            return np.array(src[:n])
+            return src.read(0, n) if isinstance(src, ChunkedArena) else np.array(src[:n])
         out = np.empty(n, src.dtype)
         if n:
             cp.cuda.runtime.memcpyAsync(out.ctypes.data, src.data.ptr, out.nbytes, _MEMCPY_DEFAULT, self.stream.ptr)
@@ -145,6 +156,10 @@ class GpuBackend(Backend):
         """Byte copy: device to device on the runtime's stream; to or from the host tier on the
         transfer stream, ordered both ways against the runtime's stream (module docstring)."""
         if nbytes <= 0:
+            return
+        if isinstance(dst, ChunkedArena) or isinstance(src, ChunkedArena):  # a run per piece
+            for d, d_off, s, s_off, n in spans(dst, dst_off, src, src_off, nbytes):
+                self.copy(d, d_off, s, s_off, n)
             return
         hd, hs = _is_host(dst), _is_host(src)
         if hd and hs:
@@ -170,7 +185,10 @@ class GpuBackend(Backend):
             return
         if _is_host(arr):
             self.xfer.synchronize()
-            arr[off : off + nbytes] = 0
+            if isinstance(arr, ChunkedArena):
+                arr.fill_zero(off, nbytes)
+            else:
+                arr[off : off + nbytes] = 0
             return
         cp.cuda.runtime.memsetAsync(arr.data.ptr + off, 0, nbytes, self.stream.ptr)
 

@@ -247,3 +247,19 @@ def test_a_host_command_sees_its_own_and_is_told_signals_sent_before_it_listened
     contextvars.copy_context().run(inside)
     assert got == [signal.SIGTERM]
     assert hosted.COMMAND.get() is None, "the command's context leaked out"
+
+
+def test_a_float_targets_probes_run_in_a_host(tmp_path):
+    """With hosts, a float target's near-tie probes are `kern run --probe-dir` commands in a host (the
+    gate process makes no runtime of its own): the near-ties are excused on their logits, and each
+    probe's log says where it ran."""
+    out = tmp_path / "results"
+    with pytest.raises(SystemExit) as exc:
+        main(["--out", str(out), "--backend", "cpu", "--max-tokens", "64", "--targets", "toy-float", "--hosts", "1",
+              "--scenarios", "conc1_equals_run"])
+    report = json.loads((out / "toy-float" / "report.json").read_text())
+    assert exc.value.code == 0, report["checks"]
+    (check,) = [c for c in report["checks"] if c["name"] == "conc1_equals_run"]
+    assert check["ok"] and "near-tie" in check["note"], check
+    logs = sorted((out / "toy-float" / "probes").glob("probe-*.log"))
+    assert logs and all("a thread of one of the gate's hosts" in p.read_text() for p in logs), logs

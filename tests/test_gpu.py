@@ -134,8 +134,12 @@ def test_captured_graphs_give_the_answers_of_plain_launches(shape):
     assert out[True] == out[False]
 
 
-def test_park_wake_and_copies_move_the_same_bytes():
-    """Device-to-device page copies (an overlapping run too), park to pinned host and wake back."""
+@pytest.mark.parametrize("chunk", [None, 1000])
+def test_park_wake_and_copies_move_the_same_bytes(chunk, monkeypatch):
+    """Device-to-device page copies (an overlapping run too), park to pinned host and wake back; with
+    host pieces of 1000 bytes, pages and the slot straddle the pinned arena's pieces."""
+    if chunk is not None:
+        monkeypatch.setattr("runtime.host_arena.CHUNK", chunk)
     m, w = target("toy-stateful")
     got = {}
     for be in ("cpu", "gpu"):

@@ -101,3 +101,35 @@ def test_runtimes_take_turns_unless_on_a_threadsafe_cpu_layer(monkeypatch):
                                  (None, True, True), ("omp", False, True)):
         monkeypatch.setattr(numba, "threading_layer", layer(name))
         assert (runtime_lock(on_cpu) is RUNTIME_LOCK) == locked, (name, on_cpu)
+
+
+def test_a_spawned_probe_is_the_in_process_probe(tmp_path):
+    """With `spawn` (how a gate with hosts probes), each probe is a `kern run --probe-dir` run
+    elsewhere: the same logits and token as the in-process probe, and this process builds no
+    runtime, not even to warm; a run that fails is a ProbeError naming its exit code."""
+    import subprocess
+    import sys
+
+    t = CONFIG.targets["toy-float"]
+    ident = kern_run_identity(t.manifest, t.weights, "cpu")
+    ran = []
+
+    def spawn(argv, log):
+        ran.append(argv)
+        r = subprocess.run([sys.executable, "-m", "oracle.cli", *argv], capture_output=True, text=True, timeout=120)
+        log.write_text(r.stdout + r.stderr)
+        return r.stdout + r.stderr, r.returncode
+
+    ctx = list(b"The capital of France is")
+    here = Prober(t.manifest, t.weights, "cpu", tmp_path / "here", ident).probe(ctx)
+    p = Prober(t.manifest, t.weights, "cpu", tmp_path / "spawned", ident, spawn)
+    p.warm()
+    assert p.probe(ctx) == here and p.made == 1 and len(ran) == 1 and p._runtimes == {}
+    assert p.probe(ctx) == here and len(ran) == 1  # the dump is read back, not made again
+
+    def failing(argv, log):
+        return "error: boom", 2
+
+    bad = Prober(t.manifest, t.weights, "cpu", tmp_path / "bad", ident, failing)
+    with pytest.raises(ProbeError, match="exited 2: error: boom"):
+        bad.probe(ctx)
