@@ -18,12 +18,13 @@ all of them on that context. What a command needs of "its process" it gets from 
   command with 101 and stops its server (`serve.hosted.crashed`).
 
 Protocol (JSON lines; stdin in, stdout out), as `oracle/zygote.py`'s: first ``{"ready": true,
-"warm_s": S, "split": {"imports_s": .., "device_s": .., "targets_s": ..}, "host_pid": P, "backend": B}`` (or ``{"ready": false, "error": why}`` and exit 1); for
-each ``{"argv": [...], "log": PATH, "env": {...}}`` the reply ``{"pid": ID}`` (ID names the command:
-it is no process) or ``{"error": why}``; ``{"signal": ID, "sig": N}`` is answered by nothing; and
-whenever a command ends ``{"exit": ID, "code": C}`` (C < 0: killed by signal -C). When stdin closes
-every command still running is told SIGKILL, and the host says ``{"bye": true, "cpu_s": [USER, SYS],
-"maxrss_kib": K}`` (its own, all its commands together) and exits.
+"warm_s": S, "split": {"imports_s": A, "device_s": B, "targets_s": C}, "host_pid": P, "backend":
+D}`` (or ``{"ready": false, "error": why}`` and exit 1); for each ``{"argv": [...], "log": PATH,
+"env": {...}}`` the reply ``{"pid": ID}`` (ID names the command: it is no process) or ``{"error":
+why}``; ``{"signal": ID, "sig": N}`` is answered by nothing; and whenever a command ends ``{"exit":
+ID, "code": C}`` (C < 0: killed by signal -C). When stdin closes every command still running is
+told SIGKILL, and the host says ``{"bye": true, "cpu_s": [USER, SYS], "maxrss_kib": K}`` (its own,
+all its commands together) and exits.
 """
 
 from __future__ import annotations
