@@ -167,7 +167,8 @@ class Running:
 _LIVE: dict[int, Running] = {}
 
 
-def warm(backend: str, config: str | None, targets: list[str], split: dict[str, float]) -> str:
+def warm(backend: str, config: str | None, targets: list[str], split: dict[str, float],
+         gpu_wait: str = "blocking") -> str:
     """Make this process's device (a GPU: its one CUDA context) and run a few tokens of each target
     through the runtime, so the first command pays neither; what the device is. `split` gets the
     seconds of each part: imports_s, device_s, targets_s."""
@@ -180,7 +181,12 @@ def warm(backend: str, config: str | None, targets: list[str], split: dict[str, 
     began = time.monotonic()
     if backend == "gpu":
         from runtime.backend import make_backend
+        from runtime.gpu import set_wait
 
+        try:
+            set_wait(gpu_wait)  # before the context is made
+        except RuntimeError as exc:  # the driver's default wait, then: slower under load, not wrong
+            print(f"host: could not set the GPU wait to {gpu_wait}: {exc}", file=sys.__stderr__, flush=True)
         make_backend("gpu").synchronize()
     else:
         _threadsafe_layer()
@@ -250,6 +256,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--backend", choices=("cpu", "gpu"), default="gpu", help="the device made before ready")
     ap.add_argument("--config", default=None, help="the config the --warm targets are named in")
     ap.add_argument("--warm", nargs="*", default=[], help="targets run for a few tokens before ready")
+    ap.add_argument("--gpu-wait", choices=("spin", "yield", "blocking"),
+                    default=os.environ.get("KERN_HOST_GPU_WAIT", "blocking"),
+                    help="how its threads wait on the GPU (default blocking, or $KERN_HOST_GPU_WAIT): a "
+                         "spinning wait takes a core for each waiting thread, and a host runs many")
     args = ap.parse_args(argv)
     t0 = time.monotonic()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the gate's Ctrl-C is the gate's; stdin's end is ours
@@ -259,7 +269,7 @@ def main(argv: list[str] | None = None) -> None:
     hosted.inherit_context()
     split: dict[str, float] = {}
     try:
-        device = warm(args.backend, args.config, args.warm, split)
+        device = warm(args.backend, args.config, args.warm, split, args.gpu_wait)
     except Exception as exc:
         _say({"ready": False, "error": f"{type(exc).__name__}: {exc}"})
         sys.exit(1)

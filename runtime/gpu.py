@@ -70,6 +70,30 @@ def numba_cuda():
     return cuda
 
 
+WAITS = {"spin": 0x1, "yield": 0x2, "blocking": 0x4}  # CU_CTX_SCHED_*: how a thread waits on the GPU
+
+
+def set_wait(mode: str, device: int = 0) -> None:
+    """How this process's threads wait on the GPU (a stream's or an event's synchronize), set on the
+    device's primary context before it is made: `spin` (CUDA's choice for a process with one
+    context and more cores), `yield`, or `blocking` (the thread sleeps until the GPU is done). Raises
+    RuntimeError naming the driver's error when the driver refuses."""
+    import ctypes
+
+    flags = WAITS[mode]
+    try:
+        cu = ctypes.CDLL("libcuda.so.1")
+    except OSError as exc:
+        raise RuntimeError(f"no CUDA driver library: {exc}") from None
+    dev = ctypes.c_int()
+    set_flags = getattr(cu, "cuDevicePrimaryCtxSetFlags_v2", None) or cu.cuDevicePrimaryCtxSetFlags
+    for what, rc in (("cuInit", lambda: cu.cuInit(0)), ("cuDeviceGet", lambda: cu.cuDeviceGet(ctypes.byref(dev), device)),
+                     ("cuDevicePrimaryCtxSetFlags", lambda: set_flags(dev, ctypes.c_uint(flags)))):
+        code = rc()
+        if code != 0:
+            raise RuntimeError(f"{what} failed with CUDA error {code}")
+
+
 def gpu_available() -> bool:
     """True when cupy sees a CUDA device and numba.cuda can launch on it."""
     if cp is None:

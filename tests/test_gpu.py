@@ -217,3 +217,20 @@ def test_the_float_toy_is_the_cpus_bit_for_bit(name):
             got[be] = (g.ids, rt.read_state(cell.pages, cell.slot, g.length), np.array(rows))
         (ic, sc, lc), (ig, sg, lg) = got["cpu"], got["gpu"]
         assert ic == ig and sc == sg and np.array_equal(lc, lg), f"{name} prompt {len(ids)}"
+
+
+@pytest.mark.parametrize("mode", ["blocking", "spin"])
+def test_set_wait_sets_the_primary_contexts_schedule(mode):
+    """`set_wait` before the context is made: the context cupy and numba then share waits as asked
+    (its CU_CTX_SCHED_* bits), and kernels still run on it."""
+    import subprocess
+    import sys
+
+    code = (f"from runtime.gpu import set_wait, WAITS; set_wait({mode!r}); import ctypes, cupy; "
+            "assert int(cupy.arange(4).sum()) == 6; cu = ctypes.CDLL('libcuda.so.1'); f = ctypes.c_uint(); "
+            "assert cu.cuCtxGetFlags(ctypes.byref(f)) == 0; print('flags', f.value & 7, WAITS[" + repr(mode) + "])")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       cwd=str(__import__("pathlib").Path(__file__).resolve().parents[1]))
+    assert r.returncode == 0, r.stderr[-2000:]
+    _, got, want = r.stdout.split()
+    assert got == want, r.stdout
