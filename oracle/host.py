@@ -1,13 +1,14 @@
 """A warm process that runs several `kern` commands at once, each in a thread of its own.
 
-    python -m oracle.host [--backend cpu|gpu] [--config FILE] [--warm TARGET ...]
+    python -m oracle.host [--backend cpu|gpu] [--config FILE] [--warm TARGET ...] [--gpu-wait MODE]
 
 On a GPU every process pays its own CUDA context, and the driver makes contexts one at a time
 (about 0.2 s each on an H200, `bench/cuda_contexts.py`): a gate that starts sixty GPU processes
 waits 11 s or more for the driver alone. A host makes its context once, before it says it is
 ready, and then runs each command it is sent (`kern serve`, `kern test`, `kern run`) in a thread,
 all of them on that context. Its threads wait on the GPU by blocking, not by spinning as CUDA
-would for a process with one context (`--gpu-wait`): a host runs many threads that wait at once. What a command needs of "its process" it gets from `serve.hosted`:
+would for a process with one context (`--gpu-wait`): a host runs many threads that wait at once.
+What a command needs of "its process" it gets from `serve.hosted`:
 
 - its output: this process's `sys.stdout` and `sys.stderr` write to the command's log, chosen by
   the thread's context (every thread a command starts runs in its context: `inherit_context`);
