@@ -225,12 +225,13 @@ def test_set_wait_sets_the_primary_contexts_schedule(mode):
     (its CU_CTX_SCHED_* bits), and kernels still run on it."""
     import subprocess
     import sys
+    from pathlib import Path
 
     code = (f"from runtime.gpu import set_wait, WAITS; set_wait({mode!r}); import ctypes, cupy; "
             "assert int(cupy.arange(4).sum()) == 6; cu = ctypes.CDLL('libcuda.so.1'); f = ctypes.c_uint(); "
             "assert cu.cuCtxGetFlags(ctypes.byref(f)) == 0; print('flags', f.value & 7, WAITS[" + repr(mode) + "])")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                       cwd=str(__import__("pathlib").Path(__file__).resolve().parents[1]))
+                       cwd=Path(__file__).resolve().parents[1])
     assert r.returncode == 0, r.stderr[-2000:]
     _, got, want = r.stdout.split()
     assert got == want, r.stdout
