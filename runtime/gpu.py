@@ -1,6 +1,7 @@
 """The GPU backend: cupy arrays, numba.cuda kernels, pinned host memory (SPEC §5).
 
     gpu_available()   True when cupy imports, sees a CUDA device, and numba.cuda works
+    set_wait(mode)    how the process's threads wait on the GPU (spin, yield, blocking)
     GpuBackend        the Backend on one device
 
 Ordering. Kernels, uploads, downloads, device-to-device copies and zeroing run on the runtime's
@@ -23,8 +24,8 @@ import threading
 
 import numpy as np
 
-from runtime.backend import _NP, Backend, KernelError
 from runtime import host_arena
+from runtime.backend import _NP, Backend, KernelError
 from runtime.host_arena import ChunkedArena, spans
 
 if not hasattr(np, "row_stack"):  # numpy 2.5 removed it; numba-cuda 0.30 still uses it
@@ -87,9 +88,11 @@ def set_wait(mode: str, device: int = 0) -> None:
         raise RuntimeError(f"no CUDA driver library: {exc}") from None
     dev = ctypes.c_int()
     set_flags = getattr(cu, "cuDevicePrimaryCtxSetFlags_v2", None) or cu.cuDevicePrimaryCtxSetFlags
-    for what, rc in (("cuInit", lambda: cu.cuInit(0)), ("cuDeviceGet", lambda: cu.cuDeviceGet(ctypes.byref(dev), device)),
-                     ("cuDevicePrimaryCtxSetFlags", lambda: set_flags(dev, ctypes.c_uint(flags)))):
-        code = rc()
+    calls = (("cuInit", lambda: cu.cuInit(0)),
+             ("cuDeviceGet", lambda: cu.cuDeviceGet(ctypes.byref(dev), device)),
+             ("cuDevicePrimaryCtxSetFlags", lambda: set_flags(dev, ctypes.c_uint(flags))))
+    for what, call in calls:
+        code = call()
         if code != 0:
             raise RuntimeError(f"{what} failed with CUDA error {code}")
 
