@@ -35,11 +35,7 @@ class Host(Zygote):
         """Close its stdin and wait until it says every command has ended (its "bye"), not for the
         process to be gone: on a GPU the driver then tears its CUDA context down, about 0.3 s a
         process and one process at a time, and no command of the gate's is left in it to wait for."""
-        try:
-            if self.proc.stdin is not None:
-                self.proc.stdin.close()
-        except OSError:
-            pass
+        self.hang_up()
         with self.cond:
             said = self.cond.wait_for(lambda: self.usage_self or self.gone, 15)
         if not said:
@@ -127,11 +123,7 @@ class Hosts:
     def close(self) -> None:
         """Every host told to end at once; back when each has said every command of its has ended."""
         for h in self.hosts:
-            try:
-                if h.proc.stdin is not None:
-                    h.proc.stdin.close()
-            except OSError:
-                pass
+            h.hang_up()
         for h in self.hosts:
             h.close()
 

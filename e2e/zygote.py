@@ -195,13 +195,17 @@ class Zygote:
             except (BrokenPipeError, OSError, ValueError):
                 pass  # gone: every child it had is reported killed
 
-    def close(self) -> None:
-        """Close the zygote's stdin (it kills what it still runs and exits); wait for it."""
+    def hang_up(self) -> None:
+        """Close its stdin: it kills what it still runs and ends (a host says "bye" first)."""
         try:
             if self.proc.stdin is not None:
                 self.proc.stdin.close()
         except OSError:
             pass
+
+    def close(self) -> None:
+        """Close the zygote's stdin (it kills what it still runs and exits); wait for it."""
+        self.hang_up()
         try:
             self.proc.wait(15)
         except subprocess.TimeoutExpired:

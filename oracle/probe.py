@@ -150,7 +150,7 @@ class Prober:
         if tmp.exists():
             shutil.rmtree(tmp)
         if self.spawn is not None:
-            self._spawned(context, tmp)
+            self._spawned(context, tmp, d.with_name(d.name + ".log"))
             tmp.rename(d)
             return
         from runtime.sequence import generate
@@ -169,11 +169,11 @@ class Prober:
             raise ProbeError(f"{self.manifest_path.name} has no logits to probe")
         tmp.rename(d)
 
-    def _spawned(self, context: list[int], tmp: Path) -> None:
+    def _spawned(self, context: list[int], tmp: Path, log: Path) -> None:
         """The same probe as `_run`'s (one sequence, one row, one step) as a `kern run` elsewhere."""
         cmd = ["run", str(self.manifest_path),
                *[a for w in self.weights for a in ("--weights", w)], "--prompt-ids", ",".join(map(str, context)),
                "--steps", "1", "--rows", "1", "--backend", self.backend, "--probe-dir", str(tmp)]
-        out, code = self.spawn(cmd, tmp.with_name(tmp.name[: -len(".tmp")] + ".log"))
+        out, code = self.spawn(cmd, log)
         if code != 0 or not tmp.is_dir():
             raise ProbeError(f"`kern run --probe-dir` for {len(context)} tokens exited {code}: {out.strip()[-300:]}")

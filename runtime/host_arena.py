@@ -21,7 +21,7 @@ import numpy as np
 
 __all__ = ["CHUNK", "ChunkedArena", "spans"]
 
-CHUNK = 32 << 20  # bytes a piece: ~10 ms to pin and zero on an H200 host
+CHUNK = 32 << 20  # bytes a piece: a gate session's parked pages fit in one or two
 
 
 class ChunkedArena:
