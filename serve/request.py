@@ -124,7 +124,7 @@ class Stops:
                 self.hide_last = False
                 return True
         self._chars += len(new)
-        self._tail = window[len(window) - self._keep:] if self._keep else ""
+        self._tail = window[-self._keep:] if self._keep else ""  # a short window is kept whole
         return False
 
 
