@@ -14,8 +14,8 @@ from verdicts import Check
 __all__ = ["Checks", "mark"]
 
 
-def mark(ok: bool | None) -> str:
-    return {True: "[ok  ]", False: "[FAIL]", None: "[info]"}[ok]
+def mark(ok: bool | None, error: bool = False) -> str:
+    return "[ERR ]" if error else {True: "[ok  ]", False: "[FAIL]", None: "[info]"}[ok]
 
 
 class Checks:
@@ -36,6 +36,18 @@ class Checks:
         if excused:
             self.excused[name] = self.excused.get(name, 0) + excused
         self.echo(f"  {mark(ok)} {name}: {note}")
+
+    def could_not_run(self, name: str, why: str) -> None:
+        """Record a check its step never judged (a step it needs failed, hung or was not reached): a
+        gated failure marked ``error``, so it is in the console, the report and JUnit, never dropped."""
+        if not self.reports(name) or name in self.names():
+            return
+        note = f"not run: {why}"
+        self.list.append(Check(name=name, ok=False, note=note, error=True))
+        self.echo(f"  {mark(False, True)} {name}: {note}")
+
+    def names(self) -> set[str]:
+        return {c["name"] for c in self.list}
 
     def fork(self) -> "Checks":
         """An empty list with the same filter and echo, for one lane; `extend` takes it back in."""

@@ -14,6 +14,7 @@ well inside a server's keep-alive timeout (uvicorn: 5 s), so the race is rare to
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import socket
 import threading
@@ -23,6 +24,7 @@ from typing import Any
 import httpx
 
 from e2e.session import Session
+from e2e.watch import Hung, Watch
 
 __all__ = ["Answer", "Client", "Rejected", "never_sent"]
 
@@ -92,8 +94,13 @@ class Client:
         self.resent = 0  # requests sent again after an idle connection was closed under them
         self._lock = threading.Lock()
         self._next = 0
+        log = getattr(session, "log", None)
+        self.watch = Watch(session.url, str(log.path) if log is not None else "(none)", headers)  # a stuck request names itself
+        self.hung = 0  # requests the watch found stuck: the server is stopped without waiting on them
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=64, thread_name_prefix="request")
 
     def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
         self.http.close()
 
     def _take_id(self) -> str:
@@ -123,7 +130,17 @@ class Client:
     def complete(self, prompt: str | list[int], max_tokens: int, timeout: float | None = None) -> Answer:
         body = {"model": self.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
                 "return_token_ids": True}
-        r = self._post("/v1/completions", body, timeout)
+        with self._lock:
+            name = f"req-{self._next}"  # the server's name for it when it is the only one in flight
+        n = len(prompt.encode()) if isinstance(prompt, str) else len(prompt)
+        what = f"request {name} ({n} prompt tokens, max_tokens {max_tokens})"
+        fut = self._pool.submit(self._post, "/v1/completions", body, timeout)
+        try:
+            r = self.watch.wait(fut, what, None, alive=lambda: self.session.check(grace=0.5))
+        except Hung:
+            with self._lock:
+                self.hung += 1
+            raise
         try:
             data = r.json()
         except ValueError:

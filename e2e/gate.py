@@ -33,6 +33,7 @@ from verdicts.policy import POLICY_COUNTERS
 __all__ = ["Found", "Options", "Run", "lanes", "run_target"]
 
 HIT_COUNTERS = POLICY_COUNTERS  # what a session's hits come to (resident/host hits and tokens, parks, ...)
+HUNG_TERM_S = 2.0  # a server with a stuck request: SIGTERM, then SIGKILL after this long
 DEFAULT_WEIGHT = 3  # the default session is every other session's dependency: its host is left lighter
 SESSION_PORTS = {"default": 0, "host": 1, "slots": 2, "rows1": 3, "wake_room": 4, "churn": 5, "drop": 6, "ties": 7, "frag": 8}
 
@@ -208,7 +209,7 @@ class Run:
             raw = self.live.client.stats() or {}
             self.session_hits[name] = {k: int(v) for k, v in (raw.get("counters") or {}).items() if k in HIT_COUNTERS}
         live, self.live = self.live, None
-        live.client.close()
+        _let_go(live)
         try:
             live.session.check()
         finally:
@@ -302,6 +303,7 @@ class _Plan:
     stopping: bool = False
     unavailable: str | None = None
     errors: list[str] = field(default_factory=list)
+    why: dict[str, str] = field(default_factory=dict)  # a step that did not complete: why not
 
     def wait(self, deps: tuple[str, ...]) -> None:
         for d in deps:
@@ -310,9 +312,11 @@ class _Plan:
                 if d not in self.completed:
                     raise _DepFailed(d)
 
-    def end(self, name: str, ok: bool) -> None:
+    def end(self, name: str, ok: bool, why: str = "") -> None:
         if ok:
             self.completed.add(name)
+        else:
+            self.why.setdefault(name, why)
         self.ended[name].set()
 
 
@@ -348,7 +352,25 @@ def run_target(run: Run, steps: list, at_once: bool = True) -> str | None:
         return plan.unavailable
     if plan.errors:
         run.checks.add("error", False, "; ".join(plan.errors)[:2000])
+    _unjudged(run, steps, plan)
     return None
+
+
+def _unjudged(run: Run, steps: list, plan: _Plan) -> None:
+    """Every check a step that did not complete should have added, and every session's policy check
+    that was never judged, recorded as ``error`` with why (never dropped from the report)."""
+    sessions: dict[str, str] = {}
+    for st in steps:
+        if st.name not in plan.completed:
+            why = plan.why.get(st.name) or "its step did not complete"
+            for name in st.checks:
+                run.checks.could_not_run(name, f"step {st.name}: {why}")
+            if st.session and st.serial:
+                sessions.setdefault(st.session, f"step {st.name}: {why}")
+        elif st.session and st.serial:
+            sessions.setdefault(st.session, "")
+    for session, why in sessions.items():
+        run.checks.could_not_run(f"policy_{session}", why or "the session's policy check was never judged")
 
 
 def _run_lane(run: Run, steps: list, plan: _Plan, index: int) -> None:
@@ -361,6 +383,7 @@ def _run_lane(run: Run, steps: list, plan: _Plan, index: int) -> None:
         return now
 
     done = 0
+    why = "the target stopped before it"
     try:
         if index != plan.base_lane and any(st.facts for st in steps):
             plan.based.wait()  # every session's flags read the first session's facts
@@ -398,7 +421,8 @@ def _run_lane(run: Run, steps: list, plan: _Plan, index: int) -> None:
         run.close()
         if name is not None:
             spent(f"{name} stop", t0)
-    except _DepFailed:
+    except _DepFailed as exc:
+        why = f"it needs {exc}, which did not complete"
         _drop(run)
     except Unavailable as exc:
         plan.unavailable = plan.unavailable or str(exc)
@@ -414,6 +438,7 @@ def _run_lane(run: Run, steps: list, plan: _Plan, index: int) -> None:
             if not s.alive() and s.proc is not None:
                 note += f" (server {s.name} exited with code {s.proc.returncode}; log tail: {s.log.tail(8)})"
         plan.errors.append(note)
+        why = f"{type(exc).__name__} in this step (the error check has its note)"
         if not isinstance(exc, ServerExited):
             try:
                 run.policy_check()
@@ -423,14 +448,22 @@ def _run_lane(run: Run, steps: list, plan: _Plan, index: int) -> None:
     finally:
         if index == plan.base_lane:
             plan.based.set()
-        for step in steps[done:]:
-            plan.end(step.name, False)
+        for i, step in enumerate(steps[done:]):
+            plan.end(step.name, False, why if i == 0 else f"{steps[done].name} before it in its session failed")
+
+
+def _let_go(live: Live) -> None:
+    """Close the session's client; a server holding a stuck request would drain it until its
+    --drain-timeout (30 s), so it is given `HUNG_TERM_S` before it is killed."""
+    if live.client.hung:
+        live.session.term_timeout = min(live.session.term_timeout, HUNG_TERM_S)
+    live.client.close()
 
 
 def _drop(run: Run) -> None:
     """Stop the lane's open session without its closing checks."""
     live, run.live = run.live, None
     if live is not None:
-        live.client.close()
+        _let_go(live)
         live.session.stop()
         run.note_cpu(live.session)

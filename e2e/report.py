@@ -135,7 +135,8 @@ def junit(reports: Iterable[dict[str, Any]]) -> str:
     for r in reports:
         checks = r.get("checks", [])
         suite = ET.SubElement(suites, "testsuite", name=r["target"], tests=str(max(len(checks), 1)),
-                              failures=str(sum(c["ok"] is False for c in checks)),
+                              failures=str(sum(c["ok"] is False and not c.get("error") for c in checks)),
+                              errors=str(sum(bool(c.get("error")) for c in checks)),
                               skipped=str(1 if r.get("skipped") is not None else 0),
                               time=f"{r.get('wall_s', 0):.1f}")
         if r.get("skipped") is not None:
@@ -145,7 +146,8 @@ def junit(reports: Iterable[dict[str, Any]]) -> str:
         for c in checks:
             case = ET.SubElement(suite, "testcase", classname=f"e2e.{r['target']}", name=c["name"])
             if c["ok"] is False:
-                ET.SubElement(case, "failure", message=c["note"][:500]).text = c["note"]
+                kind = "error" if c.get("error") else "failure"  # error: the check could not run
+                ET.SubElement(case, kind, message=c["note"][:500]).text = c["note"]
             else:
                 ET.SubElement(case, "system-out").text = ("reported: " if c["ok"] is None else "") + c["note"]
     ET.indent(suites)

@@ -37,6 +37,7 @@ from serve.request import EOS, Done, Request, Status, Update
 from serve.stats import Counters
 
 SLOW_STEP_S = 0.02  # the slow-steps fault's extra time per step
+QUEUE_SHOWN = 32  # request names /stats lists per queue (the gate names a stuck request from them)
 
 __all__ = ["Core", "Flight", "Plan", "Work", "snapshot_holdings"]
 
@@ -372,6 +373,8 @@ class Core:
             "counters": dict(c.values),
             "gauges": self.gauges(),
             "parked_lengths": self.engine.prefix.parked_lengths(),
+            "queue": {"running": [r.id for r in list(self.running)[:QUEUE_SHOWN]],
+                      "waiting": [r.id for r in list(self.waiting)[:QUEUE_SHOWN]]},
             "timing": {"steps": c["steps"], "step_s": c.step_s, "loop_s": c.loop_s, "tokens": c.tokens,
                        **(timing.as_dict() if timing is not None else {})},
         }

@@ -33,12 +33,14 @@ EXIT_NOTHING_RAN = 125
 """No target ran; ``git bisect run`` reads 125 as "skip this commit"."""
 
 
-class Check(TypedDict):
-    """One check of a target: ``ok`` True pass, False FAIL, None reported only."""
+class Check(TypedDict, total=False):
+    """One check of a target: ``ok`` True pass, False FAIL, None reported only; ``error`` True when
+    the check could not run (a step it needs failed or hung): a failure, never a dropped check."""
 
     name: str
     ok: bool | None
     note: str
+    error: bool
 
 
 class Report(TypedDict):

@@ -13,6 +13,7 @@ import httpx
 
 from e2e.client import Rejected
 from e2e.prompts import PROMPTS
+from e2e.watch import Hung
 from verdicts import Same
 
 TURN2_TIMEOUT = 60.0
@@ -43,6 +44,9 @@ def run(r) -> None:
         live.session.check()
         problems.append(f"turn 2 did not complete within {TURN2_TIMEOUT:.0f}s")
         hit = None
+    except Hung as exc:
+        problems.append(f"turn 2 did not complete: {exc}")
+        hit = None
     except Rejected as exc:
         problems.append(f"turn 2 rejected: {exc}")
         hit = None
@@ -62,7 +66,9 @@ def run(r) -> None:
         if exc.status != 400 or exc.code != "context_length_exceeded":
             problems.append(f"the exact-fill request (room {pool}) got {exc}, not ContextLength")
     except httpx.TimeoutException:
-        problems.append(f"the exact-fill request (room {pool}) hung")
+        problems.append(f"the exact-fill request (room {pool}) hung: no answer within {TURN2_TIMEOUT:.0f}s")
+    except Hung as exc:
+        problems.append(f"the exact-fill request (room {pool}) hung: {exc}")
     ok = not problems and same.ok
     note = (f"capacity {capacity(r)}; turn 2 {same}, hit {hit}; parks {parks}, wakes {wakes}; "
             f"room {pool} → ContextLength" + ("".join(f"; {p}" for p in problems)))
