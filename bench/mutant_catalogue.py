@@ -206,4 +206,33 @@ CATALOGUE: tuple[Mutant, ...] = (
            "            part += rotl(kv[base + w], q + 1)",
            ("conc1_equals_run",), ("toy-paged",),
            "SPEC §2: page order lost in the sum (a kernel that disagrees with the reference)", kernel=True),
+    # --- tiers through the API, hangs (issue 25) ---
+    Mutant("kern-object-omits-tier", "serve/app.py",
+           '''        return {"request_id": self.req.id, "cache_tier": d.tier if d else None, "snapshot": d.snapshot if d else "none",''',
+           '''        return {"request_id": self.req.id, "snapshot": d.snapshot if d else "none",''',
+           ("conc1_equals_run",), ("toy-paged",),
+           "issue 25: a server that tells its tiers only in a debug log line (the gate must read them from the "
+           "API, so the response's kern object is required)"),
+    Mutant("woken-never-told", "serve/admission.py",
+           "                req.woken = True\n",
+           "                pass\n",
+           ("park_wake",), ("toy-paged",),
+           "LMCache/vLLM KV-offload: a load from the CPU tier that the request's stats never record (hits by tier "
+           "miscounted in the API while the counters move)"),
+    Mutant("host-hit-told-as-device", "serve/admission.py",
+           "            req.cached, req.tier = n, hit.tier.value\n",
+           "            req.cached, req.tier = n, \"device\"\n",
+           ("policy_host",), ("toy-paged",),
+           "vLLM #14069-style: a hit's source tier misreported (every hit said to be a GPU hit)"),
+    Mutant("abort-not-counted", "serve/core.py",
+           '''        self.counters.add("aborted")\n''',
+           "",
+           ("abort",), ("toy-paged",),
+           "vLLM: aborted requests missing from the finished-request accounting"),
+    Mutant("finish-leaks-lease", "serve/core.py",
+           "        else:\n            lease.release()\n        logs.event(\"finished\"",
+           "        else:\n            pass\n        logs.event(\"finished\"",
+           ("policy_default",), ("toy-paged",),
+           "kern-pool §4 / vLLM block leaks: a finished request's lease never returned; the pool fills and a "
+           "later request waits forever (a hang the watch must name within seconds)"),
 )

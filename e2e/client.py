@@ -29,6 +29,7 @@ from e2e.watch import Hung, Watch
 __all__ = ["Answer", "Client", "Rejected", "never_sent"]
 
 KEEPALIVE_S = 2.0
+KERN_FIELDS = ("request_id", "cache_tier", "snapshot", "woken")
 
 
 def never_sent(exc: BaseException) -> bool:
@@ -62,6 +63,13 @@ class Answer:
     tier: str | None = None
     snapshot: str | None = None
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
+    woken: bool | None = None  # kern.woken: its hit was a parked snapshot woken into the lease
+
+    def untold(self) -> list[str]:
+        """The `kern` object's fields this response lacks: a server with /stats tells each request's
+        tier, snapshot and wake through the API (docs/api.md), never only in a log line."""
+        k = self.raw.get("kern")
+        return [f for f in KERN_FIELDS if not isinstance(k, dict) or f not in k]
 
     @property
     def fed(self) -> list[int]:
@@ -159,7 +167,7 @@ class Client:
         k = data.get("kern") or {}
         return Answer(ids, stop, list(choice.get("prompt_token_ids") or []), int(details.get("cached_tokens") or 0),
                       choice.get("finish_reason"), k.get("request_id") or mirrored, k.get("cache_tier"),
-                      k.get("snapshot"), data)
+                      k.get("snapshot"), data, k.get("woken"))
 
     def tokenize(self, text: str) -> list[int]:
         r = self._post("/tokenize", {"model": self.model, "prompt": text})

@@ -30,7 +30,7 @@ from e2e.session import ServerExited, Session, Unavailable, merge_flags, server_
 from e2e.stats import Stats
 from verdicts.policy import POLICY_COUNTERS
 
-__all__ = ["Found", "Options", "Run", "lanes", "run_target"]
+__all__ = ["Found", "Options", "Run", "Untold", "lanes", "run_target"]
 
 HIT_COUNTERS = POLICY_COUNTERS  # what a session's hits come to (resident/host hits and tokens, parks, ...)
 HUNG_TERM_S = 2.0  # a server with a stuck request: SIGTERM, then SIGKILL after this long
@@ -185,6 +185,7 @@ class Run:
         raw = c.stats()
         self.server_facts[name] = dict((raw or {}).get("facts") or {})
         self.live = Live(s, c, Stats(c, s.log), PolicyGate(self.oracle, (raw or {}).get("facts"), self.target.lined))
+        self.live.stats.has_endpoint = raw is not None
         return self.live
 
     def policy_check(self) -> None:
@@ -252,6 +253,10 @@ class Run:
             if live.policy is not None and exc.status == 400:
                 live.policy.rejected(list(prompt.encode()) if isinstance(prompt, str) else list(prompt))
             raise
+        if live.stats.has_endpoint and a.untold():
+            raise Untold(f"request {a.request}: the response's kern object lacks {', '.join(a.untold())}; a server "
+                         "with /stats reports each request's tier, snapshot and wake in it (docs/api.md), not "
+                         "only in a log line")
         self.snapshots[a.request] = a.snapshot
         if self.serial:
             self.served.append({"session": live.session.name, "step": self.step, "request": a.request,
@@ -285,6 +290,11 @@ def lanes(steps: list, at_once: bool = True) -> list[list]:
             by_session[step.session] = [step]
             out.append(by_session[step.session])
     return out
+
+
+class Untold(RuntimeError):
+    """A server with /stats answered without the `kern` fields that say a request's tier, snapshot
+    and wake: the gate cannot prove its tiers from the API, so the target fails."""
 
 
 class _DepFailed(Exception):

@@ -77,6 +77,8 @@ class PolicyGate:
         exp = (want.cached, want.tier, want.snapshot)
         if got != exp:
             self.problems.append(f"{label} ({answer.request}): cached/tier/snapshot {got}, policy {exp}")
+        elif answer.woken is not None and bool(answer.woken) != want.woken:
+            self.problems.append(f"{label} ({answer.request}): woken {answer.woken}, policy {want.woken}")
 
     def rejected(self, ids: list[int]) -> None:
         """A request refused at admission still looked its prefix up (recency moves)."""

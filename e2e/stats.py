@@ -48,7 +48,7 @@ class Stats:
         if raw is not None:
             out: dict[str, Any] = {**raw.get("counters", {}), **raw.get("gauges", {})}
             out["facts"] = raw.get("facts", {})
-            out["parked_lengths"] = set(raw.get("parked_lengths") or []) | self.logged_parks()
+            out["parked_lengths"] = set(raw.get("parked_lengths") or [])
             return out
         return self._from_log()
 

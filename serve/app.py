@@ -328,7 +328,8 @@ class Reply:
 
     def _kern(self) -> dict:
         d = self.done
-        return {"request_id": self.req.id, "cache_tier": d.tier if d else None, "snapshot": d.snapshot if d else "none"}
+        return {"request_id": self.req.id, "cache_tier": d.tier if d else None, "snapshot": d.snapshot if d else "none",
+                "woken": bool(d.woken) if d else False}
 
     def _head(self, chunk: bool) -> dict:
         kind = ("chat.completion" if self.ask.chat else "text_completion") + (".chunk" if chunk and self.ask.chat else "")

@@ -134,6 +134,7 @@ class Core:
         else:
             return
         req.move(Status.ABORTED)
+        self.counters.add("aborted")
         logs.event("finished", "DEBUG", request=req.id, reason="abort", prompt=len(req.ids),
                    generated=len(req.out), elapsed_s=time.monotonic() - req.t_arrive)
         self._send(req, Update([], Done(None, req.cached, req.tier, error=error)))
@@ -335,9 +336,9 @@ class Core:
                    elapsed_s=time.monotonic() - req.t_arrive)
         s = req.stops
         if s is None:
-            return Done(req.reason, req.cached, req.tier, snapshot)
+            return Done(req.reason, req.cached, req.tier, snapshot, woken=req.woken)
         return Done(req.reason, req.cached, req.tier, snapshot, stop_reason=s.reason, text_end=s.text_end,
-                    hide_last=s.hide_last)
+                    hide_last=s.hide_last, woken=req.woken)
 
     def _send(self, req: Request, update: Update) -> None:
         if "wrong-token" in self.engine.faults and not req.spoiled:

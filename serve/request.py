@@ -46,6 +46,7 @@ class Done:
     stop_reason: str | int | None = None  # the stop string or stop token id that ended it (vLLM's)
     text_end: int | None = None  # characters of the answer's text kept (a stop string cut it), None: all
     hide_last: bool = False  # the last token is a stop token id whose text is left out
+    woken: bool = False  # its prefix hit was a parked snapshot, woken from the host tier into its lease
 
 
 @dataclass(slots=True)

@@ -70,3 +70,15 @@ def test_a_server_that_died_says_so_before_the_hang():
 
     with pytest.raises(RuntimeError, match="code 101"):
         watch(idle()).wait(never(), "r", None, alive=dead)
+
+
+def test_an_answer_without_the_kern_fields_is_untold():
+    """A response that does not say its tier, snapshot and wake in `kern` names what it lacks."""
+    from e2e.client import Answer
+
+    told = {"kern": {"request_id": "req-0", "cache_tier": None, "snapshot": "kept", "woken": False}}
+    assert Answer([], None, [], 0, "length", "req-0", raw=told).untold() == []
+    assert Answer([], None, [], 0, "length", "req-0", raw={"kern": {"request_id": "req-0", "snapshot": "kept"}}
+                  ).untold() == ["cache_tier", "woken"]
+    assert Answer([], None, [], 0, "length", "req-0", raw={}).untold() == ["request_id", "cache_tier", "snapshot",
+                                                                           "woken"]

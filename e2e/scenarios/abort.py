@@ -63,12 +63,17 @@ def run(r) -> None:
     room = r.facts["default"].get("max_request_tokens")
     if ours and room:
         bound = max(1, min(bound, int(room) - len(prompt.encode()) - r.rows + 1))
+    aborted = live.stats.read().get("aborted", 0) if ours else 0
     rid, got = live.client.hang_up(prompt, CHUNKS, bound, ignore_eos=ours)
-    reason = ended(live.session.log, rid)
+    if not ours:  # the Rust kern tells how a request ended only in its `finished` lines
+        reason = ended(live.session.log, rid)
     a = r.answer(PROMPTS[0])
     same = Same(r.oracle, r.rows)
     same.add("prompt 1", r.cold[0].prompt_ids, a.ids, r.cold[0].ids)
     idle = live.stats.idle()
+    if ours:  # /stats counts the requests that ended by abort: the hung-up one, and only it
+        n = idle.get("aborted", 0) - aborted
+        reason = "abort" if n == 1 else f"{n} aborted (counters.aborted)"
     leaked = leaks(idle) if live.stats.has_endpoint else []
     problems = []
     if got != CHUNKS:
