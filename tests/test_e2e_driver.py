@@ -54,6 +54,18 @@ def test_passing_gate_on_toy_paged(tmp_path):
     assert 'name="toy-paged"' in (tmp_path / "junit.xml").read_text()
 
 
+def test_a_server_that_logs_no_debug_lines_passes_from_its_api_alone(tmp_path):
+    """Tiers, wakes, not-kept snapshots and aborts are read from the API (`kern`, /stats): a server
+    writing nothing below info passes every check (and a server whose API omits them fails: the
+    catalogue's kern-object-omits-tier and woken-never-told)."""
+    code, reports = gate(tmp_path, "--targets", "toy-stateful", "--server-flags", "--log-level info")
+    got = checks(reports["toy-stateful"])
+    assert code == EXIT_PASS, got
+    assert "woken 4" in got["park_wake"]["note"] and "(abort)" in got["abort"]["note"], got
+    logs = list((tmp_path / "results" / "toy-stateful").glob("server-*.log"))
+    assert logs and not any(" DEBUG " in p.read_text() for p in logs)
+
+
 def test_passing_gate_on_a_lined_spec_target(tmp_path):
     code, reports = gate(tmp_path, "--targets", "toy-stateful-spec", "--scenarios", "repeat_hit", "turn2_hit",
                          "turn2_warm_equals_run", "spec_acceptance", "slot_growth", "rows1_equals_run", "wake_room")
