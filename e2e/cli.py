@@ -86,7 +86,8 @@ def gate_target(t: GateTarget, opts: Options, reference: Path | None, wanted: se
     if t.skipped:
         return _skipped(t, t.skipped, echo)
     steps = plan(t, wanted, reference is not None)
-    if wanted is not None and not any(set(s.checks) & wanted or f"policy_{s.session}" in wanted for s in steps) \
+    if wanted is not None and not any(set(s.checks) & wanted or f"policy_{s.session}" in wanted
+                                      or f"metrics_{s.session}" in wanted for s in steps) \
             and not wanted & set(CROSS_CHECKS):
         return _skipped(t, "no selected check applies", echo)
     staged = f", {t.stages} pipeline stages" if t.stages > 1 else ""

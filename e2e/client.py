@@ -23,6 +23,7 @@ from typing import Any
 
 import httpx
 
+from e2e.metrics import Ledger, Sent
 from e2e.session import Session
 from e2e.watch import Hung, Watch
 
@@ -105,6 +106,7 @@ class Client:
         log = getattr(session, "log", None)
         self.watch = Watch(session.url, str(log.path) if log is not None else "(none)", headers)  # a stuck request names itself
         self.hung = 0  # requests the watch found stuck: the server is stopped without waiting on them
+        self.ledger = Ledger()  # every completion as sent and answered: what /metrics must say (e2e/metrics.py)
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=64, thread_name_prefix="request")
 
     def close(self) -> None:
@@ -156,6 +158,7 @@ class Client:
         if r.status_code != 200:
             if r.status_code >= 500:
                 self._take_id()
+            self.ledger.add(Sent("refused", n))
             raise Rejected(r.status_code, data)
         mirrored = self._take_id()
         choice = data["choices"][0]
@@ -163,8 +166,11 @@ class Client:
         stop = None
         if choice.get("finish_reason") == "stop" and ids:
             stop = ids.pop()  # the server ends a stopped answer with its stop token
-        details = (data.get("usage") or {}).get("prompt_tokens_details") or {}
+        usage = data.get("usage") or {}
+        details = usage.get("prompt_tokens_details") or {}
         k = data.get("kern") or {}
+        self.ledger.add(Sent("answered", int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0),
+                             int(details.get("cached_tokens") or 0), choice.get("finish_reason")))
         return Answer(ids, stop, list(choice.get("prompt_token_ids") or []), int(details.get("cached_tokens") or 0),
                       choice.get("finish_reason"), k.get("request_id") or mirrored, k.get("cache_tier"),
                       k.get("snapshot"), data, k.get("woken"))
@@ -174,6 +180,15 @@ class Client:
         if r.status_code != 200:
             raise Rejected(r.status_code, r.json())
         return list(r.json()["tokens"])
+
+    def metrics(self) -> str | None:
+        """``GET /metrics`` (Prometheus text), or None when the server has none."""
+        try:
+            r = self.http.get("/metrics", timeout=30)
+        except httpx.TransportError:
+            self.session.check(grace=5.0)
+            raise
+        return r.text if r.status_code == 200 else None
 
     def stats(self) -> dict[str, Any] | None:
         """``GET /stats``, or None when the server has none (the Rust kern-serve)."""
@@ -194,6 +209,7 @@ class Client:
         """Stream a completion, read `chunks` ``data:`` lines, close the socket; its id and the lines read.
         `ignore_eos` asks the answer to run all `max_tokens` (so it is still running when the socket closes)."""
         rid = self._take_id()
+        self.ledger.add(Sent("hung_up", len(prompt.encode())))
         fields = {"model": self.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True}
         if ignore_eos:
             fields["ignore_eos"] = True

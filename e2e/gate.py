@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from e2e import metrics
 from e2e.checks import Checks
 from e2e.client import Answer, Client, Rejected
 from e2e.config import GateTarget
@@ -86,6 +87,7 @@ class Live:
     client: Client
     stats: Stats
     policy: PolicyGate | None = None
+    metrics_start: dict | None = None  # the first /metrics scrape (None: the server has no /metrics)
 
 
 @dataclass
@@ -186,6 +188,8 @@ class Run:
         self.server_facts[name] = dict((raw or {}).get("facts") or {})
         self.live = Live(s, c, Stats(c, s.log), PolicyGate(self.oracle, (raw or {}).get("facts"), self.target.lined))
         self.live.stats.has_endpoint = raw is not None
+        text = c.metrics() if raw is not None else None
+        self.live.metrics_start = metrics.parse(text) if text is not None else None
         return self.live
 
     def policy_check(self) -> None:
@@ -196,6 +200,26 @@ class Run:
         ok, note = live.policy.verdict()
         self.checks.add(f"policy_{live.session.name}", ok, note)
 
+    def metrics_check(self) -> None:
+        """The open session's metrics check: its /metrics, once idle, against what its client sent and
+        got, its /stats and (still predicting) the policy oracle (e2e/metrics.py)."""
+        live = self.live
+        if live is None:
+            return
+        name = f"metrics_{live.session.name}"
+        if live.metrics_start is None:
+            self.checks.add(name, None, "not gated: the server has no /metrics")
+            return
+        if not live.client.hung:  # a stuck request never lets it idle (and got no token to count)
+            live.stats.idle()
+        stats = live.client.stats()
+        text = live.client.metrics()
+        p = live.policy
+        policy = {k: p.policy.counters[k] for k in POLICY_COUNTERS} if p is not None and p.active else None
+        ok, note = metrics.verdict(live.metrics_start, metrics.parse(text or ""), live.client.ledger.sent, stats,
+                                   policy)
+        self.checks.add(name, ok, note)
+
     def serial_ends(self, why: str) -> None:
         """A phase whose recency and counters depend on timing starts: exact predictions stop."""
         if self.live is not None and self.live.policy is not None:
@@ -205,6 +229,7 @@ class Run:
         if self.live is None:
             return
         self.policy_check()
+        self.metrics_check()
         name = self.live.session.name
         if name not in self.unserial and self.live.session.alive():  # all serial: counters are not timing's
             raw = self.live.client.stats() or {}
@@ -380,7 +405,8 @@ def _unjudged(run: Run, steps: list, plan: _Plan) -> None:
         elif st.session and st.serial:
             sessions.setdefault(st.session, "")
     for session, why in sessions.items():
-        run.checks.could_not_run(f"policy_{session}", why or "the session's policy check was never judged")
+        for kind in ("policy", "metrics"):
+            run.checks.could_not_run(f"{kind}_{session}", why or f"the session's {kind} check was never judged")
 
 
 def _run_lane(run: Run, steps: list, plan: _Plan, index: int) -> None:

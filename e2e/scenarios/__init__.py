@@ -13,7 +13,7 @@ from typing import Callable
 from e2e.config import GateTarget
 from e2e.scenarios import abort, churn, concurrent, conc1, host, kern_test, repeat, rows1, slots, ties, turn2, wake_room
 
-__all__ = ["CHECKS", "COMPARED", "CROSS_CHECKS", "POLICY_CHECKS", "STEPS", "Step", "plan"]
+__all__ = ["CHECKS", "COMPARED", "CROSS_CHECKS", "METRICS_CHECKS", "POLICY_CHECKS", "STEPS", "Step", "plan"]
 
 
 @dataclass(frozen=True)
@@ -59,13 +59,17 @@ POLICY_CHECKS: tuple[str, ...] = tuple(f"policy_{session}" for session in
                                        dict.fromkeys(s.session for s in STEPS if s.session))
 """One per session: its serial requests and counters against the policy oracle (e2e/policy.py)."""
 
+METRICS_CHECKS: tuple[str, ...] = tuple(f"metrics_{session}" for session in
+                                        dict.fromkeys(s.session for s in STEPS if s.session))
+"""One per session: its /metrics at the close against what it sent, its /stats and the policy (e2e/metrics.py)."""
+
 CROSS_CHECKS: tuple[str, ...] = ("stages_equal_single",)
 """Recorded by the gate once every target ran (e2e/stages.py): a staged target against its single process."""
 COMPARED: tuple[str, ...] = ("conc1", "repeat", "turn2", "host_cold", "park_wake", "host_churn", "evict_drops",
                              "wake_room")
 """The serial steps whose answers and hits `stages_equal_single` compares: `--scenarios` naming it runs them."""
 
-CHECKS: tuple[str, ...] = tuple(c for s in STEPS for c in s.checks) + POLICY_CHECKS + CROSS_CHECKS
+CHECKS: tuple[str, ...] = tuple(c for s in STEPS for c in s.checks) + POLICY_CHECKS + METRICS_CHECKS + CROSS_CHECKS
 
 
 def plan(target: GateTarget, wanted: set[str] | None, has_reference: bool) -> list[Step]:
@@ -75,6 +79,7 @@ def plan(target: GateTarget, wanted: set[str] | None, has_reference: bool) -> li
                   and (s.name != "run_equals_reference" or has_reference)]
     chosen = {s.name for s in applicable if wanted is None or set(s.checks) & wanted
               or (s.serial and f"policy_{s.session}" in wanted)
+              or (s.session is not None and f"metrics_{s.session}" in wanted)
               or (s.name in COMPARED and bool(wanted & set(CROSS_CHECKS)))}
     todo = list(chosen)
     while todo:

@@ -1,0 +1,84 @@
+"""The gate's /metrics prediction (e2e/metrics.py) against the server's own metric code.
+
+Property: for any session of answered, hung-up and refused requests, feeding the server's `Metrics`
+(serve/metrics.py) the updates those requests produce gives a scrape the gate's verdict passes, and
+moving any one request metric by one fails it.
+"""
+
+from __future__ import annotations
+
+import time
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from e2e.metrics import Sent, parse, predict, verdict
+from serve.metrics import Metrics
+from serve.request import Done, Update
+from serve.stats import COUNTERS, GAUGES
+
+
+@st.composite
+def session(draw):
+    sent = []
+    for _ in range(draw(st.integers(0, 8))):
+        kind = draw(st.sampled_from(["answered", "answered", "hung_up", "refused"]))
+        prompt = draw(st.integers(1, 300))
+        if kind == "answered":
+            steps = draw(st.lists(st.integers(1, 4), min_size=1, max_size=6))
+            sent.append((Sent(kind, prompt, sum(steps), 0, draw(st.sampled_from(["stop", "length"]))), steps))
+        elif kind == "hung_up":
+            sent.append((Sent(kind, prompt), draw(st.lists(st.integers(1, 4), min_size=1, max_size=3))))
+        else:
+            sent.append((Sent(kind, prompt), []))
+    return sent
+
+
+def stats_of(sent) -> dict:
+    """The scheduler's side as its snapshot would give it: every admitted prompt queried, no hit."""
+    queried = sum(s.prompt for s, _ in sent if s.kind != "refused")
+    return {"counters": dict.fromkeys(COUNTERS, 0), "gauges": dict.fromkeys(GAUGES, 0), "facts": {"pages": 1},
+            "prefix_queries": queried}
+
+
+def scrape(sent) -> dict:
+    m = Metrics("toy", 4096)
+    for s, steps in sent:
+        if s.kind == "refused":
+            continue
+        track = m.track(time.monotonic(), s.prompt)
+        for n in steps:
+            track.update(Update([65] * n))
+        if s.kind == "answered":
+            track.finish(Done(s.finish))
+    return parse(m.render(stats_of(sent)).decode())
+
+
+@settings(max_examples=60, deadline=None)
+@given(session())
+def test_the_servers_own_metrics_pass_and_any_moved_metric_fails(sent):
+    ledger = [s for s, _ in sent]
+    start, end = scrape([]), scrape(sent)
+    stats = stats_of(sent)
+    ok, note = verdict(start, end, ledger, stats, None)
+    assert ok, note
+    exact, _ = predict(ledger)
+    for key in exact:
+        name = "kern:" + (key.split("{")[0])
+        labels = (("finished_reason", key[:-1].split("{")[1]),) if "{" in key else ()
+        assert end[(name, labels)] == exact[key], (key, note)
+        moved = dict(end)
+        moved[(name, labels)] += 1
+        ok2, note2 = verdict(start, moved, ledger, stats, None)
+        assert not ok2 and key.split("{")[0] in note2, (key, note2)
+
+
+def test_a_nonzero_start_and_a_stats_mismatch_fail():
+    zero = scrape([])
+    assert verdict(zero, zero, [], stats_of([]), None)[0]
+    start = {**zero, ("kern:prompt_tokens_total", ()): 5.0}
+    ok, note = verdict(start, zero, [], None, None)
+    assert not ok and "prompt_tokens_total 5 at the session's start" in note
+    end = {**zero, ("kern:parks_total", ()): 2.0}
+    ok, note = verdict(zero, end, [], {"counters": {"parks": 3}}, {"parks": 3})
+    assert not ok and "parks_total 2 (/stats 3)" in note and "parks_total 2 (policy 3)" in note
