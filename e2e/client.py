@@ -140,40 +140,79 @@ class Client:
     def complete(self, prompt: str | list[int], max_tokens: int, timeout: float | None = None) -> Answer:
         body = {"model": self.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
                 "return_token_ids": True}
+        data, mirrored = self.request(body, timeout=timeout)
+        choice = data["choices"][0]
+        ids = list(choice.get("token_ids") or [])
+        stop = None
+        if choice.get("finish_reason") == "stop" and ids:
+            stop = ids.pop()  # the server ends a stopped answer with its stop token
+        details = (data.get("usage") or {}).get("prompt_tokens_details") or {}
+        k = data.get("kern") or {}
+        return Answer(ids, stop, list(choice.get("prompt_token_ids") or []), int(details.get("cached_tokens") or 0),
+                      choice.get("finish_reason"), k.get("request_id") or mirrored, k.get("cache_tier"),
+                      k.get("snapshot"), data, k.get("woken"))
+
+    def request(self, body: dict[str, Any], path: str = "/v1/completions",
+                timeout: float | None = None) -> tuple[dict[str, Any], str]:
+        """POST a completion or chat body, watched (`Hung` when the server idles with it); (the
+        response, the client's name for it). A streamed one (``stream: true``) comes back as the
+        response its chunks make: ``{"chunks": [...], "done": [DONE] seen}`` plus the last chunk's
+        ``usage`` and ``kern``. A refusal raises `Rejected`; every completion goes in the ledger."""
         with self._lock:
             name = f"req-{self._next}"  # the server's name for it when it is the only one in flight
+        prompt = body.get("prompt")
+        if prompt is None:
+            prompt = "".join(str(m.get("content", "")) for m in body.get("messages", []))
         n = len(prompt.encode()) if isinstance(prompt, str) else len(prompt)
-        what = f"request {name} ({n} prompt tokens, max_tokens {max_tokens})"
-        fut = self._pool.submit(self._post, "/v1/completions", body, timeout)
+        what = f"request {name} ({n} prompt tokens, max_tokens {body.get('max_tokens')})"
+        send = self._stream if body.get("stream") else self._post
+        fut = self._pool.submit(send, path, body, timeout)
         try:
             r = self.watch.wait(fut, what, None, alive=lambda: self.session.check(grace=0.5))
         except Hung:
             with self._lock:
                 self.hung += 1
             raise
-        try:
-            data = r.json()
-        except ValueError:
-            data = {"text": r.text[:300]}
-        if r.status_code != 200:
-            if r.status_code >= 500:
+        if isinstance(r, tuple):
+            status, data = r
+        else:
+            status = r.status_code
+            try:
+                data = r.json()
+            except ValueError:
+                data = {"text": r.text[:300]}
+        if status != 200:
+            if status >= 500:
                 self._take_id()
             self.ledger.add(Sent("refused", n))
-            raise Rejected(r.status_code, data)
+            raise Rejected(status, data)
         mirrored = self._take_id()
-        choice = data["choices"][0]
-        ids = list(choice.get("token_ids") or [])
-        stop = None
-        if choice.get("finish_reason") == "stop" and ids:
-            stop = ids.pop()  # the server ends a stopped answer with its stop token
         usage = data.get("usage") or {}
-        details = usage.get("prompt_tokens_details") or {}
-        k = data.get("kern") or {}
+        choice = (data.get("choices") or [{}])[0]
+        finish = choice.get("finish_reason") if "choices" in data else (
+            (data["chunks"][-1]["choices"][0].get("finish_reason") if data.get("chunks") else None))
         self.ledger.add(Sent("answered", int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0),
-                             int(details.get("cached_tokens") or 0), choice.get("finish_reason")))
-        return Answer(ids, stop, list(choice.get("prompt_token_ids") or []), int(details.get("cached_tokens") or 0),
-                      choice.get("finish_reason"), k.get("request_id") or mirrored, k.get("cache_tier"),
-                      k.get("snapshot"), data, k.get("woken"))
+                             int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0), finish))
+        return data, mirrored
+
+    def _stream(self, path: str, body: dict[str, Any], timeout: float | None = None) -> tuple[int, dict[str, Any]]:
+        kw = {"timeout": timeout} if timeout is not None else {}
+        chunks: list[dict[str, Any]] = []
+        done = False
+        with self.http.stream("POST", path, json=body, **kw) as r:
+            if r.status_code != 200:
+                r.read()
+                try:
+                    return r.status_code, r.json()
+                except ValueError:
+                    return r.status_code, {"text": r.text[:300]}
+            for line in r.iter_lines():
+                if line == "data: [DONE]":
+                    done = True
+                elif line.startswith("data: "):
+                    chunks.append(json.loads(line[6:]))
+        last = chunks[-1] if chunks else {}
+        return 200, {"chunks": chunks, "done": done, "usage": last.get("usage"), "kern": last.get("kern")}
 
     def tokenize(self, text: str) -> list[int]:
         r = self._post("/tokenize", {"model": self.model, "prompt": text})

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 from e2e.config import GateTarget
-from e2e.scenarios import abort, churn, concurrent, conc1, host, kern_test, repeat, rows1, slots, ties, turn2, wake_room
+from e2e.scenarios import (abort, churn, concurrent, conc1, host, kern_test, params, repeat, rows1, slots, ties, turn2,
+                           wake_room)
 
 __all__ = ["CHECKS", "COMPARED", "CROSS_CHECKS", "METRICS_CHECKS", "POLICY_CHECKS", "STEPS", "Step", "plan"]
 
@@ -53,6 +54,7 @@ STEPS: tuple[Step, ...] = (
     Step("rows1", "rows1", ("rows1_equals_run", "rows1_vs_spec"), ("conc1",), rows1.run, flags=rows1.flags,
          applies=lambda t: t.spec, early=True),
     Step("wake_room", "wake_room", ("wake_room",), ("turn2",), wake_room.run, flags=wake_room.flags),
+    Step("params", "params", ("params_stop", "params_ids", "params_prompt"), (), params.run),
 )
 
 POLICY_CHECKS: tuple[str, ...] = tuple(f"policy_{session}" for session in

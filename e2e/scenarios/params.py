@@ -1,0 +1,246 @@
+"""params: the request parameters a client sends, each answer predicted exactly (verdicts/params.py).
+
+Session `params` (default flags). For each of a few prompts the server first answers plainly (gated
+identical to the reference, near-ties excused on float targets); that answer, the model's own
+continuation, is what the parameters then act on, by the documented rule:
+
+- `params_stop`: `stop` strings of random lengths 1-64 cut from random places of the answer's text,
+  several at once (the first completed wins), some that never match, `include_stop_str_in_output`,
+  streamed and not, completions and chat;
+- `params_ids`: `stop_token_ids` (a token of the answer, EOS with `ignore_eos`), EOS exactly at the
+  last allowed token (and one token short of it: length), `min_tokens` 0 accepted and 1 refused
+  naming it, `ignore_eos` running past EOS to `max_tokens` (exact targets);
+- `params_prompt`: `echo` (the prompt's text leads, streamed in the first chunk) and
+  `truncate_prompt_tokens` (the prompt's last k tokens served, its answer the reference's for them).
+
+Every response is compared whole: token ids, text, finish_reason, stop_reason, usage; a stream's
+chunks must concatenate to it and end with ``[DONE]``. The choices are drawn from a PRNG seeded by
+the gate's `--seed` and the target's name (printed in the notes), so `--seed` replays them. The
+requests are serial: the policy oracle predicts each (an answer a stop ended at token L as one of
+max_tokens L), up to the `ignore_eos` ones, whose path past EOS it does not model.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from e2e.client import Answer, Rejected
+from e2e.prompts import PROMPTS
+from verdicts import Same
+from verdicts.params import Expected, expect, text_of
+
+TOKENS = 96  # answer tokens asked: long enough for stop strings of up to 64 characters
+PROMPTS_USED = 4
+
+
+def seed_of(r) -> str:
+    return f"{getattr(r.opts, 'seed', 0)}:{r.target.model}:params"  # a staged target draws as its single process
+
+
+def eos_of(r) -> int:
+    return int(getattr(getattr(r.oracle, "module", None), "EOS", 256))
+
+
+class Judge:
+    """One check's tally: each response against its expectation."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.n = 0
+        self.problems: list[str] = []
+
+    def note(self, label: str, problem: str) -> None:
+        self.problems.append(f"{label}: {problem}")
+
+    def verdict(self, seed: str) -> tuple[bool, str]:
+        head = f"{self.n - len(self.problems)}/{self.n} exact (seed {seed!r})"
+        return not self.problems, head + ("; " + "; ".join(self.problems[:5]) if self.problems else "")
+
+
+def shape(data: dict[str, Any], chat: bool) -> dict[str, Any]:
+    """What a response says, whole or as its stream's chunks joined."""
+    key = "message" if chat else None
+    if "chunks" in data:
+        chunks = data["chunks"]
+        choices = [c["choices"][0] for c in chunks if c.get("choices")]
+        text = "".join((c.get("delta") or {}).get("content") or "" if chat else c.get("text") or "" for c in choices)
+        ids = [t for c in choices for t in (c.get("token_ids") or [])]
+        last = choices[-1] if choices else {}
+        return {"ids": ids, "text": text, "finish": last.get("finish_reason"), "reason": last.get("stop_reason"),
+                "usage": data.get("usage") or {}, "done": data.get("done")}
+    c = data["choices"][0]
+    text = c["message"]["content"] if key else c.get("text")
+    return {"ids": c.get("token_ids"), "text": text, "finish": c.get("finish_reason"), "reason": c.get("stop_reason"),
+            "usage": data.get("usage") or {}, "done": True}
+
+
+def compare(got: dict[str, Any], want: Expected, prompt_tokens: int) -> str | None:
+    diffs = []
+    if got["ids"] != want.token_ids:
+        diffs.append(f"token_ids {len(got['ids'] or [])} tokens, want {len(want.token_ids)}"
+                     + ("" if got["ids"] is None else f" (first difference at {_first(got['ids'], want.token_ids)})"))
+    if got["text"] != want.text:
+        diffs.append(f"text {got['text']!r:.80} want {want.text!r:.80}")
+    if (got["finish"], got["reason"]) != (want.finish, want.stop_reason):
+        diffs.append(f"finish/stop_reason {got['finish']}/{got['reason']!r}, want {want.finish}/{want.stop_reason!r}")
+    u = got["usage"]
+    if (u.get("prompt_tokens"), u.get("completion_tokens")) != (prompt_tokens, want.completion_tokens):
+        diffs.append(f"usage {u.get('prompt_tokens')}/{u.get('completion_tokens')}, want "
+                     f"{prompt_tokens}/{want.completion_tokens}")
+    if not got["done"]:
+        diffs.append("the stream did not end with [DONE]")
+    return "; ".join(diffs) or None
+
+
+def _first(a: list[int], b: list[int]) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def stops_from(rng: random.Random, text: str) -> list[str]:
+    """1-3 stop strings: most cut from `text` (length 1-64, anywhere), some that it never holds."""
+    out = []
+    for _ in range(rng.randint(1, 3)):
+        if text and rng.random() < 0.75:
+            n = rng.randint(1, min(64, len(text)))
+            i = rng.randrange(len(text) - n + 1)
+            out.append(text[i:i + n])
+        else:
+            s = "".join(chr(rng.randrange(0x4E00, 0x9FFF)) for _ in range(rng.randint(1, 64)))
+            out.append(s if s not in text else "\x00" + s)
+    return out
+
+
+class Params:
+    def __init__(self, r) -> None:
+        self.r = r
+        self.live = r.need("params")
+        self.rng = random.Random(seed_of(r))
+        self.eos = eos_of(r)
+        self.plain = Same(r.oracle, r.rows)
+
+    def body(self, prompt: list[int], max_tokens: int, chat: bool = False, **fields) -> dict[str, Any]:
+        b: dict[str, Any] = {"model": self.r.target.model, "max_tokens": max_tokens, "temperature": 0,
+                             "return_token_ids": True, **fields}
+        if chat:
+            b["messages"] = [{"role": "user", "content": text_of(prompt)}]
+        else:
+            b["prompt"] = prompt
+        return b
+
+    def continuation(self, prompt: list[int]) -> list[int]:
+        """The server's plain answer (gated against the reference), EOS appended when it ended so."""
+        a = self.r.answer(prompt, TOKENS)
+        self.plain.add(f"plain {len(prompt)}-token prompt", prompt, a.ids, self.r.oracle.run(prompt, TOKENS, self.r.rows))
+        return a.ids + ([self.eos] if a.finish == "stop" and a.stop == self.eos else [])
+
+    def send(self, judge: Judge, label: str, body: dict[str, Any], served: list[int], want: Expected,
+             chat: bool = False) -> None:
+        path = "/v1/chat/completions" if chat else "/v1/completions"
+        judge.n += 1
+        try:
+            data, mirrored = self.live.client.request(body, path)
+        except Rejected as exc:
+            judge.note(label, f"refused: {exc}")
+            return
+        got = shape(data, chat)
+        problem = compare(got, want, len(served))
+        if problem:
+            judge.note(label, problem)
+        self.predict(label, served, body, data, mirrored, got)
+
+    def predict(self, label: str, served: list[int], body: dict[str, Any], data: dict[str, Any], mirrored: str,
+                got: dict[str, Any]) -> None:
+        """The policy oracle's turn: a stop string or id ending the answer at token L retires it as a
+        length of L would (the same steps, the same folded tokens)."""
+        policy = self.live.policy
+        if policy is None or not policy.active:
+            return
+        ids = list(got["ids"] or [])
+        stopped_early = got["finish"] == "stop" and got["reason"] is not None
+        m = len(ids) if stopped_early else int(body["max_tokens"])
+        usage = data.get("usage") or {}
+        k = data.get("kern") or {}
+        a = Answer(ids, None, served, int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0),
+                   got["finish"], k.get("request_id") or mirrored, k.get("cache_tier"), k.get("snapshot"), data,
+                   k.get("woken"))
+        self.r.snapshots[a.request] = a.snapshot
+        policy.expect(label, served, m, a)
+
+
+def run(r) -> None:
+    p = Params(r)
+    rng = p.rng
+    stop, ids, prompt = Judge("params_stop"), Judge("params_ids"), Judge("params_prompt")
+    conts = []
+    for i in range(PROMPTS_USED):
+        served = list(PROMPTS[(i * 5 + 4) % len(PROMPTS)].encode())
+        conts.append((served, p.continuation(served)))
+    # stop strings: streamed and not, completions and chat, with and without the string kept
+    for j in range(8):
+        served, cont = conts[j % len(conts)]
+        strings = stops_from(rng, text_of(cont))
+        include = rng.random() < 0.3
+        stream, chat = j % 2 == 1, j % 4 >= 2
+        want = expect(cont, TOKENS, p.eos, stop=tuple(strings), include=include)
+        body = p.body(served, TOKENS, chat, stop=strings, include_stop_str_in_output=include, stream=stream)
+        p.send(stop, f"stop {[len(s) for s in strings]}{' kept' if include else ''}{' streamed' if stream else ''}"
+               f"{' chat' if chat else ''}", body, served, want, chat)
+    # stop token ids: a token of the answer, kept in the text or not
+    for j in range(3):
+        served, cont = conts[j]
+        body_cont = [t for t in cont if t != p.eos]
+        t = body_cont[rng.randrange(len(body_cont))]
+        include = j == 1
+        want = expect(cont, TOKENS, p.eos, stop_ids=(t,), include=include)
+        p.send(ids, f"stop_token_ids [{t}]", p.body(served, TOKENS, stop_token_ids=[t], include_stop_str_in_output=include,
+                                                     stream=j == 2), served, want)
+    # EOS at the last allowed token, and one short of it
+    ended = [(s, c) for s, c in conts if c and c[-1] == p.eos]
+    for served, cont in ended[:1]:
+        for m in (len(cont), len(cont) - 1):
+            p.send(ids, f"max_tokens {m} (EOS at {len(cont)})", p.body(served, m), served, expect(cont, m, p.eos))
+    # min_tokens: 0 is the default; 1 is refused naming it
+    served, cont = conts[0]
+    p.send(ids, "min_tokens 0", p.body(served, TOKENS, min_tokens=0), served, expect(cont, TOKENS, p.eos))
+    ids.n += 1
+    try:
+        p.live.client.request(p.body(served, TOKENS, min_tokens=1))
+        ids.note("min_tokens 1", "served, not refused")
+    except Rejected as exc:
+        param = ((exc.body or {}).get("error") or {}).get("param") if isinstance(exc.body, dict) else None
+        if exc.status != 400 or param != "min_tokens":
+            ids.note("min_tokens 1", f"refused as {exc.status} naming {param!r}, not 400 naming min_tokens")
+    # echo and truncation
+    for j in range(2):
+        served, cont = conts[j]
+        want = expect(cont, TOKENS, p.eos, echo=text_of(served))
+        p.send(prompt, f"echo{' streamed' if j else ''}", p.body(served, TOKENS, echo=True, stream=j == 1),
+               served, want)
+    for j in range(2):
+        full, _ = conts[j + 2]
+        k = rng.randint(1, len(full) - 1)
+        served = full[-k:]
+        cont = p.continuation(served)
+        p.send(prompt, f"truncate_prompt_tokens {k}", p.body(full, TOKENS, truncate_prompt_tokens=k), served,
+               expect(cont, TOKENS, p.eos))
+    # ignore_eos: past EOS to max_tokens (the reference continues after it), last: the policy stops here
+    if getattr(r.oracle, "exact", False) and ended:
+        if p.live.policy is not None and p.live.policy.active:
+            p.live.policy.compare("the requests before ignore_eos", p.live.client.stats())
+        r.serial_ends("ignore_eos answers run past EOS (the policy's path ends at EOS)")
+        served, cont = ended[0]
+        run_on = list(cont)
+        while len(run_on) < TOKENS:
+            more = r.oracle.run(served + run_on, TOKENS - len(run_on), r.rows)
+            run_on += more + ([p.eos] if len(run_on) + len(more) < TOKENS else [])
+        p.send(ids, "ignore_eos", p.body(served, TOKENS, ignore_eos=True), served,
+               expect(run_on, TOKENS, p.eos, ignore_eos=True))
+        p.send(ids, "ignore_eos, stop_token_ids [EOS]", p.body(served, TOKENS, ignore_eos=True, stop_token_ids=[p.eos]),
+               served, expect(run_on, TOKENS, p.eos, stop_ids=(p.eos,), ignore_eos=True))
+    seed = seed_of(r)
+    for judge in (stop, ids, prompt):
+        ok, note = judge.verdict(seed)
+        if judge is stop:
+            ok, note = ok and p.plain.ok, note + f"; plain answers {p.plain}"
+        r.checks.add(judge.name, ok, note, p.plain.excused if judge is stop else 0)

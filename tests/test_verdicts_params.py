@@ -1,0 +1,91 @@
+"""The gate's parameter rule (verdicts/params.py) against the server's own request path.
+
+Property: for any continuation (byte tokens, EOS, bad UTF-8) and any stop strings, stop token ids,
+include flag, ignore_eos and max_tokens, what `expect` predicts (token ids, text, finish reason,
+stop reason) is what the server's `Request.take` and `Reply` produce from the same tokens. The two
+are written apart: this holds each to the other. Plus the rule's own corner cases by hand.
+"""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from serve.app import Reply
+from serve.request import Done, Request, Stops, Update
+from serve.validate import Ask
+from verdicts.params import expect, text_of
+
+EOS = 256
+
+
+def served(cont, max_tokens, stop=(), stop_ids=(), include=False, ignore_eos=False):
+    """The server's answer to a model that emits `cont`, one token a step."""
+    stops = Stops(list(stop), list(stop_ids), include) if stop or stop_ids else None
+    req = Request("req-0", [65], max_tokens, 1, send=lambda u: None, stops=stops, ignore_eos=ignore_eos)
+    ask = Ask(ids=[65], max_tokens=max_tokens, stream=False, return_token_ids=True, include_usage=False, chat=False,
+              ignore_eos=ignore_eos, stop=tuple(stop), stop_ids=tuple(stop_ids), include_stop=include)
+    reply = Reply(req, ask, "toy")
+    for t in cont:
+        new = req.take([t])
+        done = None
+        if req.reason is not None:
+            s = req.stops
+            done = Done(req.reason, stop_reason=s.reason if s else None, text_end=s.text_end if s else None,
+                        hide_last=s.hide_last if s else False)
+        reply.add(Update(new, done))
+        if done is not None:
+            break
+    return reply.tokens, reply.text(), req.reason, req.stops.reason if req.stops else None
+
+
+tokens = st.lists(st.one_of(st.integers(32, 126), st.integers(0, 255), st.just(EOS)), min_size=1, max_size=80)
+
+
+@st.composite
+def case(draw):
+    cont = draw(tokens)
+    text = text_of(cont)
+    stop = []
+    for _ in range(draw(st.integers(0, 3))):
+        if text and draw(st.booleans()):
+            n = draw(st.integers(1, min(64, len(text))))
+            i = draw(st.integers(0, len(text) - n))
+            stop.append(text[i:i + n])
+        else:
+            stop.append(draw(st.text(min_size=1, max_size=8)))
+    stop_ids = draw(st.lists(st.sampled_from(cont), max_size=2, unique=True)) if draw(st.booleans()) else []
+    ignore_eos = draw(st.booleans())
+    include = draw(st.booleans())
+    if not ignore_eos and EOS in cont:  # the model's continuation ends at its first EOS
+        cont = cont[:cont.index(EOS) + 1]
+    return cont, len(cont) if draw(st.booleans()) else draw(st.integers(1, len(cont))), stop, stop_ids, include, \
+        ignore_eos
+
+
+@settings(max_examples=500, deadline=None)
+@given(case())
+def test_the_rule_is_what_the_server_answers(c):
+    cont, m, stop, stop_ids, include, ignore_eos = c
+    want = expect(cont, m, EOS, stop=tuple(stop), stop_ids=tuple(stop_ids), include=include, ignore_eos=ignore_eos)
+    got = served(cont, m, stop, stop_ids, include, ignore_eos)
+    assert got == (want.token_ids, want.text, want.finish, want.stop_reason)
+
+
+def test_corner_cases_by_hand():
+    cont = list(b"hello world") + [EOS]
+    assert expect(cont, 20, EOS).finish == "stop" and expect(cont, 20, EOS).token_ids == cont
+    assert expect(cont, 11, EOS).finish == "length" and expect(cont, 12, EOS).finish == "stop"  # EOS at the edge
+    w = expect(cont, 20, EOS, stop=("o w",))
+    assert (w.text, w.stop_reason, w.token_ids) == ("hell", "o w", list(b"hello w"))
+    assert expect(cont, 20, EOS, stop=("o w",), include=True).text == "hello w"
+    w = expect(cont, 20, EOS, stop_ids=(ord("w"),))
+    assert (w.text, w.stop_reason, w.token_ids[-1]) == ("hello ", ord("w"), ord("w"))
+    assert expect(cont, 20, EOS, stop=("rld", "wor")).stop_reason == "wor"  # completed first wins
+    assert expect(list(b"ab"), 2, EOS, echo="P: ").text == "P: ab"
+    try:
+        expect(list(b"ab"), 5, EOS)
+    except ValueError:
+        pass
+    else:
+        raise AssertionError("a continuation shorter than the answer can run must be refused")
