@@ -309,4 +309,15 @@ CATALOGUE: tuple[Mutant, ...] = (
            "      _only(\"int\", lambda v: v >= 0, \"the toy's greedy step has no second choice to take while EOS is masked\"),\n      3,",
            ("params_ids",), ("toy-paged",),
            "a parameter accepted and silently not honoured (min_tokens > 0 served as 0)"),
+    # --- generated workloads: limits (issue 25) ---
+    Mutant("room-limit-off-by-one", "serve/validate.py",
+           "    if need > max_request:\n",
+           "    if need >= max_request:\n",
+           ("explore_equals_run",), ("toy-paged",),
+           "vLLM max_model_len checks off by one (a prompt of exactly the limit refused)"),
+    Mutant("eos-at-the-edge-told-length", "serve/request.py",
+           "        if self.reason is None:\n            if len(self.out) >= self.max_tokens:\n                self.reason = \"length\"\n",
+           "        if self.reason is None or len(self.out) >= self.max_tokens:\n            if len(self.out) >= self.max_tokens:\n                self.reason = \"length\"\n",
+           ("explore_equals_run", "params_ids"), ("toy-paged",),
+           "vLLM/SGLang: a stop token that is also the last allowed token reported as finish_reason length"),
 )

@@ -258,12 +258,20 @@ def no_gpu() -> str | None:
                    "server started as soon as the first one's facts are known; --sessions-in-turn runs "
                    "them one after another.")
 @click.option("--junit", "junit_path", type=click.Path(dir_okay=False), default=None, help="Write JUnit XML here.")
+@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
+              help="What the generated sessions (params, explore) draw from; the notes print it, and the "
+                   "same seed replays the same requests exactly.")
+@click.option("--explore", "explore_n", type=click.IntRange(min=1), default=None,
+              help="Gate N fresh random seeds, each its own run under OUT/seed-S, of the generated sessions' "
+                   "checks (or --scenarios); prints each seed and the command that replays a failing one.")
 def cli(config, targets, scenarios, reference, no_reference, out, max_tokens, backend, port, capacity,
         server_flags, kern, load_timeout, jobs, zygote, at_once, junit_path, hosts=None,
-        reference_worker=None) -> None:
+        reference_worker=None, seed=0, explore_n=None) -> None:
     """Gate every target of a config through the server, token-exact against an oracle."""
     t0 = time.monotonic()
     wanted = set(_names(scenarios)) or None
+    if explore_n is not None and wanted is None:
+        wanted = set(SEEDED)
     unknown = sorted((wanted or set()) - set(CHECKS))
     if unknown:
         raise click.UsageError(f"unknown scenario(s) {', '.join(unknown)} (checks: {', '.join(CHECKS)})")
@@ -280,7 +288,7 @@ def cli(config, targets, scenarios, reference, no_reference, out, max_tokens, ba
     opts = Options(cfg.resolve(), Path(out), max_tokens, backend, port, server_flags, capacity, load_timeout,
                    shlex.split(kern) if kern else None, at_once=at_once,
                    reference_worker=(os.cpu_count() or 1) >= WORKER_CORES if reference_worker is None else reference_worker,
-                   started=t0)
+                   started=t0, seed=seed)
     why = None
     with concurrent.futures.ThreadPoolExecutor(1) as ex:
         # --backend gpu: is there one? Asked (cupy's import, the driver's start: about 1 s on an H200)
@@ -292,6 +300,15 @@ def cli(config, targets, scenarios, reference, no_reference, out, max_tokens, ba
     if why is not None:
         close_spawners(opts)
         reports = [_skipped(t, why, click.echo) for t in chosen]
+    elif explore_n is not None:
+        try:
+            code = explore(chosen, opts, ref, wanted, jobs or max(1, os.cpu_count() or 1), explore_n, targets)
+        except BaseException:
+            stop_all()
+            raise
+        finally:
+            close_spawners(opts)
+        sys.exit(code)
     else:
         try:
             reports = gate_all(chosen, opts, ref, wanted, jobs or max(1, os.cpu_count() or 1))
@@ -313,6 +330,37 @@ def cli(config, targets, scenarios, reference, no_reference, out, max_tokens, ba
         Path(junit_path).parent.mkdir(parents=True, exist_ok=True)
         Path(junit_path).write_text(junit(reports))
     sys.exit(code)
+
+
+SEEDED = ("params_stop", "params_ids", "params_prompt", "policy_params", "metrics_params", "explore_equals_run",
+          "policy_explore", "metrics_explore")
+"""The checks whose requests the seed draws: what `--explore` gates by default."""
+
+
+def explore(chosen: list[GateTarget], opts: Options, ref: Path | None, wanted: set[str] | None, jobs: int, n: int,
+            targets) -> int:
+    """`--explore N`: N fresh seeds, each a gate of its own under OUT/seed-S; the exit code of the worst."""
+    import random
+
+    seeds = random.SystemRandom().sample(range(1, 1 << 31), n)
+    failed = []
+    for i, seed in enumerate(seeds, 1):
+        o = dataclasses.replace(opts, seed=seed, out=opts.out / f"seed-{seed}")
+        click.echo(f"== explore {i}/{n}: seed {seed}")
+        reports = gate_all(chosen, o, ref, wanted, jobs)
+        for r in reports:
+            write_report(o.out, r)
+        _, code = write_summary(o.out, reports, {"commit": commit(), "backend": opts.backend, "seed": seed,
+                                                 "max_tokens": opts.max_tokens})
+        bad = [f"{r['target']}: {c['name']}" for r in reports for c in r.get("checks", []) if c["ok"] is False]
+        names = ",".join(_names(targets)) if targets else ",".join(t.name for t in chosen)
+        replay = (f"e2e --seed {seed} --backend {opts.backend} --targets {names} --scenarios {' '.join(sorted(wanted))}"
+                  if wanted else f"e2e --seed {seed}")
+        click.echo(f"   seed {seed}: " + ("pass" if code == 0 else f"FAIL ({', '.join(bad)[:300]}); replay: {replay}"))
+        if code != 0:
+            failed.append(seed)
+    click.echo(f"explore: {n - len(failed)}/{n} seeds pass" + (f"; failing seeds: {failed}" if failed else ""))
+    return 1 if failed else 0
 
 
 def start_spawners(opts: Options, cfg: Path, chosen: list[GateTarget], backend: str, zygote: bool,

@@ -37,7 +37,7 @@ HIT_COUNTERS = POLICY_COUNTERS  # what a session's hits come to (resident/host h
 HUNG_TERM_S = 2.0  # a server with a stuck request: SIGTERM, then SIGKILL after this long
 DEFAULT_WEIGHT = 3  # the default session is every other session's dependency: its host is left lighter
 SESSION_PORTS = {"default": 0, "host": 1, "slots": 2, "rows1": 3, "wake_room": 4, "churn": 5, "drop": 6, "ties": 7, "frag": 8,
-                 "params": 9}
+                 "params": 9, "explore": 10}
 
 
 @dataclass
@@ -57,6 +57,7 @@ class Options:
     reference_worker: bool = False  # each target's reference arithmetic in a process of its own
     hosts: Any = None  # an `e2e.hosts.Hosts` (only without `kern`): runs them as threads instead (not staged servers)
     at_once: bool = True  # a target's independent sessions at once (`run_target`); False: one after another
+    seed: int = 0  # what the generated sessions (params, explore) draw from: `e2e --seed`
 
     def spawner(self, staged: bool = False) -> Any:
         """What starts our own kern's commands: the hosts (a staged server starts processes of its

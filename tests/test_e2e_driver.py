@@ -68,6 +68,24 @@ def test_a_server_that_logs_no_debug_lines_passes_from_its_api_alone(tmp_path):
     assert logs and not any(" DEBUG " in p.read_text() for p in logs)
 
 
+def test_explore_gates_fresh_seeds_and_seed_replays_one(tmp_path, capsys):
+    """`--explore 2` gates two fresh seeds' generated sessions, each under its own folder and printed;
+    `--seed S` then replays one seed's draws exactly (the same notes, request for request)."""
+    code, _ = gate(tmp_path, "--targets", "toy-paged", "--explore", "2")
+    out = capsys.readouterr().out
+    assert code == EXIT_PASS, out
+    seeds = [int(s) for s in re.findall(r"== explore \d/2: seed (\d+)", out)]
+    assert len(seeds) == 2 and "explore: 2/2 seeds pass" in out
+    first = json.loads((tmp_path / "results" / f"seed-{seeds[0]}" / "toy-paged" / "report.json").read_text())
+    assert {c["name"] for c in first["checks"]} >= {"explore_equals_run", "params_stop", "metrics_explore"}
+    code, reports = gate(tmp_path / "again", "--targets", "toy-paged", "--seed", str(seeds[0]),
+                         "--scenarios", "explore_equals_run", "params_stop")
+    again = checks(reports["toy-paged"])
+    assert code == EXIT_PASS
+    for name in ("explore_equals_run", "params_stop"):
+        assert again[name]["note"] == checks(first)[name]["note"], name
+
+
 def test_passing_gate_on_a_lined_spec_target(tmp_path):
     code, reports = gate(tmp_path, "--targets", "toy-stateful-spec", "--scenarios", "repeat_hit", "turn2_hit",
                          "turn2_warm_equals_run", "spec_acceptance", "slot_growth", "rows1_equals_run", "wake_room")

@@ -320,3 +320,29 @@ def test_flush_waits_out_the_log_window_only_for_a_server_without_stats(monkeypa
     without = _StatsClient(None)
     stats_mod.Stats(without, log).flush()
     assert sum(slept) > 5 and without.completions == 1
+
+
+def test_the_explore_workload_is_the_seeds_and_reaches_its_kinds():
+    """A seed gives one workload, drawn the same each time (so `--seed` replays it); other seeds give
+    others; over a few seeds every kind of request (fresh, a conversation's next turn, a repeat) and
+    both pool shapes (with and without a host tier) are drawn."""
+    import types
+
+    from e2e.scenarios import explore
+
+    def run(seed):
+        facts = {"page": 16, "rows": 1}
+        r = types.SimpleNamespace(opts=types.SimpleNamespace(seed=seed), target=types.SimpleNamespace(model="toy-paged"),
+                                  page=16, rows=1, facts={"default": facts}, host_page_bytes=lambda: 4096)
+        rng = explore.rng_of(r)
+        flags = explore.draw_flags(r, rng)
+        return flags, explore.workload(r, rng)
+
+    assert run(7) == run(7)
+    seen = [run(s) for s in range(12)]
+    assert len({str(w) for _, w in seen}) == 12
+    kinds = {q["kind"] for _, w in seen for q in w}
+    assert kinds == {"new", "turn", "repeat"}, kinds
+    assert {("--host-gib" in f) for f, _ in seen} == {True, False}
+    for flags, _ in seen:
+        assert int(flags[flags.index("--capacity") + 1]) % 16 == 0

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 from e2e.config import GateTarget
-from e2e.scenarios import (abort, churn, concurrent, conc1, host, kern_test, params, repeat, rows1, slots, ties, turn2,
-                           wake_room)
+from e2e.scenarios import (abort, churn, concurrent, conc1, explore, host, kern_test, params, repeat, rows1, slots, ties,
+                           turn2, wake_room)
 
 __all__ = ["CHECKS", "COMPARED", "CROSS_CHECKS", "METRICS_CHECKS", "POLICY_CHECKS", "STEPS", "Step", "plan"]
 
@@ -55,6 +55,7 @@ STEPS: tuple[Step, ...] = (
          applies=lambda t: t.spec, early=True),
     Step("wake_room", "wake_room", ("wake_room",), ("turn2",), wake_room.run, flags=wake_room.flags),
     Step("params", "params", ("params_stop", "params_ids", "params_prompt"), (), params.run),
+    Step("explore", "explore", ("explore_equals_run",), ("conc1",), explore.run, flags=explore.flags),
 )
 
 POLICY_CHECKS: tuple[str, ...] = tuple(f"policy_{session}" for session in
