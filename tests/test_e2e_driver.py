@@ -44,8 +44,9 @@ def test_passing_gate_on_toy_paged(tmp_path):
                         "turn2_warm_equals_run", "concurrent", "abort", "turn2_warm_equals_cold", "park_wake",
                         "wake_room", "host_churn", "evict_drops", "policy_default", "policy_host", "policy_churn",
                         "policy_drop", "policy_wake_room", "index_ties", "policy_ties", "params_stop", "params_ids",
-                        "params_prompt", "policy_params"} | {
-                        f"metrics_{s}" for s in ("default", "host", "churn", "drop", "ties", "wake_room", "params")}
+                        "params_prompt", "policy_params", "explore_equals_run", "policy_explore"} | {
+                        f"metrics_{s}" for s in ("default", "host", "churn", "drop", "ties", "wake_room", "params",
+                                                 "explore")}
     assert all(c["ok"] for c in got.values())
     assert "cached [96, 80, 96, 64]" in got["repeat_hit"]["note"]
     assert r["counters"]["host"]["parks"] >= 1 and r["facts"]["default"]["page"] == 16
