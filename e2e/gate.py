@@ -34,6 +34,8 @@ from verdicts.policy import POLICY_COUNTERS
 __all__ = ["Found", "Options", "Run", "Untold", "lanes", "run_target"]
 
 HIT_COUNTERS = POLICY_COUNTERS  # what a session's hits come to (resident/host hits and tokens, parks, ...)
+HOST_CHUNK = 98_307  # the host tier's piece size in the gate: 1.5 toy-paged pages and 3 bytes (odd), so
+# parks and wakes cross piece edges all the time, on the CPU as on the GPU (runtime/host_arena.py)
 HUNG_TERM_S = 2.0  # a server with a stuck request: SIGTERM, then SIGKILL after this long
 DEFAULT_WEIGHT = 3  # the default session is every other session's dependency: its host is left lighter
 SESSION_PORTS = {"default": 0, "host": 1, "slots": 2, "rows1": 3, "wake_room": 4, "churn": 5, "drop": 6, "ties": 7, "frag": 8,
@@ -162,6 +164,8 @@ class Run:
         base = [("--backend", [o.backend]), ("--capacity", [str(o.capacity)])]
         if self.target.stages > 1:
             base.append(("--stages", [str(self.target.stages)]))
+        elif o.kern is None:  # our own single-process server: parks and wakes cross the host tier's pieces
+            base.append(("--host-chunk-bytes", [str(HOST_CHUNK)]))
         argv = merge_flags(base, split_flags(o.server_flags), split_flags(flags))
         return server_command(o.kern, self.target.config or o.config, self.target.name, port, argv), port
 

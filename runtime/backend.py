@@ -25,9 +25,14 @@ class Backend:
     def zeros(self, nbytes: int) -> Any:
         raise NotImplementedError
 
-    def host_zeros(self, nbytes: int) -> np.ndarray:
-        """Host-tier memory (pinned on a GPU)."""
-        return np.zeros(nbytes, np.uint8)
+    def host_zeros(self, nbytes: int, chunk: int | None = None) -> Any:
+        """Host-tier memory (pinned on a GPU): one array, or with `chunk` a `ChunkedArena` of pieces of
+        that many bytes (`kern serve --host-chunk-bytes`), taken as they are first written."""
+        if chunk is None:
+            return np.zeros(nbytes, np.uint8)
+        from runtime.host_arena import ChunkedArena
+
+        return ChunkedArena(nbytes, lambda n: np.zeros(n, np.uint8), chunk)
 
     def view(self, arr: Any, dtype: str) -> Any:
         return arr.view(np.dtype(_NP[dtype]))
@@ -88,19 +93,37 @@ class CpuBackend(Backend):
         return np.zeros(nbytes, np.uint8)
 
     def upload(self, dst: np.ndarray, src: np.ndarray) -> None:
-        dst[: src.size] = src
+        if _chunked(dst):
+            dst.write(0, src)
+        else:
+            dst[: src.size] = src
 
     def download(self, src: np.ndarray, n: int) -> np.ndarray:
-        return np.array(src[:n])
+        return src.read(0, n) if _chunked(src) else np.array(src[:n])
 
     def copy(self, dst, dst_off, src, src_off, nbytes) -> None:
+        if _chunked(dst) or _chunked(src):  # the host tier in pieces: a run per piece, as on a GPU
+            from runtime.host_arena import spans
+
+            for d, d_off, s, s_off, n in spans(dst, dst_off, src, src_off, nbytes):
+                d[d_off : d_off + n] = s[s_off : s_off + n]
+            return
         dst[dst_off : dst_off + nbytes] = src[src_off : src_off + nbytes]
 
     def zero(self, arr, off, nbytes) -> None:
-        arr[off : off + nbytes] = 0
+        if _chunked(arr):
+            arr.fill_zero(off, nbytes)
+        else:
+            arr[off : off + nbytes] = 0
 
     def launch(self, fn, grid, block, args) -> None:
         fn(grid, block, *args)
+
+
+def _chunked(arr: Any) -> bool:
+    from runtime.host_arena import ChunkedArena
+
+    return isinstance(arr, ChunkedArena)
 
 
 @contextlib.contextmanager

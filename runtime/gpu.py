@@ -146,10 +146,11 @@ class GpuBackend(Backend):
         with self.stream:
             return cp.zeros(nbytes, cp.uint8)
 
-    def host_zeros(self, nbytes: int) -> ChunkedArena:
+    def host_zeros(self, nbytes: int, chunk: int | None = None) -> ChunkedArena:
         """Pinned (page-locked) host memory, zeroed, taken a piece at a time as it is first written
-        (`runtime/host_arena.py`: pinning the whole tier up front cost a server seconds of its start)."""
-        return ChunkedArena(nbytes, _pinned_zeros, host_arena.CHUNK)
+        (`runtime/host_arena.py`: pinning the whole tier up front cost a server seconds of its start);
+        pieces of `chunk` bytes when given (`kern serve --host-chunk-bytes`), else 32 MiB."""
+        return ChunkedArena(nbytes, _pinned_zeros, chunk or host_arena.CHUNK)
 
     def view(self, arr, dtype: str):
         return arr.view(np.dtype(_NP[dtype]))

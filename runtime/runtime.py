@@ -36,6 +36,7 @@ class Runtime:
         max_seqs: int | None = None,
         host_bytes: int = 0,
         graphs: bool = True,
+        host_chunk: int | None = None,
     ):
         self.manifest = m = manifest
         self.backend = make_backend(backend) if isinstance(backend, str) else backend
@@ -80,7 +81,7 @@ class Runtime:
             self.arenas[s.name] = be.zeros(max(n, 8))
         self.host_page_bytes = sum(self.page_bytes.values())
         self.host_slot_bytes = sum(self.slot_bytes.values())
-        self.host = be.host_zeros(host_bytes) if host_bytes else None
+        self.host = be.host_zeros(host_bytes, host_chunk) if host_bytes else None
 
         self.fills: dict[str, list[str]] = {}
         for b in m.buffers.values():

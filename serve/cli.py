@@ -84,6 +84,7 @@ def bind(host: str, port: int):
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind.")
 @click.option("--capacity", default=None, type=click.IntRange(min=1), help="Tokens the pool holds, rounded down to a page (default: 16384 on the CPU; on the GPU the free memory less 1 GiB less --reserve-gib).")
 @click.option("--host-gib", default=0.0, show_default=True, type=click.FloatRange(min=0), help="Host tier for parked snapshots, GiB (0: none).")
+@click.option("--host-chunk-bytes", "host_chunk", default=None, type=click.IntRange(min=1), help="Hold the host tier in pieces of this many bytes, each taken at its first write, on the CPU too (the GPU's default: 32 MiB pinned pieces); the gate sets an odd size so parks and wakes cross piece edges. Single-process servers only.")
 @click.option("--max-seqs", default=None, type=click.IntRange(min=1), help="Most sequences running at once (default 256, at most min(seqs.max, tokens.max / rows)).")
 @click.option("--chunk", default=None, type=click.IntRange(min=1), help="Prefill chunk in tokens (default: the manifest's tokens bound; may only be lowered).")
 @click.option("--rows", default=None, type=click.IntRange(min=1), help="Rows per step: 1 = plain decode, else a speculative round (default: the widest declared).")
@@ -121,7 +122,8 @@ def bind(host: str, port: int):
 def serve_command(ctx, target, port, host, capacity, host_gib, max_seqs, chunk, rows, backend, device, reserve_gib,
                   weights, api_key, served_model_name, config, stats_every, no_graphs, no_pack, stages, at, pp_listen, pp_head,
                   pp_timeout, pp_bind, pp_parent, pp_share, faults, protect_stats, drain_timeout,
-                  max_connections, header_timeout, body_timeout, keep_alive, max_body_bytes, max_tokenize_tokens, log_level=None, sampling="refuse") -> None:
+                  max_connections, header_timeout, body_timeout, keep_alive, max_body_bytes, max_tokenize_tokens, log_level=None, sampling="refuse",
+                  host_chunk=None) -> None:
     """Serve TARGET (a config target name or a manifest path) over OpenAI-compatible HTTP.
 
     Every start-up error is one line on stderr, `kern serve: error: ...`, naming the flag or file.
@@ -169,11 +171,15 @@ def serve_command(ctx, target, port, host, capacity, host_gib, max_seqs, chunk, 
         config = ctx.obj.get("config")
     opts = Options(capacity=capacity, host_gib=host_gib, max_seqs=max_seqs, chunk=chunk, rows=rows, backend=backend,
                    device=device, reserve_gib=reserve_gib, weights=tuple(weights), config=config, faults=Faults(faults),
-                   graphs=not no_graphs, pack=not no_pack)
+                   graphs=not no_graphs, pack=not no_pack, host_chunk=host_chunk)
     from serve.pipeline.plan import PlanError
 
     errors = (ManifestError, ConfigError, EngineError, ProtocolError, WeightsError, KernelError, GeometryError,
               PoolError, PlanError)
+    if host_chunk is not None and ((stages or 1) > 1 or pp_head or pp_listen):
+        click.echo("kern serve: error: --host-chunk-bytes is for single-process servers (not --stages, --pp-head "
+                   "or --pp-listen)", err=True)
+        sys.exit(2)
     if pp_timeout <= 0:
         click.echo(f"kern serve: error: --pp-timeout {pp_timeout} must be positive", err=True)
         sys.exit(2)

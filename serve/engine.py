@@ -39,6 +39,7 @@ class Options:
     faults: Faults = field(default_factory=Faults)
     graphs: bool = True  # capture `graph: true` programs as CUDA graphs (GPU)
     pack: bool = True  # pack prefill when the manifest declares cu_seqlens (--no-pack: never)
+    host_chunk: int | None = None  # the host tier in pieces of this many bytes (--host-chunk-bytes)
 
 
 @dataclass(slots=True)
@@ -164,7 +165,7 @@ def build(what: str, opts: Options, phases: Phases | None = None) -> Engine:
     host_bytes = host.units * host.grain if host is not None else 0
     mark("pool")
     rt = Runtime(m, list(target.weights), pages=max(pool.pages_max, 1), slots=pool.slots_max, backend=backend,
-                 max_seqs=max_seqs, host_bytes=host_bytes, graphs=opts.graphs)
+                 max_seqs=max_seqs, host_bytes=host_bytes, graphs=opts.graphs, host_chunk=opts.host_chunk)
     mark("runtime")
     pad = pool.lease_pad()
     if not isinstance(pad, Lease):

@@ -81,3 +81,36 @@ def test_out_of_range_is_refused_by_name():
     with pytest.raises(IndexError, match="outside the host arena"):
         list(spans(arena, 9, np.zeros(4, np.uint8), 0, 2))
     assert arena.allocated() == 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(chunk=st.integers(1, 40), program=st.lists(ops(), max_size=25), seed=st.integers(0, 2**32 - 1))
+def test_the_cpu_backend_on_a_chunked_host_tier_acts_as_on_a_flat_one(chunk, program, seed):
+    """`kern serve --host-chunk-bytes` on the CPU: the backend's copy, zero, upload and download on a
+    host tier in pieces give what they give on one flat array (so the CPU gate runs the GPU's
+    piece-splitting code, and a bug in it changes what a wake restores)."""
+    from runtime.backend import CpuBackend
+
+    be = CpuBackend()
+    arena, flat = be.host_zeros(SIZE, chunk), be.host_zeros(SIZE)
+    assert isinstance(arena, ChunkedArena) and not isinstance(flat, ChunkedArena)
+    other = np.random.default_rng(seed).integers(0, 256, OTHER, dtype=np.uint8)
+    for kind, a, b, c in program:
+        if kind == "write":
+            for host in (arena, flat):
+                be.copy(host, a, np.full(b, c, np.uint8), 0, b)
+        elif kind == "zero":
+            for host in (arena, flat):
+                be.zero(host, a, b)
+        elif kind == "to_arena":
+            for host in (arena, flat):
+                be.copy(host, a, other, b, c)
+        elif kind == "from_arena":
+            x, y = other.copy(), other.copy()
+            be.copy(x, b, arena, a, c)
+            be.copy(y, b, flat, a, c)
+            assert np.array_equal(x, y)
+    assert np.array_equal(be.download(arena, SIZE), be.download(flat, SIZE))
+    be.upload(arena, other[:SIZE % OTHER])
+    be.upload(flat, other[:SIZE % OTHER])
+    assert np.array_equal(be.download(arena, SIZE), be.download(flat, SIZE))
