@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import json
 import os
 import resource
 import shlex
@@ -27,9 +28,9 @@ from e2e.checks import Checks
 from e2e.config import ConfigError, GateTarget, load_targets
 from e2e.gate import SESSION_PORTS, Options, Run, run_target
 from e2e.report import commit, junit, write_report, write_summary
-from e2e.scenarios import CHECKS, CROSS_CHECKS, plan
+from e2e.scenarios import CHECKS, CROSS_CHECKS, STEPS, plan
 from e2e.scenarios.kern_test import forked
-from e2e.session import STARTED, own_kern, project_env, stop_all
+from e2e.session import STARTED, merge_flags, own_kern, project_env, split_flags, stop_all
 from e2e.stages import record as record_stages
 from oracle.cache import Cache, KernRun, kern_run_identity
 from oracle.probe import Prober
@@ -106,6 +107,7 @@ def gate_target(t: GateTarget, opts: Options, reference: Path | None, wanted: se
     finally:
         getattr(oracle, "close", lambda: None)()
     wall = round(time.monotonic() - t0, 1)
+    write_scripts(opts.out, t.name, run.scripts)
     hits = {"served": run.served, "counters": run.session_hits}  # for stages_equal_single (e2e/stages.py)
     if unavailable is not None:
         echo(f"  skipped: {unavailable}")
@@ -119,6 +121,91 @@ def gate_target(t: GateTarget, opts: Options, reference: Path | None, wanted: se
     return {"target": t.name, "skipped": None, "facts": run.facts, "counters": run.counters,
             "checks": checks.list, "near_ties": dict(checks.excused), "hits": hits, "wall_s": wall,
             "times": dict(run.times), "cpu": dict(run.cpu), "began_s": began}
+
+
+def write_scripts(out: Path, target: str, scripts: dict) -> None:
+    """Every session's flags and requests as sent: OUT/<target>/sessions.json (what --shrink reads)."""
+    d = out / target
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "sessions.json").write_text(json.dumps(scripts) + "\n")
+
+
+def make_run(target: str, backend: str, out: Path, seed: int = 0, max_tokens: int = 64,
+             echo: Callable[[str], None] = click.echo, opts: Options | None = None,
+             reference: Path | None = PACKAGED_MODEL) -> Run:
+    """A `Run` of one target outside a gate (a case's replay): its oracles, no checks filter; servers
+    from `opts`' spawners when given, else fresh processes."""
+    cfg, chosen = load_targets(None, [target])
+    t = chosen[0]
+    if t.skipped:
+        raise ConfigError(f"target {target}: {t.skipped}")
+    o = dataclasses.replace(opts, out=out, seed=seed) if opts is not None else Options(
+        cfg.resolve(), out, max_tokens, backend, seed=seed)
+    oracle, runner = _oracles(t, reference, out, backend)
+    return Run(t, o, oracle, runner, Checks(None, echo=echo), echo=echo)
+
+
+SESSION_OF = {c: s.session for s in STEPS for c in s.checks}
+
+
+def shrink_failures(reports: list[dict], opts: Options, echo: Callable[[str], None] = click.echo) -> list[Path]:
+    """`--shrink`: each failed target's first failed check, its session replayed and shrunk to a case."""
+    from e2e.case import Case, kind_of, replay, shrink, write
+
+    written = []
+    for r in reports:
+        failed = [c["name"] for c in r.get("checks", []) if c["ok"] is False and c["name"] != "error"
+                  and not c.get("error")]
+        if r.get("skipped") is not None or not failed:
+            continue
+        check = failed[0]
+        session = check.split("_", 1)[1] if check.startswith(("policy_", "metrics_")) else SESSION_OF.get(check)
+        scripts = json.loads((opts.out / r["target"] / "sessions.json").read_text())
+        if session not in scripts:
+            echo(f"shrink {r['target']}: {check} belongs to no recorded session; nothing to shrink")
+            continue
+        s = scripts[session]
+        flags = merge_flags(split_flags(opts.server_flags), split_flags(s["flags"]))  # the case carries both
+        case = Case(r["target"], session, check, flags, s["requests"], opts.seed, opts.max_tokens)
+        want = kind_of(check, session)
+        tmp = opts.out / r["target"] / "shrink"
+
+        def fails(c: Case) -> bool:
+            got = replay(c, make_run(c.target, opts.backend, tmp, opts.seed, opts.max_tokens, lambda _: None, opts))
+            return want in got or "error" in got
+
+        echo(f"shrink {r['target']}: {check} in session {session}: {case.size()[0]} requests")
+        if not fails(case):
+            echo(f"shrink {r['target']}: the session's replay passes ({check} may need another session, or "
+                 "timing); no case written")
+            continue
+        small = shrink(case, fails, echo)
+        small.notes.append(f"shrunk from {case.size()[0]} requests ({case.size()[1]} prompt tokens) by e2e --shrink")
+        path, test = write(small, opts.out / r["target"])
+        n, p, m = small.size()
+        echo(f"shrink {r['target']}: {n} request(s), {p} prompt tokens, {m} answer tokens: {path} (pytest: {test}; "
+             f"replay: e2e --replay-case {path})")
+        written.append(path)
+    return written
+
+
+def replay_case(path: str, backend: str, out: Path) -> int:
+    """`--replay-case FILE`: 0 when the case passes, 1 when it fails, 2 when it is no case."""
+    from e2e.case import Case, replay
+
+    try:
+        case = Case.load(path)
+        run = make_run(case.target, backend, out / "replay", case.seed, case.max_tokens)
+    except (ValueError, ConfigError) as exc:
+        raise click.UsageError(str(exc)) from None
+    try:
+        failed = replay(case, run)
+    finally:
+        getattr(run.oracle, "close", lambda: None)()
+    n, p, m = case.size()
+    click.echo(f"case {path}: {case.target}, session {case.session}, {n} request(s), {p} prompt tokens: "
+               + ("pass" if not failed else f"FAIL: {', '.join(failed)}"))
+    return 1 if failed else 0
 
 
 def time_split(times: dict[str, float], top: int = 6) -> str:
@@ -261,14 +348,22 @@ def no_gpu() -> str | None:
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
               help="What the generated sessions (params, explore) draw from; the notes print it, and the "
                    "same seed replays the same requests exactly.")
+@click.option("--shrink", "shrink_", is_flag=True,
+              help="After a failing gate, replay each failed target's first failed check's session and shrink it "
+                   "(fewer requests, shorter prompts, fewer tokens) to a case that still fails: OUT/<target>/"
+                   "case-*.json and a pytest file beside it.")
+@click.option("--replay-case", "replay_path", type=click.Path(dir_okay=False, exists=True), default=None,
+              help="Replay one case file (what --shrink wrote) on a fresh server; exit 0 pass, 1 fail.")
 @click.option("--explore", "explore_n", type=click.IntRange(min=1), default=None,
               help="Gate N fresh random seeds, each its own run under OUT/seed-S, of the generated sessions' "
                    "checks (or --scenarios); prints each seed and the command that replays a failing one.")
 def cli(config, targets, scenarios, reference, no_reference, out, max_tokens, backend, port, capacity,
         server_flags, kern, load_timeout, jobs, zygote, at_once, junit_path, hosts=None,
-        reference_worker=None, seed=0, explore_n=None) -> None:
+        reference_worker=None, seed=0, explore_n=None, shrink_=False, replay_path=None) -> None:
     """Gate every target of a config through the server, token-exact against an oracle."""
     t0 = time.monotonic()
+    if replay_path is not None:
+        sys.exit(replay_case(replay_path, "cpu" if backend == "auto" and no_gpu() else backend, Path(out)))
     wanted = set(_names(scenarios)) or None
     if explore_n is not None and wanted is None:
         wanted = set(SEEDED)
@@ -312,6 +407,8 @@ def cli(config, targets, scenarios, reference, no_reference, out, max_tokens, ba
     else:
         try:
             reports = gate_all(chosen, opts, ref, wanted, jobs or max(1, os.cpu_count() or 1))
+            if shrink_:
+                shrink_failures(reports, opts)
         except BaseException:
             stop_all()  # before the zygote goes: its children die with it, and the lanes would stop them unseen
             raise

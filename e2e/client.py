@@ -107,6 +107,8 @@ class Client:
         self.watch = Watch(session.url, str(log.path) if log is not None else "(none)", headers)  # a stuck request names itself
         self.hung = 0  # requests the watch found stuck: the server is stopped without waiting on them
         self.ledger = Ledger()  # every completion as sent and answered: what /metrics must say (e2e/metrics.py)
+        self.script: list[dict[str, Any]] = []  # every request as sent, in order: a replayable case (e2e/case.py)
+        self._in_burst = threading.local()
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=64, thread_name_prefix="request")
 
     def close(self) -> None:
@@ -160,6 +162,8 @@ class Client:
         ``usage`` and ``kern``. A refusal raises `Rejected`; every completion goes in the ledger."""
         with self._lock:
             name = f"req-{self._next}"  # the server's name for it when it is the only one in flight
+            if not getattr(self._in_burst, "on", False):
+                self.script.append({"kind": "request", "path": path, "body": body})
         prompt = body.get("prompt")
         if prompt is None:
             prompt = "".join(str(m.get("content", "")) for m in body.get("messages", []))
@@ -249,6 +253,9 @@ class Client:
         `ignore_eos` asks the answer to run all `max_tokens` (so it is still running when the socket closes)."""
         rid = self._take_id()
         self.ledger.add(Sent("hung_up", len(prompt.encode())))
+        with self._lock:
+            self.script.append({"kind": "hang_up", "prompt": prompt, "chunks": chunks, "max_tokens": max_tokens,
+                                "ignore_eos": ignore_eos})
         fields = {"model": self.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True}
         if ignore_eos:
             fields["ignore_eos"] = True
@@ -275,8 +282,11 @@ class Client:
     def run_all(self, calls: list[tuple[str | list[int], int]]) -> list[Answer | BaseException]:
         """Send every call at once, one thread each; answers (or errors) in call order."""
         out: list[Any] = [None] * len(calls)
+        with self._lock:
+            self.script.append({"kind": "burst", "calls": [[p, n] for p, n in calls]})
 
         def one(i: int, prompt: str | list[int], n: int) -> None:
+            self._in_burst.on = True
             try:
                 out[i] = self.complete(prompt, n)
             except BaseException as exc:  # reported per request by the caller

@@ -115,6 +115,7 @@ class Run:
     served: list[dict[str, Any]] = field(default_factory=list)
     session_hits: dict[str, dict[str, int]] = field(default_factory=dict)
     stage_page_bytes: dict[str, list[int]] = field(default_factory=dict)  # per session, a pipeline's stages
+    scripts: dict[str, dict[str, Any]] = field(default_factory=dict)  # per session: its flags and requests as sent
     times: dict[str, float] = field(default_factory=dict)  # where the target's time went: seconds by part
     cpu: dict[str, float] = field(default_factory=dict)  # CPU seconds (user + sys) of each session's server, forked ones
 
@@ -182,6 +183,7 @@ class Run:
             s.stop(kill=True)
             raise
         self.facts[name] = facts
+        self.scripts[name] = {"flags": list(flags), "requests": []}
         ready = s.log.lines("pp ready")  # a pipeline head: each stage's host page bytes
         if ready and ready[-1].get("stage_page_bytes") is not None:
             self.stage_page_bytes[name] = [int(b) for b in str(ready[-1]["stage_page_bytes"]).split(",")]
@@ -190,6 +192,7 @@ class Run:
                       ("ranks", "pages", "page", "rows", "checkpoints", "seq_slots", "max_request_tokens", "load_s")
                       if k in facts))
         c = Client(s, self.target.model)
+        self.scripts[name]["requests"] = c.script  # what the session sends, as it sends it (e2e/case.py)
         raw = c.stats()
         self.server_facts[name] = dict((raw or {}).get("facts") or {})
         self.live = Live(s, c, Stats(c, s.log), PolicyGate(self.oracle, (raw or {}).get("facts"), self.target.lined))

@@ -1,0 +1,241 @@
+"""A failing session as a replayable case, and the shrinker that makes it small.
+
+A *case* is one session of one target: its server flags (the session's own, over the gate's base)
+and the requests it sent, in order, as `e2e/client.py` recorded them (`Client.script`):
+
+    {"case": 1, "target": "toy-paged", "session": "drop", "check": "policy_drop", "seed": 0,
+     "max_tokens": 64, "flags": ["--capacity", "...", ...],
+     "requests": [{"kind": "request", "path": "/v1/completions", "body": {...}},
+                  {"kind": "hang_up", "prompt": "...", "chunks": 3, "max_tokens": 4096, "ignore_eos": true},
+                  {"kind": "burst", "calls": [[prompt, max_tokens], ...]}]}
+
+Replaying a case starts a fresh server with those flags and sends the requests in order; it fails
+when a plain answer differs from the reference (`answers`), when the policy oracle's predictions
+for the serial requests differ (`policy_<session>`), when the session's /metrics differ
+(`metrics_<session>`), or when the session errs (a crash, a hang: `error`). A request with
+parameters, a hang-up or a burst ends the policy's exact predictions, as in the gate.
+
+`shrink` reduces a failing case while it keeps failing the same way: delta debugging over the
+requests (drop halves, quarters, ... then single requests), then shorter prompts, then fewer answer
+tokens. `write` saves it as JSON and as a pytest file that replays it (and so fails while the bug
+is in). `e2e --shrink` and `e2e --replay-case FILE` are the commands.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from e2e.client import Answer, Rejected
+from verdicts import Same
+
+__all__ = ["Case", "ddmin", "kind_of", "replay", "shrink", "write"]
+
+PLAIN = {"model", "prompt", "max_tokens", "temperature", "return_token_ids"}
+
+
+@dataclass
+class Case:
+    target: str
+    session: str
+    check: str
+    flags: list[str]
+    requests: list[dict[str, Any]]
+    seed: int = 0
+    max_tokens: int = 64
+    notes: list[str] = field(default_factory=list)
+    case: int = 1
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1)
+
+    @classmethod
+    def load(cls, path: str | Path) -> Case:
+        try:
+            d = json.loads(Path(path).read_text())
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"{path}: not a case file ({exc})") from None
+        missing = [k for k in ("target", "session", "check", "flags", "requests") if k not in d]
+        if missing or d.get("case") != 1:
+            raise ValueError(f"{path}: not a case file (version {d.get('case')!r}; missing {', '.join(missing)})")
+        return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
+
+    def size(self) -> tuple[int, int, int]:
+        """(requests, prompt tokens, answer tokens asked): what shrinking lowers."""
+        n = p = m = 0
+        for q in self.requests:
+            for prompt, mt in _calls(q):
+                n += 1
+                p += len(prompt)
+                m += int(mt)
+        return n, p, m
+
+
+def _calls(q: dict[str, Any]) -> list[tuple[Any, int]]:
+    if q["kind"] == "burst":
+        return [(p, m) for p, m in q["calls"]]
+    if q["kind"] == "hang_up":
+        return [(q["prompt"], q["max_tokens"])]
+    b = q["body"]
+    return [(b.get("prompt") or b.get("messages") or [], b.get("max_tokens") or 16)]
+
+
+def kind_of(check: str, session: str) -> str:
+    """Which replay check a failure of `check` must reproduce as."""
+    for k in ("policy", "metrics"):
+        if check == f"{k}_{session}":
+            return check
+    return "answers"
+
+
+def replay(case: Case, run) -> list[str]:
+    """Send the case through a fresh server of `run` (an `e2e.gate.Run` for its target); the names of
+    the replay's failed checks (``answers``, ``policy_<session>``, ``metrics_<session>``, ``error``)."""
+    try:
+        live = run.open(case.session, list(case.flags))
+        same = Same(run.oracle, run.rows)
+        for q in case.requests:
+            _send(run, live, same, q)
+        run.checks.add("answers", same.ok, str(same), same.excused)
+        if live.policy is not None and live.policy.active:
+            live.policy.compare("the case's requests", live.client.stats())
+        run.close()
+    except Exception as exc:  # a crash, a hang, a refused start: the case fails as `error`
+        run.checks.add("error", False, f"{type(exc).__name__}: {exc}")
+        live, run.live = run.live, None
+        if live is not None:
+            live.client.close()
+            live.session.stop(kill=True)
+    return run.checks.failed()
+
+
+def _send(run, live, same: Same, q: dict[str, Any]) -> None:
+    kind = q["kind"]
+    if kind == "request" and set(q["body"]) <= PLAIN:
+        b = q["body"]
+        prompt, m = b["prompt"], int(b["max_tokens"])
+        try:
+            a = run.answer(prompt, m)
+        except Rejected:
+            return  # a refusal is the server's answer; the policy oracle was told (Run.answer)
+        ids = run.prompt_ids(a, prompt)
+        same.add(f"request {a.request}", ids, a.ids, run.oracle.run(ids, m, run.rows))
+    elif kind == "request":
+        run.serial_ends("a request with parameters (its answer is judged by the params checks)")
+        try:
+            live.client.request(q["body"], q["path"])
+        except Rejected:
+            pass
+    elif kind == "hang_up":
+        run.serial_ends("a stream hung up (its abort's timing)")
+        live.client.hang_up(q["prompt"], q["chunks"], q["max_tokens"], ignore_eos=q["ignore_eos"])
+        live.stats.idle()
+    else:
+        run.serial_ends("a burst (recency and counters depend on timing)")
+        calls = [(p, int(m)) for p, m in q["calls"]]
+        for (p, m), a in zip(calls, live.client.run_all(calls)):
+            if isinstance(a, Answer):
+                ids = run.prompt_ids(a, p)
+                same.add(f"burst {a.request}", ids, a.ids, run.oracle.run(ids, m, run.rows))
+
+
+def ddmin(items: list, fails: Callable[[list], bool]) -> list:
+    """A smaller list that still `fails` (1-minimal over removals: no single item can go)."""
+    n = 2
+    while len(items) >= 2:
+        size = math.ceil(len(items) / n)
+        for i in range(0, len(items), size):
+            rest = items[:i] + items[i + size:]
+            if rest and fails(rest):
+                items, n = rest, max(n - 1, 2)
+                break
+        else:
+            if n >= len(items):
+                break
+            n = min(len(items), 2 * n)
+    return items
+
+
+def shrink(case: Case, fails: Callable[[Case], bool], echo: Callable[[str], None] = print) -> Case:
+    """The smallest case found that still `fails`: fewer requests, shorter prompts, fewer tokens."""
+    tried = [0]
+
+    def test(requests: list[dict[str, Any]]) -> bool:
+        tried[0] += 1
+        c = Case(**{**asdict(case), "requests": requests})
+        ok = fails(c)
+        echo(f"  shrink: try {tried[0]}: {c.size()[0]} requests -> {'still fails' if ok else 'passes'}")
+        return ok
+
+    requests = ddmin(list(case.requests), test)
+    for i in range(len(requests)):  # shorter prompts: halve each while it still fails
+        while True:
+            q = requests[i]
+            if q["kind"] != "request" or not isinstance(q["body"].get("prompt"), list) or len(q["body"]["prompt"]) < 2:
+                break
+            p = q["body"]["prompt"]
+            shorter = {**q, "body": {**q["body"], "prompt": p[:len(p) // 2]}}
+            candidate = requests[:i] + [shorter] + requests[i + 1:]
+            if not test(candidate):
+                break
+            requests = candidate
+    for i in range(len(requests)):  # fewer answer tokens
+        while requests[i]["kind"] == "request" and int(requests[i]["body"].get("max_tokens") or 1) > 1:
+            q = requests[i]
+            fewer = {**q, "body": {**q["body"], "max_tokens": int(q["body"]["max_tokens"]) // 2}}
+            candidate = requests[:i] + [fewer] + requests[i + 1:]
+            if not test(candidate):
+                break
+            requests = candidate
+    return Case(**{**asdict(case), "requests": requests})
+
+
+PYTEST = '''"""A case `e2e --shrink` wrote: {what}.
+
+It replays {name}.json on a fresh server and fails while the bug is in (`e2e --replay-case` does the
+same from the command line). Copy both files into tests/ to keep it as a regression test.
+"""
+
+from pathlib import Path
+
+from e2e.case import replay_file
+
+
+def test_{ident}():
+    failed, note = replay_file(Path(__file__).with_name("{name}.json"))
+    assert not failed, note
+'''
+
+
+def write(case: Case, out: Path) -> tuple[Path, Path]:
+    """The case as `out/case-<target>-<session>.json` and a pytest file beside it."""
+    out.mkdir(parents=True, exist_ok=True)
+    name = f"case-{case.target}-{case.session}".replace("-", "_")
+    path = out / f"{name}.json"
+    path.write_text(case.to_json() + "\n")
+    n, p, m = case.size()
+    what = f"{case.check} on {case.target}, {n} request(s), {p} prompt tokens, {m} answer tokens asked"
+    test = out / f"test_{name}.py"
+    test.write_text(PYTEST.format(what=what, name=name, ident=name))
+    return path, test
+
+
+def replay_file(path: str | Path, backend: str = "cpu", out: Path | None = None,
+                echo: Callable[[str], None] = lambda _: None) -> tuple[list[str], str]:
+    """Replay a case file on its own (fresh server processes): (failed checks, their notes)."""
+    import tempfile
+
+    from e2e.cli import make_run
+
+    case = Case.load(path)
+    with tempfile.TemporaryDirectory(prefix="kern-case-") as tmp:
+        run = make_run(case.target, backend, Path(out or tmp), case.seed, case.max_tokens, echo)
+        try:
+            failed = replay(case, run)
+        finally:
+            getattr(run.oracle, "close", lambda: None)()
+    notes = "; ".join(f"{c['name']}: {c['note']}" for c in run.checks.list if c["ok"] is False)
+    return failed, notes
