@@ -336,4 +336,16 @@ CATALOGUE: tuple[Mutant, ...] = (
            "        return p, inner, min(self.chunk, self.nbytes - i * self.chunk)\n",
            ("park_wake", "host_churn"), ("toy-paged",),
            "a piece's room counted from its start, not from the offset: a run spills past the piece's end"),
+    # --- the cut (issue 25: cut points other than the shipped ones) ---
+    Mutant("cut-rewritten-crossing-as-input", "manifests/cut.py",
+           '''        kinds = {b: ("inout" if b in written else "input") for b in arriving}''',
+           '''        kinds = {b: "input" for b in arriving}''',
+           ("cut_equals_whole",), ("toy-layers",),
+           "vLLM/SGLang pipeline parallel: a stage's rewrite of an activation it received is not sent on "
+           "(the next stage gets the stale one)"),
+    Mutant("cut-crossing-misses-last-call", "manifests/cut.py",
+           "            x |= live_in(m, p.calls[a:]) & set().union(*(writes(m, c) for c in p.calls[:a]))\n",
+           "            x |= live_in(m, p.calls[a:]) & set().union(*(writes(m, c) for c in p.calls[:max(a - 1, 0)]))\n",
+           ("cut_equals_whole",), ("toy-layers",),
+           "pipeline split off by one: the buffer the last call before the cut writes is not sent across"),
 )

@@ -1,0 +1,46 @@
+"""cut_equals_whole: the target cut at every legal point, and at a seeded handful of points at once.
+
+No server: for a single-process target whose manifest can be cut (`oracle.cutrun.cut_points`: on the
+toys, `toy-layers`, at each of its five layer boundaries), each single cut and one multi-point cut
+drawn from `--seed` are made (a manifest whose state is all declared per layer, `kv.0`, `kv.1`, ...,
+must cut at every call boundary: a refused one fails the check) (`manifests/cut.py`, as `kern cut` makes them), their stages chained in
+one process (as `kern run --stages` runs them), and two prompts' answers gated identical to the
+reference. The shipped pipelines (`toy-layers-pp2`, `-pp3`) cut at the balanced points only: this
+reaches the others, and a cut that moves a buffer or a state region wrongly changes an answer.
+"""
+
+from __future__ import annotations
+
+import random
+
+from e2e.prompts import PROMPTS
+from oracle.cutrun import boundaries, cut_points, run_cut
+from verdicts import Same
+
+PROMPTS_PER_CUT = 2
+
+
+def applies(t) -> bool:
+    return t.stages <= 1 and not t.skipped and bool(cut_points(str(t.manifest)))
+
+
+def run(r) -> None:
+    t = r.target
+    points = cut_points(str(t.manifest))
+    rng = random.Random(f"{getattr(r.opts, 'seed', 0)}:{t.model}:cuts")
+    cuts = [[k] for k in points]
+    if len(points) > 1:
+        cuts.append(sorted(rng.sample(points, rng.randint(2, len(points)))))
+    calls, per_layer = boundaries(str(t.manifest))
+    refused = [k for k in range(1, calls) if k not in points] if per_layer else []
+    same = Same(r.oracle, r.rows)
+    for at in cuts:
+        for i in rng.sample(range(len(PROMPTS)), PROMPTS_PER_CUT):
+            ids = list(PROMPTS[i].encode())
+            got = run_cut(t.manifest, list(t.weights), at, ids, r.m, r.rows)
+            same.add(f"cut at {','.join(map(str, at))}, prompt {i + 1}", ids, got, r.oracle.run(ids, r.m, r.rows))
+    note = (f"{len(cuts)} cuts ({'; '.join(','.join(map(str, c)) for c in cuts)}; seed {getattr(r.opts, 'seed', 0)}), "
+            f"{same}")
+    if refused:  # its state is all per layer: every call boundary must cut (docs/cut.md)
+        note += f"; refused at {refused} of boundaries 1..{calls - 1}, though its state is all per layer"
+    r.checks.add("cut_equals_whole", same.ok and not refused, note, same.excused)
