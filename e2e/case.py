@@ -35,6 +35,7 @@ from verdicts import Same
 __all__ = ["Case", "ddmin", "kind_of", "replay", "shrink", "write"]
 
 PLAIN = {"model", "prompt", "max_tokens", "temperature", "return_token_ids"}
+ANSWERS = "answers"  # a replay's own check (not a gate check): its plain answers against the reference
 
 
 @dataclass
@@ -88,7 +89,7 @@ def kind_of(check: str, session: str) -> str:
     for k in ("policy", "metrics"):
         if check == f"{k}_{session}":
             return check
-    return "answers"
+    return ANSWERS
 
 
 def replay(case: Case, run) -> list[str]:
@@ -99,7 +100,7 @@ def replay(case: Case, run) -> list[str]:
         same = Same(run.oracle, run.rows)
         for q in case.requests:
             _send(run, live, same, q)
-        run.checks.add("answers", same.ok, str(same), same.excused)
+        run.checks.add(ANSWERS, same.ok, str(same), same.excused)
         if live.policy is not None and live.policy.active:
             live.policy.compare("the case's requests", live.client.stats())
         run.close()
