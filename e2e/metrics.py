@@ -15,7 +15,8 @@ session's close (the server idle) the gate scrapes `/metrics` and `/stats` at on
 - every `kern:<counter>_total` to `/stats` `counters.<counter>`, and, while the session's policy
   oracle still predicts, the policy counters to the oracle's;
 - `prefix_cache_hits_by_tier_total{tier}` to the cached tokens of the answers whose `kern.cache_tier`
-  was that tier (exactly when no stream was hung up, else at least);
+  was that tier (exactly when no stream was hung up, else at least), and to `/stats`
+  `resident_hit_tokens` (device) and `host_hit_tokens` (host);
 - the token-count histograms (`request_prompt_tokens`, `request_generation_tokens`) bucket by bucket
   to the ledger, and every histogram's `+Inf` bucket to its count;
 - an idle server's gauges: `num_requests_running` and `num_requests_waiting` 0, every `kern:<gauge>`,
@@ -190,6 +191,10 @@ def verdict(start: dict, end: dict, sent: list[Sent], stats: dict[str, Any] | No
     hits = get(end, "prefix_cache_hits_total")
     if counters and hits is not None and hits != counters.get("prefix_hit_tokens"):
         problems.append(f"prefix_cache_hits_total {hits:g} (/stats prefix_hit_tokens {counters.get('prefix_hit_tokens')})")
+    for tier, name in (("device", "resident_hit_tokens"), ("host", "host_hit_tokens")):
+        v = get(end, "prefix_cache_hits_by_tier_total", tier=tier)
+        if counters and name in counters and v != counters[name]:
+            problems.append(f"prefix_cache_hits_by_tier_total{{tier={tier}}} {v} (/stats {name} {counters[name]})")
     for name, value in (policy or {}).items():
         v = get(end, f"{name}_total")
         if v is None or v != value:
