@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from e2e.case_params import judge, judged
 from e2e.client import Answer, Rejected
 from verdicts import Same
 
@@ -36,6 +37,7 @@ __all__ = ["Case", "ddmin", "kind_of", "replay", "shrink", "write"]
 
 PLAIN = {"model", "prompt", "max_tokens", "temperature", "return_token_ids"}
 ANSWERS = "answers"  # a replay's own check (not a gate check): its plain answers against the reference
+PARAMS = "params"  # a replay's own check: its requests with parameters against the rule (e2e/case_params.py)
 
 
 @dataclass
@@ -89,7 +91,12 @@ def kind_of(check: str, session: str) -> str:
     for k in ("policy", "metrics"):
         if check == f"{k}_{session}":
             return check
-    return ANSWERS
+    return PARAMS if check.startswith("params_") else ANSWERS
+
+
+def _what(body: dict[str, Any]) -> str:
+    """A request with parameters in a few words: its fields beyond the plain ones."""
+    return ", ".join(f"{k}={body[k]!r:.40}" for k in body if k not in PLAIN and k != "messages") or "plain"
 
 
 def replay(case: Case, run) -> list[str]:
@@ -97,10 +104,13 @@ def replay(case: Case, run) -> list[str]:
     the replay's failed checks (``answers``, ``policy_<session>``, ``metrics_<session>``, ``error``)."""
     try:
         live = run.open(case.session, list(case.flags))
-        same = Same(run.oracle, run.rows)
+        same, params = Same(run.oracle, run.rows), []
         for q in case.requests:
-            _send(run, live, same, q)
+            _send(run, live, same, params, q)
         run.checks.add(ANSWERS, same.ok, str(same), same.excused)
+        if params:
+            bad = [f"request {i + 1} ({_what(b)}): {p}" for i, (b, p) in enumerate(params) if p]
+            run.checks.add(PARAMS, not bad, f"{len(params) - len(bad)}/{len(params)} exact" + "".join(f"; {x}" for x in bad[:5]))
         if live.policy is not None and live.policy.active:
             live.policy.compare("the case's requests", live.client.stats())
         run.close()
@@ -113,7 +123,7 @@ def replay(case: Case, run) -> list[str]:
     return run.checks.failed()
 
 
-def _send(run, live, same: Same, q: dict[str, Any]) -> None:
+def _send(run, live, same: Same, params: list, q: dict[str, Any]) -> None:
     kind = q["kind"]
     if kind == "request" and set(q["body"]) <= PLAIN:
         b = q["body"]
@@ -125,11 +135,14 @@ def _send(run, live, same: Same, q: dict[str, Any]) -> None:
         ids = run.prompt_ids(a, prompt)
         same.add(f"request {a.request}", ids, a.ids, run.oracle.run(ids, m, run.rows))
     elif kind == "request":
-        run.serial_ends("a request with parameters (its answer is judged by the params checks)")
+        run.serial_ends("a request with parameters (the policy does not follow its stop)")
         try:
-            live.client.request(q["body"], q["path"])
-        except Rejected:
-            pass
+            outcome: Any = live.client.request(q["body"], q["path"])[0]
+        except Rejected as exc:
+            outcome = exc
+        if getattr(run.oracle, "exact", False) and judged(q["body"]):  # a float target's near-ties: the session's
+            eos = int(getattr(getattr(run.oracle, "module", None), "EOS", 256))
+            params.append((q["body"], judge(q["body"], q["path"], outcome, run.oracle, run.rows, eos)))
     elif kind == "hang_up":
         run.serial_ends("a stream hung up (its abort's timing)")
         live.client.hang_up(q["prompt"], q["chunks"], q["max_tokens"], ignore_eos=q["ignore_eos"])
@@ -172,11 +185,22 @@ def shrink(case: Case, fails: Callable[[Case], bool], echo: Callable[[str], None
         return ok
 
     requests = ddmin(list(case.requests), test)
+    for i in range(len(requests)):  # fewer stop strings and stop ids in a request with parameters
+        for key in ("stop", "stop_token_ids"):
+            values = requests[i].get("body", {}).get(key)
+            if isinstance(values, list) and len(values) > 1:
+                def with_(vs: list, i: int = i, key: str = key) -> list[dict[str, Any]]:
+                    q = requests[i]
+                    return requests[:i] + [{**q, "body": {**q["body"], key: vs}}] + requests[i + 1:]
+
+                requests = with_(ddmin(values, lambda vs: test(with_(vs))))
     for i in range(len(requests)):  # shorter prompts: halve each while it still fails
         while True:
             q = requests[i]
             if q["kind"] != "request" or not isinstance(q["body"].get("prompt"), list) or len(q["body"]["prompt"]) < 2:
                 break
+            if len(q["body"]["prompt"]) // 2 < int(q["body"].get("truncate_prompt_tokens") or 0):
+                break  # a prompt shorter than its truncation is another request (refused), not a smaller one
             p = q["body"]["prompt"]
             shorter = {**q, "body": {**q["body"], "prompt": p[:len(p) // 2]}}
             candidate = requests[:i] + [shorter] + requests[i + 1:]
