@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from e2e.case_params import judge, judged
+from e2e.case_params import judge, judged, served_of
 from e2e.client import Answer, Rejected
 from verdicts import Same
 
@@ -83,7 +83,8 @@ def _calls(q: dict[str, Any]) -> list[tuple[Any, int]]:
     if q["kind"] == "hang_up":
         return [(q["prompt"], q["max_tokens"])]
     b = q["body"]
-    return [(b.get("prompt") or b.get("messages") or [], b.get("max_tokens") or 16)]
+    return [(served_of({k: v for k, v in b.items() if k != "truncate_prompt_tokens"}) or b.get("prompt") or [],
+             b.get("max_tokens") or 16)]
 
 
 def kind_of(check: str, session: str) -> str:
@@ -174,48 +175,82 @@ def ddmin(items: list, fails: Callable[[list], bool]) -> list:
 
 
 def shrink(case: Case, fails: Callable[[Case], bool], echo: Callable[[str], None] = print) -> Case:
-    """The smallest case found that still `fails`: fewer requests, shorter prompts, fewer tokens."""
+    """The smallest case found that still `fails`: fewer requests, fewer and shorter stop strings,
+    shorter prompts, fewer answer tokens, in that order; each candidate is one replay."""
     tried = [0]
 
-    def test(requests: list[dict[str, Any]]) -> bool:
+    def test(requests: list[dict[str, Any]], step: str) -> bool:
         tried[0] += 1
         c = Case(**{**asdict(case), "requests": requests})
         ok = fails(c)
-        echo(f"  shrink: try {tried[0]}: {c.size()[0]} requests -> {'still fails' if ok else 'passes'}")
+        n, p, m = c.size()
+        echo(f"  shrink: try {tried[0]} ({step}): {n} requests, {p} prompt tokens, {m} answer tokens -> "
+             f"{'still fails' if ok else 'passes'}")
         return ok
 
-    requests = ddmin(list(case.requests), test)
+    def put(requests: list, i: int, q: dict[str, Any]) -> list:
+        return requests[:i] + [q] + requests[i + 1:]
+
+    def body(q: dict[str, Any], **fields) -> dict[str, Any]:
+        return {**q, "body": {**q["body"], **fields}}
+
+    requests = ddmin(list(case.requests), lambda rs: test(rs, "drop requests"))
     for i in range(len(requests)):  # fewer stop strings and stop ids in a request with parameters
         for key in ("stop", "stop_token_ids"):
             values = requests[i].get("body", {}).get(key)
             if isinstance(values, list) and len(values) > 1:
                 def with_(vs: list, i: int = i, key: str = key) -> list[dict[str, Any]]:
-                    q = requests[i]
-                    return requests[:i] + [{**q, "body": {**q["body"], key: vs}}] + requests[i + 1:]
+                    return put(requests, i, body(requests[i], **{key: vs}))
 
-                requests = with_(ddmin(values, lambda vs: test(with_(vs))))
+                requests = with_(ddmin(values, lambda vs: test(with_(vs), f"fewer {key}")))
+    for i in range(len(requests)):  # shorter stop strings: each halved (its front or its back half)
+        stops = requests[i].get("body", {}).get("stop")
+        for j in range(len(stops) if isinstance(stops, list) else 0):
+            while len(requests[i]["body"]["stop"][j]) > 1:
+                st = requests[i]["body"]["stop"][j]
+                for half in (st[:len(st) // 2], st[len(st) // 2:]):
+                    stops = list(requests[i]["body"]["stop"])
+                    stops[j] = half
+                    candidate = put(requests, i, body(requests[i], stop=stops))
+                    if test(candidate, f"stop string {len(st)} -> {len(half)} characters"):
+                        requests = candidate
+                        break
+                else:
+                    break
     for i in range(len(requests)):  # shorter prompts: halve each while it still fails
         while True:
             q = requests[i]
-            if q["kind"] != "request" or not isinstance(q["body"].get("prompt"), list) or len(q["body"]["prompt"]) < 2:
+            if q["kind"] != "request":
                 break
-            if len(q["body"]["prompt"]) // 2 < int(q["body"].get("truncate_prompt_tokens") or 0):
-                break  # a prompt shorter than its truncation is another request (refused), not a smaller one
-            p = q["body"]["prompt"]
-            shorter = {**q, "body": {**q["body"], "prompt": p[:len(p) // 2]}}
-            candidate = requests[:i] + [shorter] + requests[i + 1:]
-            if not test(candidate):
+            shorter = _halved(q["body"])
+            if shorter is None:
+                break
+            candidate = put(requests, i, {**q, "body": shorter})
+            if not test(candidate, "shorter prompt"):
                 break
             requests = candidate
     for i in range(len(requests)):  # fewer answer tokens
         while requests[i]["kind"] == "request" and int(requests[i]["body"].get("max_tokens") or 1) > 1:
             q = requests[i]
-            fewer = {**q, "body": {**q["body"], "max_tokens": int(q["body"]["max_tokens"]) // 2}}
-            candidate = requests[:i] + [fewer] + requests[i + 1:]
-            if not test(candidate):
+            candidate = put(requests, i, body(q, max_tokens=int(q["body"]["max_tokens"]) // 2))
+            if not test(candidate, "fewer answer tokens"):
                 break
             requests = candidate
     return Case(**{**asdict(case), "requests": requests})
+
+
+def _halved(b: dict[str, Any]) -> dict[str, Any] | None:
+    """`b` with its prompt (or its one chat message's text) cut to its first half; None when it cannot be."""
+    keep = int(b.get("truncate_prompt_tokens") or 0)  # a prompt shorter than its truncation is refused
+    p = b.get("prompt")
+    if isinstance(p, list) and len(p) >= 2 and len(p) // 2 >= keep:
+        return {**b, "prompt": p[:len(p) // 2]}
+    m = b.get("messages")
+    if (isinstance(m, list) and len(m) == 1 and isinstance(m[0], dict) and isinstance(m[0].get("content"), str)
+            and len(m[0]["content"]) >= 2 and not keep):
+        c = m[0]["content"]
+        return {**b, "messages": [{**m[0], "content": c[:len(c) // 2]}]}
+    return None
 
 
 PYTEST = '''"""A case `e2e --shrink` wrote: {what}.
