@@ -10,14 +10,15 @@ and the requests it sent, in order, as `e2e/client.py` recorded them (`Client.sc
                   {"kind": "burst", "calls": [[prompt, max_tokens], ...]}]}
 
 Replaying a case starts a fresh server with those flags and sends the requests in order; it fails
-when a plain answer differs from the reference (`answers`), when the policy oracle's predictions
-for the serial requests differ (`policy_<session>`), when the session's /metrics differ
-(`metrics_<session>`), or when the session errs (a crash, a hang: `error`). A request with
-parameters, a hang-up or a burst ends the policy's exact predictions, as in the gate.
+when a plain answer differs from the reference (`answers`), when a request with parameters gets
+another answer than the documented rule gives (`params`, e2e/case_params.py), when the policy
+oracle's predictions for the serial requests differ (`policy_<session>`), when the session's
+/metrics differ (`metrics_<session>`), or when the session errs (a crash, a hang: `error`). A
+request with parameters, a hang-up or a burst ends the policy's exact predictions, as in the gate.
 
 `shrink` reduces a failing case while it keeps failing the same way: delta debugging over the
-requests (drop halves, quarters, ... then single requests), then shorter prompts, then fewer answer
-tokens. `write` saves it as JSON and as a pytest file that replays it (and so fails while the bug
+requests (drop halves, quarters, ... then single requests), then fewer and shorter stop strings,
+then shorter prompts, then fewer answer tokens. `write` saves it as JSON and as a pytest file that replays it (and so fails while the bug
 is in). `e2e --shrink` and `e2e --replay-case FILE` are the commands.
 """
 
@@ -111,7 +112,8 @@ def replay(case: Case, run) -> list[str]:
         run.checks.add(ANSWERS, same.ok, str(same), same.excused)
         if params:
             bad = [f"request {i + 1} ({_what(b)}): {p}" for i, (b, p) in enumerate(params) if p]
-            run.checks.add(PARAMS, not bad, f"{len(params) - len(bad)}/{len(params)} exact" + "".join(f"; {x}" for x in bad[:5]))
+            note = f"{len(params) - len(bad)}/{len(params)} exact" + "".join(f"; {x}" for x in bad[:5])
+            run.checks.add(PARAMS, not bad, note)
         if live.policy is not None and live.policy.active:
             live.policy.compare("the case's requests", live.client.stats())
         run.close()
@@ -271,7 +273,7 @@ def test_{ident}():
 
 
 def write(case: Case, out: Path) -> tuple[Path, Path]:
-    """The case as `out/case-<target>-<session>.json` and a pytest file beside it."""
+    """The case as `out/case_<target>_<session>.json` (dashes as underscores) and a pytest file beside it."""
     out.mkdir(parents=True, exist_ok=True)
     name = f"case-{case.target}-{case.session}".replace("-", "_")
     path = out / f"{name}.json"

@@ -31,7 +31,8 @@ def served_of(body: dict[str, Any]) -> list[int] | None:
     concatenated, `truncate_prompt_tokens` keeps the last k); None when it cannot be said."""
     if "messages" in body:
         msgs = body["messages"]
-        if not isinstance(msgs, list) or not all(isinstance(m, dict) and isinstance(m.get("content"), str) for m in msgs):
+        if not isinstance(msgs, list) or not all(isinstance(m, dict) and isinstance(m.get("content"), str)
+                                                 for m in msgs):
             return None
         ids = list("".join(m["content"] for m in msgs).encode())
     elif isinstance(body.get("prompt"), str):
@@ -90,7 +91,9 @@ def judge(body: dict[str, Any], path: str, outcome: dict[str, Any] | Exception, 
         param = ((body_ or {}).get("error") or {}).get("param") if isinstance(body_, dict) else None
         if status == 400 and param == "min_tokens":
             return None
-        return "served, not refused" if status is None else f"refused as {status} naming {param!r}, not 400 naming min_tokens"
+        if status is None:
+            return "served, not refused"
+        return f"refused as {status} naming {param!r}, not 400 naming min_tokens"
     if isinstance(outcome, Exception):
         return f"refused: {outcome}"
     made = expected_for(body, oracle, rows, eos)

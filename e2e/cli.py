@@ -350,8 +350,8 @@ def no_gpu() -> str | None:
                    "same seed replays the same requests exactly.")
 @click.option("--shrink", "shrink_", is_flag=True,
               help="After a failing gate, replay each failed target's first failed check's session and shrink it "
-                   "(fewer requests, shorter prompts, fewer tokens) to a case that still fails: OUT/<target>/"
-                   "case-*.json and a pytest file beside it.")
+                   "(fewer requests, fewer and shorter stop strings, shorter prompts, fewer tokens) to a case that "
+                   "still fails: OUT/<target>/case_<target>_<session>.json and a pytest file beside it.")
 @click.option("--replay-case", "replay_path", type=click.Path(dir_okay=False, exists=True), default=None,
               help="Replay one case file (what --shrink wrote) on a fresh server; exit 0 pass, 1 fail.")
 @click.option("--explore", "explore_n", type=click.IntRange(min=1), default=None,

@@ -3,7 +3,9 @@
 Properties: `ddmin` keeps failing and ends 1-minimal (for a failure that needs a hidden set of
 requests, it finds exactly that set); a case survives its file; and end to end, a planted fault's
 failure shrinks to a case of at most 3 requests that fails replayed with the fault and passes
-without it.
+without it. A replay holds a request with parameters to the documented rule (e2e/case_params.py):
+a right answer passes and a missed stop string fails, whole or streamed, chat or not; so a
+`params_*` failure shrinks too, to one request.
 """
 
 from __future__ import annotations
@@ -100,7 +102,8 @@ def response(want, served, chat, stream, split):
         c.update({"message": {"content": want.text}} if chat else {"text": want.text})
         return {"choices": [c], "usage": usage}
     k, j = min(split, len(want.text)), min(split, len(want.token_ids))
-    parts = [(want.text[:k], want.token_ids[:j], None, None), (want.text[k:], want.token_ids[j:], want.finish, want.stop_reason)]
+    parts = [(want.text[:k], want.token_ids[:j], None, None),
+             (want.text[k:], want.token_ids[j:], want.finish, want.stop_reason)]
     chunks = [{"choices": [{**({"delta": {"content": t}} if chat else {"text": t}), "token_ids": ids,
                             "finish_reason": f, "stop_reason": r}]} for t, ids, f, r in parts]
     return {"chunks": chunks, "done": True, "usage": usage}
