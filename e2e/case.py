@@ -219,30 +219,48 @@ def shrink(case: Case, fails: Callable[[Case], bool], echo: Callable[[str], None
                         break
                 else:
                     break
-    for i in range(len(requests)):  # shorter prompts: halve each while it still fails
-        while True:
-            q = requests[i]
-            if q["kind"] != "request":
-                break
-            shorter = _halved(q["body"])
-            if shorter is None:
-                break
-            candidate = put(requests, i, {**q, "body": shorter})
-            if not test(candidate, "shorter prompt"):
-                break
-            requests = candidate
-    for i in range(len(requests)):  # fewer answer tokens
-        while requests[i]["kind"] == "request" and int(requests[i]["body"].get("max_tokens") or 1) > 1:
-            q = requests[i]
-            candidate = put(requests, i, body(q, max_tokens=int(q["body"]["max_tokens"]) // 2))
-            if not test(candidate, "fewer answer tokens"):
-                break
-            requests = candidate
+    for i in range(len(requests)):  # fewer calls in a burst (one is left: a burst of one is still sent at once)
+        if requests[i]["kind"] == "burst" and len(requests[i]["calls"]) > 1:
+            def calls_(cs: list, i: int = i) -> list[dict[str, Any]]:
+                return put(requests, i, {**requests[i], "calls": cs})
+
+            requests = calls_(ddmin(list(requests[i]["calls"]), lambda cs: test(calls_(cs), "fewer calls in a burst")))
+    for step, change in (("shorter prompt", _halved), ("fewer answer tokens", _fewer)):
+        for i in range(len(requests)):  # each prompt (each call's) halved, then each max_tokens
+            for k in range(len(_calls(requests[i]))):
+                while (smaller := change(requests[i], k)) is not None:
+                    candidate = put(requests, i, smaller)
+                    if not test(candidate, step):
+                        break
+                    requests = candidate
     return Case(**{**asdict(case), "requests": requests})
 
 
-def _halved(b: dict[str, Any]) -> dict[str, Any] | None:
-    """`b` with its prompt (or its one chat message's text) cut to its first half; None when it cannot be."""
+def _halved(q: dict[str, Any], k: int) -> dict[str, Any] | None:
+    """`q` with its `k`-th call's prompt (a request's: its prompt or its one chat message's text) cut
+    to its first half; None when it cannot be."""
+    if q["kind"] == "burst":
+        p, m = q["calls"][k]
+        if len(p) < 2:
+            return None
+        return {**q, "calls": q["calls"][:k] + [[p[:len(p) // 2], m]] + q["calls"][k + 1:]}
+    if q["kind"] != "request":
+        return None
+    b = _halved_body(q["body"])
+    return None if b is None else {**q, "body": b}
+
+
+def _fewer(q: dict[str, Any], k: int) -> dict[str, Any] | None:
+    """`q` with its `k`-th call's max_tokens halved; None when it is 1 already (or a hang-up's)."""
+    if q["kind"] == "burst":
+        p, m = q["calls"][k]
+        return None if int(m) <= 1 else {**q, "calls": q["calls"][:k] + [[p, int(m) // 2]] + q["calls"][k + 1:]}
+    if q["kind"] != "request" or int(q["body"].get("max_tokens") or 1) <= 1:
+        return None
+    return {**q, "body": {**q["body"], "max_tokens": int(q["body"]["max_tokens"]) // 2}}
+
+
+def _halved_body(b: dict[str, Any]) -> dict[str, Any] | None:
     keep = int(b.get("truncate_prompt_tokens") or 0)  # a prompt shorter than its truncation is refused
     p = b.get("prompt")
     if isinstance(p, list) and len(p) >= 2 and len(p) // 2 >= keep:

@@ -146,6 +146,7 @@ def make_run(target: str, backend: str, out: Path, seed: int = 0, max_tokens: in
 
 
 SESSION_OF = {c: s.session for s in STEPS for c in s.checks}
+CONFIRM = 3  # a shrunk case is replayed this many times more, and its notes say how often it failed
 
 
 def shrink_failures(reports: list[dict], opts: Options, echo: Callable[[str], None] = click.echo) -> list[Path]:
@@ -180,11 +181,13 @@ def shrink_failures(reports: list[dict], opts: Options, echo: Callable[[str], No
                  "timing); no case written")
             continue
         small = shrink(case, fails, echo)
-        small.notes.append(f"shrunk from {case.size()[0]} requests ({case.size()[1]} prompt tokens) by e2e --shrink")
+        again = sum(fails(small) for _ in range(CONFIRM))  # a burst's failure may hang on timing: say how often
+        small.notes.append(f"shrunk from {case.size()[0]} requests ({case.size()[1]} prompt tokens) by e2e --shrink; "
+                           f"failed {again + 1}/{CONFIRM + 1} replays")
         path, test = write(small, opts.out / r["target"])
         n, p, m = small.size()
-        echo(f"shrink {r['target']}: {n} request(s), {p} prompt tokens, {m} answer tokens: {path} (pytest: {test}; "
-             f"replay: e2e --replay-case {path})")
+        echo(f"shrink {r['target']}: {n} request(s), {p} prompt tokens, {m} answer tokens, failed {again + 1}/"
+             f"{CONFIRM + 1} replays: {path} (pytest: {test}; replay: e2e --replay-case {path})")
         written.append(path)
     return written
 

@@ -71,6 +71,33 @@ def test_shrink_turns_a_faults_failure_into_a_case_of_at_most_three_requests(tmp
     assert exc.value.code == 0
 
 
+
+def test_shrink_drops_burst_calls_stop_strings_prompt_and_tokens_a_failure_does_not_need():
+    """A synthetic failure (no server): it needs two calls at once whose prompts start with "a", and a
+    request whose stop strings hold "cd"; everything else goes, and what is left cannot halve further."""
+    from e2e.case import shrink
+
+    def req(prompt, stop, m=16):
+        return {"kind": "request", "path": "/v1/completions", "body": {"prompt": prompt, "max_tokens": m, "stop": stop}}
+
+    burst = {"kind": "burst", "calls": [["bbbb", 8], ["aaaa", 8], ["cccc", 8], ["abab", 8], ["aa", 3]]}
+    c = Case("toy-paged", "default", "concurrent", [], [req([1, 2, 3], ["zz"]), burst,
+                                                        req([4, 5, 6, 7], ["q", "abcdef", "r"]), req([8], ["x"])])
+
+    def fails(k: Case) -> bool:
+        bursts = [q for q in k.requests if q["kind"] == "burst"]
+        stops = [s for q in k.requests if q["kind"] == "request" for s in q["body"]["stop"]]
+        return (any(sum(p.startswith("a") for p, _ in q["calls"]) >= 2 for q in bursts)
+                and any("cd" in s for s in stops))
+
+    lines = []
+    small = shrink(c, fails, lines.append)
+    assert fails(small) and len(small.requests) == 2, small.requests
+    b, r = sorted(small.requests, key=lambda q: q["kind"])
+    assert b["calls"] == [["a", 1], ["a", 1]]
+    assert r["body"] == {"prompt": [4], "max_tokens": 1, "stop": ["abcdef"]}  # "abc" and "def" hold no "cd"
+    assert all("shrink: try" in x for x in lines) and any("fewer calls in a burst" in x for x in lines)
+
 # --- a replayed request with parameters, judged on its own (e2e/case_params.py) ----------------------
 
 class FakeOracle:
