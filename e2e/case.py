@@ -10,14 +10,15 @@ and the requests it sent, in order, as `e2e/client.py` recorded them (`Client.sc
                   {"kind": "burst", "calls": [[prompt, max_tokens], ...]}]}
 
 Replaying a case starts a fresh server with those flags and sends the requests in order; it fails
-when a plain answer differs from the reference (`answers`), when the policy oracle's predictions
-for the serial requests differ (`policy_<session>`), when the session's /metrics differ
-(`metrics_<session>`), or when the session errs (a crash, a hang: `error`). A request with
-parameters, a hang-up or a burst ends the policy's exact predictions, as in the gate.
+when a plain answer differs from the reference (`answers`), when a request with parameters gets
+another answer than the documented rule gives (`params`, e2e/case_params.py), when the policy
+oracle's predictions for the serial requests differ (`policy_<session>`), when the session's
+/metrics differ (`metrics_<session>`), or when the session errs (a crash, a hang: `error`). A
+request with parameters, a hang-up or a burst ends the policy's exact predictions, as in the gate.
 
 `shrink` reduces a failing case while it keeps failing the same way: delta debugging over the
-requests (drop halves, quarters, ... then single requests), then shorter prompts, then fewer answer
-tokens. `write` saves it as JSON and as a pytest file that replays it (and so fails while the bug
+requests (drop halves, quarters, ... then single requests), then fewer and shorter stop strings,
+then shorter prompts, then fewer answer tokens. `write` saves it as JSON and as a pytest file that replays it (and so fails while the bug
 is in). `e2e --shrink` and `e2e --replay-case FILE` are the commands.
 """
 
@@ -29,6 +30,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from e2e.case_params import judge, judged, served_of
 from e2e.client import Answer, Rejected
 from verdicts import Same
 
@@ -36,6 +38,7 @@ __all__ = ["Case", "ddmin", "kind_of", "replay", "shrink", "write"]
 
 PLAIN = {"model", "prompt", "max_tokens", "temperature", "return_token_ids"}
 ANSWERS = "answers"  # a replay's own check (not a gate check): its plain answers against the reference
+PARAMS = "params"  # a replay's own check: its requests with parameters against the rule (e2e/case_params.py)
 
 
 @dataclass
@@ -81,7 +84,8 @@ def _calls(q: dict[str, Any]) -> list[tuple[Any, int]]:
     if q["kind"] == "hang_up":
         return [(q["prompt"], q["max_tokens"])]
     b = q["body"]
-    return [(b.get("prompt") or b.get("messages") or [], b.get("max_tokens") or 16)]
+    return [(served_of({k: v for k, v in b.items() if k != "truncate_prompt_tokens"}) or b.get("prompt") or [],
+             b.get("max_tokens") or 16)]
 
 
 def kind_of(check: str, session: str) -> str:
@@ -89,7 +93,12 @@ def kind_of(check: str, session: str) -> str:
     for k in ("policy", "metrics"):
         if check == f"{k}_{session}":
             return check
-    return ANSWERS
+    return PARAMS if check.startswith("params_") else ANSWERS
+
+
+def _what(body: dict[str, Any]) -> str:
+    """A request with parameters in a few words: its fields beyond the plain ones."""
+    return ", ".join(f"{k}={body[k]!r:.40}" for k in body if k not in PLAIN and k != "messages") or "plain"
 
 
 def replay(case: Case, run) -> list[str]:
@@ -97,10 +106,14 @@ def replay(case: Case, run) -> list[str]:
     the replay's failed checks (``answers``, ``policy_<session>``, ``metrics_<session>``, ``error``)."""
     try:
         live = run.open(case.session, list(case.flags))
-        same = Same(run.oracle, run.rows)
+        same, params = Same(run.oracle, run.rows), []
         for q in case.requests:
-            _send(run, live, same, q)
+            _send(run, live, same, params, q)
         run.checks.add(ANSWERS, same.ok, str(same), same.excused)
+        if params:
+            bad = [f"request {i + 1} ({_what(b)}): {p}" for i, (b, p) in enumerate(params) if p]
+            note = f"{len(params) - len(bad)}/{len(params)} exact" + "".join(f"; {x}" for x in bad[:5])
+            run.checks.add(PARAMS, not bad, note)
         if live.policy is not None and live.policy.active:
             live.policy.compare("the case's requests", live.client.stats())
         run.close()
@@ -113,7 +126,7 @@ def replay(case: Case, run) -> list[str]:
     return run.checks.failed()
 
 
-def _send(run, live, same: Same, q: dict[str, Any]) -> None:
+def _send(run, live, same: Same, params: list, q: dict[str, Any]) -> None:
     kind = q["kind"]
     if kind == "request" and set(q["body"]) <= PLAIN:
         b = q["body"]
@@ -125,11 +138,14 @@ def _send(run, live, same: Same, q: dict[str, Any]) -> None:
         ids = run.prompt_ids(a, prompt)
         same.add(f"request {a.request}", ids, a.ids, run.oracle.run(ids, m, run.rows))
     elif kind == "request":
-        run.serial_ends("a request with parameters (its answer is judged by the params checks)")
+        run.serial_ends("a request with parameters (the policy does not follow its stop)")
         try:
-            live.client.request(q["body"], q["path"])
-        except Rejected:
-            pass
+            outcome: Any = live.client.request(q["body"], q["path"])[0]
+        except Rejected as exc:
+            outcome = exc
+        if getattr(run.oracle, "exact", False) and judged(q["body"]):  # a float target's near-ties: the session's
+            eos = int(getattr(getattr(run.oracle, "module", None), "EOS", 256))
+            params.append((q["body"], judge(q["body"], q["path"], outcome, run.oracle, run.rows, eos)))
     elif kind == "hang_up":
         run.serial_ends("a stream hung up (its abort's timing)")
         live.client.hang_up(q["prompt"], q["chunks"], q["max_tokens"], ignore_eos=q["ignore_eos"])
@@ -161,37 +177,100 @@ def ddmin(items: list, fails: Callable[[list], bool]) -> list:
 
 
 def shrink(case: Case, fails: Callable[[Case], bool], echo: Callable[[str], None] = print) -> Case:
-    """The smallest case found that still `fails`: fewer requests, shorter prompts, fewer tokens."""
+    """The smallest case found that still `fails`: fewer requests, fewer and shorter stop strings,
+    shorter prompts, fewer answer tokens, in that order; each candidate is one replay."""
     tried = [0]
 
-    def test(requests: list[dict[str, Any]]) -> bool:
+    def test(requests: list[dict[str, Any]], step: str) -> bool:
         tried[0] += 1
         c = Case(**{**asdict(case), "requests": requests})
         ok = fails(c)
-        echo(f"  shrink: try {tried[0]}: {c.size()[0]} requests -> {'still fails' if ok else 'passes'}")
+        n, p, m = c.size()
+        echo(f"  shrink: try {tried[0]} ({step}): {n} requests, {p} prompt tokens, {m} answer tokens -> "
+             f"{'still fails' if ok else 'passes'}")
         return ok
 
-    requests = ddmin(list(case.requests), test)
-    for i in range(len(requests)):  # shorter prompts: halve each while it still fails
-        while True:
-            q = requests[i]
-            if q["kind"] != "request" or not isinstance(q["body"].get("prompt"), list) or len(q["body"]["prompt"]) < 2:
-                break
-            p = q["body"]["prompt"]
-            shorter = {**q, "body": {**q["body"], "prompt": p[:len(p) // 2]}}
-            candidate = requests[:i] + [shorter] + requests[i + 1:]
-            if not test(candidate):
-                break
-            requests = candidate
-    for i in range(len(requests)):  # fewer answer tokens
-        while requests[i]["kind"] == "request" and int(requests[i]["body"].get("max_tokens") or 1) > 1:
-            q = requests[i]
-            fewer = {**q, "body": {**q["body"], "max_tokens": int(q["body"]["max_tokens"]) // 2}}
-            candidate = requests[:i] + [fewer] + requests[i + 1:]
-            if not test(candidate):
-                break
-            requests = candidate
+    def put(requests: list, i: int, q: dict[str, Any]) -> list:
+        return requests[:i] + [q] + requests[i + 1:]
+
+    def body(q: dict[str, Any], **fields) -> dict[str, Any]:
+        return {**q, "body": {**q["body"], **fields}}
+
+    requests = ddmin(list(case.requests), lambda rs: test(rs, "drop requests"))
+    for i in range(len(requests)):  # fewer stop strings and stop ids in a request with parameters
+        for key in ("stop", "stop_token_ids"):
+            values = requests[i].get("body", {}).get(key)
+            if isinstance(values, list) and len(values) > 1:
+                def with_(vs: list, i: int = i, key: str = key) -> list[dict[str, Any]]:
+                    return put(requests, i, body(requests[i], **{key: vs}))
+
+                requests = with_(ddmin(values, lambda vs: test(with_(vs), f"fewer {key}")))
+    for i in range(len(requests)):  # shorter stop strings: each halved (its front or its back half)
+        stops = requests[i].get("body", {}).get("stop")
+        for j in range(len(stops) if isinstance(stops, list) else 0):
+            while len(requests[i]["body"]["stop"][j]) > 1:
+                st = requests[i]["body"]["stop"][j]
+                for half in (st[:len(st) // 2], st[len(st) // 2:]):
+                    stops = list(requests[i]["body"]["stop"])
+                    stops[j] = half
+                    candidate = put(requests, i, body(requests[i], stop=stops))
+                    if test(candidate, f"stop string {len(st)} -> {len(half)} characters"):
+                        requests = candidate
+                        break
+                else:
+                    break
+    for i in range(len(requests)):  # fewer calls in a burst (one is left: a burst of one is still sent at once)
+        if requests[i]["kind"] == "burst" and len(requests[i]["calls"]) > 1:
+            def calls_(cs: list, i: int = i) -> list[dict[str, Any]]:
+                return put(requests, i, {**requests[i], "calls": cs})
+
+            requests = calls_(ddmin(list(requests[i]["calls"]), lambda cs: test(calls_(cs), "fewer calls in a burst")))
+    for step, change in (("shorter prompt", _halved), ("fewer answer tokens", _fewer)):
+        for i in range(len(requests)):  # each prompt (each call's) halved, then each max_tokens
+            for k in range(len(_calls(requests[i]))):
+                while (smaller := change(requests[i], k)) is not None:
+                    candidate = put(requests, i, smaller)
+                    if not test(candidate, step):
+                        break
+                    requests = candidate
     return Case(**{**asdict(case), "requests": requests})
+
+
+def _halved(q: dict[str, Any], k: int) -> dict[str, Any] | None:
+    """`q` with its `k`-th call's prompt (a request's: its prompt or its one chat message's text) cut
+    to its first half; None when it cannot be."""
+    if q["kind"] == "burst":
+        p, m = q["calls"][k]
+        if len(p) < 2:
+            return None
+        return {**q, "calls": q["calls"][:k] + [[p[:len(p) // 2], m]] + q["calls"][k + 1:]}
+    if q["kind"] != "request":
+        return None
+    b = _halved_body(q["body"])
+    return None if b is None else {**q, "body": b}
+
+
+def _fewer(q: dict[str, Any], k: int) -> dict[str, Any] | None:
+    """`q` with its `k`-th call's max_tokens halved; None when it is 1 already (or a hang-up's)."""
+    if q["kind"] == "burst":
+        p, m = q["calls"][k]
+        return None if int(m) <= 1 else {**q, "calls": q["calls"][:k] + [[p, int(m) // 2]] + q["calls"][k + 1:]}
+    if q["kind"] != "request" or int(q["body"].get("max_tokens") or 1) <= 1:
+        return None
+    return {**q, "body": {**q["body"], "max_tokens": int(q["body"]["max_tokens"]) // 2}}
+
+
+def _halved_body(b: dict[str, Any]) -> dict[str, Any] | None:
+    keep = int(b.get("truncate_prompt_tokens") or 0)  # a prompt shorter than its truncation is refused
+    p = b.get("prompt")
+    if isinstance(p, list) and len(p) >= 2 and len(p) // 2 >= keep:
+        return {**b, "prompt": p[:len(p) // 2]}
+    m = b.get("messages")
+    if (isinstance(m, list) and len(m) == 1 and isinstance(m[0], dict) and isinstance(m[0].get("content"), str)
+            and len(m[0]["content"]) >= 2 and not keep):
+        c = m[0]["content"]
+        return {**b, "messages": [{**m[0], "content": c[:len(c) // 2]}]}
+    return None
 
 
 PYTEST = '''"""A case `e2e --shrink` wrote: {what}.
@@ -212,7 +291,7 @@ def test_{ident}():
 
 
 def write(case: Case, out: Path) -> tuple[Path, Path]:
-    """The case as `out/case-<target>-<session>.json` and a pytest file beside it."""
+    """The case as `out/case_<target>_<session>.json` (dashes as underscores) and a pytest file beside it."""
     out.mkdir(parents=True, exist_ok=True)
     name = f"case-{case.target}-{case.session}".replace("-", "_")
     path = out / f"{name}.json"

@@ -146,6 +146,8 @@ def make_run(target: str, backend: str, out: Path, seed: int = 0, max_tokens: in
 
 
 SESSION_OF = {c: s.session for s in STEPS for c in s.checks}
+CONFIRM = 3  # a shrunk case is replayed this many times more, and its notes say how often it failed
+TIMED_TRIES = 3  # a candidate with a burst (its failure may hang on timing) still fails only if it fails each try
 
 
 def shrink_failures(reports: list[dict], opts: Options, echo: Callable[[str], None] = click.echo) -> list[Path]:
@@ -170,9 +172,13 @@ def shrink_failures(reports: list[dict], opts: Options, echo: Callable[[str], No
         want = kind_of(check, session)
         tmp = opts.out / r["target"] / "shrink"
 
-        def fails(c: Case) -> bool:
+        def once(c: Case) -> bool:
             got = replay(c, make_run(c.target, opts.backend, tmp, opts.seed, opts.max_tokens, lambda _: None, opts))
             return want in got or "error" in got
+
+        def fails(c: Case) -> bool:  # a case with a burst fails by timing too: it must fail every one of its tries
+            timed = any(q["kind"] == "burst" for q in c.requests)
+            return all(once(c) for _ in range(TIMED_TRIES if timed else 1))
 
         echo(f"shrink {r['target']}: {check} in session {session}: {case.size()[0]} requests")
         if not fails(case):
@@ -180,11 +186,13 @@ def shrink_failures(reports: list[dict], opts: Options, echo: Callable[[str], No
                  "timing); no case written")
             continue
         small = shrink(case, fails, echo)
-        small.notes.append(f"shrunk from {case.size()[0]} requests ({case.size()[1]} prompt tokens) by e2e --shrink")
+        again = sum(once(small) for _ in range(CONFIRM))  # a burst's failure may hang on timing: say how often
+        small.notes.append(f"shrunk from {case.size()[0]} requests ({case.size()[1]} prompt tokens) by e2e --shrink; "
+                           f"replayed {CONFIRM} times more, it failed {again}")
         path, test = write(small, opts.out / r["target"])
         n, p, m = small.size()
-        echo(f"shrink {r['target']}: {n} request(s), {p} prompt tokens, {m} answer tokens: {path} (pytest: {test}; "
-             f"replay: e2e --replay-case {path})")
+        echo(f"shrink {r['target']}: {n} request(s), {p} prompt tokens, {m} answer tokens (failed {again} of "
+             f"{CONFIRM} replays more): {path} (pytest: {test}; replay: e2e --replay-case {path})")
         written.append(path)
     return written
 
@@ -350,8 +358,8 @@ def no_gpu() -> str | None:
                    "same seed replays the same requests exactly.")
 @click.option("--shrink", "shrink_", is_flag=True,
               help="After a failing gate, replay each failed target's first failed check's session and shrink it "
-                   "(fewer requests, shorter prompts, fewer tokens) to a case that still fails: OUT/<target>/"
-                   "case-*.json and a pytest file beside it.")
+                   "(fewer requests, fewer and shorter stop strings, shorter prompts, fewer tokens) to a case that "
+                   "still fails: OUT/<target>/case_<target>_<session>.json and a pytest file beside it.")
 @click.option("--replay-case", "replay_path", type=click.Path(dir_okay=False, exists=True), default=None,
               help="Replay one case file (what --shrink wrote) on a fresh server; exit 0 pass, 1 fail.")
 @click.option("--explore", "explore_n", type=click.IntRange(min=1), default=None,
