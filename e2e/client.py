@@ -196,7 +196,8 @@ class Client:
         finish = choice.get("finish_reason") if "choices" in data else (
             (data["chunks"][-1]["choices"][0].get("finish_reason") if data.get("chunks") else None))
         self.ledger.add(Sent("answered", int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0),
-                             int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0), finish))
+                             int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0), finish,
+                             (data.get("kern") or {}).get("cache_tier")))
         return data, mirrored
 
     def _stream(self, path: str, body: dict[str, Any], timeout: float | None = None) -> tuple[int, dict[str, Any]]:

@@ -226,7 +226,7 @@ class Run:
         p = live.policy
         policy = {k: p.policy.counters[k] for k in POLICY_COUNTERS} if p is not None and p.active else None
         ok, note = metrics.verdict(live.metrics_start, metrics.parse(text or ""), live.client.ledger.sent, stats,
-                                   policy)
+                                   policy, idle=not live.client.hung)
         self.checks.add(name, ok, note)
 
     def serial_ends(self, why: str) -> None:

@@ -14,6 +14,13 @@ session's close (the server idle) the gate scrapes `/metrics` and `/stats` at on
   a request's first);
 - every `kern:<counter>_total` to `/stats` `counters.<counter>`, and, while the session's policy
   oracle still predicts, the policy counters to the oracle's;
+- `prefix_cache_hits_by_tier_total{tier}` to the cached tokens of the answers whose `kern.cache_tier`
+  was that tier (exactly when no stream was hung up, else at least), and to `/stats`
+  `resident_hit_tokens` (device) and `host_hit_tokens` (host);
+- the token-count histograms (`request_prompt_tokens`, `request_generation_tokens`) bucket by bucket
+  to the ledger, and every histogram's `+Inf` bucket to its count;
+- an idle server's gauges: `num_requests_running` and `num_requests_waiting` 0, every `kern:<gauge>`,
+  `kv_pages_used`, `kv_pages_total` and `kv_cache_usage_perc` as `/stats` says them;
 - the scrape at the session's start to zero for all of these (a fresh server has counted nothing).
 """
 
@@ -28,6 +35,7 @@ from prometheus_client.parser import text_string_to_metric_families
 __all__ = ["Ledger", "Sent", "parse", "predict", "verdict", "START_ZERO"]
 
 P = "kern:"
+TIERS = ("device", "host")
 HISTOGRAMS = ("time_to_first_token_seconds", "e2e_request_latency_seconds", "request_prompt_tokens",
               "request_generation_tokens", "inter_token_latency_seconds")
 
@@ -41,6 +49,7 @@ class Sent:
     generated: int = 0  # usage.completion_tokens (the stop token included)
     cached: int = 0
     finish: str | None = None
+    tier: str | None = None  # kern.cache_tier: where its cached tokens came from (device, host, none)
 
 
 @dataclass
@@ -87,6 +96,8 @@ def predict(sent: list[Sent]) -> tuple[dict[str, int], dict[str, int]]:
     }
     least = {"generation_tokens_total": sum(s.generated for s in answered) + len(hung),
              "prefix_cache_hits_total": sum(s.cached for s in answered)}
+    for tier in TIERS:
+        least[f"prefix_cache_hits_by_tier_total{{tier={tier}}}"] = sum(s.cached for s in answered if s.tier == tier)
     if not hung:
         exact.update(least)
         least = {}
@@ -95,9 +106,52 @@ def predict(sent: list[Sent]) -> tuple[dict[str, int], dict[str, int]]:
 
 def _read(m: dict, key: str) -> float | None:
     if key.endswith("}"):
-        name, reason = key[:-1].split("{")
-        return get(m, name, finished_reason=reason)
+        name, label = key[:-1].split("{")
+        k, _, v = label.rpartition("=")
+        return get(m, name, **{k or "finished_reason": v})
     return get(m, key)
+
+
+def buckets(m: dict, sent: list[Sent]) -> list[str]:
+    """The token-count histograms bucket by bucket (each `le` holds the successful requests whose
+    prompt or answer has at most `le` tokens: the ledger fixes them), and every histogram's `+Inf`
+    bucket equal to its count."""
+    problems = []
+    ok = [s for s in sent if s.kind == "answered" and s.finish in ("stop", "length")]
+    values = {"request_prompt_tokens": [s.prompt for s in ok], "request_generation_tokens": [s.generated for s in ok]}
+    for (name, labels), v in sorted(m.items()):
+        if not name.startswith(P) or not name.endswith("_bucket"):
+            continue
+        hist, le = name[len(P):-len("_bucket")], dict(labels).get("le")
+        if le in ("+Inf", "inf"):
+            count = get(m, hist + "_count")
+            if count != v:
+                problems.append(f"{hist} +Inf bucket {v:g} != its count {count}")
+        elif hist in values:
+            want = sum(x <= float(le) for x in values[hist])
+            if v != want:
+                problems.append(f"{hist} bucket le={le} {v:g} (sent: {want})")
+    return problems
+
+
+def gauges(m: dict, stats: dict[str, Any]) -> list[str]:
+    """An idle server's gauges: nothing running or waiting, the rest as /stats says them."""
+    problems = []
+    g, facts = stats.get("gauges") or {}, stats.get("facts") or {}
+    want = {"num_requests_running": 0, "num_requests_waiting": 0}
+    want.update({k: v for k, v in g.items() if k not in ("running", "waiting")})
+    if "pages_used" in g:
+        want["kv_pages_used"] = g["pages_used"]
+    if "pages" in facts:
+        pages = facts["pages"]
+        want["kv_pages_total"] = pages
+        if "pages_used" in g:
+            want["kv_cache_usage_perc"] = g["pages_used"] / pages if pages else 0.0
+    for name, value in want.items():
+        v = get(m, name)
+        if v is None or abs(v - value) > 1e-9:
+            problems.append(f"{name} {'missing' if v is None else f'{v:g}'} (idle, /stats: {value})")
+    return problems
 
 
 START_ZERO = ("prompt_tokens_total", "generation_tokens_total", "request_success_total{stop}",
@@ -106,8 +160,9 @@ START_ZERO = ("prompt_tokens_total", "generation_tokens_total", "request_success
 
 
 def verdict(start: dict, end: dict, sent: list[Sent], stats: dict[str, Any] | None,
-            policy: dict[str, int] | None) -> tuple[bool, str]:
-    """(ok, note): the end scrape against the ledger, /stats and the policy; the start scrape at zero."""
+            policy: dict[str, int] | None, idle: bool = True) -> tuple[bool, str]:
+    """(ok, note): the end scrape against the ledger, /stats and the policy; the start scrape at zero.
+    `idle`: the server ran and queued nothing at the close (its gauges are then held to /stats too)."""
     problems = []
     for key in START_ZERO:
         v = _read(start, key)
@@ -136,14 +191,22 @@ def verdict(start: dict, end: dict, sent: list[Sent], stats: dict[str, Any] | No
     hits = get(end, "prefix_cache_hits_total")
     if counters and hits is not None and hits != counters.get("prefix_hit_tokens"):
         problems.append(f"prefix_cache_hits_total {hits:g} (/stats prefix_hit_tokens {counters.get('prefix_hit_tokens')})")
+    for tier, name in (("device", "resident_hit_tokens"), ("host", "host_hit_tokens")):
+        v = get(end, "prefix_cache_hits_by_tier_total", tier=tier)
+        if counters and name in counters and v != counters[name]:
+            problems.append(f"prefix_cache_hits_by_tier_total{{tier={tier}}} {v} (/stats {name} {counters[name]})")
     for name, value in (policy or {}).items():
         v = get(end, f"{name}_total")
         if v is None or v != value:
             problems.append(f"{name}_total {'missing' if v is None else f'{v:g}'} (policy {value})")
+    problems += buckets(end, sent)
+    if stats and idle:
+        problems += gauges(end, stats)
     n = {k: sum(s.kind == k for s in sent) for k in ("answered", "hung_up", "refused")}
     what = (f"{n['answered']} answered, {n['hung_up']} hung up, {n['refused']} refused; "
             f"{len(exact)} request metrics exact, {len(least)} at least, {len(counters)} counters = /stats"
-            + (f", {len(policy)} = policy" if policy else ""))
+            + (f", {len(policy)} = policy" if policy else "") + ", token-count buckets exact"
+            + (", idle gauges = /stats" if stats and idle else ""))
     if problems:
         return False, f"{len(problems)} difference(s): " + "; ".join(problems[:8]) + f" ({what})"
     return True, what

@@ -1,7 +1,9 @@
 """A server session: one fresh server process per scenario group, its log, its teardown.
 
 Ready means the ready line (`` scheduler ready ``) and `` serving `` are logged and the port answers
-HTTP (any status: the Rust server logs ``serving`` before it binds). A server that exits while
+HTTP (any status: the Rust server logs ``serving`` before it binds). A server started with
+``--log-level warn`` (or ``error``) writes neither: the session picks its port itself, ready means the
+port answers, and its facts come from ``GET /stats`` (issue 25: nothing of ours needs a log line). A server that exits while
 loading or mid-scenario raises `ServerExited` with its exit code and log tail, never a hang; one
 that could not bind its port raises `Unavailable` (a reason outside the commit: the gate skips).
 
@@ -31,6 +33,7 @@ __all__ = ["STARTED", "ServerExited", "ServerError", "Session", "Unavailable", "
 
 EXIT_MEANINGS = {101: "scheduler crashed", -9: "killed", -15: "terminated"}
 SERVER_LOG = "kern_serve=debug,kern_runtime=info"  # the RUST_LOG of a gated server
+QUIET_LEVELS = ("warn", "warning", "error")  # `kern serve --log-level`s that write no ready or serving line
 PORT_IN_USE = ("address already in use", "errno 98", "errno 48", "only one usage of each socket address")
 
 
@@ -86,6 +89,30 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+_PICKED: set[int] = set()  # ports this gate picked for quiet servers: never handed out twice
+_PICKED_LOCK = threading.Lock()
+
+
+def _unused_port() -> int:
+    """A free port this process has not picked before (a port just picked is free again until its
+    server binds it, so the OS may hand it to the next session that asks)."""
+    with _PICKED_LOCK:
+        while True:
+            port = free_port()
+            if port not in _PICKED:
+                _PICKED.add(port)
+                return port
+
+
+def _with_port(cmd: list[str], port: int) -> list[str]:
+    """`cmd` with its ``--port`` value replaced by `port`."""
+    out = list(cmd)
+    for i, w in enumerate(out[:-1]):
+        if w == "--port":
+            out[i + 1] = str(port)
+    return out
+
+
 def split_flags(text: str | list[str] | None) -> list[tuple[str, list[str]]]:
     """``--a 1 --flag --b x y`` → ``[("--a", ["1"]), ("--flag", []), ("--b", ["x", "y"])]``.
 
@@ -138,6 +165,11 @@ class Session:
         # as the Rust kern gate driver starts servers: the debug lines the checks read (` parked `,
         # ` admitted `, ` not kept `) are written; either server (ours reads it, see `kern serve --log-level`)
         env = dict(project_env(), RUST_LOG=SERVER_LOG)
+        quiet = self.quiet()
+        if quiet and self.port == 0:  # no `serving` line will name the port it picks: the gate picks one
+            self.port = _unused_port()
+            self.url = f"http://{self.host}:{self.port}"
+            self.cmd = _with_port(self.cmd, self.port)
         t0 = time.monotonic()
         with STARTED.lock:
             if STARTED.closed:
@@ -168,6 +200,16 @@ class Session:
                 if any(p in text for p in PORT_IN_USE):
                     raise Unavailable(f"server {self.name}: port {self.port} is in use") from exc
                 raise
+            if quiet:
+                if self._answers():
+                    self.facts = dict(self._api_facts(), load_s=round(time.monotonic() - t0, 1))
+                    return self.facts
+                if time.monotonic() - t0 > self.load_timeout:
+                    self.stop(kill=True)
+                    raise ServerError(f"server {self.name} not answering after {self.load_timeout:.0f}s; log tail: "
+                                      + self.log.tail())
+                time.sleep(0.05)
+                continue
             ready = self.log.raw("scheduler ready")
             serving = self.log.lines("serving")
             if ready and serving and self.port == 0:
@@ -186,6 +228,31 @@ class Session:
                 raise ServerError(f"server {self.name} not ready after {self.load_timeout:.0f}s; log tail: "
                                   + self.log.tail())
             time.sleep(0.02)
+
+    def quiet(self) -> bool:
+        """Was the server told to log nothing below warning (``--log-level warn|error``)? Then it writes
+        neither its ready line nor ``serving``: the gate picks its port and reads its facts from /stats."""
+        words = [w.lower() for w in self.cmd]
+        return any(w == "--log-level" and i + 1 < len(words) and words[i + 1] in QUIET_LEVELS
+                   for i, w in enumerate(words)) or any(w.startswith("--log-level=") and w.split("=", 1)[1] in QUIET_LEVELS
+                                                        for w in words)
+
+    def _api_facts(self) -> dict[str, Any]:
+        """A quiet server's facts, as its ready line would give them, from ``GET /stats`` ``facts``."""
+        from e2e.client import tls
+
+        try:
+            r = httpx.get(self.url + "/stats", timeout=30.0, verify=tls())
+            facts = dict(r.json()["facts"]) if r.status_code == 200 else None
+        except (httpx.HTTPError, ValueError, KeyError, TypeError):
+            facts = None
+        if not facts:
+            self.stop(kill=True)
+            raise ServerError(f"server {self.name} logs nothing below warning and has no /stats facts: the gate "
+                              "cannot learn its pages, page and rows")
+        host_gib = int(facts.get("host_bytes") or 0) / (1 << 30)
+        return {"ranks": 1, **facts, "host_gib": host_gib, "host_gib_per_rank": host_gib,
+                "max_seqs_per_rank": facts.get("max_seqs")}
 
     def _answers(self) -> bool:
         try:

@@ -200,6 +200,7 @@ def make_app(scheduler: Scheduler, engine: Engine, api_key: str | None = None, l
         if first.done is not None and first.done.error is not None:
             return _error(failure(first.done))
         reply = Reply(req, ask, model)
+        reply.untold_tier = "untold-tier" in engine.faults
         track = meter.track(req.t_arrive, len(ask.ids))
         if ask.stream:
             return StreamingResponse(stream(request, q, req, reply, first, track), media_type="text/event-stream",
@@ -326,7 +327,17 @@ class Reply:
         return {"prompt_tokens": n, "completion_tokens": len(self.tokens), "total_tokens": n + len(self.tokens),
                 "prompt_tokens_details": {"cached_tokens": self.done.cached if self.done else 0}}
 
+    untold_tier = False  # --fault untold-tier: cache_tier left out of the kern object
+
     def _kern(self) -> dict:
+        out = self._told()
+        if self.untold_tier:
+            del out["cache_tier"]
+        return out
+
+    def _told(self) -> dict:
+        """The kern object (docs/api.md): the server's request id, where its cached tokens came from,
+        what became of its snapshot, whether its hit was woken from the host tier."""
         d = self.done
         return {"request_id": self.req.id, "cache_tier": d.tier if d else None, "snapshot": d.snapshot if d else "none",
                 "woken": bool(d.woken) if d else False}

@@ -27,6 +27,8 @@ FAULTS = {
                       "token is a near-tie the gate may excuse, but more than 3 in one answer is not",
     "slow-steps": "every step takes 20 ms more (a slow device; answers unchanged): lets a test catch a gate "
                   "or a server mid-run however fast the kernels are",
+    "untold-tier": "the response's kern object leaves out cache_tier (a server that tells a request's tier only "
+                   "in its log): the gate must fail it, whatever the server logs",
     "pad-in-limit": "the one-sequence limit counts the pad's page: a request whose room is the whole pool "
                     "passes validation and then waits for room forever, neither rejected nor seated",
 }

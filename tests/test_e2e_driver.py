@@ -57,16 +57,30 @@ def test_passing_gate_on_toy_paged(tmp_path):
     assert 'name="toy-paged"' in (tmp_path / "junit.xml").read_text()
 
 
-def test_a_server_that_logs_no_debug_lines_passes_from_its_api_alone(tmp_path):
-    """Tiers, wakes, not-kept snapshots and aborts are read from the API (`kern`, /stats): a server
-    writing nothing below info passes every check (and a server whose API omits them fails: the
-    catalogue's kern-object-omits-tier and woken-never-told)."""
-    code, reports = gate(tmp_path, "--targets", "toy-stateful", "--server-flags", "--log-level info")
+def test_a_server_that_logs_nothing_below_warning_passes_from_its_api_alone(tmp_path):
+    """Tiers, wakes, not-kept snapshots, aborts, the port and the facts are read from the API (`kern`,
+    /stats): a server writing no line at all below warning (no ready line, no `serving`) passes every
+    check of every session (and a server whose API omits its tier fails: the next test)."""
+    code, reports = gate(tmp_path, "--targets", "toy-stateful", "--server-flags", "--log-level warn")
     got = checks(reports["toy-stateful"])
     assert code == EXIT_PASS, got
     assert "woken 4" in got["park_wake"]["note"] and "(abort)" in got["abort"]["note"], got
+    assert all(c["ok"] for n, c in got.items() if n.startswith("metrics_")) and len(got) > 30, got
     logs = list((tmp_path / "results" / "toy-stateful").glob("server-*.log"))
-    assert logs and not any(" DEBUG " in p.read_text() for p in logs)
+    assert len(logs) >= 8
+    for p in logs:  # the gate's own "$ command" line, and not one line of the server's
+        assert [ln for ln in p.read_text().splitlines() if not ln.startswith("$ ")] == [], p
+
+
+def test_a_quiet_server_whose_kern_object_omits_the_tier_fails(tmp_path):
+    """`--fault untold-tier`: the response's kern object has no cache_tier. A server with /stats must
+    tell it through the API; its log (here: nothing below warning) cannot stand in: the target fails."""
+    code, reports = gate(tmp_path, "--targets", "toy-paged", "--scenarios", "repeat_hit",
+                         "--server-flags", "--log-level warn --fault untold-tier")
+    got = checks(reports["toy-paged"])
+    assert code == EXIT_FAIL, got
+    assert got["error"]["ok"] is False and "Untold" in got["error"]["note"], got
+    assert "lacks cache_tier" in got["error"]["note"], got
 
 
 def test_explore_gates_fresh_seeds_and_seed_replays_one(tmp_path, capsys):

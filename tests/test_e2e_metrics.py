@@ -26,7 +26,10 @@ def session(draw):
         prompt = draw(st.integers(1, 300))
         if kind == "answered":
             steps = draw(st.lists(st.integers(1, 4), min_size=1, max_size=6))
-            sent.append((Sent(kind, prompt, sum(steps), 0, draw(st.sampled_from(["stop", "length"]))), steps))
+            tier = draw(st.sampled_from(["none", "device", "host"]))
+            cached = 0 if tier == "none" else draw(st.integers(1, prompt))
+            sent.append((Sent(kind, prompt, sum(steps), cached, draw(st.sampled_from(["stop", "length"])), tier),
+                         steps))
         elif kind == "hung_up":
             sent.append((Sent(kind, prompt), draw(st.lists(st.integers(1, 4), min_size=1, max_size=3))))
         else:
@@ -37,8 +40,21 @@ def session(draw):
 def stats_of(sent) -> dict:
     """The scheduler's side as its snapshot would give it: every admitted prompt queried, no hit."""
     queried = sum(s.prompt for s, _ in sent if s.kind != "refused")
-    return {"counters": dict.fromkeys(COUNTERS, 0), "gauges": dict.fromkeys(GAUGES, 0), "facts": {"pages": 1},
+    counters = dict.fromkeys(COUNTERS, 0)
+    for tier, name in (("device", "resident_hit_tokens"), ("host", "host_hit_tokens")):
+        counters[name] = sum(s.cached for s, _ in sent if s.kind == "answered" and s.tier == tier)
+    counters["prefix_hit_tokens"] = counters["resident_hit_tokens"] + counters["host_hit_tokens"]
+    return {"counters": counters, "gauges": dict.fromkeys(GAUGES, 0), "facts": {"pages": 1},
             "prefix_queries": queried}
+
+
+def sample(key: str) -> tuple[str, tuple]:
+    """A `predict` key as the parsed scrape's (name, labels)."""
+    if "{" not in key:
+        return "kern:" + key, ()
+    name, label = key[:-1].split("{")
+    k, _, v = label.rpartition("=")
+    return "kern:" + name, ((k or "finished_reason", v),)
 
 
 def scrape(sent) -> dict:
@@ -64,13 +80,31 @@ def test_the_servers_own_metrics_pass_and_any_moved_metric_fails(sent):
     assert ok, note
     exact, _ = predict(ledger)
     for key in exact:
-        name = "kern:" + (key.split("{")[0])
-        labels = (("finished_reason", key[:-1].split("{")[1]),) if "{" in key else ()
+        name, labels = sample(key)
         assert end[(name, labels)] == exact[key], (key, note)
         moved = dict(end)
         moved[(name, labels)] += 1
         ok2, note2 = verdict(start, moved, ledger, stats, None)
         assert not ok2 and key.split("{")[0] in note2, (key, note2)
+    for (name, labels), v in end.items():  # any token-count bucket moved by one fails
+        if name.endswith("tokens_bucket"):
+            moved = {**end, (name, labels): v + 1}
+            ok2, note2 = verdict(start, moved, ledger, stats, None)
+            assert not ok2 and "bucket" in note2, (name, labels, note2)
+
+
+def test_a_host_hit_told_as_device_and_a_gauge_off_idle_fail():
+    sent = [(Sent("answered", 40, 3, 32, "stop", "host"), [1, 2]), (Sent("answered", 40, 3, 0, "length", "none"), [3])]
+    ledger = [s for s, _ in sent]
+    start, end, stats = scrape([]), scrape(sent), stats_of(sent)
+    assert verdict(start, end, ledger, stats, None)[0]
+    told_device = [Sent("answered", 40, 3, 32, "stop", "device"), ledger[1]]
+    ok, note = verdict(start, end, told_device, stats, None)
+    assert not ok and "prefix_cache_hits_by_tier_total{tier=host} 32 (sent: 0)" in note, note
+    running = {**stats, "gauges": {**stats["gauges"], "leases": 1}}
+    ok, note = verdict(start, end, ledger, running, None)
+    assert not ok and "leases 0 (idle, /stats: 1)" in note, note
+    assert verdict(start, end, ledger, running, None, idle=False)[0]  # a hung session's gauges are not held
 
 
 def test_a_nonzero_start_and_a_stats_mismatch_fail():
