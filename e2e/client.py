@@ -195,9 +195,11 @@ class Client:
         choice = (data.get("choices") or [{}])[0]
         finish = choice.get("finish_reason") if "choices" in data else (
             (data["chunks"][-1]["choices"][0].get("finish_reason") if data.get("chunks") else None))
+        k = data.get("kern") if isinstance(data.get("kern"), dict) else {}
         self.ledger.add(Sent("answered", int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0),
                              int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0), finish,
-                             (data.get("kern") or {}).get("cache_tier")))
+                             k.get("cache_tier"), k.get("woken"), tuple(f for f in KERN_FIELDS if f not in k),
+                             str(k.get("request_id") or mirrored)))
         return data, mirrored
 
     def _stream(self, path: str, body: dict[str, Any], timeout: float | None = None) -> tuple[int, dict[str, Any]]:

@@ -17,6 +17,10 @@ session's close (the server idle) the gate scrapes `/metrics` and `/stats` at on
 - `prefix_cache_hits_by_tier_total{tier}` to the cached tokens of the answers whose `kern.cache_tier`
   was that tier (exactly when no stream was hung up, else at least), and to `/stats`
   `resident_hit_tokens` (device) and `host_hit_tokens` (host);
+- the tiers the API told (`told`, a server with /stats): every answer's response carries the whole
+  `kern` object, streamed, chat or in a burst; `woken` is true exactly for a host-tier hit; and the
+  answers told a device hit, a host hit (woken) and their cached tokens are `resident_hits_total`,
+  `host_hits_total` and `wakes_total`, and `wake_tokens_total` (at least, with a stream hung up);
 - the token-count histograms (`request_prompt_tokens`, `request_generation_tokens`) bucket by bucket
   to the ledger, and every histogram's `+Inf` bucket to its count;
 - an idle server's gauges: `num_requests_running` and `num_requests_waiting` 0, every `kern:<gauge>`,
@@ -32,7 +36,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-__all__ = ["Ledger", "Sent", "parse", "predict", "verdict", "START_ZERO"]
+__all__ = ["Ledger", "Sent", "parse", "predict", "told", "verdict", "START_ZERO"]
 
 P = "kern:"
 TIERS = ("device", "host")
@@ -50,6 +54,9 @@ class Sent:
     cached: int = 0
     finish: str | None = None
     tier: str | None = None  # kern.cache_tier: where its cached tokens came from (device, host, none)
+    woken: bool | None = None  # kern.woken: its hit was a parked snapshot woken from the host tier
+    untold: tuple[str, ...] = ()  # the kern fields its response lacked (docs/api.md)
+    request: str = ""  # kern.request_id (else the client's name for it)
 
 
 @dataclass
@@ -200,13 +207,48 @@ def verdict(start: dict, end: dict, sent: list[Sent], stats: dict[str, Any] | No
         if v is None or v != value:
             problems.append(f"{name}_total {'missing' if v is None else f'{v:g}'} (policy {value})")
     problems += buckets(end, sent)
+    if stats is not None:
+        problems += told(end, sent)
     if stats and idle:
         problems += gauges(end, stats)
     n = {k: sum(s.kind == k for s in sent) for k in ("answered", "hung_up", "refused")}
     what = (f"{n['answered']} answered, {n['hung_up']} hung up, {n['refused']} refused; "
             f"{len(exact)} request metrics exact, {len(least)} at least, {len(counters)} counters = /stats"
             + (f", {len(policy)} = policy" if policy else "") + ", token-count buckets exact"
+            + (", every answer's kern tier and wake = the hit counters" if stats is not None else "")
             + (", idle gauges = /stats" if stats and idle else ""))
     if problems:
         return False, f"{len(problems)} difference(s): " + "; ".join(problems[:8]) + f" ({what})"
     return True, what
+
+
+TOLD = ("resident_hits", "host_hits", "wakes", "wake_tokens")
+
+
+def told(m: dict, sent: list[Sent]) -> list[str]:
+    """The tiers the API told, against the hit counters (a server with /stats: ours). Every answer's
+    response carries the whole `kern` object (streamed, chat, in a burst: not only the gate's serial
+    requests); a hit's `woken` is true exactly when its `cache_tier` is host; and the requests told a
+    device hit are `resident_hits`, those told woken `host_hits` and `wakes`, their cached tokens
+    `wake_tokens` (exactly when no stream was hung up: its hit is not told, then at least)."""
+    answered = [s for s in sent if s.kind == "answered"]
+    problems = []
+    untold = [s for s in answered if s.untold]
+    if untold:
+        problems.append(f"{len(untold)} response(s) without kern fields, e.g. {untold[0].request or '?'} lacks "
+                        f"{', '.join(untold[0].untold)}")
+    odd = [s for s in answered if not s.untold and bool(s.woken) != (s.tier == "host")]
+    if odd:
+        problems.append(f"{len(odd)} answer(s) whose woken disagrees with their tier, e.g. {odd[0].request or '?'}: "
+                        f"cache_tier {odd[0].tier}, woken {odd[0].woken}")
+    want = {"resident_hits": sum(s.tier == "device" for s in answered),
+            "host_hits": sum(s.tier == "host" for s in answered),
+            "wakes": sum(bool(s.woken) for s in answered),
+            "wake_tokens": sum(s.cached for s in answered if s.woken)}
+    hung = any(s.kind == "hung_up" for s in sent)
+    for name in TOLD:
+        v = get(m, f"{name}_total")
+        if v is None or (v < want[name] if hung else v != want[name]):
+            problems.append(f"{name}_total {'missing' if v is None else f'{v:g}'} (answers told: "
+                            f"{'at least ' if hung else ''}{want[name]})")
+    return problems
