@@ -388,4 +388,33 @@ CATALOGUE: tuple[Mutant, ...] = (
            '''                "woken": bool(d.cached) if d else False}''',
            ("policy_default",), ("toy-paged",),
            "LMCache/vLLM offload: the loaded-from-CPU flag set for every prefix hit (resident hits said woken)"),
+    # --- metrics and tiers (issue 25): every answer's kern object against the hit counters ---
+    Mutant("stream-last-chunk-without-kern", "serve/app.py",
+           '''            out["kern"] = self._kern()\n''',
+           '''            pass\n''',
+           ("metrics_params",), ("toy-paged",),
+           "vLLM/SGLang streaming: the final chunk built without the fields the whole response carries "
+           "(usage details, cached tokens), so a streamed request's tier is told nowhere"),
+    Mutant("chat-answer-without-kern", "serve/app.py",
+           '''"usage": self._usage(), "kern": self._kern()}''',
+           '''"usage": self._usage(), **({} if self.ask.chat else {"kern": self._kern()})}''',
+           ("metrics_params",), ("toy-paged",),
+           "vLLM: prompt_tokens_details.cached_tokens returned by /v1/completions but not by /v1/chat/completions "
+           "(one endpoint's response left without the cache fields)"),
+    Mutant("wake-tokens-counted-in-pages", "serve/admission.py",
+           '''self.counters.add("wake_tokens", n)''',
+           '''self.counters.add("wake_tokens", n // e.unit)''',
+           ("metrics_host",), ("toy-paged",),
+           "vLLM KV offload / LMCache: CPU-to-GPU loads counted in blocks where the metric says tokens"),
+    Mutant("resident-hits-counted-in-tokens", "serve/admission.py",
+           '''self.counters.add("resident_hits")''',
+           '''self.counters.add("resident_hits", n)''',
+           ("metrics_default",), ("toy-paged",),
+           "vLLM prefix-cache hit rate: a requests counter fed the hit's tokens (queries and hits in mixed units)"),
+    Mutant("woken-told-from-the-parked-snapshot", "serve/app.py",
+           '''                "woken": bool(d.woken) if d else False}''',
+           '''                "woken": d.snapshot == "parked" if d else False}''',
+           ("metrics_host",), ("toy-paged",),
+           "LMCache/vLLM KV offload: the saved-to-CPU (store) state reported as loaded-from-CPU (the offload "
+           "flags of a request's two directions confused)"),
 )

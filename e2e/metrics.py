@@ -20,7 +20,8 @@ session's close (the server idle) the gate scrapes `/metrics` and `/stats` at on
 - the tiers the API told (`told`, a server with /stats): every answer's response carries the whole
   `kern` object, streamed, chat or in a burst; `woken` is true exactly for a host-tier hit; and the
   answers told a device hit, a host hit (woken) and their cached tokens are `resident_hits_total`,
-  `host_hits_total` and `wakes_total`, and `wake_tokens_total` (at least, with a stream hung up);
+  `host_hits_total` and `wakes_total`, and `wake_tokens_total` (with a stream hung up: up to one
+  hit and its prompt's tokens more for each);
 - the token-count histograms (`request_prompt_tokens`, `request_generation_tokens`) bucket by bucket
   to the ledger, and every histogram's `+Inf` bucket to its count;
 - an idle server's gauges: `num_requests_running` and `num_requests_waiting` 0, every `kern:<gauge>`,
@@ -230,7 +231,8 @@ def told(m: dict, sent: list[Sent]) -> list[str]:
     response carries the whole `kern` object (streamed, chat, in a burst: not only the gate's serial
     requests); a hit's `woken` is true exactly when its `cache_tier` is host; and the requests told a
     device hit are `resident_hits`, those told woken `host_hits` and `wakes`, their cached tokens
-    `wake_tokens` (exactly when no stream was hung up: its hit is not told, then at least)."""
+    `wake_tokens` (exactly when no stream was hung up; a hung-up stream's hit is not told: then each
+    may add one hit and at most its prompt's tokens)."""
     answered = [s for s in sent if s.kind == "answered"]
     problems = []
     untold = [s for s in answered if s.untold]
@@ -245,10 +247,12 @@ def told(m: dict, sent: list[Sent]) -> list[str]:
             "host_hits": sum(s.tier == "host" for s in answered),
             "wakes": sum(bool(s.woken) for s in answered),
             "wake_tokens": sum(s.cached for s in answered if s.woken)}
-    hung = any(s.kind == "hung_up" for s in sent)
+    hung = [s for s in sent if s.kind == "hung_up"]  # each may have hit (once), at most its whole prompt
+    room = {"resident_hits": len(hung), "host_hits": len(hung), "wakes": len(hung),
+            "wake_tokens": sum(s.prompt for s in hung)}
     for name in TOLD:
-        v = get(m, f"{name}_total")
-        if v is None or (v < want[name] if hung else v != want[name]):
-            problems.append(f"{name}_total {'missing' if v is None else f'{v:g}'} (answers told: "
-                            f"{'at least ' if hung else ''}{want[name]})")
+        v, lo, hi = get(m, f"{name}_total"), want[name], want[name] + room[name]
+        if v is None or not lo <= v <= hi:
+            told_as = f"{lo}" if lo == hi else f"{lo}..{hi}, {len(hung)} stream(s) hung up"
+            problems.append(f"{name}_total {'missing' if v is None else f'{v:g}'} (answers told: {told_as})")
     return problems
