@@ -417,4 +417,10 @@ CATALOGUE: tuple[Mutant, ...] = (
            ("metrics_host",), ("toy-paged",),
            "LMCache/vLLM KV offload: the saved-to-CPU (store) state reported as loaded-from-CPU (the offload "
            "flags of a request's two directions confused)"),
+    Mutant("stream-first-chunk-cached-zero", "serve/app.py",
+           '''"cached_tokens": r.cached,''',
+           '''"cached_tokens": 0,''',
+           ("metrics_default",), ("toy-paged",),
+           "vLLM streaming usage: cached_tokens reported 0 in a stream (read before the scheduler set the "
+           "request's cached count)"),
 )

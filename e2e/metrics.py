@@ -8,8 +8,9 @@ session's close (the server idle) the gate scrapes `/metrics` and `/stats` at on
   hung-up requests: each got its first token), `request_success_total` by finish reason, the counts
   of the time-to-first-token, end-to-end, prompt-length and answer-length histograms, the sums of the
   last two, `prefix_cache_queries_total` (the prompt tokens of every admitted request), and
-  `generation_tokens_total` and `prefix_cache_hits_total` exactly when no stream was hung up (a
-  hung-up stream's tokens and hit are not known to the client: then at least the ledger's);
+  `prefix_cache_hits_total` (a hung-up stream's hit as its first chunk's `kern` told it) and
+  `generation_tokens_total` exactly when no stream was hung up (a hung-up stream's last tokens are
+  not known to the client: then at least the ledger's);
 - `inter_token_latency_seconds_count` to `generation_tokens_total - ttft count` (one per token after
   a request's first);
 - every `kern:<counter>_total` to `/stats` `counters.<counter>`, and, while the session's policy
@@ -20,8 +21,8 @@ session's close (the server idle) the gate scrapes `/metrics` and `/stats` at on
 - the tiers the API told (`told`, a server with /stats): every answer's response carries the whole
   `kern` object, streamed, chat or in a burst; `woken` is true exactly for a host-tier hit; and the
   answers told a device hit, a host hit (woken) and their cached tokens are `resident_hits_total`,
-  `host_hits_total` and `wakes_total`, and `wake_tokens_total` (with a stream hung up: up to one
-  hit and its prompt's tokens more for each);
+  `host_hits_total` and `wakes_total`, and `wake_tokens_total` (a hung-up stream's hit told by its
+  first chunk's `kern`; one hung up before its first chunk may add a hit and its prompt's tokens);
 - the token-count histograms (`request_prompt_tokens`, `request_generation_tokens`) bucket by bucket
   to the ledger, and every histogram's `+Inf` bucket to its count;
 - an idle server's gauges: `num_requests_running` and `num_requests_waiting` 0, every `kern:<gauge>`,
@@ -102,10 +103,12 @@ def predict(sent: list[Sent]) -> tuple[dict[str, int], dict[str, int]]:
         "request_generation_tokens_sum": sum(s.generated for s in ok),
         "prefix_cache_queries_total": sum(s.prompt for s in answered + hung),
     }
-    least = {"generation_tokens_total": sum(s.generated for s in answered) + len(hung),
-             "prefix_cache_hits_total": sum(s.cached for s in answered)}
+    least = {"generation_tokens_total": sum(s.generated for s in answered) + len(hung)}
+    hit = answered + [s for s in hung if s.woken is not None]  # a hung-up stream's hit told in its first chunk
+    hits = {"prefix_cache_hits_total": sum(s.cached for s in hit)}
     for tier in TIERS:
-        least[f"prefix_cache_hits_by_tier_total{{tier={tier}}}"] = sum(s.cached for s in answered if s.tier == tier)
+        hits[f"prefix_cache_hits_by_tier_total{{tier={tier}}}"] = sum(s.cached for s in hit if s.tier == tier)
+    (exact if len(hit) == len(answered) + len(hung) else least).update(hits)
     if not hung:
         exact.update(least)
         least = {}
@@ -231,11 +234,13 @@ def told(m: dict, sent: list[Sent]) -> list[str]:
     response carries the whole `kern` object (streamed, chat, in a burst: not only the gate's serial
     requests); a hit's `woken` is true exactly when its `cache_tier` is host; and the requests told a
     device hit are `resident_hits`, those told woken `host_hits` and `wakes`, their cached tokens
-    `wake_tokens` (exactly when no stream was hung up; a hung-up stream's hit is not told: then each
-    may add one hit and at most its prompt's tokens)."""
-    answered = [s for s in sent if s.kind == "answered"]
+    `wake_tokens`. A hung-up stream's hit is told by its first chunk's `kern` (docs/api.md) and counts
+    as an answer's; one hung up before any chunk came is not told: it may add one hit and at most its
+    prompt's tokens."""
+    hung = [s for s in sent if s.kind == "hung_up" and s.woken is None]  # hung up before its hit was told
+    answered = [s for s in sent if s.kind == "answered" or (s.kind == "hung_up" and s.woken is not None)]
     problems = []
-    untold = [s for s in answered if s.untold]
+    untold = [s for s in sent if s.kind != "refused" and s.untold]
     if untold:
         problems.append(f"{len(untold)} response(s) without kern fields, e.g. {untold[0].request or '?'} lacks "
                         f"{', '.join(untold[0].untold)}")
@@ -247,12 +252,11 @@ def told(m: dict, sent: list[Sent]) -> list[str]:
             "host_hits": sum(s.tier == "host" for s in answered),
             "wakes": sum(bool(s.woken) for s in answered),
             "wake_tokens": sum(s.cached for s in answered if s.woken)}
-    hung = [s for s in sent if s.kind == "hung_up"]  # each may have hit (once), at most its whole prompt
     room = {"resident_hits": len(hung), "host_hits": len(hung), "wakes": len(hung),
             "wake_tokens": sum(s.prompt for s in hung)}
     for name in TOLD:
         v, lo, hi = get(m, f"{name}_total"), want[name], want[name] + room[name]
         if v is None or not lo <= v <= hi:
-            told_as = f"{lo}" if lo == hi else f"{lo}..{hi}, {len(hung)} stream(s) hung up"
+            told_as = f"{lo}" if lo == hi else f"{lo}..{hi}, {len(hung)} stream(s) hung up untold"
             problems.append(f"{name}_total {'missing' if v is None else f'{v:g}'} (answers told: {told_as})")
     return problems

@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from e2e.client import hung_up
 from e2e.metrics import Sent, parse, predict, told, verdict
 from serve.metrics import Metrics
 from serve.request import Done, Update
@@ -167,3 +168,24 @@ def test_a_hit_counter_moved_by_one_fails_and_a_hung_stream_widens_it_by_its_one
     assert told({**end, key: end[key] + room}, hung) == []
     assert told({**end, key: end[key] + room + 1}, hung) != []
     assert told({**end, key: end[key] - 1}, hung) != []
+
+
+def test_a_hung_up_stream_is_told_by_its_first_chunk():
+    """`Client.hang_up`'s ledger entry: the hit its first chunk's kern told; a stream hung up before
+    any chunk is untold (its hit a range); a first chunk without kern is a kern field missing."""
+    told_hit = hung_up("req-5", 40, {"choices": [], "kern": {"request_id": "req-5", "cache_tier": "host",
+                                                            "cached_tokens": 32, "woken": True}})
+    assert (told_hit.cached, told_hit.tier, told_hit.woken, told_hit.untold) == (32, "host", True, ())
+    assert hung_up("req-5", 40, None) == Sent("hung_up", 40, request="req-5")
+    assert hung_up("req-5", 40, {"choices": []}).untold == ("kern",)
+    sent, ledger, start, end, stats = _told_session()
+    exact, least = predict(ledger + [told_hit])
+    assert "prefix_cache_hits_total" in exact and "generation_tokens_total" in least
+    exact, least = predict(ledger + [hung_up("req-5", 40, None)])
+    assert "prefix_cache_hits_total" in least
+    # the told hung-up hit counts exactly: the answers' counters plus its one host hit and 32 tokens
+    moved = {**end, ("kern:host_hits_total", ()): 2.0, ("kern:wakes_total", ()): 2.0,
+             ("kern:wake_tokens_total", ()): 64.0}
+    assert told(moved, ledger + [told_hit]) == []
+    assert told(end, ledger + [told_hit]) != []
+    assert "lacks kern" in "; ".join(told(end, ledger + [hung_up("req-5", 40, {"choices": []})]))
