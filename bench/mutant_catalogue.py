@@ -27,6 +27,7 @@ class Mutant:
     origin: str
     kernel: bool = False
     equivalent: str | None = None
+    max_tokens: int | None = None  # at least this many answer tokens (a float near-tie first comes at token 17)
 
 
 HOST = ("policy_host", "park_wake")
@@ -348,7 +349,53 @@ CATALOGUE: tuple[Mutant, ...] = (
            "            x |= live_in(m, p.calls[a:]) & set().union(*(writes(m, c) for c in p.calls[:max(a - 1, 0)]))\n",
            ("cut_equals_whole",), ("toy-layers",),
            "pipeline split off by one: the buffer the last call before the cut writes is not sent across"),
-    # --- metrics and tiers (issue 25) ---
+    # --- float verdicts (a judge stricter than its rule fails a good server; issue 25) ---
+    Mutant("excuse-continues-from-oracle-token", "verdicts/same.py",
+           "            head = want[:k] + [got[k]]\n",
+           "            head = want[:k + 1]\n",
+           ("conc1_equals_run",), ("toy-float",),
+           "the Rust kern's excuse rule: after a near-tie the oracle must continue from the server's token "
+           "(continuing from its own makes every later token a divergence)", max_tokens=64),
+    Mutant("probe-must-agree-exactly", "verdicts/evidence.py",
+           "PROBE_AGREE_ULPS = 2\n",
+           "PROBE_AGREE_ULPS = 0\n",
+           ("conc1_equals_run", "run_equals_reference"), ("toy-float",),
+           "a probe held to the reference bit for bit: two summation orders differ by up to a ULP, so no "
+           "near-tie is ever excused", max_tokens=64),
+    # --- the pipeline (plans forwarded to the stages; issue 25) ---
+    Mutant("pp-wake-not-forwarded", "serve/pipeline/pipeline.py",
+           '''        self.plans.append(["wake", *encode_copies(copies)])\n''',
+           "",
+           ("park_wake", "host_churn"), ("toy-layers-pp2",),
+           "pipeline offload: the head wakes its pages but the stages never load theirs"),
+    Mutant("pp-copy-not-forwarded", "serve/pipeline/pipeline.py",
+           '''        self.plans.append(["copy", *encode_copies(copies)])\n''',
+           "",
+           ("turn2_warm_equals_run", "repeat_hit"), ("toy-layers-pp2",),
+           "pipeline prefix caching: the partial page a hit restores is copied on the head's layers only",
+           equivalent="the only staged manifest is toy-layers, a paged one: its checkpoints seal whole pages and "
+                      "its hits restore whole pages (serve/admission.py), so every copy plan it makes is empty and "
+                      "the dropped forward carries nothing; a lined staged target would need it (skip-restore-copy "
+                      "is the single-process twin, caught on toy-stateful)"),
+    Mutant("pp-park-not-forwarded", "serve/pipeline/pipeline.py",
+           '''        self.plans.append(["park", *encode_copies(copies)])\n''',
+           "",
+           ("park_wake", "host_churn"), ("toy-layers-pp2",),
+           "pipeline offload: the head parks its pages but the stages never copy theirs out (a later wake loads "
+           "what was never written)"),
+    # --- more counters ---
+    Mutant("itl-counts-the-first-token", "serve/metrics.py",
+           "            for _ in range(n - 1):\n                m.itl.observe(0.0)\n",
+           "            for _ in range(n):\n                m.itl.observe(0.0)\n",
+           ("metrics_default",), ("toy-paged",),
+           "vLLM: inter-token latency observed for the first token too (its count is generation tokens, not "
+           "generation tokens less requests)"),
+    Mutant("host-hit-tokens-short", "serve/admission.py",
+           '''                self.counters.add("host_hit_tokens", n)\n''',
+           '''                self.counters.add("host_hit_tokens", n - 1)\n''',
+           ("policy_host",), ("toy-paged",),
+           "LMCache: CPU-tier hit tokens off by one (the last block's partial length)"),
+    # --- metrics and tiers (issue 25, second pass) ---
     Mutant("stream-tokens-not-metered", "serve/app.py",
            "                chunk = reply.chunk(update)\n                track.update(update)\n",
            "                chunk = reply.chunk(update)\n",

@@ -62,7 +62,8 @@ def gate(m: Mutant, max_tokens: int, timeout: float) -> tuple[str, str, float]:
                                  env=env, capture_output=True, text=True)
             if gen.returncode != 0:
                 return "error", f"kern gen failed: {gen.stderr.strip()[-300:]}", time.monotonic() - t0
-        cmd = [sys.executable, "-m", "e2e.cli", "--backend", "cpu", "--port", "0", "--max-tokens", str(max_tokens),
+        tokens = max(max_tokens, m.max_tokens or 0)
+        cmd = [sys.executable, "-m", "e2e.cli", "--backend", "cpu", "--port", "0", "--max-tokens", str(tokens),
                "--out", str(Path(tmp) / "results"), "--targets", *m.targets, "--scenarios", *m.checks]
         try:
             p = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=timeout)

@@ -18,6 +18,7 @@ from oracle.cutrun import boundaries, cut_points, run_cut
 from verdicts import Same
 
 PROMPTS_PER_CUT = 2
+TOKENS = 32  # answer tokens per run: every token goes through every stage; the runs are the gate process's own
 
 
 def applies(t) -> bool:
@@ -37,8 +38,9 @@ def run(r) -> None:
     for at in cuts:
         for i in rng.sample(range(len(PROMPTS)), PROMPTS_PER_CUT):
             ids = list(PROMPTS[i].encode())
-            got = run_cut(t.manifest, list(t.weights), at, ids, r.m, r.rows)
-            same.add(f"cut at {','.join(map(str, at))}, prompt {i + 1}", ids, got, r.oracle.run(ids, r.m, r.rows))
+            m = min(r.m, TOKENS)
+            got = run_cut(t.manifest, list(t.weights), at, ids, m, r.rows)
+            same.add(f"cut at {','.join(map(str, at))}, prompt {i + 1}", ids, got, r.oracle.run(ids, m, r.rows))
     note = (f"{len(cuts)} cuts ({'; '.join(','.join(map(str, c)) for c in cuts)}; seed {getattr(r.opts, 'seed', 0)}), "
             f"{same}")
     if refused:  # its state is all per layer: every call boundary must cut (docs/cut.md)
