@@ -396,4 +396,7 @@ class Reply:
         """A stream's first chunk's kern object: the request's hit as its admission found it (its snapshot
         is told at the end)."""
         r = self.req
-        return {"request_id": r.id, "cache_tier": r.tier, "cached_tokens": r.cached, "woken": bool(r.woken)}
+        out = {"request_id": r.id, "cache_tier": r.tier, "cached_tokens": r.cached, "woken": bool(r.woken)}
+        if self.untold_tier:
+            del out["cache_tier"]
+        return out
