@@ -27,10 +27,21 @@ from e2e.metrics import Ledger, Sent
 from e2e.session import Session
 from e2e.watch import Hung, Watch
 
-__all__ = ["Answer", "Client", "Rejected", "never_sent"]
+__all__ = ["Answer", "Client", "Rejected", "hung_up", "never_sent"]
 
 KEEPALIVE_S = 2.0
 KERN_FIELDS = ("request_id", "cache_tier", "snapshot", "woken")
+
+
+def hung_up(rid: str, prompt: int, first: dict[str, Any] | None) -> Sent:
+    """The ledger's entry for a stream the client hung up on: its hit as the first chunk's `kern`
+    told it (docs/api.md), or untold (no chunk read, or a server that tells it only at the end)."""
+    k = (first or {}).get("kern")
+    if not isinstance(k, dict):
+        return Sent("hung_up", prompt, request=rid, untold=("kern",) if first is not None else ())
+    fields = ("cache_tier", "cached_tokens", "woken")
+    return Sent("hung_up", prompt, 0, int(k.get("cached_tokens") or 0), None, k.get("cache_tier"), k.get("woken"),
+                tuple(f for f in fields if f not in k), str(k.get("request_id") or rid))
 
 
 def never_sent(exc: BaseException) -> bool:
@@ -195,9 +206,11 @@ class Client:
         choice = (data.get("choices") or [{}])[0]
         finish = choice.get("finish_reason") if "choices" in data else (
             (data["chunks"][-1]["choices"][0].get("finish_reason") if data.get("chunks") else None))
+        k = data.get("kern") if isinstance(data.get("kern"), dict) else {}
         self.ledger.add(Sent("answered", int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0),
                              int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0), finish,
-                             (data.get("kern") or {}).get("cache_tier")))
+                             k.get("cache_tier"), k.get("woken"), tuple(f for f in KERN_FIELDS if f not in k),
+                             str(k.get("request_id") or mirrored)))
         return data, mirrored
 
     def _stream(self, path: str, body: dict[str, Any], timeout: float | None = None) -> tuple[int, dict[str, Any]]:
@@ -253,7 +266,6 @@ class Client:
         """Stream a completion, read `chunks` ``data:`` lines, close the socket; its id and the lines read.
         `ignore_eos` asks the answer to run all `max_tokens` (so it is still running when the socket closes)."""
         rid = self._take_id()
-        self.ledger.add(Sent("hung_up", len(prompt.encode())))
         with self._lock:
             self.script.append({"kind": "hang_up", "prompt": prompt, "chunks": chunks, "max_tokens": max_tokens,
                                 "ignore_eos": ignore_eos})
@@ -263,21 +275,29 @@ class Client:
         body = json.dumps(fields).encode()
         head = (f"POST /v1/completions HTTP/1.1\r\nHost: {self.session.host}:{self.session.port}\r\n"
                 f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n")
-        got = 0
-        with socket.create_connection((self.session.host, self.session.port), timeout=timeout) as s:
-            s.sendall(head.encode() + body)
-            f = s.makefile("rb")
-            while got < chunks:
-                line = f.readline()
-                if not line:
-                    break
-                if line.startswith(b"data:"):
-                    got += 1
-            f.close()
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+        got, first = 0, None
+        try:
+            with socket.create_connection((self.session.host, self.session.port), timeout=timeout) as s:
+                s.sendall(head.encode() + body)
+                f = s.makefile("rb")
+                while got < chunks:
+                    line = f.readline()
+                    if not line:
+                        break
+                    if line.startswith(b"data:"):
+                        got += 1
+                        if first is None:
+                            try:
+                                first = json.loads(line[5:])
+                            except ValueError:
+                                first = {}
+                f.close()
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+        finally:
+            self.ledger.add(hung_up(rid, len(prompt.encode()), first))
         return rid, got
 
     def run_all(self, calls: list[tuple[str | list[int], int]]) -> list[Answer | BaseException]:

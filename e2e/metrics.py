@@ -8,8 +8,9 @@ session's close (the server idle) the gate scrapes `/metrics` and `/stats` at on
   hung-up requests: each got its first token), `request_success_total` by finish reason, the counts
   of the time-to-first-token, end-to-end, prompt-length and answer-length histograms, the sums of the
   last two, `prefix_cache_queries_total` (the prompt tokens of every admitted request), and
-  `generation_tokens_total` and `prefix_cache_hits_total` exactly when no stream was hung up (a
-  hung-up stream's tokens and hit are not known to the client: then at least the ledger's);
+  `prefix_cache_hits_total` (a hung-up stream's hit as its first chunk's `kern` told it) and
+  `generation_tokens_total` exactly when no stream was hung up (a hung-up stream's last tokens are
+  not known to the client: then at least the ledger's);
 - `inter_token_latency_seconds_count` to `generation_tokens_total - ttft count` (one per token after
   a request's first);
 - every `kern:<counter>_total` to `/stats` `counters.<counter>`, and, while the session's policy
@@ -17,6 +18,11 @@ session's close (the server idle) the gate scrapes `/metrics` and `/stats` at on
 - `prefix_cache_hits_by_tier_total{tier}` to the cached tokens of the answers whose `kern.cache_tier`
   was that tier (exactly when no stream was hung up, else at least), and to `/stats`
   `resident_hit_tokens` (device) and `host_hit_tokens` (host);
+- the tiers the API told (`told`, a server with /stats): every answer's response carries the whole
+  `kern` object, streamed, chat or in a burst; `woken` is true exactly for a host-tier hit; and the
+  answers told a device hit, a host hit (woken) and their cached tokens are `resident_hits_total`,
+  `host_hits_total` and `wakes_total`, and `wake_tokens_total` (a hung-up stream's hit told by its
+  first chunk's `kern`; one hung up before its first chunk may add a hit and its prompt's tokens);
 - the token-count histograms (`request_prompt_tokens`, `request_generation_tokens`) bucket by bucket
   to the ledger, and every histogram's `+Inf` bucket to its count;
 - an idle server's gauges: `num_requests_running` and `num_requests_waiting` 0, every `kern:<gauge>`,
@@ -32,7 +38,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-__all__ = ["Ledger", "Sent", "parse", "predict", "verdict", "START_ZERO"]
+__all__ = ["Ledger", "Sent", "parse", "predict", "told", "verdict", "START_ZERO"]
 
 P = "kern:"
 TIERS = ("device", "host")
@@ -50,6 +56,9 @@ class Sent:
     cached: int = 0
     finish: str | None = None
     tier: str | None = None  # kern.cache_tier: where its cached tokens came from (device, host, none)
+    woken: bool | None = None  # kern.woken: its hit was a parked snapshot woken from the host tier
+    untold: tuple[str, ...] = ()  # the kern fields its response lacked (docs/api.md)
+    request: str = ""  # kern.request_id (else the client's name for it)
 
 
 @dataclass
@@ -94,10 +103,12 @@ def predict(sent: list[Sent]) -> tuple[dict[str, int], dict[str, int]]:
         "request_generation_tokens_sum": sum(s.generated for s in ok),
         "prefix_cache_queries_total": sum(s.prompt for s in answered + hung),
     }
-    least = {"generation_tokens_total": sum(s.generated for s in answered) + len(hung),
-             "prefix_cache_hits_total": sum(s.cached for s in answered)}
+    least = {"generation_tokens_total": sum(s.generated for s in answered) + len(hung)}
+    hit = answered + [s for s in hung if s.woken is not None]  # a hung-up stream's hit told in its first chunk
+    hits = {"prefix_cache_hits_total": sum(s.cached for s in hit)}
     for tier in TIERS:
-        least[f"prefix_cache_hits_by_tier_total{{tier={tier}}}"] = sum(s.cached for s in answered if s.tier == tier)
+        hits[f"prefix_cache_hits_by_tier_total{{tier={tier}}}"] = sum(s.cached for s in hit if s.tier == tier)
+    (exact if len(hit) == len(answered) + len(hung) else least).update(hits)
     if not hung:
         exact.update(least)
         least = {}
@@ -200,13 +211,52 @@ def verdict(start: dict, end: dict, sent: list[Sent], stats: dict[str, Any] | No
         if v is None or v != value:
             problems.append(f"{name}_total {'missing' if v is None else f'{v:g}'} (policy {value})")
     problems += buckets(end, sent)
+    if stats is not None:
+        problems += told(end, sent)
     if stats and idle:
         problems += gauges(end, stats)
     n = {k: sum(s.kind == k for s in sent) for k in ("answered", "hung_up", "refused")}
     what = (f"{n['answered']} answered, {n['hung_up']} hung up, {n['refused']} refused; "
             f"{len(exact)} request metrics exact, {len(least)} at least, {len(counters)} counters = /stats"
             + (f", {len(policy)} = policy" if policy else "") + ", token-count buckets exact"
+            + (", every answer's kern tier and wake = the hit counters" if stats is not None else "")
             + (", idle gauges = /stats" if stats and idle else ""))
     if problems:
         return False, f"{len(problems)} difference(s): " + "; ".join(problems[:8]) + f" ({what})"
     return True, what
+
+
+TOLD = ("resident_hits", "host_hits", "wakes", "wake_tokens")
+
+
+def told(m: dict, sent: list[Sent]) -> list[str]:
+    """The tiers the API told, against the hit counters (a server with /stats: ours). Every answer's
+    response carries the whole `kern` object (streamed, chat, in a burst: not only the gate's serial
+    requests); a hit's `woken` is true exactly when its `cache_tier` is host; and the requests told a
+    device hit are `resident_hits`, those told woken `host_hits` and `wakes`, their cached tokens
+    `wake_tokens`. A hung-up stream's hit is told by its first chunk's `kern` (docs/api.md) and counts
+    as an answer's; one hung up before any chunk came is not told: it may add one hit and at most its
+    prompt's tokens."""
+    hung = [s for s in sent if s.kind == "hung_up" and s.woken is None]  # hung up before its hit was told
+    answered = [s for s in sent if s.kind == "answered" or (s.kind == "hung_up" and s.woken is not None)]
+    problems = []
+    untold = [s for s in sent if s.kind != "refused" and s.untold]
+    if untold:
+        problems.append(f"{len(untold)} response(s) without kern fields, e.g. {untold[0].request or '?'} lacks "
+                        f"{', '.join(untold[0].untold)}")
+    odd = [s for s in answered if not s.untold and bool(s.woken) != (s.tier == "host")]
+    if odd:
+        problems.append(f"{len(odd)} answer(s) whose woken disagrees with their tier, e.g. {odd[0].request or '?'}: "
+                        f"cache_tier {odd[0].tier}, woken {odd[0].woken}")
+    want = {"resident_hits": sum(s.tier == "device" for s in answered),
+            "host_hits": sum(s.tier == "host" for s in answered),
+            "wakes": sum(bool(s.woken) for s in answered),
+            "wake_tokens": sum(s.cached for s in answered if s.woken)}
+    room = {"resident_hits": len(hung), "host_hits": len(hung), "wakes": len(hung),
+            "wake_tokens": sum(s.prompt for s in hung)}
+    for name in TOLD:
+        v, lo, hi = get(m, f"{name}_total"), want[name], want[name] + room[name]
+        if v is None or not lo <= v <= hi:
+            told_as = f"{lo}" if lo == hi else f"{lo}..{hi}, {len(hung)} stream(s) hung up untold"
+            problems.append(f"{name}_total {'missing' if v is None else f'{v:g}'} (answers told: {told_as})")
+    return problems

@@ -288,6 +288,7 @@ class Reply:
         self.done: Done | None = None
         self.sent_role = False
         self.sent_prompt = False
+        self.sent_kern = False
         self.echo = validate.text_of(ask.ids) if ask.echo else ""  # leads the text (the first chunk's)
         self.hold = req.stops.hold if req.stops is not None else 0
         self._pieces: list[str] = []  # the answer's text as decoded
@@ -386,4 +387,16 @@ class Reply:
             out["kern"] = self._kern()
         elif self.ask.continuous_usage:
             out["usage"] = self._usage()
+        if not last and not self.sent_kern:  # the hit is known at admission: a client that hangs up still learns it
+            out["kern"] = self._admitted()
+        self.sent_kern = True
+        return out
+
+    def _admitted(self) -> dict:
+        """A stream's first chunk's kern object: the request's hit as its admission found it (its snapshot
+        is told at the end)."""
+        r = self.req
+        out = {"request_id": r.id, "cache_tier": r.tier, "cached_tokens": r.cached, "woken": bool(r.woken)}
+        if self.untold_tier:
+            del out["cache_tier"]
         return out

@@ -76,3 +76,24 @@ def test_answers_hits_and_no_leak(kern_server, target):
         c = s["counters"]
         assert c["rounds"] > 0 and 30 < 100 * c["accepted_rows"] / c["drafted_rows"] < 70
     assert server.stop() == 0
+
+
+def test_a_streams_first_chunk_tells_its_hit(kern_server):
+    """A stream's first chunk carries `kern` with the hit its admission found (docs/api.md), so a
+    client that hangs up still learns it; the last chunk's kern says the same tier and wake."""
+    import json
+
+    import httpx
+
+    server = kern_server("toy-paged")
+    ids = list(PROMPTS[0].encode())
+    first = ask(server, ids, 16)
+    body = {"prompt": ids + first["ids"] + list(SUFFIX.encode()), "max_tokens": 16, "stream": True}
+    with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=60) as r:
+        chunks = [json.loads(ln[6:]) for ln in r.iter_lines() if ln.startswith("data: {")]
+    head, last = chunks[0]["kern"], chunks[-1]["kern"]
+    cached = last["cached_tokens"] if "cached_tokens" in last else chunks[-1]["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert len(chunks) > 1 and all("kern" not in c for c in chunks[1:-1]), chunks
+    assert head == {"request_id": last["request_id"], "cache_tier": "device", "cached_tokens": cached,
+                    "woken": False} and cached > 0, (head, last)
+    assert (last["cache_tier"], last["woken"]) == ("device", False)
