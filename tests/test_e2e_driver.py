@@ -198,10 +198,11 @@ def test_a_hang_in_a_step_fails_fast_and_its_checks_are_errors(tmp_path, capsys)
     log = tmp_path / "results" / "toy-paged" / "server-default.log"
     assert f"server log: {log}" in note and log.is_file(), note  # where to look
     errors = {n for n, c in got.items() if c.get("error")}
-    # abort (the hung step's own check) and the default session's metrics check (never judged)
+    # abort (the hung step's own check) and the default session's metrics check, saying why
     assert {"abort", "metrics_default"} <= errors and got["repeat_hit"]["ok"] is True, got
     assert all(got[n]["ok"] is False and got[n]["note"].startswith("not run: ") for n in errors), got
     assert got["abort"]["note"].startswith("not run: step abort: Hung"), got["abort"]
+    assert got["metrics_default"]["note"].startswith("not run: its session ended at step abort: Hung"), got
     summary = (tmp_path / "results" / "summary.md").read_text()
     xml = junit.read_text()
     for n in errors | {"error"}:
