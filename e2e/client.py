@@ -166,7 +166,7 @@ class Client:
             # with others in flight it is that or later (the Hung note lists the server's queues)
             self._flying += 1
             others = self._flying - 1
-            name = f"req-{self._next}" if not others else f"req-{self._next} or later ({others} others in flight)"
+            name = f"req-{self._next}" if not others else f"req-{self._next} or later, {others + 1} in flight"
             if not getattr(self._in_burst, "on", False):
                 self.script.append({"kind": "request", "path": path, "body": body})
         prompt = body.get("prompt")
