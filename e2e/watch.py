@@ -11,7 +11,9 @@ request, what ``/stats`` said of the queues, and the server's log.
 The one other hang: the server stops answering ``/stats`` at all (a wedged scheduler thread, an
 endless step, a stopped process) for `STALL_S`, far longer than any step takes (numba compiling on
 a fresh clone takes about a minute) and still well inside the client's 300 s; the note then says how
-long ``/stats`` has been silent and what it said last.
+long ``/stats`` has been silent, what it said last, and what ``/stats/live`` (answered off the
+scheduler's thread) says: how long the scheduler has been busy in one iteration and in a runtime
+step, or that the process answers nothing.
 
 A server without ``/stats`` (the Rust kern) is not watched: its requests keep the client's timeout.
 """
@@ -40,20 +42,22 @@ class Watch:
     """Waits on a request's future; `wait` raises `Hung` when the rule above holds."""
 
     def __init__(self, url: str, log_path: str, headers: dict[str, str] | None = None,
-                 still_s: float = STILL_S, after_s: float = WATCH_AFTER_S, stall_s: float = STALL_S) -> None:
+                 still_s: float = STILL_S, after_s: float = WATCH_AFTER_S, stall_s: float | None = None) -> None:
         self.url = url
         self.log_path = log_path
         self.headers = headers or {}
         self.still_s = still_s
         self.after_s = after_s
-        self.stall_s = stall_s
+        self.stall_s = STALL_S if stall_s is None else stall_s
         self.has_stats: bool | None = None
+        self.live: dict[str, Any] | None = None  # what /stats/live said when /stats last did not answer
 
     def _stats(self) -> dict[str, Any] | None:
         try:
             r = httpx.get(self.url + "/stats", headers=self.headers, timeout=POLL_S * 4)
         except httpx.TimeoutException:
-            return None  # busy in a step: not idle
+            self.live = self._live()  # busy (in a step?): not idle; /stats/live says what it is doing
+            return None
         except httpx.TransportError:
             return None  # the caller's request fails on its own, with the exit code
         if r.status_code != 200:
@@ -66,6 +70,15 @@ class Watch:
             return None
         self.has_stats = True
         return data
+
+    def _live(self) -> dict[str, Any] | None:
+        """``GET /stats/live`` (answered off the scheduler's thread), or None: no answer, or no such
+        endpoint (an older server, the Rust kern)."""
+        try:
+            r = httpx.get(self.url + "/stats/live", headers=self.headers, timeout=POLL_S * 2)
+            return r.json() if r.status_code == 200 else None
+        except (httpx.HTTPError, ValueError):
+            return None
 
     def wait(self, fut: concurrent.futures.Future, what: str, timeout: float | None,
              alive: Callable[[], None] = lambda: None) -> Any:
@@ -112,11 +125,18 @@ class Watch:
                 f"(steps stayed at {steps}) with {_state(stats)}; server log: {self.log_path}")
 
     def _silent(self, what: str, last: dict[str, Any] | None, silent: float, waited: float) -> str:
-        said = "it never answered" if last is None else (
-            f"it last said steps={(last.get('counters') or {}).get('steps')} with {_state(last)}")
-        return (f"{what} got no answer in {waited:.1f}s; the server has not answered /stats for {silent:.1f}s "
-                f"(a scheduler stuck in one iteration, or a process that stopped answering); {said}; "
-                f"server log: {self.log_path}")
+        said = "/stats never answered while this request waited" if last is None else (
+            f"/stats last said steps={(last.get('counters') or {}).get('steps')} with {_state(last)}")
+        live = self.live
+        if live is None:
+            now = "/stats/live did not answer either (a process that stopped answering, or a server without it)"
+        else:
+            step = live.get("step_s")
+            now = (f"/stats/live says the scheduler has been busy {live.get('busy_s')}s in one iteration, "
+                   + (f"in a runtime step for {step}s" if step is not None else "not in a runtime step")
+                   + f" (steps={live.get('steps')}, running={live.get('running')}, waiting={live.get('waiting')})")
+        return (f"{what} got no answer in {waited:.1f}s; the server has not answered /stats for {silent:.1f}s; "
+                f"{now}; {said}; server log: {self.log_path}")
 
 
 def _state(stats: dict[str, Any]) -> str:

@@ -212,6 +212,26 @@ def test_a_hang_in_a_step_fails_fast_and_its_checks_are_errors(tmp_path, capsys)
     assert xml.count("<error ") == len(errors), xml
 
 
+def test_a_wedged_scheduler_is_named_once_stats_stays_silent(tmp_path, monkeypatch):
+    """A step that never returns (`--fault wedge-step`) holds /stats, which waits for the scheduler;
+    past the stall bound (lowered here from 180 s) that is a hang naming the request, and the note
+    says what /stats/live (answered off the scheduler's thread) saw: the scheduler in a runtime step."""
+    from e2e import watch
+
+    monkeypatch.setattr(watch, "STALL_S", 6.0)
+    t0 = time.monotonic()
+    code, reports = gate(tmp_path, "--targets", "toy-paged", "--scenarios", "conc1_equals_run",
+                         "--server-flags", "--fault wedge-step")
+    took = time.monotonic() - t0
+    got = checks(reports["toy-paged"])
+    assert code == EXIT_FAIL and took < 30, (took, got)
+    note = got["error"]["note"]
+    assert re.match(r"Hung: request req-1 \(\d+ prompt tokens", note), note
+    assert "has not answered /stats for" in note and "in a runtime step for" in note, note
+    assert "server-default.log" in note, note
+    assert got["conc1_equals_run"]["ok"] is False and got["conc1_equals_run"]["error"], got
+
+
 def test_a_broken_build_fails_run_equals_reference(tmp_path):
     # kern run (no server) on a build whose write kernel fills half of each token slot, held to the reference
     raw = json.loads((TOY / "toy-paged.json").read_text())

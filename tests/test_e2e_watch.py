@@ -82,7 +82,7 @@ def test_a_server_silent_on_stats_past_the_bound_is_a_hang_naming_it():
     assert time.monotonic() - t0 < 3
     note = str(exc.value)
     assert "request req-5 (9 prompt tokens" in note and "has not answered /stats for" in note, note
-    assert "it never answered" in note and "/tmp/server.log" in note, note
+    assert "/stats never answered while this request waited" in note and "/tmp/server.log" in note, note
 
 
 def test_a_server_gone_silent_is_named_with_what_it_last_said():
@@ -92,7 +92,7 @@ def test_a_server_gone_silent_is_named_with_what_it_last_said():
     with pytest.raises(Hung) as exc:
         w.wait(never(), "request req-3 (5 prompt tokens, max_tokens 8)", None)
     note = str(exc.value)
-    assert "it last said steps=3 with running=0 [], waiting=1 ['req-3']" in note, note
+    assert "/stats last said steps=3 with running=0 [], waiting=1 ['req-3']" in note, note
 
 
 def test_a_server_without_stats_is_never_called_silent():
