@@ -27,10 +27,10 @@ FAULTS = {
                       "token is a near-tie the gate may excuse, but more than 3 in one answer is not",
     "slow-steps": "every step takes 20 ms more (a slow device; answers unchanged): lets a test catch a gate "
                   "or a server mid-run however fast the kernels are",
-    "wedge-step": "the scheduler's first step after its second request never returns (it sleeps in it for "
-                  "WEDGE_S, 600 s): /stats stops answering while /stats/live says a step is in progress",
     "pad-in-limit": "the one-sequence limit counts the pad's page: a request whose room is the whole pool "
                     "passes validation and then waits for room forever, neither rejected nor seated",
+    "wedge-step": "the scheduler's first step after its second request never returns (it sleeps in it for "
+                  "WEDGE_S, 600 s): /stats stops answering while /stats/live says a step is in progress",
 }
 
 
