@@ -38,6 +38,7 @@ from serve.stats import Counters
 
 SLOW_STEP_S = 0.02  # the slow-steps fault's extra time per step
 WEDGE_S = 600.0  # the wedge-step fault's step (bounded, so a hosted server's thread ends some day)
+LONG_STEP_S = 12.0  # the long-first-step fault's extra time, once: longer than the watch's first poll and STILL_S together
 QUEUE_SHOWN = 32  # request names /stats lists per queue (the gate names a stuck request from them)
 
 __all__ = ["Core", "Flight", "Plan", "Work", "snapshot_holdings"]
@@ -92,6 +93,7 @@ class Core:
         self._leaked: list = []
         self._first_step_done = False
         self.step_since: float | None = None  # monotonic start of the runtime step in progress (read off-thread)
+        self._long_done = False  # the long-first-step fault's one long step was taken
         rt = engine.runtime
         self.emits = rt.protocol.prefill_emits
         self.prefill_program = rt.protocol.chunk().program
@@ -253,6 +255,9 @@ class Core:
         self.step_since = time.monotonic()
         if "wedge-step" in self.engine.faults and self.counters["requests"] >= 2:
             time.sleep(WEDGE_S)  # the bug this fault stands for: a step that never returns
+        if "long-first-step" in self.engine.faults and self.counters["requests"] >= 1 and not self._long_done:
+            self._long_done = True
+            time.sleep(LONG_STEP_S)  # not a bug: a first-use compile, a loaded box
         self.engine.runtime.step(program, cells)
         if "slow-steps" in self.engine.faults:
             time.sleep(SLOW_STEP_S)

@@ -232,6 +232,18 @@ def test_a_wedged_scheduler_is_named_once_stats_stays_silent(tmp_path, monkeypat
     assert got["conc1_equals_run"]["ok"] is False and got["conc1_equals_run"]["error"], got
 
 
+def test_a_step_longer_than_the_still_bound_is_not_a_hang(tmp_path):
+    """Legitimate slowness passes: the first step takes 12 s (`--fault long-first-step`, as numba
+    compiling on first use does), longer than the 2 + 5 s the watch needs to call an idle scheduler
+    hung; /stats waits behind the step, so the watch never sees it idle and the gate passes."""
+    t0 = time.monotonic()
+    code, reports = gate(tmp_path, "--targets", "toy-paged", "--scenarios", "conc1_equals_run",
+                         "--server-flags", "--fault long-first-step")
+    got = checks(reports["toy-paged"])
+    assert code == EXIT_PASS and got["conc1_equals_run"]["ok"] is True, got
+    assert time.monotonic() - t0 > 12  # the long step happened
+
+
 def test_a_broken_build_fails_run_equals_reference(tmp_path):
     # kern run (no server) on a build whose write kernel fills half of each token slot, held to the reference
     raw = json.loads((TOY / "toy-paged.json").read_text())
