@@ -470,4 +470,29 @@ CATALOGUE: tuple[Mutant, ...] = (
            ("metrics_default",), ("toy-paged",),
            "vLLM streaming usage: cached_tokens reported 0 in a stream (read before the scheduler set the "
            "request's cached count)"),
+    # --- hangs (issue 25) ---
+    Mutant("batched-step-left-in-flight", "serve/core.py",
+           "        for r in work.reqs:\n            self.in_flight.discard(id(r))\n",
+           "        for r in (work.reqs if work.kind == PREFILL else work.reqs[:1]):\n            self.in_flight.discard(id(r))\n",
+           ("concurrent",), ("toy-paged",),
+           "vLLM/SGLang: a request left marked as scheduled after its step (only the batch's first cleared) is "
+           "never scheduled again: it sits in running while the scheduler idles"),
+    Mutant("waiting-woken-only-on-arrival", "serve/scheduler.py",
+           "            core.admit()\n            if core.running:\n                t0 = time.perf_counter()\n"
+           "                core.run(core.schedule())\n                self.counters.loop_s += time.perf_counter() - t0\n"
+           "                # what just finished freed room: admit now, so the next drain only blocks when nothing\n"
+           "                # runs and the queue's head cannot be admitted\n                core.admit()\n",
+           "            if self.counters[\"requests\"] != getattr(self, \"seen\", 0):  # only an arrival wakes the queue\n"
+           "                self.seen = self.counters[\"requests\"]\n                core.admit()\n"
+           "            if core.running:\n                t0 = time.perf_counter()\n"
+           "                core.run(core.schedule())\n                self.counters.loop_s += time.perf_counter() - t0\n",
+           ("concurrent", "explore_equals_run"), ("toy-stateful",),
+           "vLLM/SGLang: the waiting queue is looked at only when a request arrives, not when a finished "
+           "request frees room, so a request queued for room waits forever once arrivals stop"),
+    Mutant("busy-never-evicts", "serve/admission.py",
+           "                if not self.evict():\n                    return WAIT\n",
+           "                if True:\n                    return WAIT\n",
+           ("park_wake",), ("toy-paged",),
+           "SGLang: a request waits for room the radix cache's evictable entries hold, and nothing evicts "
+           "them while nothing runs (queue stuck with the pool full of cache)"),
 )

@@ -114,6 +114,7 @@ class Client:
         self.resent = 0  # requests sent again after an idle connection was closed under them
         self._lock = threading.Lock()
         self._next = 0
+        self._flying = 0  # completions sent and not yet answered
         log = getattr(session, "log", None)
         self.watch = Watch(session.url, str(log.path) if log is not None else "(none)", headers)  # a stuck request names itself
         self.hung = 0  # requests the watch found stuck: the server is stopped without waiting on them
@@ -172,7 +173,11 @@ class Client:
         response its chunks make: ``{"chunks": [...], "done": [DONE] seen}`` plus the last chunk's
         ``usage`` and ``kern``. A refusal raises `Rejected`; every completion goes in the ledger."""
         with self._lock:
-            name = f"req-{self._next}"  # the server's name for it when it is the only one in flight
+            # the server names requests in arrival order: alone in flight, this one is req-<_next>;
+            # with others in flight it is that or later (the Hung note lists the server's queues)
+            self._flying += 1
+            others = self._flying - 1
+            name = f"req-{self._next}" if not others else f"req-{self._next} or later, {others + 1} in flight"
             if not getattr(self._in_burst, "on", False):
                 self.script.append({"kind": "request", "path": path, "body": body})
         prompt = body.get("prompt")
@@ -181,13 +186,16 @@ class Client:
         n = len(prompt.encode()) if isinstance(prompt, str) else len(prompt)
         what = f"request {name} ({n} prompt tokens, max_tokens {body.get('max_tokens')})"
         send = self._stream if body.get("stream") else self._post
-        fut = self._pool.submit(send, path, body, timeout)
         try:
+            fut = self._pool.submit(send, path, body, timeout)
             r = self.watch.wait(fut, what, None, alive=lambda: self.session.check(grace=0.5))
         except Hung:
             with self._lock:
                 self.hung += 1
             raise
+        finally:
+            with self._lock:
+                self._flying -= 1
         if isinstance(r, tuple):
             status, data = r
         else:

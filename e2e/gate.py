@@ -409,8 +409,8 @@ def _unjudged(run: Run, steps: list, plan: _Plan) -> None:
             why = plan.why.get(st.name) or "its step did not complete"
             for name in st.checks:
                 run.checks.could_not_run(name, f"step {st.name}: {why}")
-            if st.session and st.serial:
-                sessions.setdefault(st.session, f"step {st.name}: {why}")
+            if st.session and not sessions.get(st.session):  # the session's first step that failed says why
+                sessions[st.session] = f"its session ended at step {st.name}: {why}"
         elif st.session and st.serial:
             sessions.setdefault(st.session, "")
     for session, why in sessions.items():

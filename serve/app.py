@@ -157,6 +157,14 @@ def make_app(scheduler: Scheduler, engine: Engine, api_key: str | None = None, l
             auth(request)
         return await asyncio.wrap_future(scheduler.query(scheduler.stats))
 
+    @app.get("/stats/live")
+    async def stats_live(request: HttpRequest):
+        # answered here, not on the scheduler's thread: says whether it is busy, and in a step, when
+        # /stats (which waits for it) does not answer
+        if protect_stats:
+            auth(request)
+        return scheduler.live()
+
     @app.get("/metrics")
     async def metrics(request: HttpRequest):
         if protect_stats:

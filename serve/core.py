@@ -37,6 +37,8 @@ from serve.request import EOS, Done, Request, Status, Update
 from serve.stats import Counters
 
 SLOW_STEP_S = 0.02  # the slow-steps fault's extra time per step
+WEDGE_S = 600.0  # the wedge-step fault's step (bounded, so a hosted server's thread ends some day)
+LONG_STEP_S = 12.0  # the long-first-step fault's extra time, once: longer than the watch's first poll and STILL_S together
 QUEUE_SHOWN = 32  # request names /stats lists per queue (the gate names a stuck request from them)
 
 __all__ = ["Core", "Flight", "Plan", "Work", "snapshot_holdings"]
@@ -90,6 +92,8 @@ class Core:
         self._aborted: list[Request] = []  # aborts that arrived while their request was in flight
         self._leaked: list = []
         self._first_step_done = False
+        self.step_since: float | None = None  # monotonic start of the runtime step in progress (read off-thread)
+        self._long_done = False  # the long-first-step fault's one long step was taken
         rt = engine.runtime
         self.emits = rt.protocol.prefill_emits
         self.prefill_program = rt.protocol.chunk().program
@@ -248,9 +252,16 @@ class Core:
 
     def _step(self, program: str, cells: list[Cell]) -> None:
         t0 = time.perf_counter()
+        self.step_since = time.monotonic()
+        if "wedge-step" in self.engine.faults and self.counters["requests"] >= 2:
+            time.sleep(WEDGE_S)  # the bug this fault stands for: a step that never returns
+        if "long-first-step" in self.engine.faults and self.counters["requests"] >= 1 and not self._long_done:
+            self._long_done = True
+            time.sleep(LONG_STEP_S)  # not a bug: a first-use compile, a loaded box
         self.engine.runtime.step(program, cells)
         if "slow-steps" in self.engine.faults:
             time.sleep(SLOW_STEP_S)
+        self.step_since = None
         self.counters.step_s += time.perf_counter() - t0
         self.counters.add("steps")
         if "raise-in-scheduler" in self.engine.faults and self._first_step_done:

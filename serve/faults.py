@@ -31,6 +31,10 @@ FAULTS = {
                    "in its log): the gate must fail it, whatever the server logs",
     "pad-in-limit": "the one-sequence limit counts the pad's page: a request whose room is the whole pool "
                     "passes validation and then waits for room forever, neither rejected nor seated",
+    "wedge-step": "the scheduler's first step after its second request never returns (it sleeps in it for "
+                  "WEDGE_S, 600 s): /stats stops answering while /stats/live says a step is in progress",
+    "long-first-step": "the first step a request makes takes LONG_STEP_S (12 s) more, answers unchanged (numba "
+                       "compiling on first use, a loaded box): legitimate slowness the gate must not call a hang",
 }
 
 

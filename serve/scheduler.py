@@ -40,6 +40,7 @@ class Scheduler(threading.Thread):
         self.inbox: queue.Queue = queue.Queue()
         self.window = Window(self.counters, stats_every)
         self.ready = threading.Event()
+        self.busy_since: float | None = None  # monotonic start of this iteration's work; None: waiting for work
         self._names = 0
         self._names_lock = threading.Lock()
 
@@ -62,6 +63,16 @@ class Scheduler(threading.Thread):
 
     def stats(self) -> dict:
         return self.core.stats()
+
+    def live(self) -> dict:
+        """What any thread can read while this one is busy (``GET /stats/live``): the step counter, how
+        long the current iteration and the runtime step in it have run (None: waiting for work, not in
+        a step) and the queues' lengths. /stats waits for the scheduler; this never does."""
+        now = time.monotonic()
+        busy, step = self.busy_since, self.core.step_since
+        return {"steps": self.counters["steps"], "busy_s": None if busy is None else round(now - busy, 3),
+                "step_s": None if step is None else round(now - step, 3),
+                "running": len(self.core.running), "waiting": len(self.core.waiting)}
 
     # the handlers' side (any thread)
 
@@ -111,7 +122,10 @@ class Scheduler(threading.Thread):
     def _loop(self) -> None:
         core = self.core
         while True:
+            if not core.running:
+                self.busy_since = None  # the drain may block: waiting for work
             self._drain(block=not core.running)
+            self.busy_since = time.monotonic()
             if core.cut_at is not None and time.monotonic() >= core.cut_at:
                 core.cut()
             if core.done:

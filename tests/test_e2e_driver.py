@@ -189,27 +189,73 @@ def test_pad_in_limit_fails_wake_room_without_hanging(tmp_path):
     assert took < 30, took
 
 
-def test_a_hang_in_a_step_fails_fast_and_its_checks_are_errors(tmp_path):
-    """A request that hangs inside a step ends the step within seconds (`Hung`, naming the request);
-    every check that step and the steps after it would have judged is reported as an error in
-    report.json and JUnit, none dropped. The hang: a leaked lease. At --capacity 4096 the hung-up
-    stream's room is the whole pool, and `leak-lease` keeps it, so the next request waits forever."""
+def test_a_hang_in_a_step_fails_fast_and_its_checks_are_errors(tmp_path, capsys):
+    """A request that hangs inside a step ends the step within seconds (`Hung`, naming the request,
+    its state from /stats and the server's log); every check that step and the steps after it would
+    have judged is reported as an error on the console, in report.json, summary.md and JUnit, none
+    dropped. The hang: a leaked lease. At --capacity 4096 the hung-up stream's room is the whole pool,
+    and `leak-lease` keeps it, so the next request waits forever while the scheduler idles."""
     t0 = time.monotonic()
     junit = tmp_path / "junit.xml"
     code, reports = gate(tmp_path, "--targets", "toy-paged", "--scenarios", "abort", "repeat_hit",
-                         "--capacity", "4096", "--server-flags", "--fault leak-lease",
+                         "metrics_default", "--capacity", "4096", "--server-flags", "--fault leak-lease",
                          "--junit", str(junit))
     took = time.monotonic() - t0
+    console = capsys.readouterr().out
     got = checks(reports["toy-paged"])
     assert code == EXIT_FAIL, got
     assert took < 30, took
-    assert "Hung" in got["error"]["note"] and "server-default.log" in got["error"]["note"], got["error"]
+    note = got["error"]["note"]
+    assert note.startswith("Hung: request req-"), note  # the request, named
+    rid = re.match(r"Hung: request (req-\d+) ", note).group(1)
+    assert f"waiting=1 ['{rid}']" in note and "leases=1" in note, note  # its state from /stats
+    log = tmp_path / "results" / "toy-paged" / "server-default.log"
+    assert f"server log: {log}" in note and log.is_file(), note  # where to look
     errors = {n for n, c in got.items() if c.get("error")}
-    assert errors and all(got[n]["ok"] is False and got[n]["note"].startswith("not run: ") for n in errors), got
+    # abort (the hung step's own check) and the default session's metrics check, saying why
+    assert {"abort", "metrics_default"} <= errors and got["repeat_hit"]["ok"] is True, got
+    assert all(got[n]["ok"] is False and got[n]["note"].startswith("not run: ") for n in errors), got
+    assert got["abort"]["note"].startswith("not run: step abort: Hung"), got["abort"]
+    assert got["metrics_default"]["note"].startswith("not run: its session ended at step abort: Hung"), got
+    summary = (tmp_path / "results" / "summary.md").read_text()
     xml = junit.read_text()
-    for n in errors:
+    for n in errors | {"error"}:
+        assert f"[ERR ] {n}: not run: " in console or n == "error", (n, console)
+        assert f"### toy-paged: {n}" in summary, n
         assert f'name="{n}"' in xml, n
     assert xml.count("<error ") == len(errors), xml
+
+
+def test_a_wedged_scheduler_is_named_once_stats_stays_silent(tmp_path, monkeypatch):
+    """A step that never returns (`--fault wedge-step`) holds /stats, which waits for the scheduler;
+    past the stall bound (lowered here from 180 s) that is a hang naming the request, and the note
+    says what /stats/live (answered off the scheduler's thread) saw: the scheduler in a runtime step."""
+    from e2e import watch
+
+    monkeypatch.setattr(watch, "STALL_S", 6.0)
+    t0 = time.monotonic()
+    code, reports = gate(tmp_path, "--targets", "toy-paged", "--scenarios", "conc1_equals_run",
+                         "--server-flags", "--fault wedge-step")
+    took = time.monotonic() - t0
+    got = checks(reports["toy-paged"])
+    assert code == EXIT_FAIL and took < 30, (took, got)
+    note = got["error"]["note"]
+    assert re.match(r"Hung: request req-1 \(\d+ prompt tokens", note), note
+    assert "has not answered /stats for" in note and "in a runtime step for" in note, note
+    assert "server-default.log" in note, note
+    assert got["conc1_equals_run"]["ok"] is False and got["conc1_equals_run"]["error"], got
+
+
+def test_a_step_longer_than_the_still_bound_is_not_a_hang(tmp_path):
+    """Legitimate slowness passes: the first step takes 12 s (`--fault long-first-step`, as numba
+    compiling on first use does), longer than the 2 + 5 s the watch needs to call an idle scheduler
+    hung; /stats waits behind the step, so the watch never sees it idle and the gate passes."""
+    t0 = time.monotonic()
+    code, reports = gate(tmp_path, "--targets", "toy-paged", "--scenarios", "conc1_equals_run",
+                         "--server-flags", "--fault long-first-step")
+    got = checks(reports["toy-paged"])
+    assert code == EXIT_PASS and got["conc1_equals_run"]["ok"] is True, got
+    assert time.monotonic() - t0 > 12  # the long step happened
 
 
 def test_a_broken_build_fails_run_equals_reference(tmp_path):

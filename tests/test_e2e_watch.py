@@ -72,6 +72,71 @@ def test_a_server_that_died_says_so_before_the_hang():
         watch(idle()).wait(never(), "r", None, alive=dead)
 
 
+def test_a_server_silent_on_stats_past_the_bound_is_a_hang_naming_it():
+    # a step may hold /stats for a long time (numba compiling); past the stall bound it is a hang
+    w = watch(lambda: None)
+    w.stall_s = 0.6
+    t0 = time.monotonic()
+    with pytest.raises(Hung) as exc:
+        w.wait(never(), "request req-5 (9 prompt tokens, max_tokens 8)", None)
+    assert time.monotonic() - t0 < 3
+    note = str(exc.value)
+    assert "request req-5 (9 prompt tokens" in note and "has not answered /stats for" in note, note
+    assert "/stats never answered while this request waited" in note and "/tmp/server.log" in note, note
+
+
+def test_a_server_gone_silent_is_named_with_what_it_last_said():
+    said = iter([idle(steps=3)()])
+    w = watch(lambda: next(said, None))
+    w.stall_s = 0.6
+    with pytest.raises(Hung) as exc:
+        w.wait(never(), "request req-3 (5 prompt tokens, max_tokens 8)", None)
+    note = str(exc.value)
+    assert "/stats last said steps=3 with running=0 [], waiting=1 ['req-3']" in note, note
+
+
+def test_a_server_without_stats_is_never_called_silent():
+    w = watch(None)
+
+    def no_endpoint():
+        w.has_stats = False  # a 404: the Rust kern has no /stats
+        return None
+
+    w._stats = no_endpoint
+    w.stall_s = 0.1
+    assert w.wait(later("answer", 1.0), "r", None) == "answer"
+
+
+def test_a_real_server_that_accepts_and_never_answers_is_a_hang():
+    """Over real sockets: a listener that takes connections and answers nothing (a stopped process)."""
+    import socket
+
+    held = []
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(16)
+    port = srv.getsockname()[1]
+
+    def accept():
+        while True:
+            try:
+                held.append(srv.accept()[0])
+            except OSError:
+                return
+
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        w = Watch(f"http://127.0.0.1:{port}", "/tmp/x/server-default.log", after_s=0.05, stall_s=1.0)
+        t0 = time.monotonic()
+        with pytest.raises(Hung, match=r"request req-0 .*has not answered /stats.*/tmp/x/server-default.log"):
+            w.wait(never(), "request req-0 (4 prompt tokens, max_tokens 2)", None)
+        assert time.monotonic() - t0 < 6
+    finally:
+        srv.close()
+        for s in held:
+            s.close()
+
+
 def test_an_answer_without_the_kern_fields_is_untold():
     """A response that does not say its tier, snapshot and wake in `kern` names what it lacks."""
     from e2e.client import Answer

@@ -129,3 +129,35 @@ def test_every_fault_is_listed_under_help_and_consulted():
     for name in FAULTS:
         assert f"{name}:" in out, name  # the catalogue's description, not only the choice list
         assert f'"{name}" in' in src or f'"{name}" not in' in src, f"{name} is never consulted"
+
+
+def test_stats_live_answers_while_a_step_never_returns(kern_server):
+    """/stats waits for the scheduler's thread; /stats/live does not: idle it says the scheduler waits
+    for work, and with `wedge-step` (the second request's step never returns) it says a runtime step
+    has been in progress for seconds while /stats gives no answer."""
+    server = kern_server("toy-paged", "--fault", "wedge-step")
+    idle = httpx.get(server.url + "/stats/live", timeout=10).json()
+    assert idle["busy_s"] is None and idle["step_s"] is None and idle["running"] == 0, idle
+    ask(server, LONG[:8], 4)  # the first request is served
+    threading.Thread(target=lambda: _quietly(server), daemon=True).start()
+    t0 = time.monotonic()
+    live = None
+    while time.monotonic() - t0 < 30:
+        live = httpx.get(server.url + "/stats/live", timeout=5).json()
+        if live["step_s"] is not None and live["step_s"] > 2:
+            break
+        time.sleep(0.2)
+    assert live is not None and live["step_s"] > 2 and live["busy_s"] >= live["step_s"], live
+    assert live["running"] == 1 and live["steps"] >= 1, live
+    try:
+        httpx.get(server.url + "/stats", timeout=1)
+        raise AssertionError("/stats answered while the scheduler is in a step")
+    except httpx.TimeoutException:
+        pass
+
+
+def _quietly(server) -> None:
+    try:
+        httpx.post(server.url + "/v1/completions", json={"prompt": LONG[:8], "max_tokens": 4}, timeout=60)
+    except httpx.HTTPError:
+        pass
