@@ -11,7 +11,15 @@ tier, as the seed says. Its requests, drawn by a PRNG seeded from `--seed` and t
   evicted or parked to seat it; paged targets: a lined pool also carves the request's line slot out
   of its pages, so what it seats depends on the layout, and such a request may be refused with
   `kv_budget_exceeded`) and one token over (400 `context_length_exceeded`);
-- last, a burst of prompts sent at once (packed prefill with the pool this full).
+- a burst of prompts sent at once (packed prefill with the pool this full);
+- on a target that packs prefill and declares a context bound (`/stats` facts `pack`, `context`):
+  two prompts at once whose packed call reaches the bound exactly, and two whose call the bound cuts
+  one row short (`pack_plan`; the session's `--chunk` is drawn so that the call's rows do not bind
+  first, and its pool holds the bound).
+
+Every request sent is recorded as a plain dict (`prompt` ids, `max_tokens`, `concurrent`: sent at
+once with the next, `expect`, `label`) and written with the session's seed and flags to
+`OUT/TARGET/explore-requests.json`: the workload as a shrinker replays it.
 
 Every answer is gated identical to the reference (`explore_equals_run`), every serial request's hit,
 tier, snapshot and the counters by the policy oracle (`policy_explore`), the metrics by
@@ -20,6 +28,7 @@ tier, snapshot and the counters by the policy oracle (`policy_explore`), the met
 
 from __future__ import annotations
 
+import json
 import random
 from typing import Any
 
@@ -47,13 +56,59 @@ def flags(r) -> list[str]:
 
 
 def draw_flags(r, rng: random.Random) -> list[str]:
-    """The session's flags, the seed's first draws."""
+    """The session's flags, the seed's first draws (a packing target's chunk and pool from its own)."""
     pages = pool_pages(r, rng)
+    packed = pack_plan(r)
+    if packed is not None:  # the pool holds a call at the bound: the two prompts, their answers, the pad
+        pages = max(pages, -(-(packed["bound"] + packed["chunk"] + 4 * PACK_TOKENS) // r.page) + 4)
     out = ["--capacity", str(pages * r.page), "--max-seqs", str(rng.choice([2, 4, 8]))]
+    if packed is not None:
+        out += ["--chunk", str(packed["chunk"])]
     if rng.random() < 0.5:
         host_pages = rng.randint(pages // 2, 2 * pages)
         out += ["--host-gib", f"{host_pages * r.host_page_bytes() / (1 << 30):.9f}"]
     return out
+
+
+PACK_TOKENS = 2  # answer tokens of the packed-bound prompts (their prefill is the point)
+
+
+def packing(r) -> tuple[int, int] | None:
+    """(context bound, the manifest's chunk) of a target that packs prefill and declares a bound."""
+    f = (getattr(r, "server_facts", None) or {}).get("default") or {}
+    bound, chunk = f.get("context"), f.get("chunk") or (r.facts.get("default") or {}).get("chunk")
+    if not f.get("pack") or not bound or not chunk:
+        return None
+    return int(bound), int(chunk)
+
+
+def pack_plan(r) -> dict[str, Any] | None:
+    """The packed-prefill edges, from their own PRNG (the other draws stay as they were)."""
+    got = packing(r)
+    if got is None:
+        return None
+    return draw_pack(got[0], got[1], random.Random(f"{getattr(r.opts, 'seed', 0)}:{r.target.model}:explore:pack"))
+
+
+def draw_pack(bound: int, chunk_max: int, rng: random.Random) -> dict[str, Any]:
+    """A chunk `c` and two bursts of a long prompt A (`bound - d` tokens) then a short B sent at once.
+
+    `pack` feeds A chunk by chunk; its last chunk (`A % c` rows) shares a call with B, which gets
+    `min(B, c - A % c, bound - A)` rows: `c - A % c >= d + 2` is drawn, so the context bound, not the
+    rows, is what stops B. Burst "exact": B = d, the call's context is the bound exactly (all of B in
+    it). Burst "over": B = d + 1, the bound leaves B's last row to the next call; a bound off by one
+    feeds it and the call's context is one over what the runtime accepts.
+    """
+    lo = max(2, chunk_max // 2)
+    while True:
+        c = rng.randint(lo, chunk_max)
+        d = rng.randint(1, max(1, c // 4))
+        a = bound - d
+        if a > 0 and a % c and c - a % c >= d + 2:
+            break
+    return {"bound": bound, "chunk": c, "bursts": [
+        {"label": "packed call at the context bound exactly", "lengths": [a, d]},
+        {"label": "packed call one row over the context bound", "lengths": [a, d + 1]}]}
 
 
 def workload(r, rng: random.Random) -> list[dict[str, Any]]:
@@ -83,9 +138,15 @@ class Explore:
         self.same = Same(r.oracle, r.rows)
         self.sent = 0
         self.problems: list[str] = []
+        self.record: list[dict[str, Any]] = []  # every request sent, in order (`explore-requests.json`)
+
+    def note(self, label: str, ids: list[int], m: int, expect: str = "answer", concurrent: bool = False) -> None:
+        self.sent += 1
+        self.record.append({"label": label, "prompt": list(ids), "max_tokens": m, "concurrent": concurrent,
+                            "expect": expect})
 
     def ask(self, label: str, ids: list[int], m: int) -> Answer | None:
-        self.sent += 1
+        self.note(label, ids, m)
         try:
             a = self.r.answer(ids, m)
         except Rejected as exc:
@@ -117,6 +178,8 @@ def run(r) -> None:
             convos[q["of"]] = ids + a.fed
     edges(r, e, rng)
     burst(r, e, rng)
+    packed(r, e)
+    write(r, e)
     ok = e.same.ok and not e.problems
     c = (e.live.client.stats() or {}).get("counters") or {}
     went = ", ".join(f"{k} {c[k]}" for k in ("evictions", "parks", "wakes", "host_evictions", "remaps") if c.get(k))
@@ -144,7 +207,7 @@ def edges(r, e: Explore, rng: random.Random) -> None:
     m = room - n - r.rows + 1
     if not r.stateful:  # a lined pool must also carve the request's line slot out of its pages: how much
         e.ask(f"room exactly max_request_tokens {room}", ids, m)  # room that leaves depends on the layout
-    e.sent += 1
+    e.note(f"room {room + 1}, one over max_request_tokens", ids, m + 1, "context_length_exceeded")
     try:
         r.answer(ids, m + 1)
         e.problems.append(f"room {room + 1} (one over max_request_tokens) was served")
@@ -163,10 +226,40 @@ def burst(r, e: Explore, rng: random.Random) -> None:
     for _ in range(BURST):
         ids = [rng.randrange(256) for _ in range(rng.randint(1, 160))]
         calls.append((ids, rng.randint(1, TOKENS)))
+    at_once(r, e, "burst", calls)
+
+
+def at_once(r, e: Explore, label: str, calls: list[tuple[list[int], int]]) -> None:
+    """Send `calls` at once (in order: the first is the oldest); each answer gated against the reference."""
+    for k, (ids, m) in enumerate(calls):
+        e.note(f"{label} {k + 1}", ids, m, concurrent=k + 1 < len(calls))
+        if callable(getattr(r.oracle, "prefetch", None)):
+            r.oracle.prefetch(ids, m, r.rows)
     answers = e.live.client.run_all(calls)
     for k, ((ids, m), a) in enumerate(zip(calls, answers)):
-        e.sent += 1
         if isinstance(a, Answer):
-            e.same.add(f"burst {k + 1}", ids, a.ids, r.oracle.run(ids, m, r.rows))
+            e.same.add(f"{label} {k + 1}", ids, a.ids, r.oracle.run(ids, m, r.rows))
         else:
-            e.problems.append(f"burst {k + 1}: {type(a).__name__}: {a}")
+            e.problems.append(f"{label} {k + 1}: {type(a).__name__}: {str(a)[:200]}")
+
+
+def packed(r, e: Explore) -> None:
+    """A packing target: the bursts whose packed call meets its context bound exactly and one over."""
+    p = pack_plan(r)
+    if p is None:
+        return
+    rng = random.Random(f"{getattr(r.opts, 'seed', 0)}:{r.target.model}:explore:pack:ids")
+    for b in p["bursts"]:
+        at_once(r, e, f"{b['label']} ({'+'.join(map(str, b['lengths']))} of {p['bound']}, chunk {p['chunk']})",
+                [([rng.randrange(256) for _ in range(n)], PACK_TOKENS) for n in b["lengths"]])
+
+
+def write(r, e: Explore) -> None:
+    """The requests as sent, with the seed and the session's flags: a replayable workload."""
+    try:
+        r.dir.mkdir(parents=True, exist_ok=True)
+        (r.dir / "explore-requests.json").write_text(json.dumps(
+            {"target": r.target.name, "session": "explore", "seed": getattr(r.opts, "seed", 0),
+             "flags": flags(r), "requests": e.record}, indent=1))
+    except OSError as exc:
+        e.problems.append(f"could not write explore-requests.json: {exc}")
