@@ -198,6 +198,11 @@ class Explore:
 def run(r) -> None:
     rng = rng_of(r)
     draw_flags(r, rng)  # the draws `flags` made, so the workload follows them as it did
+    bursts = pack_calls(r)
+    for _, calls in bursts:  # long prompts: the reference starts on them now, while the rest is served
+        for ids, m in calls:
+            if callable(getattr(r.oracle, "prefetch", None)):
+                r.oracle.prefetch(ids, m, r.rows)
     e = Explore(r)
     convos: list[list[int]] = []
     suffix = list(SUFFIX.encode())
@@ -218,7 +223,7 @@ def run(r) -> None:
     edges(r, e, rng)
     compaction(r, e)
     burst(r, e, rng)
-    packed(r, e)
+    packed(r, e, bursts)
     write(r, e)
     ok = e.same.ok and not e.problems
     c = (e.live.client.stats() or {}).get("counters") or {}
@@ -349,15 +354,20 @@ def in_order(client, calls: list[tuple[list[int], int]]) -> list[Any]:
     return out
 
 
-def packed(r, e: Explore) -> None:
-    """A packing target: the bursts whose packed call meets its context bound exactly and one over."""
+def pack_calls(r) -> list[tuple[str, list[tuple[list[int], int]]]]:
+    """`pack_plan`'s bursts as calls: [(label, [(prompt ids, max_tokens), ...])]; none on other targets."""
     p = pack_plan(r)
     if p is None:
-        return
+        return []
     rng = random.Random(f"{getattr(r.opts, 'seed', 0)}:{r.target.model}:explore:pack:ids")
-    for b in p["bursts"]:
-        at_once(r, e, f"{b['label']} ({'+'.join(map(str, b['lengths']))} of {p['bound']}, chunk {p['chunk']})",
-                [([rng.randrange(256) for _ in range(n)], PACK_TOKENS) for n in b["lengths"]], ordered=True)
+    return [(f"{b['label']} ({'+'.join(map(str, b['fed']))} rows of {p['bound']}, chunk {p['chunk']})",
+             [([rng.randrange(256) for _ in range(n)], PACK_TOKENS) for n in b["lengths"]]) for b in p["bursts"]]
+
+
+def packed(r, e: Explore, bursts: list[tuple[str, list[tuple[list[int], int]]]]) -> None:
+    """A packing target: the bursts whose packed call meets its context bound exactly and one over."""
+    for label, calls in bursts:
+        at_once(r, e, label, calls, ordered=True)
 
 
 def write(r, e: Explore) -> None:
