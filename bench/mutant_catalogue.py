@@ -408,6 +408,12 @@ CATALOGUE: tuple[Mutant, ...] = (
            ("explore_equals_run",), ("toy-layers",),
            "SGLang PrefillAdder / vLLM scheduler: a chunked request's budget counts its new tokens only, not the "
            "context it already holds (the attention call's total context over its bound)"),
+    Mutant("runtime-context-bound-refuses-the-bound", "runtime/runtime.py",
+           "            if ctx > bound:\n",
+           "            if ctx >= bound:\n",
+           ("explore_equals_run",), ("toy-layers",),
+           "vLLM: an assert that the batch's tokens stay below max_num_batched_tokens (strictly) where the "
+           "scheduler fills it up to the limit"),
     Mutant("compaction-forgets-recency", "pool/prefix.py",
            "                fresh.append((x.used, self._seq, x))\n",
            "                fresh.append((self._clock, self._seq, x))\n",
