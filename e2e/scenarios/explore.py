@@ -1,16 +1,21 @@
 """explore: a workload generated from `--seed` and the target's limits, where the fixed one never goes.
 
-Session `explore`: a pool of a few worst-case requests (`--capacity`), with or without a small host
-tier, as the seed says. Its requests, drawn by a PRNG seeded from `--seed` and the model's name:
+Session `explore`: a small pool (`--capacity`: a few worst-case requests on a lined target; on a
+paged one exactly what the compaction phase holds; on a packing one the context bound), with or
+without a small host tier, as the seed says. Its requests, drawn by PRNGs seeded from `--seed` and
+the model's name (docs/checks.md has the phases in full):
 
 - fresh prompts of random bytes and lengths, conversations that come back with their answer and a
   new suffix, exact repeats: in a pool this small, inserts, evictions, parks and wakes follow each
-  other, and the index's heaps are compacted between evictions;
+  other;
 - EOS exactly at the last allowed token (`max_tokens` the reference's EOS position) and one short;
 - a request whose room is exactly the server's `max_request_tokens` (served: everything else is
   evicted or parked to seat it; paged targets: a lined pool also carves the request's line slot out
   of its pages, so what it seats depends on the layout, and such a request may be refused with
   `kv_budget_exceeded`) and one token over (400 `context_length_exceeded`);
+- paged targets that do not pack: a heap compaction, then evictions (`compaction_plan`: prefill a
+  page per call, a long prompt whose checkpoints outgrow the recency heap, then fresh prompts that
+  must each evict the coldest of conversations whose recency was shuffled);
 - a burst of prompts sent at once (packed prefill with the pool this full);
 - on a target that packs prefill and declares a context bound (`/stats` facts `pack`, `context`):
   two prompts at once whose packed call reaches the bound exactly, and two whose call the bound cuts
