@@ -44,26 +44,26 @@ def fake_run(seed: int, model: str = "toy-layers", pack_facts: bool = True):
 
 
 @pytest.mark.parametrize("bound,chunk", [(16384, 2048), (1000, 64), (300, 40)])
-def test_the_packed_bursts_meet_the_context_bound_exactly_and_one_row_over(bound, chunk):
-    """Each drawn plan: in burst "exact" one call holds both prompts and its context is the bound
-    exactly; in burst "over" the bound (not the call's rows) leaves the short prompt's last row to the
-    next call, so a bound off by one would make that call's context bound + 1."""
+def test_the_packed_burst_meets_the_context_bound_exactly_with_one_row_left_over(bound, chunk):
+    """Each drawn plan: one call holds the long prompt's last chunk and the short one's first rows, its
+    context the bound exactly; the bound (not the call's rows) leaves the short prompt's last row to
+    the next call, so a bound off by one would make that call's context bound + 1."""
     for seed in range(40):
         p = explore.draw_pack(bound, chunk, random.Random(seed))
-        assert p["bound"] == bound and chunk // 2 <= p["chunk"] <= chunk
-        b = Bounds(p["chunk"], 8, bound)
-        exact, over = (calls_of(x["fed"], b) for x in p["bursts"])
-        assert max(c for _, c in exact) == bound and max(c for _, c in over) == bound
-        both = [plan for plan, c in exact if c == bound]
+        assert p["bound"] == bound and chunk // 2 <= p["chunk"] <= chunk and len(p["bursts"]) == 1
+        (burst,) = p["bursts"]
+        calls = calls_of(burst["fed"], Bounds(p["chunk"], 8, bound))
+        assert max(c for _, c in calls) == bound
+        both = [plan for plan, c in calls if c == bound]
         assert both and [i for i, _ in both[0]] == [0, 1]
-        a, d1 = p["bursts"][1]["fed"]
-        split = [plan for plan, _ in over if 1 in dict(plan)]
-        assert [dict(x)[1] for x in split] == [d1 - 1, 1], split  # the bound cut B one row short
+        a, b = burst["fed"]
+        split = [plan for plan, _ in calls if 1 in dict(plan)]
+        assert [dict(x)[1] for x in split] == [b - 1, 1], split  # the bound cut B one row short
         assert sum(n for _, n in split[0]) < p["chunk"]  # ... and not the call's rows
-        off = calls_of(p["bursts"][1]["fed"], Bounds(p["chunk"], 8, bound + 1))
+        off = calls_of(burst["fed"], Bounds(p["chunk"], 8, bound + 1))
         assert max(c for _, c in off) == bound + 1  # what `pack-context-bound-off-by-one` sends
         late = explore.draw_pack(bound, chunk, random.Random(seed), emits=False)  # the last token goes with a step
-        assert [[n - 1 for n in x["lengths"]] for x in late["bursts"]] == [x["fed"] for x in p["bursts"]]
+        assert [n - 1 for n in late["bursts"][0]["lengths"]] == burst["fed"]
 
 
 def test_a_packing_target_gets_a_chunk_and_a_pool_for_the_bound():
@@ -149,7 +149,7 @@ def test_the_session_passes_on_the_shipped_code_and_records_its_requests(tmp_pat
     rec = json.loads((out / "toy-layers" / "explore-requests.json").read_text())
     assert rec["seed"] == 0 and "--chunk" in rec["flags"]
     labels = [q["label"] for q in rec["requests"]]
-    assert any("context bound exactly" in x for x in labels) and any("one row over" in x for x in labels)
+    assert any("packed call at the context bound, one row left over" in x for x in labels)
     assert any(q["expect"] == "context_length_exceeded" for q in rec["requests"])
     assert any(q["concurrent"] for q in rec["requests"])
     for q in rec["requests"]:

@@ -18,8 +18,8 @@ the model's name (docs/checks.md has the phases in full):
   must each evict the coldest of conversations whose recency was shuffled);
 - a burst of prompts sent at once (packed prefill with the pool this full);
 - on a target that packs prefill and declares a context bound (`/stats` facts `pack`, `context`):
-  two prompts at once whose packed call reaches the bound exactly, and two whose call the bound cuts
-  one row short (`pack_plan`; the session's `--chunk` is drawn so that the call's rows do not bind
+  two prompts at once whose packed call reaches the bound exactly and leaves one row of the second
+  to the next call (`pack_plan`; the session's `--chunk` is drawn so that the call's rows do not bind
   first, and its pool holds the bound).
 
 Every request sent is recorded as a plain dict (`prompt` ids, `max_tokens`, `concurrent`: sent at
@@ -104,16 +104,17 @@ def pack_plan(r) -> dict[str, Any] | None:
 
 
 def draw_pack(bound: int, chunk_max: int, rng: random.Random, emits: bool = True) -> dict[str, Any]:
-    """A chunk `c` and two bursts of a long prompt A (`bound - d` rows to prefill) then a short B,
-    B sent once A is running (so A is the older: `pack` takes the oldest first).
+    """A chunk `c` and a burst of a long prompt A (`bound - d` rows to prefill) then a short B of
+    `d + 1` rows, B sent once A is running (so A is the older: `pack` takes the oldest first).
 
     `pack` feeds A chunk by chunk; its last chunk (`A % c` rows) shares a call with B, which gets
     `min(B, c - A % c, bound - A)` rows: `c - A % c >= d + 2` is drawn, so the context bound, not the
-    rows, is what stops B. Burst "exact": B = d, the call's context is the bound exactly (all of B in
-    it). Burst "over": B = d + 1, the bound leaves B's last row to the next call; a bound off by one
-    feeds it and the call's context is one over what the runtime accepts. `fed` are the rows prefill
-    feeds; a prompt is one token longer where prefill emits nothing (its last token goes with the
-    first step: `prefill_emits` false), `lengths` the prompts'.
+    rows, is what stops B. That call's context is the bound exactly (the runtime must accept it) and
+    it leaves B's last row to the next call (a bound off by one packs it: a call one over what the
+    runtime accepts). `fed` are the rows prefill feeds; a prompt is one token longer where prefill
+    emits nothing (its last token goes with the first step: `prefill_emits` false), `lengths` the
+    prompts'. One burst covers both edges; the one whose total is the bound exactly (B = d) only
+    repeats the first.
     """
     lo = max(2, chunk_max // 2)
     while True:
@@ -124,12 +125,11 @@ def draw_pack(bound: int, chunk_max: int, rng: random.Random, emits: bool = True
             break
     extra = 0 if emits else 1
     return {"bound": bound, "chunk": c, "bursts": [
-        {"label": "packed call at the context bound exactly", "fed": [a, d], "lengths": [a + extra, d + extra]},
-        {"label": "packed call one row over the context bound", "fed": [a, d + 1],
+        {"label": "packed call at the context bound, one row left over", "fed": [a, d + 1],
          "lengths": [a + extra, d + 1 + extra]}]}
 
 
-CONVERSATIONS = 6  # the compaction phase's small conversations (two pages each)
+CONVERSATIONS = 6  # the compaction phase's conversations (two pages and a bit each)
 
 
 def compaction_plan(r) -> dict[str, Any] | None:
@@ -370,7 +370,7 @@ def pack_calls(r) -> list[tuple[str, list[tuple[list[int], int]]]]:
 
 
 def packed(r, e: Explore, bursts: list[tuple[str, list[tuple[list[int], int]]]]) -> None:
-    """A packing target: the bursts whose packed call meets its context bound exactly and one over."""
+    """A packing target: the burst whose packed call meets its context bound exactly, one row left over."""
     for label, calls in bursts:
         at_once(r, e, label, calls, ordered=True)
 
