@@ -495,4 +495,41 @@ CATALOGUE: tuple[Mutant, ...] = (
            ("park_wake",), ("toy-paged",),
            "SGLang: a request waits for room the radix cache's evictable entries hold, and nothing evicts "
            "them while nothing runs (queue stuck with the pool full of cache)"),
+    # --- generated workloads (issue 25) ---
+    Mutant("pack-context-bound-off-by-one", "serve/pack.py",
+           "        room = max(b.context - (ctx + w.pos), 0)\n",
+           "        room = max(b.context - (ctx + w.pos) + 1, 0)\n",
+           ("explore_equals_run",), ("toy-layers",),
+           "vLLM chunked prefill / SGLang PrefillAdder: the packed batch's token budget compared with <= where < "
+           "was meant (a batch one token over max_num_batched_tokens)"),
+    Mutant("pack-context-counts-fed-rows-only", "serve/pack.py",
+           "        ctx += w.pos + n\n",
+           "        ctx += n\n",
+           ("explore_equals_run",), ("toy-layers",),
+           "SGLang PrefillAdder / vLLM scheduler: a chunked request's budget counts its new tokens only, not the "
+           "context it already holds (the attention call's total context over its bound)"),
+    Mutant("runtime-context-bound-refuses-the-bound", "runtime/runtime.py",
+           "            if ctx > bound:\n",
+           "            if ctx >= bound:\n",
+           ("explore_equals_run",), ("toy-layers",),
+           "vLLM: an assert that the batch's tokens stay below max_num_batched_tokens (strictly) where the "
+           "scheduler fills it up to the limit"),
+    Mutant("compaction-forgets-recency", "pool/prefix.py",
+           "                fresh.append((x.used, self._seq, x))\n",
+           "                fresh.append((self._clock, self._seq, x))\n",
+           ("policy_explore",), ("toy-paged",),
+           "SGLang radix cache / vLLM block pool: the LRU heap rebuilt with the rebuild's time for every entry's "
+           "recency, so the eviction after a rebuild takes whichever comes first, not the coldest"),
+    Mutant("row-limit-off-by-one", "pool/pages.py",
+           "        return n if n <= self.max_pages else Denied.ExceedsRow(self.max_pages * self.unit)\n",
+           "        return n if n < self.max_pages else Denied.ExceedsRow(self.max_pages * self.unit)\n",
+           ("explore_equals_run",), ("toy-paged",),
+           "vLLM block manager: can_allocate compared the blocks a sequence needs with < where <= was meant (a "
+           "request of exactly max_model_len refused after the API admitted it)"),
+    Mutant("eos-unchecked-at-the-last-allowed-token", "serve/request.py",
+           "            if t == EOS and not self.ignore_eos:\n",
+           "            if t == EOS and not self.ignore_eos and len(self.out) < self.max_tokens:\n",
+           ("explore_equals_run",), ("toy-paged",),
+           "vLLM/SGLang stop checks: the length check taken first for the budget's last token, so an EOS there "
+           "neither ends the answer as stop nor is told (finish_reason length)"),
 )

@@ -89,6 +89,7 @@ class Engine:
             "host_bytes": self.host_bytes, "reach": self.reach, "backend": self.backend, "pack": self.pack,
             "page_bytes": self.pool.geometry.page_size, "slot_bytes": self.pool.geometry.slot_size,
             "prefill_emits": self.runtime.protocol.prefill_emits,
+            "context": self.context,  # a packed prefill call's context bound (None: the manifest declares none)
         }
 
 

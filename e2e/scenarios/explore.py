@@ -1,17 +1,30 @@
 """explore: a workload generated from `--seed` and the target's limits, where the fixed one never goes.
 
-Session `explore`: a pool of a few worst-case requests (`--capacity`), with or without a small host
-tier, as the seed says. Its requests, drawn by a PRNG seeded from `--seed` and the model's name:
+Session `explore`: a small pool (`--capacity`: a few worst-case requests on a lined target; on a
+paged one exactly what the compaction phase holds; on a packing one the context bound), with or
+without a small host tier, as the seed says. Its requests, drawn by PRNGs seeded from `--seed` and
+the model's name (docs/checks.md has the phases in full):
 
 - fresh prompts of random bytes and lengths, conversations that come back with their answer and a
   new suffix, exact repeats: in a pool this small, inserts, evictions, parks and wakes follow each
-  other, and the index's heaps are compacted between evictions;
+  other;
 - EOS exactly at the last allowed token (`max_tokens` the reference's EOS position) and one short;
 - a request whose room is exactly the server's `max_request_tokens` (served: everything else is
   evicted or parked to seat it; paged targets: a lined pool also carves the request's line slot out
   of its pages, so what it seats depends on the layout, and such a request may be refused with
   `kv_budget_exceeded`) and one token over (400 `context_length_exceeded`);
-- last, a burst of prompts sent at once (packed prefill with the pool this full).
+- paged targets that do not pack: a heap compaction, then evictions (`compaction_plan`: prefill a
+  page per call, a long prompt whose checkpoints outgrow the recency heap, then fresh prompts that
+  must each evict the coldest of conversations whose recency was shuffled);
+- a burst of prompts sent at once (packed prefill with the pool this full);
+- on a target that packs prefill and declares a context bound (`/stats` facts `pack`, `context`):
+  two prompts at once whose packed call reaches the bound exactly and leaves one row of the second
+  to the next call (`pack_plan`; the session's `--chunk` is drawn so that the call's rows do not bind
+  first, and its pool holds the bound).
+
+Every request sent is recorded as a plain dict (`prompt` ids, `max_tokens`, `concurrent`: sent at
+once with the next, `expect`, `label`) and written with the session's seed and flags to
+`OUT/TARGET/explore-requests.json`: the workload as a shrinker replays it.
 
 Every answer is gated identical to the reference (`explore_equals_run`), every serial request's hit,
 tier, snapshot and the counters by the policy oracle (`policy_explore`), the metrics by
@@ -20,7 +33,10 @@ tier, snapshot and the counters by the policy oracle (`policy_explore`), the met
 
 from __future__ import annotations
 
+import json
 import random
+import threading
+import time
 from typing import Any
 
 from e2e.client import Answer, Rejected
@@ -47,13 +63,96 @@ def flags(r) -> list[str]:
 
 
 def draw_flags(r, rng: random.Random) -> list[str]:
-    """The session's flags, the seed's first draws."""
+    """The session's flags, the seed's first draws (a packing target's chunk and pool from its own)."""
     pages = pool_pages(r, rng)
+    packed, compact = pack_plan(r), compaction_plan(r)
+    if packed is not None:  # the pool holds a call at the bound: the two prompts, their answers, the pad
+        pages = max(pages, -(-(packed["bound"] + packed["chunk"] + 4 * PACK_TOKENS) // r.page) + 4)
+    if compact is not None:  # the pool holds the long prompt and the conversations, nothing more
+        pages = compact["pages"]
     out = ["--capacity", str(pages * r.page), "--max-seqs", str(rng.choice([2, 4, 8]))]
+    if packed is not None:
+        out += ["--chunk", str(packed["chunk"])]
+    elif compact is not None:
+        out += ["--chunk", str(compact["chunk"])]
     if rng.random() < 0.5:
         host_pages = rng.randint(pages // 2, 2 * pages)
         out += ["--host-gib", f"{host_pages * r.host_page_bytes() / (1 << 30):.9f}"]
     return out
+
+
+PACK_TOKENS = 2  # answer tokens of the packed-bound prompts (their prefill is the point)
+
+
+def packing(r) -> tuple[int, int] | None:
+    """(context bound, the manifest's chunk) of a target that packs prefill and declares a bound."""
+    f = (getattr(r, "server_facts", None) or {}).get("default") or {}
+    bound, chunk = f.get("context"), f.get("chunk") or (r.facts.get("default") or {}).get("chunk")
+    if not f.get("pack") or not bound or not chunk:
+        return None
+    return int(bound), int(chunk)
+
+
+def pack_plan(r) -> dict[str, Any] | None:
+    """The packed-prefill edges, from their own PRNG (the other draws stay as they were)."""
+    got = packing(r)
+    if got is None:
+        return None
+    f = (getattr(r, "server_facts", None) or {}).get("default") or {}
+    rng = random.Random(f"{getattr(r.opts, 'seed', 0)}:{r.target.model}:explore:pack")
+    return draw_pack(got[0], got[1], rng, emits=bool(f.get("prefill_emits", True)))
+
+
+def draw_pack(bound: int, chunk_max: int, rng: random.Random, emits: bool = True) -> dict[str, Any]:
+    """A chunk `c` and a burst of a long prompt A (`bound - d` rows to prefill) then a short B of
+    `d + 1` rows, B sent once A is running (so A is the older: `pack` takes the oldest first).
+
+    `pack` feeds A chunk by chunk; its last chunk (`A % c` rows) shares a call with B, which gets
+    `min(B, c - A % c, bound - A)` rows: `c - A % c >= d + 2` is drawn, so the context bound, not the
+    rows, is what stops B. That call's context is the bound exactly (the runtime must accept it) and
+    it leaves B's last row to the next call (a bound off by one packs it: a call one over what the
+    runtime accepts). `fed` are the rows prefill feeds; a prompt is one token longer where prefill
+    emits nothing (its last token goes with the first step: `prefill_emits` false), `lengths` the
+    prompts'. One burst covers both edges; the one whose total is the bound exactly (B = d) only
+    repeats the first.
+    """
+    lo = max(2, chunk_max // 2)
+    while True:
+        c = rng.randint(lo, chunk_max)
+        d = rng.randint(1, max(1, c // 4))
+        a = bound - d
+        if a > 0 and a % c and c - a % c >= d + 2:
+            break
+    extra = 0 if emits else 1
+    return {"bound": bound, "chunk": c, "bursts": [
+        {"label": "packed call at the context bound, one row left over", "fed": [a, d + 1],
+         "lengths": [a + extra, d + 1 + extra]}]}
+
+
+CONVERSATIONS = 6  # the compaction phase's conversations (two pages and a bit each)
+
+
+def compaction_plan(r) -> dict[str, Any] | None:
+    """A heap compaction, then evictions (paged targets that do not pack: a checkpoint every page).
+
+    The index keeps each tier's recency in a lazy heap and rebuilds it (`Prefix._compact`) once it
+    holds more than twice the tier's entries and 64: a sequence whose prefill checkpoints every page
+    (`--chunk` one page) leaves an item per page, its entry replaced each page. So: CONVERSATIONS
+    prompts of two whole pages and a bit, asked again in a shuffled order (their recency is not their
+    insertion order); a long prompt `g` of `64 + 2 * (CONVERSATIONS + 3) + 6` pages, whose prefill
+    compacts the device heap, in a pool of exactly the pad, its lease and the conversations' pages (so
+    its admission evicts everything older first); three fresh prompts `f` of three pages' lease, each
+    of which must then evict the coldest conversation (one page is left free); the conversations
+    again, whose hits and tiers tell which went. From its own PRNG (the other draws stay)."""
+    if getattr(r, "stateful", False) or packing(r) is not None:
+        return None
+    page = r.page
+    rng = random.Random(f"{getattr(r.opts, 'seed', 0)}:{r.target.model}:explore:compact")
+    k = 64 + 2 * (CONVERSATIONS + 3) + 6
+    return {"chunk": page, "pages": 1 + (k + 1) + 2 * CONVERSATIONS,  # the pad, the long prompt, the conversations
+            "conversations": [rng.randint(2 * page + 1, 2 * page + page // 2) for _ in range(CONVERSATIONS)],
+            "touch": rng.sample(range(CONVERSATIONS), CONVERSATIONS), "g": k * page,
+            "f": [rng.randint(2 * page + 1, 3 * page - 2) for _ in range(3)]}
 
 
 def workload(r, rng: random.Random) -> list[dict[str, Any]]:
@@ -83,9 +182,15 @@ class Explore:
         self.same = Same(r.oracle, r.rows)
         self.sent = 0
         self.problems: list[str] = []
+        self.record: list[dict[str, Any]] = []  # every request sent, in order (`explore-requests.json`)
+
+    def note(self, label: str, ids: list[int], m: int, expect: str = "answer", concurrent: bool = False) -> None:
+        self.sent += 1
+        self.record.append({"label": label, "prompt": list(ids), "max_tokens": m, "concurrent": concurrent,
+                            "expect": expect})
 
     def ask(self, label: str, ids: list[int], m: int) -> Answer | None:
-        self.sent += 1
+        self.note(label, ids, m)
         try:
             a = self.r.answer(ids, m)
         except Rejected as exc:
@@ -98,6 +203,11 @@ class Explore:
 def run(r) -> None:
     rng = rng_of(r)
     draw_flags(r, rng)  # the draws `flags` made, so the workload follows them as it did
+    bursts = pack_calls(r)
+    for _, calls in bursts:  # long prompts: the reference starts on them now, while the rest is served
+        for ids, m in calls:
+            if callable(getattr(r.oracle, "prefetch", None)):
+                r.oracle.prefetch(ids, m, r.rows)
     e = Explore(r)
     convos: list[list[int]] = []
     suffix = list(SUFFIX.encode())
@@ -116,7 +226,10 @@ def run(r) -> None:
         elif q["kind"] == "turn":
             convos[q["of"]] = ids + a.fed
     edges(r, e, rng)
+    compaction(r, e)
     burst(r, e, rng)
+    packed(r, e, bursts)
+    write(r, e)
     ok = e.same.ok and not e.problems
     c = (e.live.client.stats() or {}).get("counters") or {}
     went = ", ".join(f"{k} {c[k]}" for k in ("evictions", "parks", "wakes", "host_evictions", "remaps") if c.get(k))
@@ -125,32 +238,64 @@ def run(r) -> None:
     r.checks.add("explore_equals_run", ok, note, e.same.excused)
 
 
+def eos_edge(oracle, rows: int, rng: random.Random) -> tuple[list[int], int] | None:
+    """A random prompt whose reference answer meets EOS within TOKENS, and EOS's position k (1-based):
+    `max_tokens` k makes EOS the last allowed token, k - 1 ends one short (length). None: 8 tries missed."""
+    for _ in range(8):
+        ids = [rng.randrange(256) for _ in range(rng.randint(1, 120))]
+        want = oracle.run(ids, TOKENS, rows)
+        if len(want) < TOKENS:
+            return ids, len(want) + 1
+    return None
+
+
+def room_edge(room: int, rows: int, rng: random.Random) -> tuple[list[int], int]:
+    """A random prompt and the `max_tokens` that make its room (prompt + max_tokens + rows - 1) `room`."""
+    n = rng.randint(1, min(200, room // 2))
+    return [rng.randrange(256) for _ in range(n)], room - n - rows + 1
+
+
 def edges(r, e: Explore, rng: random.Random) -> None:
     """EOS at the last allowed token and one short; a room of exactly max_request_tokens, one over."""
-    for _ in range(8):  # a prompt whose answer meets EOS within TOKENS
-        ids = [rng.randrange(256) for _ in range(rng.randint(1, 120))]
-        want = r.oracle.run(ids, TOKENS, r.rows)
-        if len(want) < TOKENS:
-            e.ask(f"EOS at the last allowed token ({len(want) + 1})", ids, len(want) + 1)
-            if want:
-                e.ask(f"one short of EOS ({len(want)})", ids, len(want))
-            break
+    got = eos_edge(r.oracle, r.rows, rng)
+    if got is not None:
+        ids, k = got
+        e.ask(f"EOS at the last allowed token ({k})", ids, k)
+        if k > 1:
+            e.ask(f"one short of EOS ({k - 1})", ids, k - 1)
     facts = (e.live.client.stats() or {}).get("facts") or r.facts.get("explore") or {}
     room = int(facts.get("max_request_tokens") or 0)
     if room <= 0:
         return
-    n = rng.randint(1, min(200, room // 2))
-    ids = [rng.randrange(256) for _ in range(n)]
-    m = room - n - r.rows + 1
+    ids, m = room_edge(room, r.rows, rng)
     if not r.stateful:  # a lined pool must also carve the request's line slot out of its pages: how much
         e.ask(f"room exactly max_request_tokens {room}", ids, m)  # room that leaves depends on the layout
-    e.sent += 1
+    e.note(f"room {room + 1}, one over max_request_tokens", ids, m + 1, "context_length_exceeded")
     try:
         r.answer(ids, m + 1)
         e.problems.append(f"room {room + 1} (one over max_request_tokens) was served")
     except Rejected as exc:
         if exc.status != 400 or exc.code != "context_length_exceeded":
             e.problems.append(f"room {room + 1}: {exc}, not 400 context_length_exceeded")
+
+
+def compaction(r, e: Explore) -> None:
+    """`compaction_plan`'s requests, serial (the policy oracle predicts each hit and eviction)."""
+    p = compaction_plan(r)
+    if p is None:
+        return
+    rng = random.Random(f"{getattr(r.opts, 'seed', 0)}:{r.target.model}:explore:compact:ids")
+    xs = [[rng.randrange(256) for _ in range(n)] for n in p["conversations"]]
+    for i, ids in enumerate(xs):
+        e.ask(f"compaction: conversation {i + 1}", ids, 2)
+    for i in p["touch"]:
+        e.ask(f"compaction: conversation {i + 1} again", xs[i], 1)
+    e.ask(f"compaction: a long prompt ({p['g']} tokens, a checkpoint per page)",
+          [rng.randrange(256) for _ in range(p["g"])], 1)
+    for j, n in enumerate(p["f"]):
+        e.ask(f"compaction: a fresh prompt that evicts {j + 1}", [rng.randrange(256) for _ in range(n)], 1)
+    for i, ids in enumerate(xs):
+        e.ask(f"compaction: conversation {i + 1} after the evictions", ids, 1)
 
 
 def burst(r, e: Explore, rng: random.Random) -> None:
@@ -163,10 +308,79 @@ def burst(r, e: Explore, rng: random.Random) -> None:
     for _ in range(BURST):
         ids = [rng.randrange(256) for _ in range(rng.randint(1, 160))]
         calls.append((ids, rng.randint(1, TOKENS)))
-    answers = e.live.client.run_all(calls)
+    at_once(r, e, "burst", calls)
+
+
+def at_once(r, e: Explore, label: str, calls: list[tuple[list[int], int]], ordered: bool = False) -> None:
+    """Send `calls` at once; each answer gated against the reference. `ordered`: each call is sent
+    once the server runs the one before (so it is the older in the packed prefill's order)."""
+    for k, (ids, m) in enumerate(calls):
+        e.note(f"{label} {k + 1}", ids, m, concurrent=k + 1 < len(calls))
+        if callable(getattr(r.oracle, "prefetch", None)):
+            r.oracle.prefetch(ids, m, r.rows)
+    if ordered:
+        answers = in_order(e.live.client, calls)
+    else:
+        answers = e.live.client.run_all(calls)
     for k, ((ids, m), a) in enumerate(zip(calls, answers)):
-        e.sent += 1
         if isinstance(a, Answer):
-            e.same.add(f"burst {k + 1}", ids, a.ids, r.oracle.run(ids, m, r.rows))
+            e.same.add(f"{label} {k + 1}", ids, a.ids, r.oracle.run(ids, m, r.rows))
         else:
-            e.problems.append(f"burst {k + 1}: {type(a).__name__}: {a}")
+            e.problems.append(f"{label} {k + 1}: {type(a).__name__}: {str(a)[:200]}")
+
+
+def in_order(client, calls: list[tuple[list[int], int]]) -> list[Any]:
+    """`run_all`, but each call sent once `/stats` shows one more request running (at most 5 s)."""
+    out: list[Any] = [None] * len(calls)
+    with client._lock:
+        client.script.append({"kind": "burst", "calls": [[p, n] for p, n in calls]})
+
+    def one(i: int) -> None:
+        client._in_burst.on = True
+        try:
+            out[i] = client.complete(*calls[i])
+        except BaseException as exc:  # reported per request by the caller
+            out[i] = exc
+
+    threads = []
+    for i in range(len(calls)):
+        if threads:
+            deadline = time.monotonic() + 5.0
+            while time.monotonic() < deadline and threads[-1].is_alive():
+                g = (client.stats() or {}).get("gauges") or {}
+                if int(g.get("running", 0)) >= i:
+                    break
+                time.sleep(0.002)
+        t = threading.Thread(target=one, args=(i,), daemon=True)
+        t.start()
+        threads.append(t)
+    for t in threads:
+        t.join()
+    return out
+
+
+def pack_calls(r) -> list[tuple[str, list[tuple[list[int], int]]]]:
+    """`pack_plan`'s bursts as calls: [(label, [(prompt ids, max_tokens), ...])]; none on other targets."""
+    p = pack_plan(r)
+    if p is None:
+        return []
+    rng = random.Random(f"{getattr(r.opts, 'seed', 0)}:{r.target.model}:explore:pack:ids")
+    return [(f"{b['label']} ({'+'.join(map(str, b['fed']))} rows of {p['bound']}, chunk {p['chunk']})",
+             [([rng.randrange(256) for _ in range(n)], PACK_TOKENS) for n in b["lengths"]]) for b in p["bursts"]]
+
+
+def packed(r, e: Explore, bursts: list[tuple[str, list[tuple[list[int], int]]]]) -> None:
+    """A packing target: the burst whose packed call meets its context bound exactly, one row left over."""
+    for label, calls in bursts:
+        at_once(r, e, label, calls, ordered=True)
+
+
+def write(r, e: Explore) -> None:
+    """The requests as sent, with the seed and the session's flags: a replayable workload."""
+    try:
+        r.dir.mkdir(parents=True, exist_ok=True)
+        (r.dir / "explore-requests.json").write_text(json.dumps(
+            {"target": r.target.name, "session": "explore", "seed": getattr(r.opts, "seed", 0),
+             "flags": flags(r), "requests": e.record}, indent=1))
+    except OSError as exc:
+        e.problems.append(f"could not write explore-requests.json: {exc}")
