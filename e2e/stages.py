@@ -39,6 +39,8 @@ def compare(mine: dict[str, Any], single: dict[str, Any]) -> tuple[bool, str]:
     a, b = mine.get("hits") or {}, single.get("hits") or {}
     name = single["target"]
     sa, sb = a.get("served", []), b.get("served", [])
+    staged_sessions = {e["session"] for e in sa} | set(a.get("counters", {}))
+    sb = [e for e in sb if e["session"] in staged_sessions]  # a session only the single process runs (explore)
     diffs = []
     if len(sa) != len(sb):
         diffs.append(f"{len(sa)} serial answers, {name} {len(sb)}")
@@ -50,7 +52,7 @@ def compare(mine: dict[str, Any], single: dict[str, Any]) -> tuple[bool, str]:
         if got:
             diffs.append(f"{x['session']} {x['step']} {x['request']}: "
                          + ", ".join(f"{k} {v} ({name} {y[k]})" for k, v in got.items()))
-    ca, cb = a.get("counters", {}), b.get("counters", {})
+    ca, cb = a.get("counters", {}), {k: v for k, v in b.get("counters", {}).items() if k in staged_sessions}
     for s in sorted(set(ca) | set(cb)):
         keys = sorted(set(ca.get(s, {})) | set(cb.get(s, {})))
         d = [f"{k} {ca.get(s, {}).get(k)} ({name} {cb.get(s, {}).get(k)})" for k in keys
