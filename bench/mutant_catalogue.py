@@ -532,4 +532,32 @@ CATALOGUE: tuple[Mutant, ...] = (
            ("explore_equals_run",), ("toy-paged",),
            "vLLM/SGLang stop checks: the length check taken first for the budget's last token, so an EOS there "
            "neither ends the answer as stop nor is told (finish_reason length)"),
+    # --- float verdicts' negative controls, a cut's state (issue 25, from the limits branch) ---
+    Mutant("float-ulp-of-f32", "verdicts/ulp.py",
+           "    return 2.0 ** (math.frexp(abs(x))[1] - 8)\n",
+           "    return 2.0 ** (math.frexp(abs(x))[1] - 24)\n",
+           ("conc1_equals_run", "run_equals_reference", "float_controls"), ("toy-float",),
+           "vLLM/SGLang logprob tests: a tolerance taken from the wrong dtype (float32's epsilon for bf16 "
+           "logits): true near-ties fail"),
+    Mutant("float-near-tie-either-token", "verdicts/ulp.py",
+           "    return max(ulps_down(top_logit, logit_a), ulps_down(top_logit, logit_b)) <= NEAR_TIE_ULPS\n",
+           "    return min(ulps_down(top_logit, logit_a), ulps_down(top_logit, logit_b)) <= NEAR_TIE_ULPS\n",
+           ("conc1_equals_run", "run_equals_reference", "float_controls"), ("toy-float",),
+           "a near-tie judged on one token only (the top one is always 0 ULPs down): every confident flip "
+           "is excused"),
+    Mutant("float-probe-agreement-skipped", "verdicts/evidence.py",
+           "    return (worst, off) if off > PROBE_AGREE_ULPS else None\n",
+           "    return None\n",
+           ("conc1_equals_run", "run_equals_reference", "float_controls"), ("toy-float",),
+           "vLLM logprob comparisons: a dump from another step or build taken as evidence (the probe never "
+           "held to the reference's logits)"),
+    Mutant("chain-stage-pages-rotated", "runtime/chain.py",
+           "            rt.step(program, cells)\n            if i + 1 < len(self.stages):\n",
+           "            saved = [c.pages for c in cells]\n            for c in cells:\n"
+           "                c.pages = c.pages[i:] + c.pages[:i]\n            rt.step(program, cells)\n"
+           "            for c, p in zip(cells, saved):\n                c.pages = p\n"
+           "            if i + 1 < len(self.stages):\n",
+           ("cut_equals_whole",), ("toy-layers",),
+           "vLLM pipeline parallel: a later rank's block table for a request is not the first rank's (its KV "
+           "lands in other blocks; the answers stay right until those blocks are shared or reused)"),
 )

@@ -14,7 +14,7 @@ from manifests import load
 from manifests.cut import CutError, cut
 from runtime.sequence import generate, single
 
-__all__ = ["boundaries", "cut_points", "run_cut"]
+__all__ = ["boundaries", "cut_points", "run_cut", "run_with_state"]
 
 
 @lru_cache(maxsize=16)
@@ -49,3 +49,15 @@ def run_cut(manifest: str | Path, weights: list[str], at: list[int], ids: list[i
     stages = [s.manifest for s in cut(load(manifest), list(at))]
     rt, cell = single(None, [str(w) for w in weights], len(ids), steps, rows, backend, stages=stages)
     return list(generate(rt, cell, list(ids), steps, rows).ids)
+
+
+def run_with_state(manifest: str | Path, weights: list[str], at: list[int], ids: list[int], steps: int, rows: int,
+                   backend: str = "cpu") -> tuple[list[int], bytes]:
+    """The greedy answer to `ids` and the sequence's state bytes after it (every state, in the whole
+    manifest's layout: `Runtime.read_state`), through the stages of `manifest` cut at `at`, or
+    through the whole manifest when `at` is empty."""
+    m = load(manifest)
+    stages = [s.manifest for s in cut(m, list(at))] if at else None
+    rt, cell = single(None if stages else m, [str(w) for w in weights], len(ids), steps, rows, backend, stages=stages)
+    g = generate(rt, cell, list(ids), steps, rows)
+    return list(g.ids), rt.read_state(cell.pages, cell.slot, g.length)

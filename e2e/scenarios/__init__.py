@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 from e2e.config import GateTarget
-from e2e.scenarios import (abort, churn, concurrent, conc1, cuts, explore, host, kern_test, params, repeat, rows1, slots,
-                           ties, turn2, wake_room)
+from e2e.scenarios import (abort, churn, concurrent, conc1, cuts, explore, float_controls, host, kern_test, params, repeat,
+                           rows1, slots, ties, turn2, wake_room)
 
 __all__ = ["CHECKS", "COMPARED", "CROSS_CHECKS", "METRICS_CHECKS", "POLICY_CHECKS", "STEPS", "Step", "plan"]
 
@@ -37,6 +37,8 @@ STEPS: tuple[Step, ...] = (
     Step("conc1", "default", ("conc1_equals_run",), (), conc1.run),
     Step("run_equals_reference", None, ("run_equals_reference",), (), conc1.run_equals_reference),
     Step("cut_equals_whole", None, ("cut_equals_whole",), (), cuts.run, applies=cuts.applies, facts=False),
+    Step("float_controls", None, ("float_controls",), (), float_controls.run, applies=float_controls.applies,
+         facts=False),
     Step("repeat", "default", ("repeat_hit",), ("conc1",), repeat.run),
     Step("turn2", "default", ("turn2_hit", "turn2_warm_equals_run"), ("conc1", "repeat"), turn2.run),
     Step("concurrent", "default", ("concurrent",), ("conc1",), concurrent.run, serial=False),

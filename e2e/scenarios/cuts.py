@@ -5,7 +5,8 @@ toys, `toy-layers`, at each of its five layer boundaries), each single cut and o
 drawn from `--seed` are made (a manifest whose state is all declared per layer, `kv.0`, `kv.1`, ...,
 must cut at every call boundary: a refused one fails the check) (`manifests/cut.py`, as `kern cut` makes them), their stages chained in
 one process (as `kern run --stages` runs them), and two prompts' answers gated identical to the
-reference. The shipped pipelines (`toy-layers-pp2`, `-pp3`) cut at the balanced points only: this
+reference, and (where the answer is the whole manifest's) every state byte of the sequence identical
+to the whole manifest's run in process. The shipped pipelines (`toy-layers-pp2`, `-pp3`) cut at the balanced points only: this
 reaches the others, and a cut that moves a buffer or a state region wrongly changes an answer.
 """
 
@@ -14,7 +15,7 @@ from __future__ import annotations
 import random
 
 from e2e.prompts import PROMPTS
-from oracle.cutrun import boundaries, cut_points, run_cut
+from oracle.cutrun import boundaries, cut_points, run_with_state
 from verdicts import Same
 
 PROMPTS_PER_CUT = 2
@@ -35,14 +36,28 @@ def run(r) -> None:
     calls, per_layer = boundaries(str(t.manifest))
     refused = [k for k in range(1, calls) if k not in points] if per_layer else []
     same = Same(r.oracle, r.rows)
+    whole: dict[int, tuple[list[int], bytes]] = {}  # prompt -> the whole manifest's answer and state
+    states = 0
+    differ: list[str] = []
     for at in cuts:
         for i in rng.sample(range(len(PROMPTS)), PROMPTS_PER_CUT):
             ids = list(PROMPTS[i].encode())
             m = min(r.m, TOKENS)
-            got = run_cut(t.manifest, list(t.weights), at, ids, m, r.rows)
-            same.add(f"cut at {','.join(map(str, at))}, prompt {i + 1}", ids, got, r.oracle.run(ids, m, r.rows))
+            got, state = run_with_state(t.manifest, list(t.weights), at, ids, m, r.rows)
+            label = f"cut at {','.join(map(str, at))}, prompt {i + 1}"
+            same.add(label, ids, got, r.oracle.run(ids, m, r.rows))
+            if i not in whole:
+                whole[i] = run_with_state(t.manifest, list(t.weights), [], ids, m, r.rows)
+            if got == whole[i][0]:  # the same answer: every state byte the same too
+                states += 1
+                if state != whole[i][1]:
+                    k = next((j for j, (x, y) in enumerate(zip(state, whole[i][1])) if x != y),
+                             min(len(state), len(whole[i][1])))
+                    differ.append(f"{label}: state differs from the whole manifest's from byte {k} of {len(state)}")
     note = (f"{len(cuts)} cuts ({'; '.join(','.join(map(str, c)) for c in cuts)}; seed {getattr(r.opts, 'seed', 0)}), "
-            f"{same}")
+            f"{same}; state identical to the whole manifest's in {states - len(differ)}/{states}")
+    if differ:
+        note += "; " + "; ".join(differ[:3])
     if refused:  # its state is all per layer: every call boundary must cut (docs/cut.md)
         note += f"; refused at {refused} of boundaries 1..{calls - 1}, though its state is all per layer"
-    r.checks.add("cut_equals_whole", same.ok and not refused, note, same.excused)
+    r.checks.add("cut_equals_whole", same.ok and not refused and not differ, note, same.excused)
