@@ -17,7 +17,8 @@ Every response is compared whole: token ids, text, finish_reason, stop_reason, u
 chunks must concatenate to it and end with ``[DONE]``. The choices are drawn from a PRNG seeded by
 the gate's `--seed` and the target's name (printed in the notes), so `--seed` replays them. The
 requests are serial: the policy oracle predicts each (an answer a stop ended at token L as one of
-max_tokens L), up to the `ignore_eos` ones, whose path past EOS it does not model.
+max_tokens L; an `ignore_eos` answer on its path past EOS, a token a step, except on a target of
+speculative rounds, where exact predictions end there).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from typing import Any
 from e2e.client import Answer, Rejected
 from e2e.prompts import PROMPTS
 from verdicts import Same
-from verdicts.params import Expected, expect, text_of
+from verdicts.params import Expected, decoded_path, expect, text_of
 
 TOKENS = 96  # answer tokens asked: long enough for stop strings of up to 64 characters
 PROMPTS_USED = 4
@@ -135,7 +136,7 @@ class Params:
         return a.ids + ([self.eos] if a.finish == "stop" and a.stop == self.eos else [])
 
     def send(self, judge: Judge, label: str, body: dict[str, Any], served: list[int], want: Expected,
-             chat: bool = False) -> None:
+             chat: bool = False, walk: dict | None = None) -> None:
         path = "/v1/chat/completions" if chat else "/v1/completions"
         judge.n += 1
         try:
@@ -147,12 +148,12 @@ class Params:
         problem = compare(got, want, len(served))
         if problem:
             judge.note(label, problem)
-        self.predict(label, served, body, data, mirrored, got)
+        self.predict(label, served, body, data, mirrored, got, walk)
 
     def predict(self, label: str, served: list[int], body: dict[str, Any], data: dict[str, Any], mirrored: str,
-                got: dict[str, Any]) -> None:
+                got: dict[str, Any], walk: dict | None = None) -> None:
         """The policy oracle's turn: a stop string or id ending the answer at token L retires it as a
-        length of L would (the same steps, the same folded tokens)."""
+        length of L would (the same steps, the same folded tokens); an answer past EOS on `walk` (its path)."""
         policy = self.live.policy
         if policy is None or not policy.active:
             return
@@ -165,7 +166,7 @@ class Params:
                    got["finish"], k.get("request_id") or mirrored, k.get("cache_tier"), k.get("snapshot"), data,
                    k.get("woken"))
         self.r.snapshots[a.request] = a.snapshot
-        policy.expect(label, served, m, a)
+        policy.expect(label, served, m, a, walk)
 
 
 def run(r) -> None:
@@ -224,20 +225,27 @@ def run(r) -> None:
         cont = p.continuation(served)
         p.send(prompt, f"truncate_prompt_tokens {k}", p.body(full, TOKENS, truncate_prompt_tokens=k), served,
                expect(cont, TOKENS, p.eos))
-    # ignore_eos: past EOS to max_tokens (the reference continues after it), last: the policy stops here
+    # ignore_eos: past EOS to max_tokens (the reference continues after it). The policy follows the
+    # answer a token a step (verdicts.params.decoded_path); a target of speculative rounds, whose
+    # counts are the model's, ends its exact predictions here.
     if getattr(r.oracle, "exact", False) and ended:
-        if p.live.policy is not None and p.live.policy.active:
-            p.live.policy.compare("the requests before ignore_eos", p.live.client.stats())
-        r.serial_ends("ignore_eos answers run past EOS (the policy's path ends at EOS)")
+        policy = p.live.policy
+        if policy is not None and policy.active:
+            policy.compare("the requests before ignore_eos", p.live.client.stats())
+        if r.rows != 1:
+            r.serial_ends(f"ignore_eos answers run past EOS in rounds of up to {r.rows} tokens (counts not modelled)")
         served, cont = ended[0]
         run_on = list(cont)
         while len(run_on) < TOKENS:
             more = r.oracle.run(served + run_on, TOKENS - len(run_on), r.rows)
             run_on += more + ([p.eos] if len(run_on) + len(more) < TOKENS else [])
+        emits = policy.policy.emits if policy is not None and policy.active else True
         p.send(ids, "ignore_eos", p.body(served, TOKENS, ignore_eos=True), served,
-               expect(run_on, TOKENS, p.eos, ignore_eos=True))
+               expect(run_on, TOKENS, p.eos, ignore_eos=True), walk=decoded_path(len(served), run_on[:TOKENS], emits))
         p.send(ids, "ignore_eos, stop_token_ids [EOS]", p.body(served, TOKENS, ignore_eos=True, stop_token_ids=[p.eos]),
                served, expect(run_on, TOKENS, p.eos, stop_ids=(p.eos,), ignore_eos=True))
+        if policy is not None and policy.active:
+            policy.compare("the ignore_eos requests", p.live.client.stats())
     seed = seed_of(r)
     for judge in (stop, ids, prompt):
         ok, note = judge.verdict(seed)
