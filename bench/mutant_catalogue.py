@@ -472,4 +472,10 @@ CATALOGUE: tuple[Mutant, ...] = (
            "            if self.stops is not None and not (t == EOS and self.ignore_eos) and self.stops.sees(t):\n",
            ("params_ids",), ("toy-paged",),
            "vLLM: ignore_eos removes EOS from the stop token ids too, so stop_token_ids=[eos] no longer stops"),
+    Mutant("ignore-eos-answer-not-kept", "serve/core.py",
+           '''            kept = req.pos <= known or (req.pos == known + 1 and req.reason == "stop")\n''',
+           '''            kept = (req.pos <= known or (req.pos == known + 1 and req.reason == "stop")) and not (req.ignore_eos and EOS in req.out)\n''',
+           ("policy_params",), ("toy-stateful",),
+           "vLLM/SGLang: the cache's keep rule reading EOS in the output as the end (a request run past EOS with "
+           "ignore_eos is not cached, its state thrown away; unseen while the policy stopped at ignore_eos)"),
 )
