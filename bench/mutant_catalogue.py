@@ -478,4 +478,9 @@ CATALOGUE: tuple[Mutant, ...] = (
            ("policy_params",), ("toy-stateful",),
            "vLLM/SGLang: the cache's keep rule reading EOS in the output as the end (a request run past EOS with "
            "ignore_eos is not cached, its state thrown away; unseen while the policy stopped at ignore_eos)"),
+    Mutant("stream-prompt-ids-missing", "serve/app.py",
+           "        if self.ask.return_token_ids and not self.sent_prompt:\n",
+           "        if self.ask.return_token_ids and not self.sent_prompt and not self.ask.stream:\n",
+           ("params_prompt",), ("toy-paged",),
+           "vLLM: return_token_ids' prompt_token_ids given in whole responses only, never in a stream's first chunk"),
 )

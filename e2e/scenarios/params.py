@@ -11,12 +11,13 @@ continuation, is what the parameters then act on, by the documented rule:
   last allowed token (and one token short of it: length), `min_tokens` 0 accepted and 1 refused
   naming it, `ignore_eos` running past EOS to `max_tokens` (exact targets);
 - `params_prompt`: `echo` (the prompt's text leads, streamed in the first chunk) and
-  `truncate_prompt_tokens` (the prompt's last k tokens served, its answer the reference's for them).
+  `truncate_prompt_tokens` (the prompt's last k tokens served, its answer the reference's for them;
+  with `echo`, the served prompt's text leads).
 
-Every response is compared whole: token ids, text, finish_reason, stop_reason, usage; a stream's
-chunks must concatenate to it and end with ``[DONE]``. The choices are drawn from a PRNG seeded by
-the gate's `--seed` and the target's name (printed in the notes), so `--seed` replays them. The
-requests are serial: the policy oracle predicts each (an answer a stop ended at token L as one of
+Every response is compared whole: token ids, text, finish_reason, stop_reason, usage,
+prompt_token_ids (the prompt served); a stream's chunks must concatenate to it and end with
+``[DONE]``. The choices are drawn from a PRNG seeded by the gate's `--seed` and the target's name
+(printed in the notes), so `--seed` replays them. The requests are serial: the policy oracle predicts each (an answer a stop ended at token L as one of
 max_tokens L; an `ignore_eos` answer on its path past EOS, a token a step, except on a target of
 speculative rounds, where exact predictions end there).
 """
@@ -68,15 +69,19 @@ def shape(data: dict[str, Any], chat: bool) -> dict[str, Any]:
         text = "".join((c.get("delta") or {}).get("content") or "" if chat else c.get("text") or "" for c in choices)
         ids = [t for c in choices for t in (c.get("token_ids") or [])]
         last = choices[-1] if choices else {}
+        prompt = next((c["prompt_token_ids"] for c in choices if "prompt_token_ids" in c), None)
         return {"ids": ids, "text": text, "finish": last.get("finish_reason"), "reason": last.get("stop_reason"),
-                "usage": data.get("usage") or {}, "done": data.get("done")}
+                "usage": data.get("usage") or {}, "done": data.get("done"), "prompt": prompt}
     c = data["choices"][0]
     text = c["message"]["content"] if key else c.get("text")
     return {"ids": c.get("token_ids"), "text": text, "finish": c.get("finish_reason"), "reason": c.get("stop_reason"),
-            "usage": data.get("usage") or {}, "done": True}
+            "usage": data.get("usage") or {}, "done": True, "prompt": c.get("prompt_token_ids")}
 
 
-def compare(got: dict[str, Any], want: Expected, prompt_tokens: int) -> str | None:
+def compare(got: dict[str, Any], want: Expected, served: list[int]) -> str | None:
+    """What differs between a response's shape and its expectation (None: nothing); `served` is the
+    prompt served (after truncation), which `prompt_token_ids` and usage must name."""
+    prompt_tokens = len(served)
     diffs = []
     if got["ids"] != want.token_ids:
         diffs.append(f"token_ids {len(got['ids'] or [])} tokens, want {len(want.token_ids)}"
@@ -89,6 +94,8 @@ def compare(got: dict[str, Any], want: Expected, prompt_tokens: int) -> str | No
     if (u.get("prompt_tokens"), u.get("completion_tokens")) != (prompt_tokens, want.completion_tokens):
         diffs.append(f"usage {u.get('prompt_tokens')}/{u.get('completion_tokens')}, want "
                      f"{prompt_tokens}/{want.completion_tokens}")
+    if got["prompt"] != served:
+        diffs.append(f"prompt_token_ids {len(got['prompt'] or [])} tokens, want the {prompt_tokens} served")
     if not got["done"]:
         diffs.append("the stream did not end with [DONE]")
     return "; ".join(diffs) or None
@@ -145,7 +152,7 @@ class Params:
             judge.note(label, f"refused: {exc}")
             return
         got = shape(data, chat)
-        problem = compare(got, want, len(served))
+        problem = compare(got, want, served)
         if problem:
             judge.note(label, problem)
         self.predict(label, served, body, data, mirrored, got, walk)
@@ -225,6 +232,10 @@ def run(r) -> None:
         cont = p.continuation(served)
         p.send(prompt, f"truncate_prompt_tokens {k}", p.body(full, TOKENS, truncate_prompt_tokens=k), served,
                expect(cont, TOKENS, p.eos))
+        if j == 1:  # echo after truncation: the text of the prompt served leads (docs/api.md), streamed
+            p.send(prompt, f"echo, truncate_prompt_tokens {k}, streamed",
+                   p.body(full, TOKENS, truncate_prompt_tokens=k, echo=True, stream=True), served,
+                   expect(cont, TOKENS, p.eos, echo=text_of(served)))
     # ignore_eos: past EOS to max_tokens (the reference continues after it). The policy follows the
     # answer a token a step (verdicts.params.decoded_path); a target of speculative rounds, whose
     # counts are the model's, ends its exact predictions here.
