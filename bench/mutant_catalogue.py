@@ -483,4 +483,9 @@ CATALOGUE: tuple[Mutant, ...] = (
            "        if self.ask.return_token_ids and not self.sent_prompt and not self.ask.stream:\n",
            ("params_prompt",), ("toy-paged",),
            "vLLM: return_token_ids' prompt_token_ids given in whole responses only, never in a stream's first chunk"),
+    Mutant("refusal-names-nothing", "serve/validate.py",
+           '''    return ApiError(400, f"'{name}' {json.dumps(v)[:60]} is not supported: {why}", name, code)''',
+           '''    return ApiError(400, f"{json.dumps(v)[:60]} is not supported: {why}", None, code)''',
+           ("params_ids",), ("toy-paged",),
+           "vLLM: an unsupported sampling value refused with a message that names no parameter (param null)"),
 )

@@ -8,8 +8,8 @@ continuation, is what the parameters then act on, by the documented rule:
   several at once (the first completed wins), some that never match, `include_stop_str_in_output`,
   streamed and not, completions and chat;
 - `params_ids`: `stop_token_ids` (a token of the answer, EOS with `ignore_eos`), EOS exactly at the
-  last allowed token (and one token short of it: length), `min_tokens` 0 accepted and 1 refused
-  naming it, `ignore_eos` running past EOS to `max_tokens` (exact targets);
+  last allowed token (and one token short of it: length), `min_tokens` 0 accepted and a drawn
+  1..96 refused with a 400 naming it, `ignore_eos` running past EOS to `max_tokens` (exact targets);
 - `params_prompt`: `echo` (the prompt's text leads, streamed in the first chunk) and
   `truncate_prompt_tokens` (the prompt's last k tokens served, its answer the reference's for them;
   with `echo`, the served prompt's text leads).
@@ -208,17 +208,22 @@ def run(r) -> None:
     for served, cont in ended[:1]:
         for m in (len(cont), len(cont) - 1):
             p.send(ids, f"max_tokens {m} (EOS at {len(cont)})", p.body(served, m), served, expect(cont, m, p.eos))
-    # min_tokens: 0 is the default; 1 is refused naming it
+    # min_tokens: 0 is the default; any more is refused (docs/api.md), a clear 400 naming it
     served, cont = conts[0]
     p.send(ids, "min_tokens 0", p.body(served, TOKENS, min_tokens=0), served, expect(cont, TOKENS, p.eos))
+    m, chat, stream = rng.randint(1, TOKENS), rng.random() < 0.5, rng.random() < 0.5
+    label = f"min_tokens {m}{' chat' if chat else ''}{' streamed' if stream else ''}"
     ids.n += 1
     try:
-        p.live.client.request(p.body(served, TOKENS, min_tokens=1))
-        ids.note("min_tokens 1", "served, not refused")
+        p.live.client.request(p.body(served, TOKENS, chat, min_tokens=m, stream=stream),
+                              "/v1/chat/completions" if chat else "/v1/completions")
+        ids.note(label, "served, not refused")
     except Rejected as exc:
-        param = ((exc.body or {}).get("error") or {}).get("param") if isinstance(exc.body, dict) else None
-        if exc.status != 400 or param != "min_tokens":
-            ids.note("min_tokens 1", f"refused as {exc.status} naming {param!r}, not 400 naming min_tokens")
+        err = (exc.body or {}).get("error") if isinstance(exc.body, dict) else None
+        err = err if isinstance(err, dict) else {}
+        if exc.status != 400 or err.get("param") != "min_tokens" or "min_tokens" not in str(err.get("message")):
+            ids.note(label, f"refused as {exc.status} naming {err.get('param')!r} ({str(err.get('message'))[:60]!r}), "
+                            "not 400 naming min_tokens")
     # echo and truncation
     for j in range(2):
         served, cont = conts[j]
