@@ -464,7 +464,8 @@ CATALOGUE: tuple[Mutant, ...] = (
            "vLLM: stop_reason null in streamed responses (set only on the non-streaming path)"),
     Mutant("usage-without-stop-token", "serve/app.py",
            '''"completion_tokens": len(self.tokens), "total_tokens": n + len(self.tokens),''',
-           '''"completion_tokens": len(self.tokens) - bool(self.done and self.done.hide_last), "total_tokens": n + len(self.tokens),''',
+           '''"completion_tokens": len(self.tokens) - bool(self.done and self.done.hide_last), '''
+           '''"total_tokens": n + len(self.tokens),''',
            ("params_ids",), ("toy-paged",),
            "vLLM: completion_tokens counting the detokenized text's tokens, not the stop token id that ended it"),
     Mutant("ignore-eos-drops-eos-stop-id", "serve/request.py",
@@ -474,7 +475,8 @@ CATALOGUE: tuple[Mutant, ...] = (
            "vLLM: ignore_eos removes EOS from the stop token ids too, so stop_token_ids=[eos] no longer stops"),
     Mutant("ignore-eos-answer-not-kept", "serve/core.py",
            '''            kept = req.pos <= known or (req.pos == known + 1 and req.reason == "stop")\n''',
-           '''            kept = (req.pos <= known or (req.pos == known + 1 and req.reason == "stop")) and not (req.ignore_eos and EOS in req.out)\n''',
+           '''            kept = (req.pos <= known or (req.pos == known + 1 and req.reason == "stop")) '''
+           '''and not (req.ignore_eos and EOS in req.out)\n''',
            ("policy_params",), ("toy-stateful",),
            "vLLM/SGLang: the cache's keep rule reading EOS in the output as the end (a request run past EOS with "
            "ignore_eos is not cached, its state thrown away; unseen while the policy stopped at ignore_eos)"),

@@ -97,7 +97,8 @@ def test_corner_cases_by_hand():
 
 
 TOY = Path(__file__).resolve().parent.parent / "manifests" / "toy"
-MANIFESTS = {name: json.loads((TOY / f"{name}.json").read_text()) for name in ("toy-paged", "toy-stateful", "toy-layers")}
+MANIFESTS = {name: json.loads((TOY / f"{name}.json").read_text())
+             for name in ("toy-paged", "toy-stateful", "toy-layers")}
 
 
 @settings(max_examples=150, deadline=None)

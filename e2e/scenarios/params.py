@@ -17,9 +17,10 @@ continuation, is what the parameters then act on, by the documented rule:
 Every response is compared whole: token ids, text, finish_reason, stop_reason, usage,
 prompt_token_ids (the prompt served); a stream's chunks must concatenate to it and end with
 ``[DONE]``. The choices are drawn from a PRNG seeded by the gate's `--seed` and the target's name
-(printed in the notes), so `--seed` replays them. The requests are serial: the policy oracle predicts each (an answer a stop ended at token L as one of
-max_tokens L; an `ignore_eos` answer on its path past EOS, a token a step, except on a target of
-speculative rounds, where exact predictions end there).
+(printed in the notes), so `--seed` replays them. The requests are serial: the policy oracle
+predicts each (an answer a stop ended at token L as one of max_tokens L; an `ignore_eos` answer on
+its path past EOS, a token a step, except on a target of speculative rounds, where exact predictions
+end there).
 """
 
 from __future__ import annotations
