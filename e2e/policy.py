@@ -59,11 +59,13 @@ class PolicyGate:
         if self.policy is not None and callable(getattr(self.reference, "prefetch", None)):
             self.reference.prefetch(ids, max_tokens, self.rows, path=(self.rows, self.policy.emits))
 
-    def expect(self, label: str, ids: list[int], max_tokens: int, answer) -> None:
-        """Predict the request and compare the answer's cached tokens, tier and snapshot."""
+    def expect(self, label: str, ids: list[int], max_tokens: int, answer, path: dict | None = None) -> None:
+        """Predict the request and compare the answer's cached tokens, tier and snapshot; `path` when
+        the caller knows the answer's path (one past EOS), else the reference's."""
         if self.policy is None:
             return
-        path = self.reference.path_of(ids, max_tokens, self.rows, self.policy.emits)
+        if path is None:
+            path = self.reference.path_of(ids, max_tokens, self.rows, self.policy.emits)
         if path is None:
             self.stop("the reference gave no path")
             return

@@ -101,6 +101,20 @@ def test_explore_gates_fresh_seeds_and_seed_replays_one(tmp_path, capsys):
         assert again[name]["note"] == checks(first)[name]["note"], name
 
 
+def test_params_session_passes_every_request_predicted(tmp_path):
+    """The params session on the shipped code, a lined target, a seed of its own: every parameter's
+    answer exact, and policy_params predicts every request, the ignore_eos ones past EOS included."""
+    names = ("params_stop", "params_ids", "params_prompt", "policy_params", "metrics_params")
+    code, reports = gate(tmp_path, "--targets", "toy-stateful", "--seed", "3", "--scenarios", *names)
+    got = checks(reports["toy-stateful"])
+    assert code == EXIT_PASS, got
+    assert set(got) == set(names) and all(c["ok"] for c in got.values())
+    for name in names[:3]:
+        assert "(seed '3:toy-stateful:params')" in got[name]["note"], got[name]["note"]
+    note = got["policy_params"]["note"]
+    assert "predictions stopped" not in note and re.match(r"2[5-9] requests and 3 counter reads", note), note
+
+
 def test_passing_gate_on_a_lined_spec_target(tmp_path):
     code, reports = gate(tmp_path, "--targets", "toy-stateful-spec", "--scenarios", "repeat_hit", "turn2_hit",
                          "turn2_warm_equals_run", "spec_acceptance", "slot_growth", "rows1_equals_run", "wake_room")

@@ -3,18 +3,23 @@
 Property: for any continuation (byte tokens, EOS, bad UTF-8) and any stop strings, stop token ids,
 include flag, ignore_eos and max_tokens, what `expect` predicts (token ids, text, finish reason,
 stop reason) is what the server's `Request.take` and `Reply` produce from the same tokens. The two
-are written apart: this holds each to the other. Plus the rule's own corner cases by hand.
+are written apart: this holds each to the other. Plus the rule's own corner cases by hand, and
+`decoded_path` (the policy oracle's path of an answer past EOS) held to `toy.model.path` wherever the
+model's own path runs to max_tokens.
 """
 
 from __future__ import annotations
 
-from hypothesis import given, settings
+import json
+from pathlib import Path
+
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from serve.app import Reply
 from serve.request import Done, Request, Stops, Update
 from serve.validate import Ask
-from verdicts.params import expect, text_of
+from verdicts.params import decoded_path, expect, text_of
 
 EOS = 256
 
@@ -89,3 +94,27 @@ def test_corner_cases_by_hand():
         pass
     else:
         raise AssertionError("a continuation shorter than the answer can run must be refused")
+
+
+TOY = Path(__file__).resolve().parent.parent / "manifests" / "toy"
+MANIFESTS = {name: json.loads((TOY / f"{name}.json").read_text())
+             for name in ("toy-paged", "toy-stateful", "toy-layers")}
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.sampled_from(sorted(MANIFESTS)), st.lists(st.integers(0, 255), min_size=1, max_size=40),
+       st.integers(1, 24), st.booleans())
+def test_decoded_path_is_the_models_path_of_an_answer_run_to_max_tokens(name, ids, m, emits):
+    """Property: a token a step, an answer of max_tokens tokens has the path toy.model.path gives."""
+    from toy.model import path
+    emits = emits or name == "toy-layers"  # the layered toy prefills emitting
+    want = path(ids, m, MANIFESTS[name], 1, emits)
+    assume(want["reason"] == "length")
+    assert decoded_path(len(ids), want["answer"], emits) == want
+
+
+def test_decoded_path_runs_past_eos():
+    p = decoded_path(5, [65, EOS, 66, EOS], True)
+    assert (p["reason"], p["first"], p["counts"], p["fed"]) == ("length", 1, [1, 1, 1], 8)
+    p = decoded_path(5, [65, EOS, 66, EOS], False)
+    assert (p["first"], p["counts"], p["fed"]) == (0, [1, 1, 1, 1], 8)

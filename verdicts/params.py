@@ -15,7 +15,11 @@ lets the answer run past it) and applies, token by token:
   U+FFFD) and matched against the strings too.
 
 The text is the answer's byte tokens (ids below 256) decoded as UTF-8 with replacement; ``echo``
-puts the prompt's text first. No I/O, nothing of the project imported.
+puts the prompt's text first.
+
+`decoded_path` is the policy oracle's side of an answer the model's own path (`toy.model.path`) does
+not give: one that ran past EOS to ``max_tokens`` (``ignore_eos``), decoded one token a step. No I/O,
+nothing of the project imported.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from __future__ import annotations
 import codecs
 from dataclasses import dataclass
 
-__all__ = ["Expected", "expect", "text_of"]
+__all__ = ["Expected", "decoded_path", "expect", "text_of"]
 
 
 def text_of(ids: list[int]) -> str:
@@ -84,3 +88,15 @@ def expect(emitted: list[int], max_tokens: int, eos: int, stop: tuple[str, ...] 
     if len(emitted) < len(ids) or (len(ids) < max_tokens and finish == "length"):
         raise ValueError(f"the continuation ({len(emitted)} tokens) is shorter than the answer can run")
     return Expected(ids, echo + text, finish, reason)
+
+
+def decoded_path(prompt_len: int, answer: list[int], emits: bool) -> dict:
+    """The path (as `toy.model.path` gives it) of an answer that ran to its `max_tokens` (its length),
+    EOS or not, on a server that decodes one token a step: an emitting prefill takes the first token
+    and each step one more; otherwise the prefill stops a token short and each step emits one."""
+    if not answer:
+        raise ValueError("an answer of no tokens has no path")
+    first = 1 if emits else 0
+    counts = [1] * (len(answer) - first)
+    return {"answer": list(answer), "reason": "length", "first": first, "counts": counts,
+            "fed": prompt_len - (0 if emits else 1) + len(counts)}

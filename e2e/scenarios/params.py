@@ -8,16 +8,19 @@ continuation, is what the parameters then act on, by the documented rule:
   several at once (the first completed wins), some that never match, `include_stop_str_in_output`,
   streamed and not, completions and chat;
 - `params_ids`: `stop_token_ids` (a token of the answer, EOS with `ignore_eos`), EOS exactly at the
-  last allowed token (and one token short of it: length), `min_tokens` 0 accepted and 1 refused
-  naming it, `ignore_eos` running past EOS to `max_tokens` (exact targets);
+  last allowed token (and one token short of it: length), `min_tokens` 0 accepted and a drawn
+  1..96 refused with a 400 naming it, `ignore_eos` running past EOS to `max_tokens` (exact targets);
 - `params_prompt`: `echo` (the prompt's text leads, streamed in the first chunk) and
-  `truncate_prompt_tokens` (the prompt's last k tokens served, its answer the reference's for them).
+  `truncate_prompt_tokens` (the prompt's last k tokens served, its answer the reference's for them;
+  with `echo`, the served prompt's text leads).
 
-Every response is compared whole: token ids, text, finish_reason, stop_reason, usage; a stream's
-chunks must concatenate to it and end with ``[DONE]``. The choices are drawn from a PRNG seeded by
-the gate's `--seed` and the target's name (printed in the notes), so `--seed` replays them. The
-requests are serial: the policy oracle predicts each (an answer a stop ended at token L as one of
-max_tokens L), up to the `ignore_eos` ones, whose path past EOS it does not model.
+Every response is compared whole: token ids, text, finish_reason, stop_reason, usage,
+prompt_token_ids (the prompt served); a stream's chunks must concatenate to it and end with
+``[DONE]``. The choices are drawn from a PRNG seeded by the gate's `--seed` and the target's name
+(printed in the notes), so `--seed` replays them. The requests are serial: the policy oracle
+predicts each (an answer a stop ended at token L as one of max_tokens L; an `ignore_eos` answer on
+its path past EOS, a token a step, except on a target of speculative rounds, where exact predictions
+end there).
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from typing import Any
 from e2e.client import Answer, Rejected
 from e2e.prompts import PROMPTS
 from verdicts import Same
-from verdicts.params import Expected, expect, text_of
+from verdicts.params import Expected, decoded_path, expect, text_of
 
 TOKENS = 96  # answer tokens asked: long enough for stop strings of up to 64 characters
 PROMPTS_USED = 4
@@ -67,15 +70,19 @@ def shape(data: dict[str, Any], chat: bool) -> dict[str, Any]:
         text = "".join((c.get("delta") or {}).get("content") or "" if chat else c.get("text") or "" for c in choices)
         ids = [t for c in choices for t in (c.get("token_ids") or [])]
         last = choices[-1] if choices else {}
+        prompt = next((c["prompt_token_ids"] for c in choices if "prompt_token_ids" in c), None)
         return {"ids": ids, "text": text, "finish": last.get("finish_reason"), "reason": last.get("stop_reason"),
-                "usage": data.get("usage") or {}, "done": data.get("done")}
+                "usage": data.get("usage") or {}, "done": data.get("done"), "prompt": prompt}
     c = data["choices"][0]
     text = c["message"]["content"] if key else c.get("text")
     return {"ids": c.get("token_ids"), "text": text, "finish": c.get("finish_reason"), "reason": c.get("stop_reason"),
-            "usage": data.get("usage") or {}, "done": True}
+            "usage": data.get("usage") or {}, "done": True, "prompt": c.get("prompt_token_ids")}
 
 
-def compare(got: dict[str, Any], want: Expected, prompt_tokens: int) -> str | None:
+def compare(got: dict[str, Any], want: Expected, served: list[int]) -> str | None:
+    """What differs between a response's shape and its expectation (None: nothing); `served` is the
+    prompt served (after truncation), which `prompt_token_ids` and usage must name."""
+    prompt_tokens = len(served)
     diffs = []
     if got["ids"] != want.token_ids:
         diffs.append(f"token_ids {len(got['ids'] or [])} tokens, want {len(want.token_ids)}"
@@ -88,6 +95,8 @@ def compare(got: dict[str, Any], want: Expected, prompt_tokens: int) -> str | No
     if (u.get("prompt_tokens"), u.get("completion_tokens")) != (prompt_tokens, want.completion_tokens):
         diffs.append(f"usage {u.get('prompt_tokens')}/{u.get('completion_tokens')}, want "
                      f"{prompt_tokens}/{want.completion_tokens}")
+    if got["prompt"] != served:
+        diffs.append(f"prompt_token_ids {len(got['prompt'] or [])} tokens, want the {prompt_tokens} served")
     if not got["done"]:
         diffs.append("the stream did not end with [DONE]")
     return "; ".join(diffs) or None
@@ -135,7 +144,7 @@ class Params:
         return a.ids + ([self.eos] if a.finish == "stop" and a.stop == self.eos else [])
 
     def send(self, judge: Judge, label: str, body: dict[str, Any], served: list[int], want: Expected,
-             chat: bool = False) -> None:
+             chat: bool = False, walk: dict | None = None) -> None:
         path = "/v1/chat/completions" if chat else "/v1/completions"
         judge.n += 1
         try:
@@ -144,15 +153,15 @@ class Params:
             judge.note(label, f"refused: {exc}")
             return
         got = shape(data, chat)
-        problem = compare(got, want, len(served))
+        problem = compare(got, want, served)
         if problem:
             judge.note(label, problem)
-        self.predict(label, served, body, data, mirrored, got)
+        self.predict(label, served, body, data, mirrored, got, walk)
 
     def predict(self, label: str, served: list[int], body: dict[str, Any], data: dict[str, Any], mirrored: str,
-                got: dict[str, Any]) -> None:
+                got: dict[str, Any], walk: dict | None = None) -> None:
         """The policy oracle's turn: a stop string or id ending the answer at token L retires it as a
-        length of L would (the same steps, the same folded tokens)."""
+        length of L would (the same steps, the same folded tokens); an answer past EOS on `walk` (its path)."""
         policy = self.live.policy
         if policy is None or not policy.active:
             return
@@ -165,7 +174,7 @@ class Params:
                    got["finish"], k.get("request_id") or mirrored, k.get("cache_tier"), k.get("snapshot"), data,
                    k.get("woken"))
         self.r.snapshots[a.request] = a.snapshot
-        policy.expect(label, served, m, a)
+        policy.expect(label, served, m, a, walk)
 
 
 def run(r) -> None:
@@ -200,17 +209,22 @@ def run(r) -> None:
     for served, cont in ended[:1]:
         for m in (len(cont), len(cont) - 1):
             p.send(ids, f"max_tokens {m} (EOS at {len(cont)})", p.body(served, m), served, expect(cont, m, p.eos))
-    # min_tokens: 0 is the default; 1 is refused naming it
+    # min_tokens: 0 is the default; any more is refused (docs/api.md), a clear 400 naming it
     served, cont = conts[0]
     p.send(ids, "min_tokens 0", p.body(served, TOKENS, min_tokens=0), served, expect(cont, TOKENS, p.eos))
+    m, chat, stream = rng.randint(1, TOKENS), rng.random() < 0.5, rng.random() < 0.5
+    label = f"min_tokens {m}{' chat' if chat else ''}{' streamed' if stream else ''}"
     ids.n += 1
     try:
-        p.live.client.request(p.body(served, TOKENS, min_tokens=1))
-        ids.note("min_tokens 1", "served, not refused")
+        p.live.client.request(p.body(served, TOKENS, chat, min_tokens=m, stream=stream),
+                              "/v1/chat/completions" if chat else "/v1/completions")
+        ids.note(label, "served, not refused")
     except Rejected as exc:
-        param = ((exc.body or {}).get("error") or {}).get("param") if isinstance(exc.body, dict) else None
-        if exc.status != 400 or param != "min_tokens":
-            ids.note("min_tokens 1", f"refused as {exc.status} naming {param!r}, not 400 naming min_tokens")
+        err = (exc.body or {}).get("error") if isinstance(exc.body, dict) else None
+        err = err if isinstance(err, dict) else {}
+        if exc.status != 400 or err.get("param") != "min_tokens" or "min_tokens" not in str(err.get("message")):
+            ids.note(label, f"refused as {exc.status} naming {err.get('param')!r} ({str(err.get('message'))[:60]!r}), "
+                            "not 400 naming min_tokens")
     # echo and truncation
     for j in range(2):
         served, cont = conts[j]
@@ -224,20 +238,31 @@ def run(r) -> None:
         cont = p.continuation(served)
         p.send(prompt, f"truncate_prompt_tokens {k}", p.body(full, TOKENS, truncate_prompt_tokens=k), served,
                expect(cont, TOKENS, p.eos))
-    # ignore_eos: past EOS to max_tokens (the reference continues after it), last: the policy stops here
+        if j == 1:  # echo after truncation: the text of the prompt served leads (docs/api.md), streamed
+            p.send(prompt, f"echo, truncate_prompt_tokens {k}, streamed",
+                   p.body(full, TOKENS, truncate_prompt_tokens=k, echo=True, stream=True), served,
+                   expect(cont, TOKENS, p.eos, echo=text_of(served)))
+    # ignore_eos: past EOS to max_tokens (the reference continues after it). The policy follows the
+    # answer a token a step (verdicts.params.decoded_path); a target of speculative rounds, whose
+    # counts are the model's, ends its exact predictions here.
     if getattr(r.oracle, "exact", False) and ended:
-        if p.live.policy is not None and p.live.policy.active:
-            p.live.policy.compare("the requests before ignore_eos", p.live.client.stats())
-        r.serial_ends("ignore_eos answers run past EOS (the policy's path ends at EOS)")
+        policy = p.live.policy
+        if policy is not None and policy.active:
+            policy.compare("the requests before ignore_eos", p.live.client.stats())
+        if r.rows != 1:
+            r.serial_ends(f"ignore_eos answers run past EOS in rounds of up to {r.rows} tokens (counts not modelled)")
         served, cont = ended[0]
         run_on = list(cont)
         while len(run_on) < TOKENS:
             more = r.oracle.run(served + run_on, TOKENS - len(run_on), r.rows)
             run_on += more + ([p.eos] if len(run_on) + len(more) < TOKENS else [])
+        emits = policy.policy.emits if policy is not None and policy.active else True
         p.send(ids, "ignore_eos", p.body(served, TOKENS, ignore_eos=True), served,
-               expect(run_on, TOKENS, p.eos, ignore_eos=True))
+               expect(run_on, TOKENS, p.eos, ignore_eos=True), walk=decoded_path(len(served), run_on[:TOKENS], emits))
         p.send(ids, "ignore_eos, stop_token_ids [EOS]", p.body(served, TOKENS, ignore_eos=True, stop_token_ids=[p.eos]),
                served, expect(run_on, TOKENS, p.eos, stop_ids=(p.eos,), ignore_eos=True))
+        if policy is not None and policy.active:
+            policy.compare("the ignore_eos requests", p.live.client.stats())
     seed = seed_of(r)
     for judge in (stop, ids, prompt):
         ok, note = judge.verdict(seed)
