@@ -57,7 +57,10 @@ STEPS: tuple[Step, ...] = (
     Step("rows1", "rows1", ("rows1_equals_run", "rows1_vs_spec"), ("conc1",), rows1.run, flags=rows1.flags,
          applies=lambda t: t.spec, early=True),
     Step("wake_room", "wake_room", ("wake_room",), ("turn2",), wake_room.run, flags=wake_room.flags),
-    Step("params", "params", ("params_stop", "params_ids", "params_prompt"), (), params.run),
+    # request parameters are the HTTP layer's, the same code in a pipeline's head as in one process: a staged
+    # target's single process gates them, and each pipeline start costs a staged target seconds of CPU
+    Step("params", "params", ("params_stop", "params_ids", "params_prompt"), (), params.run,
+         applies=lambda t: t.stages <= 1),
     # a staged target does not pack prefill while its single process does: its drawn workload would differ,
     # and the single process's explore already gates the same manifest
     Step("explore", "explore", ("explore_equals_run",), ("conc1",), explore.run, flags=explore.flags,

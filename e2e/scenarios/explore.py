@@ -44,8 +44,8 @@ from e2e.prompts import PROMPTS, SUFFIX
 from verdicts import Same
 
 TOKENS = 48  # answer tokens of most requests
-REQUESTS = 14  # serial requests before the edges and the burst
-BURST = 6
+REQUESTS = 10  # serial requests before the edges and the burst
+BURST = 4
 
 
 def rng_of(r) -> random.Random:
