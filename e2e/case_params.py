@@ -100,4 +100,4 @@ def judge(body: dict[str, Any], path: str, outcome: dict[str, Any] | Exception, 
     if made is None:
         return None
     served, want = made
-    return compare(shape(outcome, path.endswith("/chat/completions")), want, len(served))
+    return compare(shape(outcome, path.endswith("/chat/completions")), want, list(served))

@@ -125,7 +125,8 @@ def response(want, served, chat, stream, split):
     """What a server sends for the answer `want` (an `Expected`), whole or as a stream of two chunks."""
     usage = {"prompt_tokens": len(served), "completion_tokens": len(want.token_ids)}
     if not stream:
-        c = {"token_ids": want.token_ids, "finish_reason": want.finish, "stop_reason": want.stop_reason}
+        c = {"token_ids": want.token_ids, "finish_reason": want.finish, "stop_reason": want.stop_reason,
+             "prompt_token_ids": list(served)}
         c.update({"message": {"content": want.text}} if chat else {"text": want.text})
         return {"choices": [c], "usage": usage}
     k, j = min(split, len(want.text)), min(split, len(want.token_ids))
@@ -133,6 +134,7 @@ def response(want, served, chat, stream, split):
              (want.text[k:], want.token_ids[j:], want.finish, want.stop_reason)]
     chunks = [{"choices": [{**({"delta": {"content": t}} if chat else {"text": t}), "token_ids": ids,
                             "finish_reason": f, "stop_reason": r}]} for t, ids, f, r in parts]
+    chunks[0]["choices"][0]["prompt_token_ids"] = list(served)  # the server sends it in the first chunk
     return {"chunks": chunks, "done": True, "usage": usage}
 
 
