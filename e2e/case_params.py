@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from e2e.scenarios.params import compare, shape
-from verdicts.params import expect, text_of
+from verdicts.params import continuation, expect, text_of
 
 __all__ = ["JUDGED", "expected_for", "judge", "judged", "served_of"]
 
@@ -43,20 +43,6 @@ def served_of(body: dict[str, Any]) -> list[int] | None:
         return None
     k = body.get("truncate_prompt_tokens")
     return ids[-int(k):] if k else ids
-
-
-def continuation(oracle, rows: int, served: list[int], m: int, eos: int, ignore_eos: bool) -> list[int]:
-    """What the model emits after `served`, up to `m` tokens: EOS appended where it ends the answer;
-    with `ignore_eos`, run on past each EOS (the reference continues after it) up to `m`."""
-    out: list[int] = []
-    while len(out) < m:
-        more = oracle.run(served + out, m - len(out), rows)
-        out += more
-        if len(out) < m:
-            out.append(eos)
-            if not ignore_eos:
-                break
-    return out
 
 
 def judged(body: dict[str, Any]) -> bool:

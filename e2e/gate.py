@@ -183,7 +183,6 @@ class Run:
             s.stop(kill=True)
             raise
         self.facts[name] = facts
-        self.scripts[name] = {"flags": list(flags), "requests": []}
         ready = s.log.lines("pp ready")  # a pipeline head: each stage's host page bytes
         if ready and ready[-1].get("stage_page_bytes") is not None:
             self.stage_page_bytes[name] = [int(b) for b in str(ready[-1]["stage_page_bytes"]).split(",")]
@@ -192,7 +191,7 @@ class Run:
                       ("ranks", "pages", "page", "rows", "checkpoints", "seq_slots", "max_request_tokens", "load_s")
                       if k in facts))
         c = Client(s, self.target.model)
-        self.scripts[name]["requests"] = c.script  # what the session sends, as it sends it (e2e/case.py)
+        self.scripts[name] = {"flags": list(flags), "requests": c.script}  # as the session sends them (e2e/case.py)
         raw = c.stats()
         self.server_facts[name] = dict((raw or {}).get("facts") or {})
         self.live = Live(s, c, Stats(c, s.log), PolicyGate(self.oracle, (raw or {}).get("facts"), self.target.lined))
@@ -287,8 +286,9 @@ class Run:
             if live.policy is not None and exc.status == 400:
                 live.policy.rejected(list(prompt.encode()) if isinstance(prompt, str) else list(prompt))
             raise
-        if live.stats.has_endpoint and a.untold():
-            raise Untold(f"request {a.request}: the response's kern object lacks {', '.join(a.untold())}; a server "
+        untold = a.untold() if live.stats.has_endpoint else []
+        if untold:
+            raise Untold(f"request {a.request}: the response's kern object lacks {', '.join(untold)}; a server "
                          "with /stats reports each request's tier, snapshot and wake in it (docs/api.md), not "
                          "only in a log line")
         self.snapshots[a.request] = a.snapshot

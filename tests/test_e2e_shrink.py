@@ -143,8 +143,8 @@ def response(want, served, chat, stream, split):
        st.booleans(), st.booleans(), st.booleans(), st.booleans(), st.integers(0, 40), st.data())
 def test_a_replay_holds_a_stop_requests_answer_to_the_rule_and_flags_a_missed_stop(prompt, m, eos_every, chat, stream,
                                                                                    include, echo, split, data):
-    from e2e.case_params import continuation, judge
-    from verdicts.params import expect, text_of
+    from e2e.case_params import judge
+    from verdicts.params import continuation, expect, text_of
 
     oracle = FakeOracle(eos_every)
     emitted = continuation(oracle, 1, prompt, m, EOS, False)

@@ -16,7 +16,7 @@ from .acceptance import BURST_SHARE, accept_rate, acceptance_holds
 from .evidence import PROBE_AGREE_ULPS, evidence, probe_disagreement
 from .gate import EXIT_FAIL, EXIT_NOTHING_RAN, EXIT_PASS, Check, Report, oracle_gate, summarize
 from .hits import turn2_hit
-from .params import Expected, decoded_path, expect, text_of
+from .params import Expected, continuation, decoded_path, expect, text_of
 from .policy import POLICY_COUNTERS, Policy, Prediction, Unmodelled
 from .same import EXCUSED_MAX, Oracle, Same, divergence
 from .ulp import NEAR_TIE_ULPS, near_tie, ulp_of, ulps_down
@@ -40,6 +40,7 @@ __all__ = [
     "Unmodelled",
     "accept_rate",
     "acceptance_holds",
+    "continuation",
     "decoded_path",
     "divergence",
     "evidence",

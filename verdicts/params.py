@@ -27,7 +27,9 @@ from __future__ import annotations
 import codecs
 from dataclasses import dataclass
 
-__all__ = ["Expected", "decoded_path", "expect", "text_of"]
+from .same import Oracle
+
+__all__ = ["Expected", "continuation", "decoded_path", "expect", "text_of"]
 
 
 def text_of(ids: list[int]) -> str:
@@ -100,3 +102,18 @@ def decoded_path(prompt_len: int, answer: list[int], emits: bool) -> dict:
     counts = [1] * (len(answer) - first)
     return {"answer": list(answer), "reason": "length", "first": first, "counts": counts,
             "fed": prompt_len - (0 if emits else 1) + len(counts)}
+
+
+def continuation(oracle: Oracle, rows: int, served: list[int], m: int, eos: int, ignore_eos: bool) -> list[int]:
+    """What the model emits after `served`, up to `m` tokens, from `oracle.run` (which stops before
+    EOS): EOS appended where it ends the answer; with `ignore_eos`, run on past each EOS (the reference
+    continues after it) up to `m`. The continuation `expect` takes."""
+    out: list[int] = []
+    while len(out) < m:
+        more = oracle.run(served + out, m - len(out), rows)
+        out += more
+        if len(out) < m:
+            out.append(eos)
+            if not ignore_eos:
+                break
+    return out

@@ -31,7 +31,7 @@ from typing import Any
 from e2e.client import Answer, Rejected
 from e2e.prompts import PROMPTS
 from verdicts import Same
-from verdicts.params import Expected, decoded_path, expect, text_of
+from verdicts.params import Expected, continuation, decoded_path, expect, text_of
 
 TOKENS = 96  # answer tokens asked: long enough for stop strings of up to 64 characters
 PROMPTS_USED = 4
@@ -251,11 +251,8 @@ def run(r) -> None:
             policy.compare("the requests before ignore_eos", p.live.client.stats())
         if r.rows != 1:
             r.serial_ends(f"ignore_eos answers run past EOS in rounds of up to {r.rows} tokens (counts not modelled)")
-        served, cont = ended[0]
-        run_on = list(cont)
-        while len(run_on) < TOKENS:
-            more = r.oracle.run(served + run_on, TOKENS - len(run_on), r.rows)
-            run_on += more + ([p.eos] if len(run_on) + len(more) < TOKENS else [])
+        served, _ = ended[0]
+        run_on = continuation(r.oracle, r.rows, served, TOKENS, p.eos, ignore_eos=True)
         emits = policy.policy.emits if policy is not None and policy.active else True
         p.send(ids, "ignore_eos", p.body(served, TOKENS, ignore_eos=True), served,
                expect(run_on, TOKENS, p.eos, ignore_eos=True), walk=decoded_path(len(served), run_on[:TOKENS], emits))
