@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 from e2e.checks import mark
 from e2e.config import GateTarget
-from e2e.scenarios import CROSS_CHECKS
+from e2e.scenarios import CROSS_CHECKS, STEPS
 
 __all__ = ["CHECK", "compare", "record", "twin"]
 
@@ -30,17 +30,23 @@ def twin(t: GateTarget, chosen: list[GateTarget]) -> GateTarget | None:
     return same[0] if same else None
 
 
+def single_only(staged: GateTarget, single: GateTarget) -> set[str]:
+    """The sessions whose steps apply to the single process but not to its staged twin (params, explore)."""
+    return ({s.session for s in STEPS if s.session and s.applies(single)}
+            - {s.session for s in STEPS if s.session and s.applies(staged)})
+
+
 def _cached(hits: dict, step: str) -> list[int]:
     return [e["cached"] for e in hits.get("served", []) if e["step"] == step]
 
 
-def compare(mine: dict[str, Any], single: dict[str, Any]) -> tuple[bool, str]:
-    """(ok, note): the staged report's hits against the single process's, exactly."""
+def compare(mine: dict[str, Any], single: dict[str, Any], skip: set[str] | frozenset = frozenset()) -> tuple[bool, str]:
+    """(ok, note): the staged report's hits against the single process's, exactly; `skip` names the
+    sessions only the single process runs (their steps do not apply to a staged target)."""
     a, b = mine.get("hits") or {}, single.get("hits") or {}
     name = single["target"]
     sa, sb = a.get("served", []), b.get("served", [])
-    staged_sessions = {e["session"] for e in sa} | set(a.get("counters", {}))
-    sb = [e for e in sb if e["session"] in staged_sessions]  # a session only the single process runs (explore)
+    sb = [e for e in sb if e["session"] not in skip]
     diffs = []
     if len(sa) != len(sb):
         diffs.append(f"{len(sa)} serial answers, {name} {len(sb)}")
@@ -52,7 +58,7 @@ def compare(mine: dict[str, Any], single: dict[str, Any]) -> tuple[bool, str]:
         if got:
             diffs.append(f"{x['session']} {x['step']} {x['request']}: "
                          + ", ".join(f"{k} {v} ({name} {y[k]})" for k, v in got.items()))
-    ca, cb = a.get("counters", {}), {k: v for k, v in b.get("counters", {}).items() if k in staged_sessions}
+    ca, cb = a.get("counters", {}), {k: v for k, v in b.get("counters", {}).items() if k not in skip}
     for s in sorted(set(ca) | set(cb)):
         keys = sorted(set(ca.get(s, {})) | set(cb.get(s, {})))
         d = [f"{k} {ca.get(s, {}).get(k)} ({name} {cb.get(s, {}).get(k)})" for k in keys
@@ -88,6 +94,6 @@ def record(chosen: list[GateTarget], reports: list[dict[str, Any]], wanted: set[
         elif failed:
             ok, note = None, f"not compared: {', '.join(failed)} ended with an error"
         else:
-            ok, note = compare(mine, single)
+            ok, note = compare(mine, single, single_only(t, other))
         mine["checks"].append({"name": CHECK, "ok": ok, "note": note})
         echo(f"== {t.name}\n  {mark(ok)} {CHECK}: {note}")
