@@ -12,6 +12,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from runtime.host_arena import ChunkedArena, spans
+
 
 class KernelError(RuntimeError):
     """A kernel failed to compile or run; the message names the op and entry."""
@@ -30,8 +32,6 @@ class Backend:
         that many bytes (`kern serve --host-chunk-bytes`), taken as they are first written."""
         if chunk is None:
             return np.zeros(nbytes, np.uint8)
-        from runtime.host_arena import ChunkedArena
-
         return ChunkedArena(nbytes, lambda n: np.zeros(n, np.uint8), chunk)
 
     def view(self, arr: Any, dtype: str) -> Any:
@@ -103,8 +103,6 @@ class CpuBackend(Backend):
 
     def copy(self, dst, dst_off, src, src_off, nbytes) -> None:
         if _chunked(dst) or _chunked(src):  # the host tier in pieces: a run per piece, as on a GPU
-            from runtime.host_arena import spans
-
             for d, d_off, s, s_off, n in spans(dst, dst_off, src, src_off, nbytes):
                 d[d_off : d_off + n] = s[s_off : s_off + n]
             return
@@ -121,9 +119,7 @@ class CpuBackend(Backend):
 
 
 def _chunked(arr: Any) -> bool:
-    from runtime.host_arena import ChunkedArena
-
-    return isinstance(arr, ChunkedArena)
+    return type(arr) is ChunkedArena  # on the step's uploads: one type test, no import
 
 
 @contextlib.contextmanager
