@@ -2,6 +2,8 @@
 
 A check is ``(name, ok, note)``: ok True passes, False fails (gated), None is reported only. Steps
 that run only because a named check depends on them add nothing; ``error`` is always recorded.
+A check the engine under test cannot be judged on (docs/engine-contract.md) is recorded
+``skipped (engine lacks X)``: ok None and ``skipped`` naming the capabilities, whatever the step found.
 A check also records how many near-tie tokens its identity verdicts excused (float targets).
 """
 
@@ -14,16 +16,35 @@ from verdicts import Check
 __all__ = ["Checks", "mark"]
 
 
-def mark(ok: bool | None, error: bool = False) -> str:
+def mark(ok: bool | None, error: bool = False, skipped: bool = False) -> str:
+    if skipped:
+        return "[skip]"
     return "[ERR ]" if error else {True: "[ok  ]", False: "[FAIL]", None: "[info]"}[ok]
 
 
 class Checks:
-    def __init__(self, wanted: set[str] | None = None, echo: Callable[[str], None] = print):
+    def __init__(self, wanted: set[str] | None = None, echo: Callable[[str], None] = print, engine=None):
         self.wanted = wanted
         self.echo = echo
+        self.engine = engine  # an `e2e.engine.Engine`: checks needing what it lacks are skipped
         self.list: list[Check] = []
         self.excused: dict[str, int] = {}  # near-tie tokens excused, per check
+
+    def lacks(self, name: str) -> list[str]:
+        """The capabilities the engine under test lacks for check `name` (none: it is judged)."""
+        if self.engine is None:
+            return []
+        from e2e.engine import lacking
+
+        return lacking(self.engine, name)
+
+    def skip(self, name: str, lacks: list[str]) -> None:
+        """Record check `name` as not applicable to this engine: ``skipped (engine lacks X)``."""
+        if not self.reports(name) or name in self.names():
+            return
+        note = f"skipped (engine lacks {', '.join(lacks)})"
+        self.list.append(Check(name=name, ok=None, note=note, skipped=list(lacks)))
+        self.echo(f"  {mark(None, skipped=True)} {name}: {note}")
 
     def reports(self, name: str) -> bool:
         return name == "error" or self.wanted is None or name in self.wanted
@@ -31,6 +52,10 @@ class Checks:
     def add(self, name: str, ok: bool | None, note: str, excused: int = 0) -> None:
         """Record a check; `excused` counts the near-tie tokens its identity verdicts excused."""
         if not self.reports(name):
+            return
+        lacks = self.lacks(name)
+        if lacks:
+            self.skip(name, lacks)
             return
         self.list.append(Check(name=name, ok=ok, note=note))
         if excused:
@@ -42,6 +67,10 @@ class Checks:
         gated failure marked ``error``, so it is in the console, the report and JUnit, never dropped."""
         if not self.reports(name) or name in self.names():
             return
+        lacks = self.lacks(name)
+        if lacks:
+            self.skip(name, lacks)
+            return
         note = f"not run: {why}"
         self.list.append(Check(name=name, ok=False, note=note, error=True))
         self.echo(f"  {mark(False, True)} {name}: {note}")
@@ -51,7 +80,7 @@ class Checks:
 
     def fork(self) -> "Checks":
         """An empty list with the same filter and echo, for one lane; `extend` takes it back in."""
-        return Checks(self.wanted, self.echo)
+        return Checks(self.wanted, self.echo, self.engine)
 
     def extend(self, other: "Checks") -> None:
         """Take in a lane's checks (already filtered and echoed), in their order."""

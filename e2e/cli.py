@@ -32,7 +32,8 @@ from e2e.scenarios import CHECKS, CROSS_CHECKS, STEPS, plan
 from e2e.scenarios.kern_test import forked
 from e2e.session import STARTED, merge_flags, own_kern, project_env, split_flags, stop_all
 from e2e.stages import record as record_stages
-from oracle.cache import Cache, KernRun, kern_run_identity
+from e2e.engine import PRESETS, Engine, EngineError
+from oracle.cache import Cache, CommandRun, KernRun, kern_run_identity
 from oracle.probe import Prober
 from oracle.reference import PACKAGED_MODEL, Reference, ReferenceError
 
@@ -65,7 +66,14 @@ def _greedy(argv: list[str]) -> list[str]:
 
 
 def _oracles(t: GateTarget, reference: Path | None, out: Path, backend: str, worker: bool = False,
-             hosts=None, timeout: float = 600.0):
+             hosts=None, timeout: float = 600.0, kern: list[str] | None = None):
+    """(oracle, runner): the reference (its own `oracle` over `reference`) and `kern run` (in process,
+    or the ``--kern`` command's `run`, so run_equals_reference tests that kern, not this checkout)."""
+    if t.oracle is not None:
+        reference = t.oracle
+    if kern is not None:
+        runner = CommandRun(kern, t.config or "kern.toml", t.name, timeout)
+        return (Reference(reference, t.manifest, worker=worker), runner) if reference is not None else (runner, None)
     ident = kern_run_identity(t.manifest, t.weights, backend)
     # a float target's divergences may be near-ties: the probe gives the runtime's logits at that step,
     # made in one of the gate's hosts when it has them (then this process makes no device context)
@@ -86,21 +94,23 @@ def gate_target(t: GateTarget, opts: Options, reference: Path | None, wanted: se
                 echo: Callable[[str], None] = click.echo) -> dict:
     if t.skipped:
         return _skipped(t, t.skipped, echo)
-    steps = plan(t, wanted, reference is not None)
+    opts = dataclasses.replace(opts, engine=engine_of(t, opts))
+    steps = plan(t, wanted, reference is not None or t.oracle is not None, opts.engine.external)
     if wanted is not None and not any(set(s.checks) & wanted or f"policy_{s.session}" in wanted
                                       or f"metrics_{s.session}" in wanted for s in steps) \
             and not wanted & set(CROSS_CHECKS):
         return _skipped(t, "no selected check applies", echo)
     staged = f", {t.stages} pipeline stages" if t.stages > 1 else ""
-    echo(f"== {t.name} ({t.ranks} rank(s), {'stateful' if t.lined else 'paged'}, rows {t.widest}{staged})")
+    under = f"; engine: {opts.engine.command}" if opts.engine.external else ""
+    echo(f"== {t.name} ({t.ranks} rank(s), {'stateful' if t.lined else 'paged'}, rows {t.widest}{staged}{under})")
     t0 = time.monotonic()
     began = round(t0 - opts.started, 1)  # where this target sits on the gate's timeline
     oracle, runner = _oracles(t, reference, opts.out, opts.backend, opts.reference_worker,
-                              None if opts.kern is not None else opts.hosts, opts.kern_test_timeout)
+                              None if opts.kern is not None else opts.hosts, opts.kern_test_timeout, opts.kern)
     prober = getattr(oracle, "prober", None)
     if prober is not None:  # its device and kernels made now, off the first near-tie's path
         threading.Thread(target=prober.warm, name=f"{t.name}:probe-warm", daemon=True).start()
-    checks = Checks(wanted, echo=echo)
+    checks = Checks(wanted, echo=echo, engine=opts.engine)
     run = Run(t, opts, oracle, runner, checks, echo=echo)
     try:
         unavailable = run_target(run, steps, opts.at_once)
@@ -112,7 +122,7 @@ def gate_target(t: GateTarget, opts: Options, reference: Path | None, wanted: se
     if unavailable is not None:
         echo(f"  skipped: {unavailable}")
         return {"target": t.name, "skipped": unavailable, "facts": run.facts, "counters": run.counters,
-                "checks": checks.list, "hits": hits, "wall_s": wall}
+                "checks": checks.list, "hits": hits, "wall_s": wall, "engine": opts.engine.describe()}
     if t.floats:
         made = getattr(getattr(oracle, "prober", None), "made", 0)
         per = ", ".join(f"{k} {v}" for k, v in checks.excused.items()) or "none"
@@ -120,7 +130,17 @@ def gate_target(t: GateTarget, opts: Options, reference: Path | None, wanted: se
     echo(f"  {t.name}: {wall:.1f}s ({time_split(run.times)})")
     return {"target": t.name, "skipped": None, "facts": run.facts, "counters": run.counters,
             "checks": checks.list, "near_ties": dict(checks.excused), "hits": hits, "wall_s": wall,
-            "times": dict(run.times), "cpu": dict(run.cpu), "began_s": began}
+            "times": dict(run.times), "cpu": dict(run.cpu), "began_s": began, "engine": opts.engine.describe()}
+
+
+def engine_of(t: GateTarget, opts: Options) -> Engine:
+    """The engine under test for target `t`: ``--engine`` (the gate's, in `opts.engine`), else the
+    target's `engine` key, else this checkout's kern (or ``--kern``)."""
+    if opts.engine is not None and opts.engine.external:
+        return dataclasses.replace(opts.engine, facts=dict(opts.engine.facts))  # each target asks its own
+    if t.engine is not None:
+        return Engine.foreign(t.engine, t.capabilities)
+    return Engine.own(opts.kern)
 
 
 def write_scripts(out: Path, target: str, scripts: dict) -> None:
@@ -332,7 +352,15 @@ def no_gpu() -> str | None:
 @click.option("--capacity", type=click.IntRange(min=1), default=16384, show_default=True,
               help="--capacity of the sessions that do not size their own pool.")
 @click.option("--server-flags", default="", help="Extra server flags for every session (session flags override).")
-@click.option("--kern", default=None, help="Command that runs `kern` (default: this Python's oracle.cli).")
+@click.option("--kern", default=None, help="Command that runs another kern (the Rust one): its `serve`, `test` and `run` "
+              "are gated, its log lines read where it has no /stats (default: this Python's oracle.cli).")
+@click.option("--engine", "engine_cmd", default=None,
+              help="Gate another serving engine under docs/engine-contract.md: its command with {port} where the port "
+                   "goes, e.g. \"python my_server.py --port {port}\", or a preset: " + ", ".join(PRESETS)
+                   + " (examples/vllm_toy). Checks needing a capability it lacks are reported `skipped (engine lacks X)`.")
+@click.option("--capabilities", default=None,
+              help="The --engine's capabilities, comma separated (default: its GET /kern/capabilities; without one, "
+                   "the contract's core only).")
 @click.option("--load-timeout", type=float, default=600.0, show_default=True)
 @click.option("--jobs", type=click.IntRange(min=0), default=0, show_default=True,
               help="Targets gated at once (each in its own server processes; progress lines carry the target); "
@@ -367,9 +395,14 @@ def no_gpu() -> str | None:
                    "checks (or --scenarios); prints each seed and the command that replays a failing one.")
 def cli(config, targets, scenarios, reference, no_reference, out, max_tokens, backend, port, capacity,
         server_flags, kern, load_timeout, jobs, zygote, at_once, junit_path, hosts=None,
-        reference_worker=None, seed=0, explore_n=None, shrink_=False, replay_path=None) -> None:
-    """Gate every target of a config through the server, token-exact against an oracle."""
+        reference_worker=None, seed=0, explore_n=None, shrink_=False, replay_path=None, engine_cmd=None,
+        capabilities=None) -> None:
+    """Gate every target of a config through the server, token-exact against an oracle.
+
+    Our own kern by default; another kern with --kern; any serving engine that meets
+    docs/engine-contract.md with --engine."""
     t0 = time.monotonic()
+    config, engine = _engine_option(engine_cmd, capabilities, kern, config)
     if replay_path is not None:
         sys.exit(replay_case(replay_path, "cpu" if backend == "auto" and no_gpu() else backend, Path(out)))
     wanted = set(_names(scenarios)) or None
@@ -380,7 +413,10 @@ def cli(config, targets, scenarios, reference, no_reference, out, max_tokens, ba
         raise click.UsageError(f"unknown scenario(s) {', '.join(unknown)} (checks: {', '.join(CHECKS)})")
     try:
         cfg, chosen = load_targets(config, _names(targets) or None)
-    except ConfigError as exc:
+        for t in chosen:
+            if t.engine is not None and engine is None:
+                Engine.foreign(t.engine, t.capabilities)  # a bad declaration is a usage error, before anything starts
+    except (ConfigError, EngineError) as exc:
         raise click.UsageError(str(exc)) from None
     ref = None if no_reference else Path(reference)
     if ref is not None:
@@ -391,13 +427,13 @@ def cli(config, targets, scenarios, reference, no_reference, out, max_tokens, ba
     opts = Options(cfg.resolve(), Path(out), max_tokens, backend, port, server_flags, capacity, load_timeout,
                    shlex.split(kern) if kern else None, at_once=at_once,
                    reference_worker=(os.cpu_count() or 1) >= WORKER_CORES if reference_worker is None else reference_worker,
-                   started=t0, seed=seed)
+                   started=t0, seed=seed, engine=engine)
     why = None
     with concurrent.futures.ThreadPoolExecutor(1) as ex:
         # --backend gpu: is there one? Asked (cupy's import, the driver's start: about 1 s on an H200)
         # while the hosts warm, which fail on their own without one and are then closed unheard
         check = ex.submit(no_gpu) if backend == "gpu" else None
-        if opts.kern is None:
+        if opts.kern is None and not all(engine_of(t, opts).external for t in chosen if not t.skipped):
             start_spawners(opts, cfg, chosen, backend, zygote, hosts, check)
         why = check.result() if check is not None else None
     if why is not None:
@@ -466,6 +502,26 @@ def explore(chosen: list[GateTarget], opts: Options, ref: Path | None, wanted: s
             failed.append(seed)
     click.echo(f"explore: {n - len(failed)}/{n} seeds pass" + (f"; failing seeds: {failed}" if failed else ""))
     return 1 if failed else 0
+
+
+def _engine_option(engine_cmd: str | None, capabilities: str | None, kern: str | None,
+                   config: str | None) -> tuple[str | None, Engine | None]:
+    """``--engine`` and ``--capabilities``: (the config to read, the engine for every target or None).
+    A preset name stands for its config, whose targets carry their engine's command."""
+    if engine_cmd is None:
+        if capabilities is not None:
+            raise click.UsageError("--capabilities declares an --engine's: give --engine too")
+        return config, None
+    if kern is not None:
+        raise click.UsageError("--engine and --kern: give one (--kern gates another kern, --engine any engine)")
+    if engine_cmd in PRESETS:
+        if capabilities is not None:
+            raise click.UsageError(f"--engine {engine_cmd}: its config declares its capabilities; no --capabilities")
+        return config or str(PRESETS[engine_cmd]), None
+    try:
+        return config, Engine.foreign(engine_cmd, _names((capabilities,)) if capabilities is not None else None)
+    except EngineError as exc:
+        raise click.UsageError(str(exc)) from None
 
 
 def start_spawners(opts: Options, cfg: Path, chosen: list[GateTarget], backend: str, zygote: bool,

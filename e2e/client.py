@@ -105,9 +105,11 @@ def tls():
 
 
 class Client:
-    def __init__(self, session: Session, model: str, timeout: float = 300.0, api_key: str | None = None):
+    def __init__(self, session: Session, model: str, timeout: float = 300.0, api_key: str | None = None,
+                 text: bool = True):
         self.session = session
         self.model = model
+        self.text = text  # the server takes string prompts and /tokenize; else the client sends the bytes' ids
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.http = httpx.Client(base_url=session.url, timeout=timeout, headers=headers, verify=tls(),
                                  limits=httpx.Limits(max_connections=64, keepalive_expiry=KEEPALIVE_S))
@@ -152,6 +154,8 @@ class Client:
             raise
 
     def complete(self, prompt: str | list[int], max_tokens: int, timeout: float | None = None) -> Answer:
+        if isinstance(prompt, str) and not self.text:
+            prompt = list(prompt.encode())  # the toys' tokenizer: a text's ids are its UTF-8 bytes
         body = {"model": self.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
                 "return_token_ids": True}
         data, mirrored = self.request(body, timeout=timeout)
@@ -241,6 +245,8 @@ class Client:
         return 200, {"chunks": chunks, "done": done, "usage": last.get("usage"), "kern": last.get("kern")}
 
     def tokenize(self, text: str) -> list[int]:
+        if not self.text:
+            return list(text.encode())
         r = self._post("/tokenize", {"model": self.model, "prompt": text})
         if r.status_code != 200:
             raise Rejected(r.status_code, r.json())

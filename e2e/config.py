@@ -35,6 +35,9 @@ class GateTarget:
     floats: bool = False  # a `logits` buffer: answers may diverge at near-ties (judged on probes)
     stages: int = 1  # the config's `stages`: each server is started with `--stages N` (N > 1: a pipeline)
     config: Path | None = None  # the config file it came from (given to its servers and `kern test`)
+    engine: str | None = None  # the command of an engine under the contract (docs/engine-contract.md)
+    capabilities: tuple[str, ...] | None = None  # that engine's, as the config declares them
+    oracle: Path | None = None  # the target's own reference model.py (over e2e --reference)
 
     @property
     def spec(self) -> bool:
@@ -65,6 +68,8 @@ def _target(t, config: Path | None = None) -> GateTarget:
             m = json.loads(t.manifest.read_text())
         except ValueError as exc:
             skipped = f"manifest {t.manifest} is not JSON: {exc}"
+    if skipped is None and t.oracle is not None and not t.oracle.is_file():
+        skipped = f"oracle {t.oracle} missing"
     if skipped is None and t.reference is not None and not t.reference.is_file():
         skipped = f"reference manifest {t.reference} missing"
     for w in t.weights:
@@ -73,7 +78,8 @@ def _target(t, config: Path | None = None) -> GateTarget:
     weights = t.weights or tuple(sorted(t.manifest.parent.glob("*.safetensors")))
     lined = any((s or {}).get("bytes_per_seq", 0) for s in m.get("states", {}).values())
     return GateTarget(t.name, t.manifest, t.reference, weights, m.get("model", t.name), lined,
-                      _widest(m), _ranks(m), skipped, "logits" in m.get("buffers", {}), t.stages, config)
+                      _widest(m), _ranks(m), skipped, "logits" in m.get("buffers", {}), t.stages, config,
+                      t.engine, t.capabilities, t.oracle)
 
 
 def load_targets(config: str | Path | None, names: list[str] | None) -> tuple[Path, list[GateTarget]]:

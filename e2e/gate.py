@@ -26,6 +26,7 @@ from e2e import metrics
 from e2e.checks import Checks
 from e2e.client import Answer, Client, Rejected
 from e2e.config import GateTarget
+from e2e.engine import Engine
 from e2e.policy import PolicyGate
 from e2e.session import ServerExited, Session, Unavailable, merge_flags, server_command, split_flags
 from e2e.stats import Stats
@@ -39,7 +40,7 @@ HOST_CHUNK = 98_307  # the host tier's piece size in the gate: 1.5 toy-paged pag
 HUNG_TERM_S = 2.0  # a server with a stuck request: SIGTERM, then SIGKILL after this long
 DEFAULT_WEIGHT = 3  # the default session is every other session's dependency: its host is left lighter
 SESSION_PORTS = {"default": 0, "host": 1, "slots": 2, "rows1": 3, "wake_room": 4, "churn": 5, "drop": 6, "ties": 7, "frag": 8,
-                 "params": 9, "explore": 10}
+                 "params": 9, "explore": 10, "prefix": 11}
 
 
 @dataclass
@@ -60,6 +61,11 @@ class Options:
     hosts: Any = None  # an `e2e.hosts.Hosts` (only without `kern`): runs them as threads instead (not staged servers)
     at_once: bool = True  # a target's independent sessions at once (`run_target`); False: one after another
     seed: int = 0  # what the generated sessions (params, explore) draw from: `e2e --seed`
+    engine: Any = None  # an `e2e.engine.Engine`: the engine under test (None: this checkout's kern, or `kern`)
+
+    def __post_init__(self) -> None:
+        if self.engine is None:
+            self.engine = Engine.own(self.kern)
 
     def spawner(self, staged: bool = False) -> Any:
         """What starts our own kern's commands: the hosts (a staged server starts processes of its
@@ -142,6 +148,7 @@ class Run:
 
     @property
     def page(self) -> int:
+        """The cache's block in tokens: our servers' ready line or /stats, an engine's facts.page."""
         return int(self.facts["default"]["page"])
 
     @property
@@ -159,9 +166,18 @@ class Run:
     # sessions
     def command(self, name: str, flags: list[str]) -> tuple[list[str], int]:
         """Session `name`'s server command and port: its own flags over --server-flags over the base
-        (backend, capacity and, for a target with `stages = N > 1`, ``--stages N``)."""
+        (backend, capacity and, for a target with `stages = N > 1`, ``--stages N``). An engine under
+        the contract: its command, with those flags only if it takes kern serve's (``kern-serve``)."""
         o = self.opts
         port = 0 if o.port == 0 else o.port + SESSION_PORTS[name]
+        e = o.engine
+        if e.external:
+            if port == 0:
+                from e2e.session import _unused_port
+
+                port = _unused_port()
+            extra = merge_flags(split_flags(o.server_flags), split_flags(flags)) if e.has("kern-serve") else []
+            return [*e.argv(port, self.target.model), *extra], port
         base = [("--backend", [o.backend]), ("--capacity", [str(o.capacity)])]
         if self.target.stages > 1:
             base.append(("--stages", [str(self.target.stages)]))
@@ -175,10 +191,16 @@ class Run:
         self.close()
         o = self.opts
         cmd, port = self.command(name, flags)
+        e = o.engine
         s = Session(name, cmd, port, self.dir / f"server-{name}.log", load_timeout=o.load_timeout,
-                    zygote=o.spawner(staged=self.target.stages > 1), weight=DEFAULT_WEIGHT if name == "default" else 1)
+                    zygote=None if e.external else o.spawner(staged=self.target.stages > 1),
+                    weight=DEFAULT_WEIGHT if name == "default" else 1, health=e.external)
         try:
             facts = s.start()
+            if e.external:  # what it can do and its facts, from its first server (docs/engine-contract.md)
+                with _LEARN:
+                    e.learn(s.url)
+                facts = {"page": 1, **e.facts, **facts}  # page: the block a hit is counted in (1: any token)
         except BaseException:
             s.stop(kill=True)
             raise
@@ -190,11 +212,11 @@ class Run:
             self.echo("  facts: " + ", ".join(f"{k}={facts[k]}" for k in
                       ("ranks", "pages", "page", "rows", "checkpoints", "seq_slots", "max_request_tokens", "load_s")
                       if k in facts))
-        c = Client(s, self.target.model)
+        c = Client(s, self.target.model, text=e.has("text"))
         self.scripts[name] = {"flags": list(flags), "requests": c.script}  # as the session sends them (e2e/case.py)
         raw = c.stats()
         self.server_facts[name] = dict((raw or {}).get("facts") or {})
-        self.live = Live(s, c, Stats(c, s.log), PolicyGate(self.oracle, (raw or {}).get("facts"), self.target.lined))
+        self.live = Live(s, c, Stats(c, s.log, reads_log=not e.external), PolicyGate(self.oracle, (raw or {}).get("facts"), self.target.lined))
         self.live.stats.has_endpoint = raw is not None
         text = c.metrics() if raw is not None else None
         self.live.metrics_start = metrics.parse(text) if text is not None else None
@@ -286,7 +308,7 @@ class Run:
             if live.policy is not None and exc.status == 400:
                 live.policy.rejected(list(prompt.encode()) if isinstance(prompt, str) else list(prompt))
             raise
-        untold = a.untold() if live.stats.has_endpoint else []
+        untold = a.untold() if live.stats.has_endpoint and self.opts.engine.has("kern-serve") else []
         if untold:
             raise Untold(f"request {a.request}: the response's kern object lacks {', '.join(untold)}; a server "
                          "with /stats reports each request's tier, snapshot and wake in it (docs/api.md), not "
@@ -326,6 +348,9 @@ def lanes(steps: list, at_once: bool = True) -> list[list]:
     return out
 
 
+_LEARN = threading.Lock()  # an engine's capabilities are asked once, by the first session to start
+
+
 class Untold(RuntimeError):
     """A server with /stats answered without the `kern` fields that say a request's tier, snapshot
     and wake: the gate cannot prove its tiers from the API, so the target fails."""
@@ -348,6 +373,7 @@ class _Plan:
     unavailable: str | None = None
     errors: list[str] = field(default_factory=list)
     why: dict[str, str] = field(default_factory=dict)  # a step that did not complete: why not
+    lacked: dict[str, list[str]] = field(default_factory=dict)  # a step not run: what the engine lacks for it
 
     def wait(self, deps: tuple[str, ...]) -> None:
         for d in deps:
@@ -356,12 +382,23 @@ class _Plan:
                 if d not in self.completed:
                     raise _DepFailed(d)
 
-    def end(self, name: str, ok: bool, why: str = "") -> None:
+    def end(self, name: str, ok: bool, why: str = "", lacks: list[str] | None = None) -> None:
         if ok:
             self.completed.add(name)
         else:
             self.why.setdefault(name, why)
+        if lacks:
+            self.lacked[name] = lacks
         self.ended[name].set()
+
+    def lacked_deps(self, deps: tuple[str, ...]) -> list[str]:
+        """What the engine lacks for a step these deps need, if one of them was skipped for it."""
+        for d in deps:
+            if d in self.ended:
+                self.ended[d].wait()
+                if d in self.lacked:
+                    return self.lacked[d]
+        return []
 
 
 def run_target(run: Run, steps: list, at_once: bool = True) -> str | None:
@@ -404,7 +441,17 @@ def _unjudged(run: Run, steps: list, plan: _Plan) -> None:
     """Every check a step that did not complete should have added, and every session's policy check
     that was never judged, recorded as ``error`` with why (never dropped from the report)."""
     sessions: dict[str, str] = {}
+    lacked: dict[str, list[str]] = {}
     for st in steps:
+        own = [] if st.name in plan.lacked else _step_lacks(run, st, plan, ())
+        if own:  # never reached (its lane ended before it), and the engine could not have run it anyway
+            for name in st.checks:
+                run.checks.skip(name, own)
+            plan.lacked[st.name] = own
+        if st.name in plan.lacked:  # skipped for what the engine lacks: its checks say so already
+            if st.session:
+                lacked.setdefault(st.session, plan.lacked[st.name])
+            continue
         if st.name not in plan.completed:
             why = plan.why.get(st.name) or "its step did not complete"
             for name in st.checks:
@@ -416,6 +463,10 @@ def _unjudged(run: Run, steps: list, plan: _Plan) -> None:
     for session, why in sessions.items():
         for kind in ("policy", "metrics"):
             run.checks.could_not_run(f"{kind}_{session}", why or f"the session's {kind} check was never judged")
+    for session, lacks in lacked.items():
+        if session not in sessions:  # every step of it skipped: so are its policy and metrics checks
+            for kind in ("policy", "metrics"):
+                run.checks.skip(f"{kind}_{session}", lacks)
 
 
 def _run_lane(run: Run, steps: list, plan: _Plan, index: int) -> None:
@@ -436,6 +487,13 @@ def _run_lane(run: Run, steps: list, plan: _Plan, index: int) -> None:
             if plan.stopping:
                 raise _DepFailed("the target is stopping")
             deps = tuple(d for d in step.deps if d in plan.names)
+            lacks = _step_lacks(run, step, plan, deps)
+            if lacks:  # docs/engine-contract.md: its checks are skipped, never run half-way or failed
+                for name in step.checks:
+                    run.checks.skip(name, lacks)
+                plan.end(step.name, False, f"the engine lacks {', '.join(lacks)}", lacks)
+                done += 1
+                continue
             if step.session is not None and (run.live is None or run.live.session.name != step.session):
                 if not step.early:
                     plan.wait(deps)  # its flags may read what they find (answer lengths, ...)
@@ -495,6 +553,18 @@ def _run_lane(run: Run, steps: list, plan: _Plan, index: int) -> None:
             plan.based.set()
         for i, step in enumerate(steps[done:]):
             plan.end(step.name, False, why if i == 0 else f"{steps[done].name} before it in its session failed")
+
+
+def _step_lacks(run: Run, step, plan: _Plan, deps: tuple[str, ...]) -> list[str]:
+    """The capabilities the engine under test lacks for `step` to run: its own (`RUNS`), or a skipped
+    dependency's. Only an engine under the contract lacks any, so only its lanes wait on deps here."""
+    e = run.opts.engine
+    if not e.external and e.has("kern-runtime"):
+        return []
+    from e2e.engine import RUNS
+
+    own = [c for c in RUNS.get(step.name, ()) if not e.has(c)]
+    return own or (plan.lacked_deps(deps) if e.external else [])
 
 
 def _let_go(live: Live) -> None:

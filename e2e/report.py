@@ -76,7 +76,10 @@ def summary_text(reports: list[dict[str, Any]], meta: dict[str, Any] | None = No
     meta = meta or {}
     table, code = summarize(reports)
     lines = ["# e2e summary", ""]
-    lines.append(f"- commit: {meta.get('commit') or 'unknown'}")
+    lines.append(f"- harness commit: {meta.get('commit') or 'unknown'}")
+    engines = engines_of(reports)
+    lines += [f"- engine under test{' (' + ', '.join(targets) + ')' if len(engines) > 1 else ''}: {text}"
+              for text, targets in engines.items()]
     lines.append(f"- backend: {_backend(meta.get('backend'), reports)}")
     if meta.get("max_tokens") is not None:
         lines.append(f"- max tokens: {meta['max_tokens']}")
@@ -121,6 +124,28 @@ def summary_text(reports: list[dict[str, Any]], meta: dict[str, Any] | None = No
     return "\n".join(lines), code
 
 
+def engine_text(e: dict[str, Any] | None) -> str:
+    """One line naming an engine under test: name, version, commit, command (what is known)."""
+    if not e:
+        return "kern (this checkout)"
+    text = str(e.get("name") or "unknown")
+    if e.get("version"):
+        text += f" {e['version']}"
+    if e.get("commit"):
+        text += f" (commit {e['commit']})"
+    if e.get("command") and e.get("command") != e.get("name"):
+        text += f"; command: `{e['command']}`"
+    return text
+
+
+def engines_of(reports: list[dict[str, Any]]) -> dict[str, list[str]]:
+    """Each engine under test (its `engine_text`) and the targets it was gated as."""
+    out: dict[str, list[str]] = {}
+    for r in reports:
+        out.setdefault(engine_text(r.get("engine")), []).append(str(r["target"]))
+    return out
+
+
 def write_summary(out: Path, reports: Iterable[dict[str, Any]], meta: dict[str, Any] | None = None) -> tuple[str, int]:
     """Write ``<out>/summary.md``; its text and the gate's exit code."""
     text, code = summary_text(list(reports), meta)
@@ -137,15 +162,23 @@ def junit(reports: Iterable[dict[str, Any]]) -> str:
         suite = ET.SubElement(suites, "testsuite", name=r["target"], tests=str(max(len(checks), 1)),
                               failures=str(sum(c["ok"] is False and not c.get("error") for c in checks)),
                               errors=str(sum(bool(c.get("error")) for c in checks)),
-                              skipped=str(1 if r.get("skipped") is not None else 0),
+                              skipped=str(1 if r.get("skipped") is not None else sum(bool(c.get("skipped")) for c in checks)),
                               time=f"{r.get('wall_s', 0):.1f}")
+        props = ET.SubElement(suite, "properties")
+        e = r.get("engine") or {}
+        for key in ("name", "version", "commit", "command"):
+            if e.get(key):
+                ET.SubElement(props, "property", name=f"engine.{key}", value=str(e[key]))
+        ET.SubElement(props, "property", name="engine", value=engine_text(e))
         if r.get("skipped") is not None:
             case = ET.SubElement(suite, "testcase", classname=f"e2e.{r['target']}", name="target")
             ET.SubElement(case, "skipped", message=str(r["skipped"]))
             continue
         for c in checks:
             case = ET.SubElement(suite, "testcase", classname=f"e2e.{r['target']}", name=c["name"])
-            if c["ok"] is False:
+            if c.get("skipped"):
+                ET.SubElement(case, "skipped", message=c["note"])
+            elif c["ok"] is False:
                 kind = "error" if c.get("error") else "failure"  # error: the check could not run
                 ET.SubElement(case, kind, message=c["note"][:500]).text = c["note"]
             else:

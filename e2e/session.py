@@ -144,8 +144,9 @@ class Session:
 
     def __init__(self, name: str, cmd: list[str], port: int, log_path: str | Path,
                  host: str = "127.0.0.1", load_timeout: float = 600.0, term_timeout: float = 60.0,
-                 zygote=None, weight: int = 1):
+                 zygote=None, weight: int = 1, health: bool = False):
         self.name = name
+        self.health = health  # an engine under the contract: ready when GET /health answers 200
         self.weight = weight  # how much it loads the host it runs in (hosts: e2e/hosts.py)
         self.cmd = cmd
         self.zygote = zygote  # an `e2e.zygote.Zygote` forks the server (cmd is then `own_kern()`'s)
@@ -164,12 +165,16 @@ class Session:
         self.log.path.parent.mkdir(parents=True, exist_ok=True)
         # as the Rust kern gate driver starts servers: the debug lines the checks read (` parked `,
         # ` admitted `, ` not kept `) are written; either server (ours reads it, see `kern serve --log-level`)
-        env = dict(project_env(), RUST_LOG=SERVER_LOG)
+        # an engine under the contract gets the gate's environment as it is (not this checkout on its path)
+        env = dict(os.environ, PYTHONUNBUFFERED="1") if self.health else dict(project_env(), RUST_LOG=SERVER_LOG)
         quiet = self.quiet()
         if quiet and self.port == 0:  # no `serving` line will name the port it picks: the gate picks one
             self.port = _unused_port()
             self.url = f"http://{self.host}:{self.port}"
             self.cmd = _with_port(self.cmd, self.port)
+        if self.health and self.port == 0:
+            self.port = _unused_port()
+            self.url = f"http://{self.host}:{self.port}"
         t0 = time.monotonic()
         with STARTED.lock:
             if STARTED.closed:
@@ -200,6 +205,16 @@ class Session:
                 if any(p in text for p in PORT_IN_USE):
                     raise Unavailable(f"server {self.name}: port {self.port} is in use") from exc
                 raise
+            if self.health:
+                if self._healthy():
+                    self.facts = {"load_s": round(time.monotonic() - t0, 1)}
+                    return self.facts
+                if time.monotonic() - t0 > self.load_timeout:
+                    self.stop(kill=True)
+                    raise ServerError(f"server {self.name}: GET /health not 200 after {self.load_timeout:.0f}s "
+                                      "(docs/engine-contract.md: readiness); log tail: " + self.log.tail())
+                time.sleep(0.1)
+                continue
             if quiet:
                 if self._answers():
                     self.facts = dict(self._api_facts(), load_s=round(time.monotonic() - t0, 1))
@@ -253,6 +268,13 @@ class Session:
         host_gib = int(facts.get("host_bytes") or 0) / (1 << 30)
         return {"ranks": 1, **facts, "host_gib": host_gib, "host_gib_per_rank": host_gib,
                 "max_seqs_per_rank": facts.get("max_seqs")}
+
+    def _healthy(self) -> bool:
+        """``GET /health`` answers 200 (a refused connection or a 503 is still warming up)."""
+        try:
+            return httpx.get(self.url + "/health", timeout=5.0).status_code == 200
+        except httpx.HTTPError:
+            return False
 
     def _answers(self) -> bool:
         try:

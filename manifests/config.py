@@ -8,6 +8,7 @@ staged targets: a file of its own, see toy/gen.py). A manifest given by path loa
 
 from __future__ import annotations
 
+import dataclasses
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,7 +17,8 @@ PACKAGED = Path(__file__).parent / "toy.toml"
 # toy-layers through pipeline stages: kept out of toy.toml, whose readers include the Rust kern gate
 # driver, which denies the unknown `stages` key (and with it the whole file)
 PACKAGED_PP = Path(__file__).parent / "toy-pp.toml"
-TARGET_KEYS = {"manifest", "reference", "weights", "tokenizer", "kernels", "stages", "cut"}
+TARGET_KEYS = {"manifest", "reference", "weights", "tokenizer", "kernels", "stages", "cut", "engine", "capabilities",
+               "oracle"}
 TOP_KEYS = {"targets", "gpu", "capacity", "kernels", "test", "run"}
 
 
@@ -34,6 +36,9 @@ class Target:
     kernels: Path | None = None
     stages: int = 1  # served as a pipeline of this many stages (kern serve --stages; e2e passes it)
     cut: tuple[int, ...] = ()  # the cut points for those stages (default: balanced calls per stage)
+    engine: str | None = None  # e2e: the command of the engine under test (docs/engine-contract.md), not kern
+    capabilities: tuple[str, ...] | None = None  # e2e: what that engine can do (else asked of it)
+    oracle: Path | None = None  # e2e: the target's reference model.py (else e2e --reference)
 
 
 @dataclass(frozen=True)
@@ -87,6 +92,8 @@ def load_config(path: str | Path) -> Config:
             rel(t.get("tokenizer")),
             rel(t.get("kernels")),
             *_pipeline(name, t, problems),
+            *_engine(name, t, problems),
+            rel(t.get("oracle")),
         )
     if problems:
         raise ConfigError(f"config {path}: " + "; ".join(problems))
@@ -106,6 +113,17 @@ def _pipeline(name: str, t: dict, problems: list[str]) -> tuple[int, tuple[int, 
     return stages, tuple(cut)
 
 
+def _engine(name: str, t: dict, problems: list[str]) -> tuple[str | None, tuple[str, ...] | None]:
+    engine, caps = t.get("engine"), t.get("capabilities")
+    if engine is not None and (not isinstance(engine, str) or not engine.strip()):
+        problems.append(f"targets.{name}.engine: expected a command line, got {engine!r}")
+        engine = None
+    if caps is not None and (not isinstance(caps, list) or not all(isinstance(c, str) for c in caps)):
+        problems.append(f"targets.{name}.capabilities: expected a list of names, got {caps!r}")
+        caps = None
+    return engine, tuple(caps) if caps is not None else None
+
+
 def resolve(what: str, config: str | Path | None = None, weights: list[str] | None = None) -> Target:
     """A target by name (through the config) or a manifest by path."""
     p = Path(what)
@@ -122,6 +140,5 @@ def resolve(what: str, config: str | Path | None = None, weights: list[str] | No
         raise ConfigError(f"unknown target {what!r} in {cfg.path} (targets: {known})")
     t = cfg.targets[what]
     if weights:
-        t = Target(t.name, t.manifest, t.reference, tuple(Path(w) for w in weights), t.tokenizer, t.kernels,
-                   t.stages, t.cut)
+        t = dataclasses.replace(t, weights=tuple(Path(w) for w in weights))
     return t

@@ -19,7 +19,7 @@ import threading
 from pathlib import Path
 from typing import Any, Iterable
 
-__all__ = ["RUNTIME_LOCK", "THREADSAFE_LAYERS", "runtime_lock", "threading_layer", "Cache", "KernRun", "SOURCE_DIRS", "identity", "kern_run_identity", "key", "reference_identity"]
+__all__ = ["RUNTIME_LOCK", "THREADSAFE_LAYERS", "runtime_lock", "threading_layer", "Cache", "CommandRun", "KernRun", "SOURCE_DIRS", "identity", "kern_run_identity", "key", "reference_identity"]
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCE_DIRS = ("runtime", "toy", "manifests", "oracle")
@@ -186,3 +186,29 @@ class KernRun:
         except Exception as exc:  # no probe, no evidence: nothing is excused
             return f"no evidence (probe failed: {type(exc).__name__}: {exc})"
         return evidence(probe, a, b)
+
+
+class CommandRun:
+    """`CMD --config C run TARGET --prompt-ids ... --steps N --rows R` of another kern (``e2e --kern``):
+    its answer is the ``generated ids: [...]`` line it writes to stderr (the Rust kern's and ours).
+    Not cached: the command's bytes are not this checkout's, so no identity could name them."""
+
+    kind = "kern run (the --kern command)"
+    exact = False
+    available = True
+    accept_pct = None
+
+    def __init__(self, kern: list[str], config: str | Path, target: str, timeout: float = 1800.0):
+        self.kern, self.config, self.target, self.timeout = list(kern), str(config), target, timeout
+
+    def run(self, ids: list[int], steps: int, rows: int) -> list[int]:
+        import re
+        import subprocess
+
+        cmd = [*self.kern, "--config", self.config, "run", self.target, "--prompt-ids", ",".join(map(str, ids)),
+               "--steps", str(steps), "--rows", str(rows)]
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=self.timeout)
+        found = re.findall(r"generated ids: \[([^\]]*)\]", p.stderr)
+        if p.returncode != 0 or not found:
+            raise RuntimeError(f"{' '.join(cmd[:6])} ... failed (exit {p.returncode}): {p.stderr[-300:]}")
+        return [int(t) for t in found[-1].replace(",", " ").split()]

@@ -33,6 +33,20 @@ from serve.validate import ApiError, Ask
 
 __all__ = ["make_app"]
 
+CAPABILITIES = ("text", "cached-tokens", "stream", "params", "stats", "metrics", "kern-serve", "kern-policy")
+"""What GET /kern/capabilities declares (docs/engine-contract.md): every capability a server can have."""
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("kern")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+VERSION = _version()
 POLL_S = 0.25
 
 
@@ -132,6 +146,13 @@ def make_app(scheduler: Scheduler, engine: Engine, api_key: str | None = None, l
         if scheduler.ready.is_set() and scheduler.is_alive():
             return {"status": "ok"}
         return JSONResponse({"status": "starting"}, status_code=503)
+
+    @app.get("/kern/capabilities")
+    async def capabilities():
+        # docs/engine-contract.md: what `e2e --engine` may gate this server on (all but a kern's subcommands
+        # and in-process runtime, which a server cannot offer), and its facts
+        return {"contract": 1, "engine": {"name": "kern", "version": VERSION},
+                "capabilities": list(CAPABILITIES), "facts": engine.facts()}
 
     @app.get("/v1/models")
     async def models(request: HttpRequest):

@@ -87,7 +87,8 @@ def test_summary_of_a_passing_run_has_no_failures_section(tmp_path):
                 "checks": [{"name": "abort", "ok": True, "note": "nothing leaked"}], "wall_s": 2.0}]
     text, code = summary_text(reports, {"backend": "gpu"})
     assert code == 0 and "Failed checks" not in text
-    assert "- commit: unknown" in text and "- backend: gpu\n" in text
+    assert "- harness commit: unknown" in text and "- engine under test: kern (this checkout)" in text
+    assert "- backend: gpu\n" in text
     assert "wall time: 2.0 s" in text  # without a gate-wide wall time: the targets' sum
 
 

@@ -41,6 +41,7 @@ class Check(TypedDict, total=False):
     ok: bool | None
     note: str
     error: bool
+    skipped: list[str]  # the capabilities the engine under test lacks for it (docs/engine-contract.md)
 
 
 class Report(TypedDict):
@@ -77,9 +78,14 @@ def _row(report: Mapping[str, Any]) -> tuple[str, bool | None]:
         if not (check["ok"] is None or isinstance(check["ok"], bool)):
             raise ValueError(f"check ok must be True, False or None: {check!r}")
     gated = [c for c in checks if c["ok"] is not None]
+    lacked = [c for c in checks if c.get("skipped")]
     bad = [c["name"] for c in gated if c["ok"] is False]
     result = f"FAIL: {', '.join(bad)}" if bad else "all pass"
-    counts = f"{len(gated)} gated, {len(checks) - len(gated)} reported"
+    counts = f"{len(gated)} gated, {len(checks) - len(gated) - len(lacked)} reported"
+    if lacked:
+        counts += f", {len(lacked)} skipped"
+        if len(lacked) == len(checks):  # nothing was judged: the engine could be gated on none of it
+            return f"| {_cell(str(target))} | {counts} | every check skipped |", None
     return f"| {_cell(str(target))} | {counts} | {_cell(result)} |", not bad
 
 

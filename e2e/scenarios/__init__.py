@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 from e2e.config import GateTarget
-from e2e.scenarios import (abort, churn, concurrent, conc1, cuts, explore, float_controls, host, kern_test, params, repeat,
-                           rows1, slots, ties, turn2, wake_room)
+from e2e.scenarios import (abort, churn, concurrent, conc1, cuts, explore, float_controls, host, kern_test, params, prefix,
+                           repeat, rows1, slots, ties, turn2, wake_room)
 
 __all__ = ["CHECKS", "COMPARED", "CROSS_CHECKS", "METRICS_CHECKS", "POLICY_CHECKS", "STEPS", "Step", "plan"]
 
@@ -29,6 +29,7 @@ class Step:
     serial: bool = True  # one request at a time: the policy oracle predicts it exactly
     facts: bool = True  # reads the first session's facts (rows, page, ...): its lane waits for that start
     early: bool = False  # its flags read nothing its deps find: its server may start before they complete
+    foreign: bool = False  # run for an engine under --engine (or when its check is named), not for our own kern
 
 
 STEPS: tuple[Step, ...] = (
@@ -65,6 +66,9 @@ STEPS: tuple[Step, ...] = (
     # and the single process's explore already gates the same manifest
     Step("explore", "explore", ("explore_equals_run",), ("conc1",), explore.run, flags=explore.flags,
          applies=lambda t: t.stages <= 1),
+    # every engine's gate (docs/engine-contract.md); our own kern's sessions above cover the same ground
+    # (repeat, turn2, churn, drop), so it runs for ours only when named
+    Step("prefix", "prefix", ("prefix_cold_warm_restored",), (), prefix.run, serial=False, foreign=True),
 )
 
 POLICY_CHECKS: tuple[str, ...] = tuple(f"policy_{session}" for session in
@@ -84,11 +88,13 @@ COMPARED: tuple[str, ...] = ("conc1", "repeat", "turn2", "host_cold", "park_wake
 CHECKS: tuple[str, ...] = tuple(c for s in STEPS for c in s.checks) + POLICY_CHECKS + METRICS_CHECKS + CROSS_CHECKS
 
 
-def plan(target: GateTarget, wanted: set[str] | None, has_reference: bool) -> list[Step]:
-    """The steps to run for `target`, in order: those adding a wanted check, and their dependencies."""
+def plan(target: GateTarget, wanted: set[str] | None, has_reference: bool, external: bool = False) -> list[Step]:
+    """The steps to run for `target`, in order: those adding a wanted check, and their dependencies.
+    `external`: the engine under test is one under --engine (the `foreign` steps run by default)."""
     by_name = {s.name: s for s in STEPS}
     applicable = [s for s in STEPS if s.applies(target)
-                  and (s.name != "run_equals_reference" or has_reference)]
+                  and (s.name != "run_equals_reference" or has_reference)
+                  and (not s.foreign or external or (wanted is not None and bool(set(s.checks) & wanted)))]
     chosen = {s.name for s in applicable if wanted is None or set(s.checks) & wanted
               or (s.serial and f"policy_{s.session}" in wanted)
               or (s.session is not None and f"metrics_{s.session}" in wanted)

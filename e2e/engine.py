@@ -1,0 +1,184 @@
+"""The engine under test: its command, what it declares it can do, and which checks that allows.
+
+docs/engine-contract.md is the contract (`contract: 1`) this module reads. An engine is started from a
+command template (``{port}``, ``{host}``, ``{model}``), told ready by ``GET /health``, and asked
+``GET /kern/capabilities`` for its capability list, its name and version, and facts such as its cache
+block size. Our own kern (``own``) and ``--kern CMD`` (the Rust kern) have every capability but
+``kern-runtime`` for the latter; an engine has only what it declares.
+
+A check whose capability the engine lacks is reported ``skipped (engine lacks X)`` (`lacking`):
+never a silent ok, never a failure. A step that cannot even run without a capability (its requests
+need it: `RUNS`) is not run; a check that the step can run but not judge (`NEEDS`) is skipped when
+the step adds it.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+__all__ = ["CAPABILITIES", "CONTRACT", "Engine", "EngineError", "KERN_ONLY", "NEEDS", "PRESETS", "RUNS", "lacking"]
+
+CONTRACT = 1
+
+CAPABILITIES: dict[str, str] = {
+    "text": "string prompts (UTF-8 bytes are the ids) and POST /tokenize",
+    "cached-tokens": "usage.prompt_tokens_details.cached_tokens, with facts.page",
+    "stream": "server-sent events for stream: true",
+    "params": "the request parameters of docs/api.md (stop strings, stop ids, echo, chat, ...)",
+    "stats": "GET /stats with facts and counters (counters.aborted)",
+    "metrics": "GET /metrics with kern's metric names",
+    "kern-serve": "kern serve's sizing flags, /stats facts and the kern object in every response",
+    "kern-policy": "kern's admission and eviction policy, exactly",
+    "kern-cli": "the `test` and `run` subcommands",
+    "kern-runtime": "this checkout's runtime, in process (cuts, float controls)",
+}
+"""Every capability of contract 1, and what declaring it promises."""
+
+KERN_ONLY = ("kern-cli", "kern-runtime")
+"""What only a kern has (its `test` and `run` subcommands, this checkout's runtime): never declared by
+an engine under the contract."""
+
+PRESETS: dict[str, Path] = {"vllm": Path(__file__).resolve().parent.parent / "examples" / "vllm_toy" / "kern.toml"}
+"""``e2e --engine NAME``: a config whose targets carry their engine's command (docs/gate-your-engine.md)."""
+
+RUNS: dict[str, tuple[str, ...]] = {
+    "kern_test": ("kern-cli",),
+    "run_equals_reference": ("kern-cli",),
+    "cut_equals_whole": ("kern-runtime",),
+    "float_controls": ("kern-runtime",),
+    "spec_acceptance": ("kern-serve",),
+    "abort": ("stream", "stats"),
+    "host_cold": ("kern-serve",), "park_wake": ("kern-serve",), "host_churn": ("kern-serve",),
+    "evict_drops": ("kern-serve",), "ties": ("kern-serve",), "host_frag": ("kern-serve",),
+    "slot_growth": ("kern-serve",), "rows1": ("kern-serve",), "wake_room": ("kern-serve",),
+    "explore": ("kern-serve",),
+    "params": ("params", "text", "stream"),
+}
+"""The steps (by name) that cannot run at all without these capabilities: their requests need them."""
+
+NEEDS: dict[str, tuple[str, ...]] = {
+    "repeat_hit": ("cached-tokens",),
+    "turn2_hit": ("cached-tokens",),
+    "stages_equal_single": ("kern-serve",),
+}
+"""Checks a step runs but cannot judge without these (the step's other checks still count)."""
+
+PREFIXES: dict[str, tuple[str, ...]] = {"policy_": ("kern-policy",), "metrics_": ("metrics",)}
+"""Per-session checks by prefix: policy_<session>, metrics_<session>."""
+
+
+class EngineError(ValueError):
+    """An engine declaration the gate cannot use: an unknown capability, another contract, a command
+    without ``{port}``."""
+
+
+def check_capabilities(names, where: str) -> frozenset[str]:
+    """`names` as a set, or `EngineError` naming the unknown ones (a typo never turns checks off)."""
+    names = [str(n) for n in names]
+    unknown = sorted(set(names) - set(CAPABILITIES))
+    if unknown:
+        raise EngineError(f"{where}: unknown capability {', '.join(map(repr, unknown))} "
+                          f"(contract {CONTRACT} knows: {', '.join(c for c in CAPABILITIES if c not in KERN_ONLY)})")
+    kern = sorted(set(names) & set(KERN_ONLY))
+    if kern:
+        raise EngineError(f"{where}: {', '.join(kern)} cannot be declared: only a kern has them "
+                          "(`e2e --kern CMD` gates another kern's subcommands)")
+    return frozenset(names)
+
+
+@dataclass
+class Engine:
+    """What the gate knows of the engine under test. `command` None: this checkout's kern (or `--kern`)."""
+
+    command: str | None = None
+    capabilities: frozenset[str] = frozenset(CAPABILITIES)
+    declared: bool = False  # capabilities fixed by the config or --capabilities (else asked of the engine)
+    name: str = "kern"
+    version: str | None = None
+    commit: str | None = None
+    facts: dict[str, Any] = field(default_factory=dict)
+    asked: bool = False  # /kern/capabilities read once
+
+    @classmethod
+    def own(cls, kern: list[str] | None = None) -> "Engine":
+        if kern is None:
+            return cls(name="kern (this checkout)")
+        return cls(capabilities=frozenset(CAPABILITIES) - {"kern-runtime"}, name=" ".join(kern))
+
+    @classmethod
+    def foreign(cls, command: str, capabilities=None) -> "Engine":
+        if "{port}" not in command:
+            raise EngineError(f"engine command {command!r} has no {{port}}: the gate picks each server's port")
+        try:
+            shlex.split(command)
+        except ValueError as exc:
+            raise EngineError(f"engine command {command!r}: {exc}") from None
+        caps = check_capabilities(capabilities, "--capabilities") if capabilities is not None else frozenset()
+        return cls(command, caps, capabilities is not None, name=command)
+
+    @property
+    def external(self) -> bool:
+        return self.command is not None
+
+    def argv(self, port: int, model: str) -> list[str]:
+        assert self.command is not None
+        return [w.replace("{port}", str(port)).replace("{host}", "127.0.0.1").replace("{model}", model)
+                for w in shlex.split(self.command)]
+
+    def has(self, capability: str) -> bool:
+        return capability in self.capabilities
+
+    def learn(self, url: str) -> None:
+        """Once, from the first started server: its capabilities, name, version and facts
+        (``GET /kern/capabilities``, else ``GET /version``). `EngineError` for another contract."""
+        if not self.external or self.asked:
+            return
+        self.asked = True
+        body = _get_json(url + "/kern/capabilities")
+        if body is not None:
+            contract = body.get("contract")
+            if contract != CONTRACT:
+                raise EngineError(f"the engine speaks contract {contract!r}; this gate knows contract {CONTRACT}")
+            if not self.declared:
+                self.capabilities = check_capabilities(body.get("capabilities") or [], "/kern/capabilities")
+            about = body.get("engine") if isinstance(body.get("engine"), dict) else {}
+            self.name = str(about.get("name") or self.name)
+            self.version = about.get("version") or self.version
+            self.commit = about.get("commit") or self.commit
+            self.facts.update(body.get("facts") or {})
+        if self.version is None:
+            v = _get_json(url + "/version")
+            if v is not None and v.get("version"):
+                self.version = str(v["version"])
+        if self.has("cached-tokens") and not isinstance(self.facts.get("page"), int):
+            raise EngineError("the engine declares cached-tokens but no facts.page (its cache block size in tokens)")
+
+    def describe(self) -> dict[str, Any]:
+        """For the summary and JUnit: what was gated."""
+        return {"name": self.name, "version": self.version, "commit": self.commit, "command": self.command,
+                "capabilities": sorted(self.capabilities)}
+
+
+def _get_json(url: str) -> dict | None:
+    try:
+        r = httpx.get(url, timeout=10.0)
+        body = r.json() if r.status_code == 200 else None
+    except (httpx.HTTPError, ValueError):
+        return None
+    return body if isinstance(body, dict) else None
+
+
+def lacking(engine: Engine, check: str, step: str | None = None) -> list[str]:
+    """The capabilities `engine` lacks for `check` (added by `step`, if given): none means it is judged."""
+    need = list(NEEDS.get(check, ()))
+    if step is not None:
+        need += RUNS.get(step, ())
+    for prefix, caps in PREFIXES.items():
+        if check.startswith(prefix):
+            need += caps
+    return [c for c in dict.fromkeys(need) if not engine.has(c)]
