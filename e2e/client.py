@@ -27,7 +27,7 @@ from e2e.metrics import Ledger, Sent
 from e2e.session import Session
 from e2e.watch import Hung, Watch
 
-__all__ = ["Answer", "Client", "Rejected", "hung_up", "never_sent"]
+__all__ = ["Answer", "Client", "Rejected", "Unanswerable", "hung_up", "never_sent"]
 
 KEEPALIVE_S = 2.0
 KERN_FIELDS = ("request_id", "cache_tier", "snapshot", "woken")
@@ -49,6 +49,10 @@ def never_sent(exc: BaseException) -> bool:
     if isinstance(exc, httpx.WriteError):
         return True
     return isinstance(exc, httpx.RemoteProtocolError) and "without sending a response" in str(exc)
+
+
+class Unanswerable(RuntimeError):
+    """A 200 whose body the gate cannot read as the contract's answer (no generated ids)."""
 
 
 class Rejected(RuntimeError):
@@ -159,8 +163,13 @@ class Client:
         body = {"model": self.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
                 "return_token_ids": True}
         data, mirrored = self.request(body, timeout=timeout)
-        choice = data["choices"][0]
-        ids = list(choice.get("token_ids") or [])
+        choices = data.get("choices")
+        choice = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {}
+        if not isinstance(choice.get("token_ids"), list):
+            raise Unanswerable(f"request {mirrored}: the response has no choices[0].token_ids list (the generated "
+                               "ids, asked for by return_token_ids: docs/engine-contract.md); it began "
+                               + json.dumps(data)[:200])
+        ids = list(choice["token_ids"])
         stop = None
         if choice.get("finish_reason") == "stop" and ids:
             stop = ids.pop()  # the server ends a stopped answer with its stop token

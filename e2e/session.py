@@ -270,11 +270,17 @@ class Session:
                 "max_seqs_per_rank": facts.get("max_seqs")}
 
     def _healthy(self) -> bool:
-        """``GET /health`` answers 200 (a refused connection or a 503 is still warming up)."""
+        """``GET /health`` answers 200 (a refused connection or a 503 is still warming up); an engine
+        with no such route (404, 405) cannot be told ready: `ServerError` at once, not a 600 s wait."""
         try:
-            return httpx.get(self.url + "/health", timeout=5.0).status_code == 200
+            status = httpx.get(self.url + "/health", timeout=5.0).status_code
         except httpx.HTTPError:
             return False
+        if status in (404, 405):
+            self.stop(kill=True)
+            raise ServerError(f"server {self.name}: GET /health answers {status}: an engine tells the gate it is "
+                              "ready by answering 200 there (docs/engine-contract.md, readiness)")
+        return status == 200
 
     def _answers(self) -> bool:
         try:
