@@ -139,7 +139,11 @@ def engine_of(t: GateTarget, opts: Options) -> Engine:
     if opts.engine is not None and opts.engine.external:
         return dataclasses.replace(opts.engine, facts=dict(opts.engine.facts))  # each target asks its own
     if t.engine is not None:
-        return Engine.foreign(t.engine, t.capabilities)
+        here = str((t.config or Path(".")).resolve().parent)  # {here}: the config's folder
+        e = Engine.foreign(t.engine.replace("{here}", here), t.capabilities)
+        e.facts.update(t.facts or {})
+        e.name = t.engine_name or e.name
+        return e
     return Engine.own(opts.kern)
 
 
