@@ -6,7 +6,8 @@ none of them changes a token. Prompts are families (stems shared by several tail
 one under and one over a multiple of the engine's cache block) of random byte ids, sent as ids:
 
 1. cold: every prompt once, one at a time (the first of each stem misses, the others share it);
-2. warm: every prompt again (the cache should hold them: with ``cached-tokens`` at least one hit);
+2. warm: each prompt again right after its cold answer (a cache of any size holds it: with
+   ``cached-tokens`` at least one hit);
 3. turn 2: each prompt + its answer (+ the stop token) + a suffix, one at a time;
 4. burst: every turn 2 at once (a small KV budget preempts here);
 5. flood: unrelated prompts in bursts, enough to evict a small cache;
@@ -97,8 +98,9 @@ def run(r) -> None:
             phases[phase].add(f"{phase} {len(hits[phase]) + 1}", ids, a.ids, r.oracle.run(ids, r.m, r.rows))
             hits[phase].append(a.cached)
 
-    cold = [serial("cold", ids) for ids in prompts]
+    cold = []
     for ids in prompts:
+        cold.append(serial("cold", ids))
         serial("warm", ids)
     second = [ids + a.fed + SUFFIX_IDS for ids, a in zip(prompts, cold)]
     turn2 = [serial("turn 2", ids) for ids in second]
