@@ -26,6 +26,7 @@ import click
 
 from e2e.checks import Checks
 from e2e.config import ConfigError, GateTarget, load_targets
+from manifests.config import PACKAGED, PACKAGED_PP
 from e2e.gate import SESSION_PORTS, Options, Run, run_target
 from e2e.report import commit, junit, write_report, write_summary
 from e2e.scenarios import CHECKS, CROSS_CHECKS, STEPS, plan
@@ -496,6 +497,8 @@ def _gate(cfg, chosen, opts, ref, wanted, backend, zygote, hosts, jobs, junit_pa
     for r in reports:
         write_report(opts.out, r)
     meta = {"commit": commit(), "backend": backend, "max_tokens": max_tokens, "wall_s": time.monotonic() - t0,
+            "out": str(opts.out), "seed": opts.seed, "engine": opts.engine.command if opts.engine else None,
+            "config": None if cfg.resolve() in (PACKAGED.resolve(), PACKAGED_PP.resolve()) else str(cfg),
             "zygote_warm_s": getattr(opts.zygote, "warm_s", None), "gate_cpu_s": _own_cpu(),
             "hosts": len(opts.hosts) if opts.hosts is not None else 0, "hosts_warm_s": getattr(opts.hosts, "warm_s", None),
             "hosts_cpu_s": opts.hosts.cpu_s() if opts.hosts is not None else None}
