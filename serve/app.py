@@ -147,6 +147,10 @@ def make_app(scheduler: Scheduler, engine: Engine, api_key: str | None = None, l
             return {"status": "ok"}
         return JSONResponse({"status": "starting"}, status_code=503)
 
+    @app.get("/version")
+    async def version():
+        return {"version": VERSION}  # vLLM's /version: the package's version, no auth
+
     @app.get("/kern/capabilities")
     async def capabilities():
         # docs/engine-contract.md: what `e2e --engine` may gate this server on (all but a kern's subcommands
@@ -283,6 +287,8 @@ def make_app(scheduler: Scheduler, engine: Engine, api_key: str | None = None, l
                 if update.done is not None:
                     done = True
                     track.finish(update.done)
+                    if reply.ask.include_usage:  # vLLM's: a chunk of its own, no choices, then [DONE]
+                        yield f"data: {json.dumps(reply.usage_chunk(), separators=(',', ':'))}\n\n"
                     break
                 update = await _next(q, request)
             yield "data: [DONE]\n\n"
@@ -411,15 +417,19 @@ class Reply:
             choice["prompt_token_ids"] = list(self.ask.ids)
             self.sent_prompt = True
         out = {**self._head(True), "choices": [choice]}
+        if self.ask.continuous_usage or (last and not self.ask.include_usage):
+            out["usage"] = self._usage()  # with include_usage alone: only in `usage_chunk`, as vLLM
         if last:
-            out["usage"] = self._usage()
             out["kern"] = self._kern()
-        elif self.ask.continuous_usage:
-            out["usage"] = self._usage()
         if not last and not self.sent_kern:  # the hit is known at admission: a client that hangs up still learns it
             out["kern"] = self._admitted()
         self.sent_kern = True
         return out
+
+    def usage_chunk(self) -> dict:
+        """`stream_options.include_usage`: the chunk after the last, with no choices and the whole
+        request's usage (the non-streamed answer's), as vLLM sends it."""
+        return {**self._head(True), "choices": [], "usage": self._usage()}
 
     def _admitted(self) -> dict:
         """A stream's first chunk's kern object: the request's hit as its admission found it (its snapshot

@@ -21,6 +21,7 @@ import sys
 import click
 
 from serve.faults import FAULTS
+from oracle.version import option as version_option
 from serve.guard import Limits
 
 __all__ = ["main", "serve_command"]
@@ -79,6 +80,7 @@ def bind(host: str, port: int):
 
 
 @click.command(cls=OneLineErrors, context_settings={"help_option_names": ["-h", "--help"]})
+@version_option("kern serve")
 @click.argument("target")
 @click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535), help="Port to listen on (0: any free port; the `serving` line names it).")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind.")
