@@ -113,6 +113,7 @@ def bind(host: str, port: int):
 @click.option("--pp-listen", default=None, help="Head: bind the pipeline's control socket here (tcp://HOST:PORT) and wait for stages started separately with --pp-head.")
 @click.option("--pp-head", default=None, help="Run as a pipeline stage (TARGET is its stage manifest) for the head at this address (tcp://HOST:PORT); no HTTP.")
 @click.option("--pp-timeout", default=60.0, show_default=True, type=_POSITIVE, help="Seconds a pipeline peer may stay silent (or an item unanswered) before this process exits non-zero.")
+@click.option("--stage-connect-timeout", "stage_connect", default=None, type=_POSITIVE, help="Pipeline head: seconds to wait for every stage to connect, and again for them to load; a stage still missing then ends the head with one line naming it, exit 3 (default: 180, or --pp-timeout when longer). A stage: how long it waits for the head's table.")
 @click.option("--pp-bind", default="127.0.0.1", show_default=True, help="Stage: the address its activation socket binds (the previous stage connects to it).")
 @click.option("--pp-parent", default=None, type=click.IntRange(min=1), hidden=True, help="Stage: end when this process (the head that started it) ends.")
 @click.option("--pp-share", default=1, type=click.IntRange(min=1), hidden=True, help="Stage: processes sharing this GPU; the default capacity takes 1/N of its free memory.")
@@ -125,7 +126,7 @@ def serve_command(ctx, target, port, host, capacity, host_gib, max_seqs, chunk, 
                   weights, api_key, served_model_name, config, stats_every, no_graphs, no_pack, stages, at, pp_listen, pp_head,
                   pp_timeout, pp_bind, pp_parent, pp_share, faults, protect_stats, drain_timeout,
                   max_connections, header_timeout, body_timeout, keep_alive, max_body_bytes, max_tokenize_tokens, log_level=None, sampling="refuse",
-                  host_chunk=None) -> None:
+                  host_chunk=None, stage_connect=None) -> None:
     """Serve TARGET (a config target name or a manifest path) over OpenAI-compatible HTTP.
 
     Every start-up error is one line on stderr, `kern serve: error: ...`, naming the flag or file.
@@ -190,7 +191,8 @@ def serve_command(ctx, target, port, host, capacity, host_gib, max_seqs, chunk, 
 
         sopts = StageOptions(weights=tuple(weights), config=config, capacity=capacity, host_gib=host_gib,
                              backend=backend, device=device, reserve_gib=reserve_gib,
-                             timeout=pp_timeout, bind=pp_bind, parent=pp_parent, share=pp_share)
+                             timeout=pp_timeout, bind=pp_bind, parent=pp_parent, share=pp_share,
+                             connect=stage_connect)
         try:
             sys.exit(serve_stage(target, pp_head, sopts))
         except errors as exc:
@@ -214,7 +216,8 @@ def serve_command(ctx, target, port, host, capacity, host_gib, max_seqs, chunk, 
             paths, target_weights = plan
             if target_weights and not weights:
                 opts.weights = tuple(str(w) for w in target_weights)
-            engine, head = build_head(paths, opts, PipelineOptions(listen=pp_listen, timeout=pp_timeout))
+            engine, head = build_head(paths, opts, PipelineOptions(listen=pp_listen, timeout=pp_timeout,
+                                                                          startup=stage_connect))
             phases.mark("stages")  # the head's load and its stages' start
     except errors as exc:
         fail(exc)
@@ -229,7 +232,7 @@ def serve_command(ctx, target, port, host, capacity, host_gib, max_seqs, chunk, 
 def run(engine, host: str, port: int, api_key: str | None, stats_every: float = 5.0, limits: Limits = _D,
         protect_stats: bool = False, sock=None, sampling: str = "refuse", phases=None) -> int:
     """Serve until a signal; the exit code. `sock`: the listening socket (`bind`), else bound here.
-    `phases` (`serve.startup.Phases`): the start so far, whose split the ready line gives."""
+    `phases` (`serve.startup.Phases`): the start so far, whose split the ready line gives;"""
     import logging
 
     import uvicorn
