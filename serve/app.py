@@ -69,7 +69,8 @@ def _cut(message: str = "the server stopped before this request finished") -> Ap
 
 
 def make_app(scheduler: Scheduler, engine: Engine, api_key: str | None = None, limits: Limits | None = None,
-             limit_log: logs.Limiter | None = None, protect_stats: bool = False, sampling: str = "refuse") -> FastAPI:
+             limit_log: logs.Limiter | None = None, protect_stats: bool = False, sampling: str = "refuse",
+             metrics_prefix: str = "kern") -> FastAPI:
     """The routes. `limits` bounds bodies and /tokenize; `limit_log` takes repeated events (hang-ups);
     `protect_stats` puts /stats and /metrics behind `api_key` too; `sampling` ("refuse" or
     "greedy-warn") is what a non-greedy sampling value gets (docs/api.md). `app.state.cancelled` counts
@@ -80,7 +81,8 @@ def make_app(scheduler: Scheduler, engine: Engine, api_key: str | None = None, l
     created = int(time.time())
     limits = limits or Limits()
     limit_log = limit_log or logs.Limiter()
-    app.state.metrics = meter = Metrics(model, engine.max_request_tokens)  # this app's own registry
+    # this app's own registry; `metrics_prefix` "vllm": vLLM's names (docs/metrics.md)
+    app.state.metrics = meter = Metrics(model, engine.max_request_tokens, metrics_prefix)
 
     def _error(exc: ApiError, headers: dict | None = None, path: str | None = None) -> JSONResponse:
         # every error answer in this app comes through here: a 4xx is a rejected request, one line per
@@ -234,7 +236,7 @@ def make_app(scheduler: Scheduler, engine: Engine, api_key: str | None = None, l
             return _error(failure(first.done))
         reply = Reply(req, ask, model)
         reply.untold_tier = "untold-tier" in engine.faults
-        track = meter.track(req.t_arrive, len(ask.ids))
+        track = meter.track(req.t_arrive, len(ask.ids), req, ask.max_tokens)
         if ask.stream:
             return StreamingResponse(stream(request, q, req, reply, first, track), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Request-Id": req.id})
