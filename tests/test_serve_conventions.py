@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import httpx
+import openai
 import pytest
 
 from conftest import PROMPTS
@@ -113,3 +114,20 @@ def test_continuous_usage_counts_up_and_ends_with_the_usage_chunk(server):
     assert [c["usage"]["completion_tokens"] for c in events[:-1]] == [1, 2, 3, 4, 5, 5]
     assert events[-2]["choices"] == [] and all(c["choices"] for c in events[:-2])
     assert re.fullmatch(r"cmpl-req-\d+", events[-2]["id"])
+
+
+def test_the_openai_client_reads_the_usage_chunk(server):
+    """The OpenAI SDK, as a vLLM user streams chat with include_usage: the last chunk has no choices and
+    the usage, equal to the non-streamed usage of the same request."""
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=60)
+    msgs = [{"role": "user", "content": PROMPTS[3]}]
+    client.chat.completions.create(model=TARGET, messages=msgs, max_tokens=9)  # warm: a steady hit from here
+    whole = client.chat.completions.create(model=TARGET, messages=msgs, max_tokens=9)
+    chunks = list(client.chat.completions.create(model=TARGET, messages=msgs, max_tokens=9, stream=True,
+                                                 stream_options={"include_usage": True}))
+    client.close()
+    last = chunks[-1]
+    assert last.choices == [] and last.usage is not None
+    assert last.usage.model_dump(exclude_none=True) == whole.usage.model_dump(exclude_none=True)
+    assert all(c.choices and c.usage is None for c in chunks[:-1])
+    assert "".join(c.choices[0].delta.content or "" for c in chunks[:-1]) == whole.choices[0].message.content
