@@ -1,12 +1,12 @@
 """`--stage-connect-timeout`: a pipeline head waiting for its stages (`--pp-listen`) says which it waits
 for while it waits, and a stage that never connects ends the head at the limit with one line naming
-that stage (not the ones that did connect), exit 3. Real processes: stage 1 of a 3-stage cut of the
-layered toy is started, stage 2 never is."""
+that stage (not the ones that did connect), exit 3. The head is a real `kern serve` process serving a
+3-stage cut of the layered toy; stage 1 is this test, which connects and says hello as a stage does
+(at once, so the test does not race a stage's start-up); stage 2 never connects."""
 
 from __future__ import annotations
 
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -18,7 +18,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 TARGET = "toy-layers"
-LIMIT = 12.0  # long enough for stage 1 to start and say hello on a loaded machine; short for a test
+LIMIT = 5.0
 
 
 def _missing() -> str | None:
@@ -61,34 +61,41 @@ def procs():
 
 
 def test_a_stage_that_never_connects_ends_the_head_naming_it(tmp_path, procs):
+    import zmq
+
     from serve.pipeline.plan import pipeline_paths
+    from serve.pipeline.transport import Message, ZmqWire
 
     paths, weights = pipeline_paths(TARGET, 3, None, None, None, True)  # stage manifests, as the head cuts them
     cut = tmp_path / "cut"
     cut.mkdir()
     for p in [*paths, *weights]:  # a cut directory: the stage manifests and the weights beside them
         (cut / p.name).write_bytes(p.read_bytes())
-    stage_files = sorted(cut.glob("*.json"))
-    assert len(stage_files) == 3
     addr = f"tcp://127.0.0.1:{_free_port()}"
-    # stage 1 first: its DEALER connects once the head binds, and it waits long for the head's table
-    procs.append(_serve(str(stage_files[1]), "--pp-head", addr, "--stage-connect-timeout", "120"))
     t0 = time.monotonic()
     head = _serve(str(cut), "--pp-listen", addr, "--port", "0", "--stage-connect-timeout", f"{LIMIT:g}")
     procs.append(head)
-    try:
-        _, err = head.communicate(timeout=LIMIT + 60)
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"the head still waits {LIMIT + 60:g} s after it started (--stage-connect-timeout {LIMIT:g})")
+    ctx = zmq.Context()
+    try:  # stage 1: its control socket, and its hello (sent as soon as the head has bound the address)
+        ctl = ZmqWire.make(ctx, zmq.DEALER, connect=addr, identity=b"s1", send_timeout=60)
+        ctl.send(Message("hello", {"stage": 1, "stages": 3, "cut": "any", "pages": 64, "page_bytes": 1,
+                                   "host_pages": 0, "up": "tcp://127.0.0.1:1", "pid": os.getpid(), "lined": False}))
+        try:
+            _, err = head.communicate(timeout=LIMIT + 60)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the head still waits {LIMIT + 60:g} s after it started (--stage-connect-timeout {LIMIT:g})")
+    finally:
+        ctx.destroy(linger=0)
     took = time.monotonic() - t0
     assert head.returncode == 3, err[-3000:]
     assert took >= LIMIT, took  # the limit ended it, not something else
+    assert " pp stage connected stage=1 stages=3" in err, err[-3000:]
     assert f"waiting for stage 2/3 to connect (up to {LIMIT:g} s)..." in err, err[-3000:]
     errors = [line for line in err.splitlines() if " ERROR " in line]
     assert len(errors) == 1 and "Traceback" not in err, err[-3000:]
     line = errors[0]
     assert " pp stage lost " in line and "stages=2 " in line, line
-    assert re.search(r"stage 2/3 did not connect within 12 s \(--stage-connect-timeout\)", line), line
+    assert f"stage 2/3 did not connect within {LIMIT:g} s (--stage-connect-timeout)" in line, line
     assert "1/3" not in line  # stage 1 connected: only the missing stage is named
 
 

@@ -114,6 +114,7 @@ def startup_s(pp: PipelineOptions) -> float:
 
 
 _DOING = {"hello": "connect", "ready": "load"}
+_DONE = {"hello": "connected", "ready": "loaded"}
 
 
 def _await(watch: HeadWatch, kind: str, want: set[int], timeout: float, procs, n: int = 0) -> dict[int, Message]:
@@ -147,7 +148,9 @@ def _await(watch: HeadWatch, kind: str, want: set[int], timeout: float, procs, n
             continue
         if msg.kind != kind:
             die("pp protocol error", reason=f"expected {kind}, got {msg.kind!r}")
-        got[int(msg.head["stage"])] = msg
+        k = int(msg.head["stage"])
+        got[k] = msg
+        logs.event(f"pp stage {_DONE.get(kind, kind)}", stage=k, stages=n)
     return got
 
 
