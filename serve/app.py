@@ -70,7 +70,8 @@ def _cut(message: str = "the server stopped before this request finished") -> Ap
 
 
 def make_app(scheduler: Scheduler, engine: Engine, api_key: str | None = None, limits: Limits | None = None,
-             limit_log: logs.Limiter | None = None, protect_stats: bool = False, sampling: str = "refuse") -> FastAPI:
+             limit_log: logs.Limiter | None = None, protect_stats: bool = False, sampling: str = "refuse",
+             metrics_prefix: str = "kern") -> FastAPI:
     """The routes. `limits` bounds bodies and /tokenize; `limit_log` takes repeated events (hang-ups);
     `protect_stats` puts /stats and /metrics behind `api_key` too; `sampling` ("refuse" or
     "greedy-warn") is what a non-greedy sampling value gets (docs/api.md). `app.state.cancelled` counts
@@ -82,7 +83,8 @@ def make_app(scheduler: Scheduler, engine: Engine, api_key: str | None = None, l
     created = int(time.time())
     limits = limits or Limits()
     limit_log = limit_log or logs.Limiter()
-    app.state.metrics = meter = Metrics(model, engine.max_request_tokens)  # this app's own registry
+    # this app's own registry; `metrics_prefix` "vllm": vLLM's names (docs/metrics.md)
+    app.state.metrics = meter = Metrics(model, engine.max_request_tokens, metrics_prefix)
 
     def _error(exc: ApiError, headers: dict | None = None, path: str | None = None) -> JSONResponse:
         # every error answer in this app comes through here: a 4xx is a rejected request, one line per
@@ -148,6 +150,10 @@ def make_app(scheduler: Scheduler, engine: Engine, api_key: str | None = None, l
         if scheduler.ready.is_set() and scheduler.is_alive():
             return {"status": "ok"}
         return JSONResponse({"status": "starting"}, status_code=503)
+
+    @app.get("/version")
+    async def version():
+        return {"version": VERSION}  # vLLM's /version: the package's version, no auth
 
     @app.get("/kern/capabilities")
     async def capabilities():
@@ -238,7 +244,7 @@ def make_app(scheduler: Scheduler, engine: Engine, api_key: str | None = None, l
             return _error(failure(first.done))
         reply = Reply(req, ask, model)
         reply.untold_tier = "untold-tier" in engine.faults
-        track = meter.track(req.t_arrive, len(ask.ids))
+        track = meter.track(req.t_arrive, len(ask.ids), req, ask.max_tokens)
         if ask.stream:
             return StreamingResponse(stream(request, q, req, reply, first, track, watcher),
                                      media_type="text/event-stream",
@@ -298,6 +304,8 @@ def make_app(scheduler: Scheduler, engine: Engine, api_key: str | None = None, l
                     if update.done is not None:
                         done = True
                         track.finish(update.done)
+                        if reply.ask.include_usage:  # vLLM's: a chunk of its own, no choices, then [DONE]
+                            text.append(f"data: {json.dumps(reply.usage_chunk(), separators=(',', ':'))}\n\n")
                         break
                     update = _ready(q)
                     if update is None:
@@ -476,15 +484,19 @@ class Reply:
             choice["prompt_token_ids"] = list(self.ask.ids)
             self.sent_prompt = True
         out = {**self._head(True), "choices": [choice]}
+        if self.ask.continuous_usage or (last and not self.ask.include_usage):
+            out["usage"] = self._usage()  # with include_usage alone: only in `usage_chunk`, as vLLM
         if last:
-            out["usage"] = self._usage()
             out["kern"] = self._kern()
-        elif self.ask.continuous_usage:
-            out["usage"] = self._usage()
         if not last and not self.sent_kern:  # the hit is known at admission: a client that hangs up still learns it
             out["kern"] = self._admitted()
         self.sent_kern = True
         return out
+
+    def usage_chunk(self) -> dict:
+        """`stream_options.include_usage`: the chunk after the last, with no choices and the whole
+        request's usage (the non-streamed answer's), as vLLM sends it."""
+        return {**self._head(True), "choices": [], "usage": self._usage()}
 
     def _admitted(self) -> dict:
         """A stream's first chunk's kern object: the request's hit as its admission found it (its snapshot
