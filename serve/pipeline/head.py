@@ -257,5 +257,15 @@ def build_head(paths: list[Path], opts, pp: PipelineOptions):
         model=m0.model, manifest_path=str(paths[0]), runtime=runtime, pool=pool, pad=pad, host=host,
         prefix=Prefix(unit), rows=rows, chunk=chunk, max_seqs=max_seqs, lined=False, unit=unit, reach=reach,
         backend=backend.name, host_bytes=host_pages * hpb0, seq_slots=pool.slots, faults=opts.faults,
+        # packed prefill as one process packs it, when every stage's chunk program takes cu_seqlens
+        pack=opts.pack and all(Protocol(m).packs for m in manifests), context=_context(manifests),
     )
     return engine, head
+
+
+def _context(manifests) -> int | None:
+    """A packed prefill call's context bound through the stages: the least any stage declares."""
+    from runtime.protocol import Protocol
+
+    bounds = [b for b in (Protocol(m).context_bound for m in manifests) if b is not None]
+    return min(bounds) if bounds else None
