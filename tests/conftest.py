@@ -123,9 +123,9 @@ def _gates_borrow_the_workers_zygote(monkeypatch):
 
     own = e2e.cli.start_zygote
 
-    def lend(cfg, chosen, backend):
+    def lend(cfg, chosen, backend, *args, **kw):
         z = ZYGOTES.get("cpu") if backend in ("cpu", "auto") else None
-        return _Lent(z) if z is not None else own(cfg, chosen, backend)
+        return _Lent(z) if z is not None else own(cfg, chosen, backend, *args, **kw)
 
     monkeypatch.setattr(e2e.cli, "start_zygote", lend)
 
