@@ -38,6 +38,7 @@ from e2e.progress import Progress
 from oracle.cache import Cache, CommandRun, KernRun, kern_run_identity
 from oracle.probe import Prober
 from oracle.reference import PACKAGED_MODEL, Reference, ReferenceError
+from oracle.version import option as version_option
 
 __all__ = ["main"]
 
@@ -355,6 +356,7 @@ def no_gpu() -> str | None:
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@version_option("e2e")
 @click.option("--config", type=click.Path(dir_okay=False), default=None,
               help="TOML with [targets.NAME] tables (default: nearest kern.toml, else the packaged toy config).")
 @click.option("--targets", multiple=True, help="Target names (space or comma separated; default: all).")
