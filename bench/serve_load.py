@@ -50,7 +50,8 @@ def engine_alone(target: str, backend: str, streams: int, max_tokens: int, promp
     from serve.engine import Options, build
     from serve.request import Request
 
-    opts = Options(backend=backend, max_seqs=streams, graphs="--no-graphs" not in flags)
+    opts = Options(backend=backend, max_seqs=streams, graphs="--no-graphs" not in flags,
+                   capacity=capacity(streams, max_tokens, prompt_tokens))
     e = build(target, opts)
     best, tokens = 0.0, 0
     for rnd in range(2):
@@ -74,10 +75,17 @@ def engine_alone(target: str, backend: str, streams: int, max_tokens: int, promp
     return best, tokens
 
 
-def start_server(target: str, backend: str, streams: int, log: Path, flags: list[str]) -> tuple[subprocess.Popen, str]:
+def capacity(streams: int, max_tokens: int, prompt_tokens: int) -> int:
+    """The pool both runs get: every stream's prompt and answer twice over (the same for both, and far
+    under a GPU's memory, so the engine alone leaves the server room)."""
+    return 2 * streams * (prompt_tokens + max_tokens + 64)
+
+
+def start_server(target: str, backend: str, streams: int, log: Path, flags: list[str],
+                 tokens: int) -> tuple[subprocess.Popen, str]:
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     cmd = [sys.executable, "-m", "serve", target, "--backend", backend, "--port", "0", "--max-seqs", str(streams),
-           "--log-level", "info", *flags]
+           "--capacity", str(tokens), "--log-level", "info", *flags]
     f = open(log, "wb")
     proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=REPO, env=env)
     deadline = time.monotonic() + 600
@@ -184,7 +192,8 @@ def main() -> None:
                               args.serve_flag)
     rows = [("engine alone", ceiling, 1.0, "-", "-", "-", "-")]
     with tempfile.TemporaryDirectory() as tmp:
-        proc, url = start_server(args.target, args.backend, args.streams, Path(tmp) / "serve.log", args.serve_flag)
+        proc, url = start_server(args.target, args.backend, args.streams, Path(tmp) / "serve.log", args.serve_flag,
+                                 capacity(args.streams, args.max_tokens, args.prompt_tokens))
         try:
             http_load(url, min(4, args.streams), 1, 4, args.prompt_tokens, False, 10_000_000)  # warm
             for k, stream in enumerate((False, True)):
