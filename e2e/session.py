@@ -28,7 +28,7 @@ import httpx
 
 from e2e.log import Log, kv
 
-__all__ = ["STARTED", "ServerExited", "ServerError", "Session", "Unavailable", "free_port", "merge_flags",
+__all__ = ["STARTED", "ServerExited", "ServerError", "Session", "Unavailable", "free_port", "merge_flags", "tls",
            "kern_args", "own_kern", "project_env", "server_command", "split_flags", "stop_all"]
 
 EXIT_MEANINGS = {101: "scheduler crashed", -9: "killed", -15: "terminated"}
@@ -81,6 +81,21 @@ class ServerExited(ServerError):
                          + (f"; log tail: {tail}" if tail else ""))
         self.code = code
         self.tail = tail
+
+
+_TLS: list = []
+
+
+def tls():
+    """One TLS context for every client this process makes: httpx would otherwise load the CA bundle
+    for each (about 25 ms of CPU a client, where a gate makes hundreds, all for plain http)."""
+    if not _TLS:
+        import ssl
+
+        import certifi
+
+        _TLS.append(ssl.create_default_context(cafile=certifi.where()))
+    return _TLS[0]
 
 
 def free_port() -> int:
@@ -254,8 +269,6 @@ class Session:
 
     def _api_facts(self) -> dict[str, Any]:
         """A quiet server's facts, as its ready line would give them, from ``GET /stats`` ``facts``."""
-        from e2e.client import tls
-
         try:
             r = httpx.get(self.url + "/stats", timeout=30.0, verify=tls())
             facts = dict(r.json()["facts"]) if r.status_code == 200 else None
@@ -284,8 +297,6 @@ class Session:
 
     def _answers(self) -> bool:
         try:
-            from e2e.client import tls
-
             httpx.get(self.url + "/v1/models", timeout=2.0, verify=tls())
             return True
         except httpx.HTTPError:

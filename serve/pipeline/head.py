@@ -172,7 +172,7 @@ def build_head(paths: list[Path], opts, pp: PipelineOptions):
     from manifests import derive, load
     from manifests.config import resolve
     from pool import Geometry, Lease, Pool, Prefix, chunk_size, chunks_for
-    from runtime.backend import make_backend
+    from runtime.backends import make_backend
     from runtime.protocol import Protocol
     from runtime.runtime import Runtime
     from serve.engine import CPU_CAPACITY, Engine, EngineError, _gpu_capacity

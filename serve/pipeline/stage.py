@@ -76,7 +76,7 @@ def serve_stage(what: str, head: str, opts: StageOptions) -> int:
     from manifests import derive, load
     from manifests.config import resolve
     from pool import Geometry
-    from runtime.backend import make_backend
+    from runtime.backends import make_backend
 
     if opts.device is not None and opts.backend != "cpu":
         os.environ.setdefault("CUDA_VISIBLE_DEVICES", str(opts.device).split(",")[0])
