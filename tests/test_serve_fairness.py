@@ -43,8 +43,10 @@ pytestmark = pytest.mark.skipif(not _can_bind(HOG), reason="no 127.0.0.2 on lo (
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    """Default limits (--max-connections 1000, --max-connections-per-client 256), a 4 MiB body limit."""
-    s = start_server("toy-paged", log_path=tmp_path_factory.mktemp("fair") / "server.log")
+    """Default limits (--max-connections 1000, --max-connections-per-client 256, a 4 MiB body limit),
+    but a --header-timeout longer than the tests, so a silent connection once admitted stays (the
+    count the server holds is then what its caps allow, not what the timeout left)."""
+    s = start_server("toy-paged", "--header-timeout", "120", log_path=tmp_path_factory.mktemp("fair") / "server.log")
     yield s
     s.stop()
 
@@ -160,8 +162,8 @@ def test_twenty_clients_are_served_while_one_holds_5000_connections(server):
             got = list(ex.map(lambda a: _served(server, a, 3, ids), CLIENTS))
         took = time.monotonic() - t0
         assert all(g == [want] * 3 for g in got)
-        kept = hog.open
-        assert kept >= 4000, kept  # it kept its thousands open on its side throughout
+        kept = hog.open  # open on its side now (the server's closes not yet seen, or not yet reopened)
+        assert kept + hog.closed_by_server >= 5000, (kept, hog.closed_by_server)
         hog.paused.set()
         time.sleep(2.0)  # refused ones are let go (their 1 s linger), none reopened
         held = _held(server)
@@ -319,7 +321,22 @@ def _fields():
 
 FIELDS = _fields()
 PATHS = {"completions": "/v1/completions", "chat": "/v1/chat/completions", "tokenize": "/tokenize", "detokenize": "/detokenize"}
-ANY_TEXT = st.text(st.characters(blacklist_categories=()), min_size=0, max_size=12)  # surrogates included
+# any code point, surrogates half the time (a plain text strategy all but never draws one)
+ANY_TEXT = st.lists(st.one_of(st.characters(blacklist_categories=()), st.characters(min_codepoint=0xD800, max_codepoint=0xDFFF)),
+                    max_size=12).map("".join)
+
+
+def _strings(v):
+    """Every string in a decoded body, keys included."""
+    if isinstance(v, str):
+        yield v
+    elif isinstance(v, dict):
+        for k, x in v.items():
+            yield k
+            yield from _strings(x)
+    elif isinstance(v, list):
+        for x in v:
+            yield from _strings(x)
 
 
 def _lone(s: str) -> bool:
@@ -342,7 +359,8 @@ def test_no_string_gets_a_500(server, field, text, in_key, escaped):
     r = httpx.post(server.url + PATHS[ep], content=raw, headers={"content-type": "application/json"}, timeout=60)
     assert r.status_code < 500, (r.status_code, r.text[:300])
     err = r.json().get("error") if r.status_code >= 400 else None
-    if _lone(text):
+    # what the server decodes: a high and a low surrogate side by side as \\u escapes are one character
+    if any(_lone(x) for x in _strings(json.loads(raw))):
         assert r.status_code == 400 and err["code"] == "invalid_string", r.text[:300]
         if not in_key:
             assert err["param"] == path, (err, path)
