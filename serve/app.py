@@ -145,7 +145,9 @@ def make_app(scheduler: Scheduler, engine: Engine, api_key: str | None = None, l
     @app.api_route("/health", methods=["GET", "HEAD"])
     async def health():
         if scheduler.ready.is_set() and scheduler.is_alive():
-            return {"status": "ok"}
+            if scheduler.warm.is_set():
+                return {"status": "ok"}
+            return JSONResponse({"status": "warming"}, status_code=503)  # kernels compiling: serve/warmup.py
         return JSONResponse({"status": "starting"}, status_code=503)
 
     @app.get("/kern/capabilities")
