@@ -26,6 +26,7 @@ import click
 
 from e2e.checks import Checks
 from e2e.config import ConfigError, GateTarget, load_targets
+from manifests.config import PACKAGED, PACKAGED_PP
 from e2e.gate import SESSION_PORTS, Options, Run, run_target
 from e2e.report import commit, junit, write_report, write_summary
 from e2e.scenarios import CHECKS, CROSS_CHECKS, STEPS, plan
@@ -33,9 +34,11 @@ from e2e.scenarios.kern_test import forked
 from e2e.session import STARTED, merge_flags, own_kern, project_env, split_flags, stop_all
 from e2e.stages import record as record_stages
 from e2e.engine import PRESETS, Engine, EngineError
+from e2e.progress import Progress
 from oracle.cache import Cache, CommandRun, KernRun, kern_run_identity
 from oracle.probe import Prober
 from oracle.reference import PACKAGED_MODEL, Reference, ReferenceError
+from oracle.version import option as version_option
 
 __all__ = ["main"]
 
@@ -91,7 +94,8 @@ def _skipped(t: GateTarget, reason: str, echo: Callable[[str], None]) -> dict:
 
 
 def gate_target(t: GateTarget, opts: Options, reference: Path | None, wanted: set[str] | None,
-                echo: Callable[[str], None] = click.echo) -> dict:
+                echo: Callable[[str], None] | None = None) -> dict:
+    echo = echo or opts.say
     if t.skipped:
         return _skipped(t, t.skipped, echo)
     opts = dataclasses.replace(opts, engine=engine_of(t, opts))
@@ -139,7 +143,11 @@ def engine_of(t: GateTarget, opts: Options) -> Engine:
     if opts.engine is not None and opts.engine.external:
         return dataclasses.replace(opts.engine, facts=dict(opts.engine.facts))  # each target asks its own
     if t.engine is not None:
-        return Engine.foreign(t.engine, t.capabilities)
+        here = str((t.config or Path(".")).resolve().parent)  # {here}: the config's folder
+        e = Engine.foreign(t.engine.replace("{here}", here), t.capabilities)
+        e.facts.update(t.facts or {})
+        e.name = t.engine_name or e.name
+        return e
     return Engine.own(opts.kern)
 
 
@@ -248,12 +256,10 @@ def gate_all(chosen: list[GateTarget], opts: Options, ref: Path | None, wanted: 
     """Every target, `jobs` at a time; reports in the order chosen, whatever order they finish in."""
     if jobs == 1 or len(chosen) < 2:
         return [gate_target(t, opts, ref, wanted) for t in chosen]
-    lock = threading.Lock()
 
     def one(i: int, t: GateTarget) -> dict:
         def echo(line: str) -> None:
-            with lock:
-                click.echo(f"[{t.name}] {line.lstrip()}")
+            opts.say(f"[{t.name}] {line.lstrip()}")
 
         # fixed ports: each target its own block of session ports
         o = opts if opts.port == 0 else dataclasses.replace(opts, port=opts.port + i * SESSIONS)
@@ -270,7 +276,8 @@ def gate_all(chosen: list[GateTarget], opts: Options, ref: Path | None, wanted: 
         ex.shutdown(wait=True)
 
 
-def start_zygote(cfg: Path, chosen: list[GateTarget], backend: str):
+def start_zygote(cfg: Path, chosen: list[GateTarget], backend: str, say: Callable[[str], None] = click.echo,
+                 progress=None):
     """The warm parent the servers are forked from (`e2e/zygote.py`); None (fresh processes) if it
     cannot start. On the CPU it runs each target's kernels once first; elsewhere it only imports."""
     from e2e.zygote import Zygote, ZygoteGone
@@ -278,13 +285,20 @@ def start_zygote(cfg: Path, chosen: list[GateTarget], backend: str):
     on_cpu = on_the_cpu(backend)
     warm = [t.name for t in chosen if not t.skipped and t.config in (None, cfg)] if on_cpu else []
     t0 = time.monotonic()
+    if progress is not None:
+        progress.busy("zygote", "importing the server" + (f", then running each of {len(warm)} target(s)' kernels "
+                                "once (numba compiles them on a fresh clone and caches them)" if warm else ""))
     try:
-        z = Zygote(project_env(), cfg, warm, gpu_imports=not on_cpu)
+        z = Zygote(project_env(), cfg, warm, gpu_imports=not on_cpu,
+                   on_progress=None if progress is None else lambda what: progress.busy("zygote", what))
     except (ZygoteGone, OSError) as exc:
         click.echo(f"e2e: no zygote ({exc}); each server starts as a fresh process", err=True)
         return None
+    finally:
+        if progress is not None:
+            progress.done("zygote")
     gpu = f"; GPU imports: {z.gpu_imports}" if z.gpu_imports else ""
-    click.echo(f"zygote: warm in {time.monotonic() - t0:.1f}s ({len(warm)} target(s)' kernels run once{gpu})")
+    say(f"zygote: warm in {time.monotonic() - t0:.1f}s ({len(warm)} target(s)' kernels run once{gpu})")
     return z
 
 
@@ -293,7 +307,7 @@ GPU_HOSTS = 8  # --hosts on a GPU: processes (CUDA contexts) the gate's single-p
 
 
 def start_hosts(n: int, cfg: Path, chosen: list[GateTarget], on_cpu: bool, out: Path,
-                check: concurrent.futures.Future | None = None):
+                check: concurrent.futures.Future | None = None, say: Callable[[str], None] = click.echo, progress=None):
     """`n` warm hosts (`e2e/hosts.py`) for the single-process targets' servers, `kern test` and
     `kern run`; None (the zygote, else fresh processes) if none can start (said, unless `check`
     says why: no device)."""
@@ -302,16 +316,22 @@ def start_hosts(n: int, cfg: Path, chosen: list[GateTarget], on_cpu: bool, out: 
 
     warm = [t.name for t in chosen if not t.skipped and t.stages <= 1 and t.config in (None, cfg)]
     t0 = time.monotonic()
+    if progress is not None:
+        progress.busy("hosts", f"starting {n} warm host(s): imports, the device, each of {len(warm)} target(s)' "
+                               "kernels once (compiled on a fresh clone, cached after)")
     try:
         h = Hosts(n, project_env(), "cpu" if on_cpu else "gpu", cfg, warm, log_dir=out / "hosts")
     except (ZygoteGone, OSError, ValueError) as exc:
         if check is None or check.result() is None:
             click.echo(f"e2e: no hosts ({exc}); each server is a process of its own", err=True)
         return None
+    finally:
+        if progress is not None:
+            progress.done("hosts")
     for e in h.errors:
         click.echo(f"e2e: a host did not start: {e}", err=True)
     slowest = h.slowest()
-    click.echo(f"hosts: {len(h)} warm in {time.monotonic() - t0:.1f}s ({'cpu' if on_cpu else 'gpu'}; "
+    say(f"hosts: {len(h)} warm in {time.monotonic() - t0:.1f}s ({'cpu' if on_cpu else 'gpu'}; "
                f"{len(warm)} target(s) run once in each{'; the last: ' + slowest if slowest else ''}); "
                f"their own logs under {out / 'hosts'}")
     return h
@@ -336,6 +356,7 @@ def no_gpu() -> str | None:
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@version_option("e2e")
 @click.option("--config", type=click.Path(dir_okay=False), default=None,
               help="TOML with [targets.NAME] tables (default: nearest kern.toml, else the packaged toy config).")
 @click.option("--targets", multiple=True, help="Target names (space or comma separated; default: all).")
@@ -424,10 +445,26 @@ def cli(config, targets, scenarios, reference, no_reference, out, max_tokens, ba
             Reference(ref, {})
         except ReferenceError as exc:
             raise click.UsageError(str(exc)) from None
+    progress = Progress(suppress=lambda: STARTED.closed).start()  # a stopped gate's lanes print no FAIL lines
     opts = Options(cfg.resolve(), Path(out), max_tokens, backend, port, server_flags, capacity, load_timeout,
                    shlex.split(kern) if kern else None, at_once=at_once,
                    reference_worker=(os.cpu_count() or 1) >= WORKER_CORES if reference_worker is None else reference_worker,
-                   started=t0, seed=seed, engine=engine)
+                   started=t0, seed=seed, engine=engine, progress=progress)
+    names = [t.name for t in chosen]
+    under = (engine.command if engine else kern if kern else "the config's, per target"
+             if any(t.engine for t in chosen) else "kern (this checkout)")
+    opts.say(f"e2e: {len(chosen)} target(s) ({', '.join(names[:6])}{', ...' if len(names) > 6 else ''}) from {cfg}; "
+             f"backend {backend}; engine: {under}; results under {out}")
+    try:
+        _gate(cfg, chosen, opts, ref, wanted, backend, zygote, hosts, jobs, junit_path, explore_n, targets, shrink_,
+              max_tokens, t0)
+    finally:
+        progress.stop()
+
+
+def _gate(cfg, chosen, opts, ref, wanted, backend, zygote, hosts, jobs, junit_path, explore_n, targets, shrink_,
+          max_tokens, t0) -> None:
+    """The gate itself, once its options are made: spawners, targets, the summary; exits with its code."""
     why = None
     with concurrent.futures.ThreadPoolExecutor(1) as ex:
         # --backend gpu: is there one? Asked (cupy's import, the driver's start: about 1 s on an H200)
@@ -438,7 +475,7 @@ def cli(config, targets, scenarios, reference, no_reference, out, max_tokens, ba
         why = check.result() if check is not None else None
     if why is not None:
         close_spawners(opts)
-        reports = [_skipped(t, why, click.echo) for t in chosen]
+        reports = [_skipped(t, why, opts.say) for t in chosen]
     elif explore_n is not None:
         try:
             code = explore(chosen, opts, ref, wanted, jobs or max(1, os.cpu_count() or 1), explore_n, targets)
@@ -452,20 +489,23 @@ def cli(config, targets, scenarios, reference, no_reference, out, max_tokens, ba
         try:
             reports = gate_all(chosen, opts, ref, wanted, jobs or max(1, os.cpu_count() or 1))
             if shrink_:
-                shrink_failures(reports, opts)
+                shrink_failures(reports, opts, opts.say)
         except BaseException:
             stop_all()  # before the zygote goes: its children die with it, and the lanes would stop them unseen
             raise
         finally:
             close_spawners(opts)
-        record_stages(chosen, reports, wanted, click.echo)
+        record_stages(chosen, reports, wanted, opts.say)
     for r in reports:
         write_report(opts.out, r)
     meta = {"commit": commit(), "backend": backend, "max_tokens": max_tokens, "wall_s": time.monotonic() - t0,
+            "out": str(opts.out), "seed": opts.seed, "engine": opts.engine.command if opts.engine else None,
+            "config": None if cfg.resolve() in (PACKAGED.resolve(), PACKAGED_PP.resolve()) else str(cfg),
             "zygote_warm_s": getattr(opts.zygote, "warm_s", None), "gate_cpu_s": _own_cpu(),
             "hosts": len(opts.hosts) if opts.hosts is not None else 0, "hosts_warm_s": getattr(opts.hosts, "warm_s", None),
             "hosts_cpu_s": opts.hosts.cpu_s() if opts.hosts is not None else None}
     table, code = write_summary(opts.out, reports, meta)
+    opts.progress.stop()
     click.echo("\n" + table)
     if junit_path:
         Path(junit_path).parent.mkdir(parents=True, exist_ok=True)
@@ -487,7 +527,7 @@ def explore(chosen: list[GateTarget], opts: Options, ref: Path | None, wanted: s
     failed = []
     for i, seed in enumerate(seeds, 1):
         o = dataclasses.replace(opts, seed=seed, out=opts.out / f"seed-{seed}")
-        click.echo(f"== explore {i}/{n}: seed {seed}")
+        opts.say(f"== explore {i}/{n}: seed {seed}")
         reports = gate_all(chosen, o, ref, wanted, jobs)
         for r in reports:
             write_report(o.out, r)
@@ -497,10 +537,10 @@ def explore(chosen: list[GateTarget], opts: Options, ref: Path | None, wanted: s
         names = ",".join(_names(targets)) if targets else ",".join(t.name for t in chosen)
         replay = (f"e2e --seed {seed} --backend {opts.backend} --targets {names} --scenarios {' '.join(sorted(wanted))}"
                   if wanted else f"e2e --seed {seed}")
-        click.echo(f"   seed {seed}: " + ("pass" if code == 0 else f"FAIL ({', '.join(bad)[:300]}); replay: {replay}"))
+        opts.say(f"   seed {seed}: " + ("pass" if code == 0 else f"FAIL ({', '.join(bad)[:300]}); replay: {replay}"))
         if code != 0:
             failed.append(seed)
-    click.echo(f"explore: {n - len(failed)}/{n} seeds pass" + (f"; failing seeds: {failed}" if failed else ""))
+    opts.say(f"explore: {n - len(failed)}/{n} seeds pass" + (f"; failing seeds: {failed}" if failed else ""))
     return 1 if failed else 0
 
 
@@ -533,14 +573,15 @@ def start_spawners(opts: Options, cfg: Path, chosen: list[GateTarget], backend: 
     n = hosts if hosts is not None else (0 if on_cpu else GPU_HOSTS)
     staged = any(t.stages > 1 and not t.skipped for t in chosen)
     with concurrent.futures.ThreadPoolExecutor(2) as ex:
-        h = ex.submit(start_hosts, n, cfg, chosen, on_cpu, opts.out, check) if n else None
-        z = ex.submit(start_zygote, cfg, chosen, backend) if zygote and (staged or not n) else None
+        h = ex.submit(start_hosts, n, cfg, chosen, on_cpu, opts.out, check, opts.say, opts.progress) if n else None
+        z = (ex.submit(start_zygote, cfg, chosen, backend, opts.say, opts.progress)
+             if zygote and (staged or not n) else None)
         opts.hosts = h.result() if h is not None else None
         opts.zygote = z.result() if z is not None else None
     if check is not None and check.result() is not None:
         return
     if zygote and opts.zygote is None and opts.hosts is None and n:  # no hosts after all: the zygote
-        opts.zygote = start_zygote(cfg, chosen, backend)
+        opts.zygote = start_zygote(cfg, chosen, backend, opts.say, opts.progress)
 
 
 def close_spawners(opts: Options) -> None:

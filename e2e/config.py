@@ -38,6 +38,8 @@ class GateTarget:
     engine: str | None = None  # the command of an engine under the contract (docs/engine-contract.md)
     capabilities: tuple[str, ...] | None = None  # that engine's, as the config declares them
     oracle: Path | None = None  # the target's own reference model.py (over e2e --reference)
+    facts: dict | None = None  # that engine's facts, as the config declares them (page, max_request_tokens)
+    engine_name: str | None = None  # that engine's name, as the config gives it
 
     @property
     def spec(self) -> bool:
@@ -79,7 +81,7 @@ def _target(t, config: Path | None = None) -> GateTarget:
     lined = any((s or {}).get("bytes_per_seq", 0) for s in m.get("states", {}).values())
     return GateTarget(t.name, t.manifest, t.reference, weights, m.get("model", t.name), lined,
                       _widest(m), _ranks(m), skipped, "logits" in m.get("buffers", {}), t.stages, config,
-                      t.engine, t.capabilities, t.oracle)
+                      t.engine, t.capabilities, t.oracle, t.facts, t.engine_name)
 
 
 def load_targets(config: str | Path | None, names: list[str] | None) -> tuple[Path, list[GateTarget]]:

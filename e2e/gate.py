@@ -62,6 +62,14 @@ class Options:
     at_once: bool = True  # a target's independent sessions at once (`run_target`); False: one after another
     seed: int = 0  # what the generated sessions (params, explore) draw from: `e2e --seed`
     engine: Any = None  # an `e2e.engine.Engine`: the engine under test (None: this checkout's kern, or `kern`)
+    progress: Any = None  # an `e2e.progress.Progress`: every line goes through it, and it names what runs
+
+    def say(self, line: str) -> None:
+        """Print one line of the gate's output (through `progress`, which keeps the heartbeat honest)."""
+        if self.progress is not None:
+            self.progress.echo(line)
+        else:
+            print(line, flush=True)
 
     def __post_init__(self) -> None:
         if self.engine is None:
@@ -480,6 +488,7 @@ def _run_lane(run: Run, steps: list, plan: _Plan, index: int) -> None:
 
     done = 0
     why = "the target stopped before it"
+    lane_key = f"{run.target.name}/{steps[0].session or steps[0].name}" if steps else run.target.name
     try:
         if index != plan.base_lane and any(st.facts for st in steps):
             plan.based.wait()  # every session's flags read the first session's facts
@@ -502,6 +511,7 @@ def _run_lane(run: Run, steps: list, plan: _Plan, index: int) -> None:
                     name = run.live.session.name
                     run.close()
                     t0 = spent(f"{name} stop", t0)
+                _busy(run, lane_key, f"starting the {step.session} session's server")
                 try:
                     run.open(step.session, step.flags(run) if step.flags else [])
                 finally:
@@ -510,6 +520,7 @@ def _run_lane(run: Run, steps: list, plan: _Plan, index: int) -> None:
                 spent(f"{step.session} start", t0)
             plan.wait(deps)
             t0 = time.monotonic()
+            _busy(run, lane_key, f"step {step.name}")
             run.step, run.serial = step.name, step.serial
             if not step.serial and step.session is not None:
                 run.unserial.add(step.session)
@@ -549,10 +560,17 @@ def _run_lane(run: Run, steps: list, plan: _Plan, index: int) -> None:
                 pass
         _drop(run)
     finally:
+        if run.opts.progress is not None:
+            run.opts.progress.done(lane_key)
         if index == plan.base_lane:
             plan.based.set()
         for i, step in enumerate(steps[done:]):
             plan.end(step.name, False, why if i == 0 else f"{steps[done].name} before it in its session failed")
+
+
+def _busy(run: Run, key: str, what: str) -> None:
+    if run.opts.progress is not None:
+        run.opts.progress.busy(key, what)
 
 
 def _step_lacks(run: Run, step, plan: _Plan, deps: tuple[str, ...]) -> list[str]:

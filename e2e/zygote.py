@@ -93,7 +93,7 @@ class Zygote:
 
     def __init__(self, env: dict[str, str], config: Path | None = None, warm: list[str] | tuple[str, ...] = (),
                  ready_timeout: float = 600.0, gpu_imports: bool = False, args: list[str] | tuple[str, ...] = (),
-                 stderr=None):
+                 stderr=None, on_progress=None):
         cmd = [sys.executable, "-m", self.module, *args]
         if config is not None:
             cmd += ["--config", str(config)]
@@ -101,6 +101,7 @@ class Zygote:
             cmd += ["--warm", *warm]
         if gpu_imports:
             cmd += ["--gpu-imports"]
+        self.on_progress = on_progress  # told each `{"warming": ...}` line while it warms (what it compiles now)
         self.cond = threading.Condition()
         self.exits: dict[int, int] = {}
         self.usage: dict[int, dict] = {}  # per ended child: its own CPU seconds (user, sys) and peak memory
@@ -131,6 +132,10 @@ class Zygote:
             try:
                 msg = json.loads(raw)
             except ValueError:
+                continue
+            if "warming" in msg:
+                if self.on_progress is not None:
+                    self.on_progress(str(msg["warming"]))
                 continue
             with self.cond:
                 if "exit" in msg:

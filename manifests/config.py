@@ -18,7 +18,7 @@ PACKAGED = Path(__file__).parent / "toy.toml"
 # driver, which denies the unknown `stages` key (and with it the whole file)
 PACKAGED_PP = Path(__file__).parent / "toy-pp.toml"
 TARGET_KEYS = {"manifest", "reference", "weights", "tokenizer", "kernels", "stages", "cut", "engine", "capabilities",
-               "oracle"}
+               "oracle", "facts", "engine_name"}
 TOP_KEYS = {"targets", "gpu", "capacity", "kernels", "test", "run"}
 
 
@@ -39,6 +39,8 @@ class Target:
     engine: str | None = None  # e2e: the command of the engine under test (docs/engine-contract.md), not kern
     capabilities: tuple[str, ...] | None = None  # e2e: what that engine can do (else asked of it)
     oracle: Path | None = None  # e2e: the target's reference model.py (else e2e --reference)
+    facts: dict | None = None  # e2e: that engine's facts (page, max_request_tokens), as /kern/capabilities gives them
+    engine_name: str | None = None  # e2e: that engine's name in the summary (else /kern/capabilities', else the command)
 
 
 @dataclass(frozen=True)
@@ -94,6 +96,8 @@ def load_config(path: str | Path) -> Config:
             *_pipeline(name, t, problems),
             *_engine(name, t, problems),
             rel(t.get("oracle")),
+            _facts(name, t, problems),
+            t.get("engine_name") if isinstance(t.get("engine_name"), str) else None,
         )
     if problems:
         raise ConfigError(f"config {path}: " + "; ".join(problems))
@@ -122,6 +126,15 @@ def _engine(name: str, t: dict, problems: list[str]) -> tuple[str | None, tuple[
         problems.append(f"targets.{name}.capabilities: expected a list of names, got {caps!r}")
         caps = None
     return engine, tuple(caps) if caps is not None else None
+
+
+def _facts(name: str, t: dict, problems: list[str]) -> dict | None:
+    facts = t.get("facts")
+    if facts is not None and (not isinstance(facts, dict)
+                              or not all(isinstance(v, int) and not isinstance(v, bool) for v in facts.values())):
+        problems.append(f"targets.{name}.facts: expected a table of integers (page = 32, ...), got {facts!r}")
+        return None
+    return facts
 
 
 def resolve(what: str, config: str | Path | None = None, weights: list[str] | None = None) -> Target:

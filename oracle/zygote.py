@@ -41,12 +41,16 @@ def _say(obj: dict) -> None:
 
 def warm(config: str | None, targets: list[str]) -> None:
     """Import what a server imports and run a few tokens of each target through the runtime (CPU)."""
+    t0 = time.monotonic()
+    _say({"warming": "importing the server (fastapi, uvicorn, numba)"})
     import serve.app  # noqa: F401  (the server's imports)
     import serve.cli  # noqa: F401
     from oracle.cli import main
 
     base = ["--config", config] if config else []
-    for t in targets:
+    for i, t in enumerate(targets, 1):
+        _say({"warming": f"running {t}'s kernels once, {i}/{len(targets)} (numba compiles them on a fresh clone; "
+                         f"{time.monotonic() - t0:.0f}s so far)"})
         for rows in ("1", None):
             argv = [*base, "run", t, "--steps", "3", "--backend", "cpu", "--prompt", "warm"]
             if rows:

@@ -37,7 +37,8 @@ def gate(tmp_path: Path, *args: str, max_tokens: int = 12) -> tuple[int, dict]:
 
 def test_the_page_documents_every_capability_and_the_table_names_real_checks():
     text = DOC.read_text()
-    rows = {m for m in re.findall(r"^\| `([a-z-]+)` \|", text, flags=re.M)}
+    table = text.split("\n## Capabilities\n", 1)[1].split("\n## ", 1)[0]
+    rows = set(re.findall(r"^\| `([a-z-]+)` \|", table, flags=re.M))
     assert rows == set(CAPABILITIES) - {"kern-runtime"}, "docs/engine-contract.md's table vs e2e.engine.CAPABILITIES"
     assert "`kern-runtime`" in text
     steps = {s.name for s in STEPS}
@@ -105,3 +106,44 @@ def test_an_engine_with_no_health_route_fails_at_once(tmp_path):
     assert code == 1 and time.monotonic() - t0 < 60
     error = next(c for c in reports["toy-paged"]["checks"] if c["name"] == "error")
     assert "GET /health answers 404" in error["note"]
+
+
+DICT = f"{sys.executable} {ROOT / 'tests' / 'engines' / 'dict_engine.py'} --port {{port}} --model {{model}}"
+
+
+def test_the_dict_engine_written_from_the_contract_passes_every_check_it_can_be_judged_on(tmp_path, capsys):
+    code, reports = gate(tmp_path, "--engine", DICT, "--targets", "toy-paged")
+    out = capsys.readouterr().out
+    assert code == 0, out[-3000:]
+    got = {c["name"]: c for c in reports["toy-paged"]["checks"]}
+    assert {n for n, c in got.items() if c["ok"] is True} == CORE | {"repeat_hit", "turn2_hit"}
+    assert reports["toy-paged"]["engine"]["name"] == "dict-engine"
+
+
+def test_a_lined_target_through_the_dict_engine(tmp_path, capsys):
+    code, _ = gate(tmp_path, "--engine", DICT, "--targets", "toy-stateful")
+    assert code == 0, capsys.readouterr().out[-3000:]
+
+
+def test_a_capability_the_engine_drops_turns_its_checks_into_skips(tmp_path, capsys):
+    code, reports = gate(tmp_path, "--engine", DICT + " --lack cached-tokens", "--targets", "toy-paged",
+                         "--scenarios", "repeat_hit", "turn2_hit", "conc1_equals_run")
+    assert code == 0, capsys.readouterr().out[-3000:]
+    got = {c["name"]: c for c in reports["toy-paged"]["checks"]}
+    assert got["repeat_hit"]["skipped"] == ["cached-tokens"] and got["turn2_hit"]["ok"] is None
+    assert got["conc1_equals_run"]["ok"] is True
+
+
+@pytest.mark.parametrize("bug, caught", [
+    ("short-key", "turn2_warm_equals_run"),          # two prefixes with the same last 16 tokens share a state
+    ("off-by-one", "conc1_equals_run"),              # a resumed prefix's last token fed twice
+    ("stale-evict", "prefix_cold_warm_restored"),    # an evicted sequence's last state "restored" from its first
+    ("race", "prefix_cold_warm_restored"),           # the running state shared by requests in flight
+    ("cached-lie", "repeat_hit"),                    # cached_tokens says the whole prompt
+])
+def test_each_planted_bug_in_the_dict_engine_fails_the_gate(tmp_path, capsys, bug, caught):
+    code, reports = gate(tmp_path, "--engine", DICT + f" --bug {bug}", "--targets", "toy-paged")
+    out = capsys.readouterr().out
+    assert code == 1, out[-3000:]
+    failed = {c["name"] for c in reports["toy-paged"]["checks"] if c["ok"] is False}
+    assert caught in failed, f"--bug {bug}: failed {failed}"

@@ -6,14 +6,17 @@ none of them changes a token. Prompts are families (stems shared by several tail
 one under and one over a multiple of the engine's cache block) of random byte ids, sent as ids:
 
 1. cold: every prompt once, one at a time (the first of each stem misses, the others share it);
-2. warm: every prompt again (the cache should hold them: with ``cached-tokens`` at least one hit);
+2. warm: each prompt again right after its cold answer (a cache of any size holds it: with
+   ``cached-tokens`` at least one hit);
 3. turn 2: each prompt + its answer (+ the stop token) + a suffix, one at a time;
 4. burst: every turn 2 at once (a small KV budget preempts here);
 5. flood: unrelated prompts in bursts, enough to evict a small cache;
-6. restored: every first prompt again, one at a time, after the flood (recomputed, or restored from
-   wherever the engine keeps what it evicted).
+6. restored: after the flood, every conversation comes back for a third turn (turn 2 + its answer + a
+   new suffix: a lookup reads the state at the end of an answer only when a later turn asks for it, so
+   a wrongly restored answer block shows here), then every first prompt again (recomputed, or restored
+   from wherever the engine keeps what it evicted).
 
-Over 200 requests in all. The note counts each phase's identical answers and hits, and, for an
+240 requests in all. The note counts each phase's identical answers and hits, and, for an
 engine with vLLM's /metrics, the preemptions it counted.
 """
 
@@ -31,6 +34,7 @@ TAILS = 4
 FLOOD = 48
 FLOOD_BURST = 16
 SUFFIX_IDS = list(b"\nand then?")
+RETURN_IDS = list(b"Why?")  # a conversation's third turn, after the flood (not sharing turn 2's first byte)
 PREEMPTIONS = ("vllm:num_preemptions_total", "vllm:num_preemptions")
 
 
@@ -48,7 +52,7 @@ def family(rng: random.Random, page: int, longest: int) -> list[list[int]]:
 def _longest(r) -> int:
     """The longest stem: two turns and their answers fit the engine's room (facts.max_request_tokens)."""
     room = int((r.facts.get("prefix") or r.facts.get("default") or {}).get("max_request_tokens") or 1024)
-    return max(8, min(300, (room - 2 * r.m - 2 * 40 - len(SUFFIX_IDS)) // 2))
+    return max(8, min(300, (room - 3 * (r.m + 1) - 40 - len(SUFFIX_IDS) - len(RETURN_IDS)) // 2))
 
 
 def _preemptions(client) -> float | None:
@@ -71,7 +75,7 @@ def run(r) -> None:
     prompts = family(rng, r.page, _longest(r))
     r.serial_ends("prefix_cold_warm_restored (bursts)")
     phases: dict[str, Same] = {k: Same(r.oracle, r.rows) for k in
-                               ("cold", "warm", "turn 2", "burst", "flood", "restored")}
+                               ("cold", "warm", "turn 2", "burst", "flood", "returning", "restored")}
     hits: dict[str, list[int]] = {k: [] for k in phases}
     errors: list[str] = []
     before = _preemptions(live.client)
@@ -94,16 +98,18 @@ def run(r) -> None:
             phases[phase].add(f"{phase} {len(hits[phase]) + 1}", ids, a.ids, r.oracle.run(ids, r.m, r.rows))
             hits[phase].append(a.cached)
 
-    cold = [serial("cold", ids) for ids in prompts]
+    cold = []
     for ids in prompts:
+        cold.append(serial("cold", ids))
         serial("warm", ids)
     second = [ids + a.fed + SUFFIX_IDS for ids, a in zip(prompts, cold)]
-    for ids in second:
-        serial("turn 2", ids)
+    turn2 = [serial("turn 2", ids) for ids in second]
     burst("burst", second)
     flood = [[rng.randrange(256) for _ in range(rng.randint(_longest(r) // 2, _longest(r)))] for _ in range(FLOOD)]
     for i in range(0, FLOOD, FLOOD_BURST):
         burst("flood", flood[i:i + FLOOD_BURST])
+    for ids, a in zip(second, turn2):
+        serial("returning", ids + a.fed + RETURN_IDS)
     for ids in prompts:
         serial("restored", ids)
     after = _preemptions(live.client)
@@ -113,9 +119,11 @@ def run(r) -> None:
                            if r.opts.engine.has("cached-tokens") else "")
              for k, s in phases.items()]
     note = f"{sum(len(h) for h in hits.values())} requests; " + "; ".join(parts)
-    if r.opts.engine.has("cached-tokens") and not any(hits["warm"]):
+    # a lined (stateful) target keeps a sequence's state at its end only: its prompts hit as turn 2s
+    warm = "turn 2" if r.stateful else "warm"
+    if r.opts.engine.has("cached-tokens") and not any(hits[warm]):
         ok = False
-        note += "; no warm request was served from the cache: the prefix cache was never exercised"
+        note += f"; no {warm} request was served from the cache: the prefix cache was never exercised"
     if after is not None:
         note += f"; preemptions {after - (before or 0):.0f} (the engine's /metrics)"
     if errors:
