@@ -24,7 +24,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
-from serve import logs, validate
+from serve import bodies, logs, validate
 from serve.engine import Engine
 from serve.guard import Limits
 from serve.request import EOS, Done, Request, Stops, Update
@@ -141,14 +141,17 @@ def make_app(scheduler: Scheduler, engine: Engine, api_key: str | None = None, l
             parts.append(part)
         return b"".join(parts)
 
-    async def body_of(request: HttpRequest) -> dict:
+    async def body_of(request: HttpRequest, kind: str, *args):
+        """The body parsed and checked (`serve.bodies.run`), off the loop when it is large."""
         auth(request)
-        return validate.parse(await read_body(request))
+        return await bodies.check(kind, await read_body(request), *args)
 
     @app.api_route("/health", methods=["GET", "HEAD"])
     async def health():
         if scheduler.ready.is_set() and scheduler.is_alive():
-            return {"status": "ok"}
+            if scheduler.warm.is_set():
+                return {"status": "ok"}
+            return JSONResponse({"status": "warming"}, status_code=503)  # kernels compiling: serve/warmup.py
         return JSONResponse({"status": "starting"}, status_code=503)
 
     @app.get("/version")
@@ -162,7 +165,7 @@ def make_app(scheduler: Scheduler, engine: Engine, api_key: str | None = None, l
         return {"contract": 1, "engine": {"name": "kern", "version": VERSION},
                 "capabilities": list(CAPABILITIES), "facts": engine.facts()}
 
-    @app.get("/v1/models")
+    @app.api_route("/v1/models", methods=["GET", "HEAD"])
     async def models(request: HttpRequest):
         auth(request)
         return {"object": "list", "data": [{"id": model, "object": "model", "created": created, "owned_by": "kern",
@@ -170,15 +173,12 @@ def make_app(scheduler: Scheduler, engine: Engine, api_key: str | None = None, l
 
     @app.post("/tokenize")
     async def tokenize(request: HttpRequest):
-        ids = validate.tokenize(await body_of(request), model)
-        if len(ids) > limits.max_tokenize_tokens:
-            raise ApiError(413, f"the input is {len(ids)} tokens; /tokenize takes at most {limits.max_tokenize_tokens} "
-                           "(--max-tokenize-tokens)", "prompt", "input_too_large")
+        ids = await body_of(request, "tokenize", model, limits.max_tokenize_tokens)
         return {"tokens": ids, "count": len(ids), "max_model_len": engine.max_request_tokens}
 
     @app.post("/detokenize")
     async def detokenize(request: HttpRequest):
-        return {"prompt": validate.detokenize(await body_of(request), model)}
+        return {"prompt": await body_of(request, "detokenize", model)}
 
     @app.get("/stats")
     async def stats(request: HttpRequest):
@@ -203,12 +203,12 @@ def make_app(scheduler: Scheduler, engine: Engine, api_key: str | None = None, l
 
     @app.post("/v1/completions")
     async def completions(request: HttpRequest):
-        ask = validate.completion(await body_of(request), model, sampling)
+        ask = await body_of(request, "completion", model, sampling, engine.rows, engine.reach)
         return await answer(request, ask)
 
     @app.post("/v1/chat/completions")
     async def chat(request: HttpRequest):
-        ask = validate.chat(await body_of(request), model, sampling)
+        ask = await body_of(request, "chat", model, sampling, engine.rows, engine.reach)
         return await answer(request, ask)
 
     warned: set[str] = set()  # --sampling greedy-warn: one WARN line per parameter name

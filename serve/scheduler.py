@@ -40,6 +40,7 @@ class Scheduler(threading.Thread):
         self.inbox: queue.Queue = queue.Queue()
         self.window = Window(self.counters, stats_every)
         self.ready = threading.Event()
+        self.warm = threading.Event()  # set once every program has run (serve/warmup.py)
         self.busy_since: float | None = None  # monotonic start of this iteration's work; None: waiting for work
         self._names = 0
         self._names_lock = threading.Lock()
@@ -113,6 +114,10 @@ class Scheduler(threading.Thread):
     def run(self) -> None:
         try:
             self.ready.set()
+            from serve.warmup import warm_up
+
+            warm_up(self.engine)  # requests submitted meanwhile wait in the inbox
+            self.warm.set()
             self._loop()
         except BaseException:
             logs.event("scheduler crashed", "ERROR", error=traceback.format_exc().strip().splitlines()[-1])

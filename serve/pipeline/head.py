@@ -96,7 +96,8 @@ def _spawn(path: Path, k: int, head_addr: str, opts, pp: PipelineOptions, weight
     --pp-head choose their own)."""
     cmd = [sys.executable, "-m", "serve", str(path), "--pp-head", head_addr, "--pp-timeout", str(pp.timeout),
            "--backend", opts.backend, "--host-gib", str(opts.host_gib), "--pp-parent", str(os.getpid()),
-           "--stage-connect-timeout", str(startup_s(pp))]
+           "--stage-connect-timeout", str(startup_s(pp)),
+           "--log-level", logs.level()]  # its `pp item` lines are debug, as the head's
     if opts.device is not None:
         cmd += ["--device", str(opts.device)]
     if opts.capacity is None and opts.backend != "cpu":
@@ -181,6 +182,12 @@ def build_head(paths: list[Path], opts, pp: PipelineOptions):
     if opts.device is not None and opts.backend != "cpu":
         os.environ.setdefault("CUDA_VISIBLE_DEVICES", str(opts.device).split(",")[0])
     manifests = [load(p) for p in paths]
+    empty = [k for k, m in enumerate(manifests) if not m.raw.get("states")]
+    if empty:
+        from serve.pipeline.plan import PlanError
+
+        raise PlanError(f"stage(s) {','.join(map(str, empty))} of {paths[0].parent} hold no state (a stage needs "
+                        "pages to share the head's); cut so that every stage holds a layer")
     m0, last = manifests[0], manifests[-1]
     cid, _, n = cut_of(m0)
     target = resolve(str(paths[0]), opts.config, list(opts.weights) or None)

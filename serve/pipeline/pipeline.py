@@ -85,7 +85,7 @@ class Pipeline:
         head = {"item": n, "program": program, "cells": cells_to(cells), "plans": self.plans}
         self.plans = []
         self.down.send(Message("item", head, leave))
-        logs.event("pp item", stage=0, item=n, program=program, rows=sum(len(c.ids) for c in cells),
+        logs.event("pp item", "DEBUG", stage=0, item=n, program=program, rows=sum(len(c.ids) for c in cells),
                    issued_us=int(issued * 1e6), done_us=int(time.time() * 1e6))
         self.in_flight.append(n)
         emits = self._emits.get(program)

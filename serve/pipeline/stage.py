@@ -145,7 +145,7 @@ def _run(m, target, k, stages, cut, ctx, ctl, up, watch, opts, backend, geometry
         else:
             down.send(Message("item", h, leave))
         done = time.time()
-        logs.event("pp item", stage=k, item=h["item"], program=h["program"], rows=sum(len(c.ids) for c in cells),
+        logs.event("pp item", "DEBUG", stage=k, item=h["item"], program=h["program"], rows=sum(len(c.ids) for c in cells),
                    issued_us=int(issued * 1e6), done_us=int(done * 1e6))
     logs.event("pp stage stopped", stage=k)
     return 0
