@@ -10,7 +10,6 @@ here and waits until every stage is ready. Then the scheduler runs as for one pr
 
 from __future__ import annotations
 
-import json
 import os
 import queue
 import subprocess
@@ -27,7 +26,7 @@ from serve.pipeline.stage import cut_of
 from serve.pipeline.transport import Message, ZmqWire
 from serve.pipeline.work import StageWork, arriving
 
-__all__ = ["PipelineOptions", "Head", "build_head", "stage_paths"]
+__all__ = ["PipelineOptions", "Head", "build_head"]
 
 GIB = 1 << 30
 STARTUP_S = 180.0  # --stage-connect-timeout's default (or --pp-timeout, when longer)
@@ -61,34 +60,6 @@ class Head:
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
-
-
-def stage_paths(what: str) -> list[Path]:
-    """A cut directory's stage manifests, in stage order (every `*.json` carrying a `cut`)."""
-    from manifests import load
-    from serve.pipeline.plan import PlanError
-
-    d = Path(what)
-    found = []
-    for p in sorted(d.glob("*.json")):
-        try:
-            raw = json.loads(p.read_text())
-        except (OSError, ValueError):
-            continue
-        if not isinstance(raw, dict) or "cut" not in raw:
-            continue
-        m = load(p)
-        cid, k, n = cut_of(m)
-        if n > 1:
-            found.append((k, n, cid, p))
-    if not found:
-        raise PlanError(f"{what}: no stage manifests (JSON with a `cut`) in this directory")
-    ids = {cid for _, _, cid, _ in found}
-    n = found[0][1]
-    ks = sorted(k for k, _, _, _ in found)
-    if len(ids) != 1 or ks != list(range(n)):
-        raise PlanError(f"{what}: the stage manifests are not one whole cut (stages {ks} of {n}, ids {sorted(ids)})")
-    return [p for _, _, _, p in sorted(found)]
 
 
 def _spawn(path: Path, k: int, head_addr: str, opts, pp: PipelineOptions, weights) -> subprocess.Popen:

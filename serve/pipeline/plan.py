@@ -106,7 +106,6 @@ def pipeline_paths(what: str, stages: int | None, at: str | None, config, weight
 
     p = Path(what)
     if p.is_dir():
-        from serve.pipeline.head import stage_paths
 
         if stages not in (None, 1) or at is not None:
             raise PlanError(f"{what} is a cut directory: it already says its stages (drop --stages/--at)")
@@ -140,3 +139,33 @@ def pipeline_paths(what: str, stages: int | None, at: str | None, config, weight
     out = Path(tempfile.mkdtemp(prefix="kern-cut-"))
     atexit.register(shutil.rmtree, out, True)
     return write_stages(m, points, out), target.weights
+
+
+def stage_paths(what: str) -> list[Path]:
+    """A cut directory's stage manifests, in stage order (every `*.json` carrying a `cut`)."""
+    import json
+
+    from manifests import load
+    from serve.pipeline.stage import cut_of
+
+    d = Path(what)
+    found = []
+    for p in sorted(d.glob("*.json")):
+        try:
+            raw = json.loads(p.read_text())
+        except (OSError, ValueError):
+            continue
+        if not isinstance(raw, dict) or "cut" not in raw:
+            continue
+        m = load(p)
+        cid, k, n = cut_of(m)
+        if n > 1:
+            found.append((k, n, cid, p))
+    if not found:
+        raise PlanError(f"{what}: no stage manifests (JSON with a `cut`) in this directory")
+    ids = {cid for _, _, cid, _ in found}
+    n = found[0][1]
+    ks = sorted(k for k, _, _, _ in found)
+    if len(ids) != 1 or ks != list(range(n)):
+        raise PlanError(f"{what}: the stage manifests are not one whole cut (stages {ks} of {n}, ids {sorted(ids)})")
+    return [p for _, _, _, p in sorted(found)]
