@@ -322,8 +322,8 @@ def run(engine, host: str, port: int, api_key: str | None, stats_every: float = 
     scheduler.stop()
     scheduler.join(timeout=30)
     limit_log.flush()
-    cut = scheduler.cut_off + app.state.cancelled + (0 if server.drained else 1)
-    logs.event("stopped", model=engine.model, cut_off=scheduler.cut_off, cancelled=app.state.cancelled,
+    cut = scheduler.cut_off + app.state.ctx.cancelled + (0 if server.drained else 1)
+    logs.event("stopped", model=engine.model, cut_off=scheduler.cut_off, cancelled=app.state.ctx.cancelled,
                drained=server.drained)
     return EXIT_CUT_OFF if cut else 0
 

@@ -153,7 +153,7 @@ def test_twenty_clients_are_served_while_one_holds_5000_connections(server):
     hog = Hog(server.port, 5000)
     hog.start()
     try:
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 120  # 5,000 connects take seconds; minutes on a loaded 2-core machine
         while hog.peak < 5000 and time.monotonic() < deadline:
             time.sleep(0.1)
         time.sleep(1.0)  # its first connections are in, and refused ones reopened
