@@ -94,124 +94,131 @@ def raw_response(status: int, reason: str, message: str, code: str, type: str = 
 
 def protocol(limits: Limits, limit_log: Limiter) -> type[H11Protocol]:
     """uvicorn's h11 protocol bounded by `limits` (pass it as `uvicorn.Config(http=...)`)."""
-
-    peers = Peers()
     spare = max(64, limits.max_connections // 4)  # refused connections that may linger at once
+    return type("Guarded", (Guarded,), {"limits": limits, "limit_log": staticmethod(limit_log), "peers": Peers(),
+                                        "spare": spare})
 
-    class Guarded(H11Protocol):
-        def connection_made(self, transport) -> None:  # type: ignore[override]
-            self._deadline: asyncio.TimerHandle | None = None
-            self._deadline_for: str | None = None
-            self._refused = False
-            self._lingering = False
-            self._peer = _peer_of(transport)
-            super().connection_made(_Gentle(transport, self))
-            held = peers.count.get(self._peer, 0)
-            if held >= limits.max_per_client:
-                self._refuse("too_many_connections_from_client", held, f"this client ({self._peer}) holds the server's "
-                             f"limit of {limits.max_per_client} connections per client (--max-connections-per-client)")
-                return
-            if peers.total >= limits.max_connections and not peers.shed_for(self._peer, limit_log):
-                self._refuse("too_many_connections", peers.total, f"the server holds its limit of "
-                             f"{limits.max_connections} connections (--max-connections)")
-                return
-            peers.admit(self)
-            self._arm("header_timeout", limits.header_timeout)
 
-        def _refuse(self, reason: str, open_now: int, message: str) -> None:
-            self._refused = True
-            limit_log("connection refused", "WARN", reason=reason, open=open_now, max_connections=limits.max_connections,
-                      max_per_client=limits.max_per_client)
-            self.transport.write(raw_response(503, "Service Unavailable", message + "; retry later", reason,
-                                              "server_error"))
-            if peers.lingering >= spare:
-                self.transport.close()  # far over: the descriptor back at once
-                return
-            # close our side for writing and drop what the client still sends, so it reads the 503
-            # instead of a reset; then let go
-            peers.lingering += 1
-            self._lingering = True
-            if self.transport.can_write_eof():
-                self.transport.write_eof()
-            self.loop.call_later(LINGER_S, self.transport.close)
+class Guarded(H11Protocol):
+    """uvicorn's h11 protocol under the connection limits; `protocol()` binds a subclass to one server's
+    limits, its log limiter and the count of who holds what (class attributes, set once)."""
 
-        def data_received(self, data: bytes) -> None:
-            if self._refused or self._lingering:
-                return  # read and dropped
-            peers.busy(self)
-            super().data_received(data)
-            self._follow()
+    limits: Limits
+    limit_log: Limiter
+    peers: "Peers"
+    spare: int
 
-        def on_response_complete(self) -> None:
-            super().on_response_complete()
-            self._follow()
-            if self.conn.their_state is h11.IDLE and not self.conn.trailing_data[0]:
-                peers.idle(self)
+    def connection_made(self, transport) -> None:  # type: ignore[override]
+        self._deadline: asyncio.TimerHandle | None = None
+        self._deadline_for: str | None = None
+        self._refused = False
+        self._lingering = False
+        self._peer = _peer_of(transport)
+        super().connection_made(_Gentle(transport, self))
+        held = self.peers.count.get(self._peer, 0)
+        if held >= self.limits.max_per_client:
+            self._refuse("too_many_connections_from_client", held, f"this client ({self._peer}) holds the server's "
+                         f"limit of {self.limits.max_per_client} connections per client (--max-connections-per-client)")
+            return
+        if self.peers.total >= self.limits.max_connections and not self.peers.shed_for(self._peer, self.limit_log):
+            self._refuse("too_many_connections", self.peers.total, f"the server holds its limit of "
+                         f"{self.limits.max_connections} connections (--max-connections)")
+            return
+        self.peers.admit(self)
+        self._arm("header_timeout", self.limits.header_timeout)
 
-        def connection_lost(self, exc) -> None:
+    def _refuse(self, reason: str, open_now: int, message: str) -> None:
+        self._refused = True
+        self.limit_log("connection refused", "WARN", reason=reason, open=open_now, max_connections=self.limits.max_connections,
+                  max_per_client=self.limits.max_per_client)
+        self.transport.write(raw_response(503, "Service Unavailable", message + "; retry later", reason,
+                                          "server_error"))
+        if self.peers.lingering >= self.spare:
+            self.transport.close()  # far over: the descriptor back at once
+            return
+        # close our side for writing and drop what the client still sends, so it reads the 503
+        # instead of a reset; then let go
+        self.peers.lingering += 1
+        self._lingering = True
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+        self.loop.call_later(LINGER_S, self.transport.close)
+
+    def data_received(self, data: bytes) -> None:
+        if self._refused or self._lingering:
+            return  # read and dropped
+        self.peers.busy(self)
+        super().data_received(data)
+        self._follow()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self._follow()
+        if self.conn.their_state is h11.IDLE and not self.conn.trailing_data[0]:
+            self.peers.idle(self)
+
+    def connection_lost(self, exc) -> None:
+        self._disarm()
+        if self._lingering:
+            self.peers.lingering -= 1
+        self.peers.gone(self)
+        super().connection_lost(exc)
+
+    def linger(self) -> bool:
+        """Close gently when the request's body is still arriving (see `_Gentle.close`)."""
+        if self._refused or self._lingering or self.conn.their_state is not h11.SEND_BODY:
+            return False
+        if self.peers.lingering >= self.spare or not self.transport.can_write_eof():
+            return False
+        self._lingering = True
+        self.peers.lingering += 1
+        self._disarm()
+        self.peers.gone(self)  # no longer holds a place: it only drains
+        return True
+
+    def _follow(self) -> None:
+        """Arm the deadline that fits where the request being read stands."""
+        if self.transport.is_closing():
             self._disarm()
-            if self._lingering:
-                peers.lingering -= 1
-            peers.gone(self)
-            super().connection_lost(exc)
-
-        def linger(self) -> bool:
-            """Close gently when the request's body is still arriving (see `_Gentle.close`)."""
-            if self._refused or self._lingering or self.conn.their_state is not h11.SEND_BODY:
-                return False
-            if peers.lingering >= spare or not self.transport.can_write_eof():
-                return False
-            self._lingering = True
-            peers.lingering += 1
+            return
+        state = self.conn.their_state
+        if state is h11.IDLE:
+            if self.conn.trailing_data[0]:  # part of the next request's head is in
+                self._arm("header_timeout", self.limits.header_timeout)
+            elif self._deadline_for == "body_timeout":
+                self._disarm()  # idle between requests: uvicorn's keep-alive timer takes over
+        elif state is h11.SEND_BODY:
+            self._arm("body_timeout", self.limits.body_timeout)
+        else:
             self._disarm()
-            peers.gone(self)  # no longer holds a place: it only drains
-            return True
 
-        def _follow(self) -> None:
-            """Arm the deadline that fits where the request being read stands."""
-            if self.transport.is_closing():
-                self._disarm()
-                return
-            state = self.conn.their_state
-            if state is h11.IDLE:
-                if self.conn.trailing_data[0]:  # part of the next request's head is in
-                    self._arm("header_timeout", limits.header_timeout)
-                elif self._deadline_for == "body_timeout":
-                    self._disarm()  # idle between requests: uvicorn's keep-alive timer takes over
-            elif state is h11.SEND_BODY:
-                self._arm("body_timeout", limits.body_timeout)
-            else:
-                self._disarm()
+    def _arm(self, reason: str, seconds: float) -> None:
+        if self._deadline_for == reason:
+            return  # the deadline counts from the first byte, not the last
+        self._disarm()
+        self._deadline_for = reason
+        self._deadline = self.loop.call_later(seconds, self._expired, reason, seconds)
 
-        def _arm(self, reason: str, seconds: float) -> None:
-            if self._deadline_for == reason:
-                return  # the deadline counts from the first byte, not the last
-            self._disarm()
-            self._deadline_for = reason
-            self._deadline = self.loop.call_later(seconds, self._expired, reason, seconds)
+    def _disarm(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+        self._deadline = self._deadline_for = None
 
-        def _disarm(self) -> None:
-            if self._deadline is not None:
-                self._deadline.cancel()
-            self._deadline = self._deadline_for = None
-
-        def _expired(self, reason: str, seconds: float) -> None:
-            self._deadline = self._deadline_for = None
-            if self.transport.is_closing():
-                return
-            what = "headers" if reason == "header_timeout" else "body"
-            limit_log("connection closed", "WARN", reason=reason, seconds=seconds)
-            cycle = self.cycle if reason == "body_timeout" else None
-            if cycle is None or not cycle.response_started:
-                flag = "--header-timeout" if reason == "header_timeout" else "--body-timeout"
-                self.transport.write(raw_response(408, "Request Timeout", f"the request's {what} did not arrive "
-                                                  f"within {seconds:g} s ({flag})", reason))
-            if cycle is not None:  # the handler reading the body sees a disconnect now, and answers nothing
-                cycle.disconnected = True
-                cycle.message_event.set()
-            self.transport.close_now()  # the client stopped sending: nothing to drain
-
-    return Guarded
+    def _expired(self, reason: str, seconds: float) -> None:
+        self._deadline = self._deadline_for = None
+        if self.transport.is_closing():
+            return
+        what = "headers" if reason == "header_timeout" else "body"
+        self.limit_log("connection closed", "WARN", reason=reason, seconds=seconds)
+        cycle = self.cycle if reason == "body_timeout" else None
+        if cycle is None or not cycle.response_started:
+            flag = "--header-timeout" if reason == "header_timeout" else "--body-timeout"
+            self.transport.write(raw_response(408, "Request Timeout", f"the request's {what} did not arrive "
+                                              f"within {seconds:g} s ({flag})", reason))
+        if cycle is not None:  # the handler reading the body sees a disconnect now, and answers nothing
+            cycle.disconnected = True
+            cycle.message_event.set()
+        self.transport.close_now()  # the client stopped sending: nothing to drain
 
 
 def _peer_of(transport) -> str:
