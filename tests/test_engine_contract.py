@@ -147,3 +147,27 @@ def test_each_planted_bug_in_the_dict_engine_fails_the_gate(tmp_path, capsys, bu
     assert code == 1, out[-3000:]
     failed = {c["name"] for c in reports["toy-paged"]["checks"] if c["ok"] is False}
     assert caught in failed, f"--bug {bug}: failed {failed}"
+
+
+def test_kern_run_under_kern_is_that_kerns_own_run(tmp_path, capsys):
+    """Under --kern, run_equals_reference runs the --kern command's `run` (its `generated ids:` line),
+    not this checkout's runtime: here the command is this checkout's CLI in a process of its own."""
+    code, reports = gate(tmp_path, "--kern", f"{sys.executable} -m oracle.cli", "--targets", "toy-paged",
+                         "--scenarios", "run_equals_reference")
+    assert code == 0, capsys.readouterr().out[-3000:]
+    note = {c["name"]: c for c in reports["toy-paged"]["checks"]}["run_equals_reference"]["note"]
+    assert "kern run (the --kern command) vs reference" in note, note
+
+
+def test_kern_run_under_kern_fails_when_that_kerns_run_is_wrong(tmp_path, capsys):
+    # a --kern whose `run` answers other ids than its server: the check must see the command's answers
+    fake = tmp_path / "fakekern.py"
+    fake.write_text("import sys, subprocess\n"
+                    "if 'run' in sys.argv:\n"
+                    "    print('generated ids: [1, 2, 3]', file=sys.stderr); sys.exit(0)\n"
+                    f"sys.exit(subprocess.call([{sys.executable!r}, '-m', 'oracle.cli', *sys.argv[1:]]))\n")
+    code, reports = gate(tmp_path, "--kern", f"{sys.executable} {fake}", "--targets", "toy-paged",
+                         "--scenarios", "run_equals_reference")
+    assert code == 1, capsys.readouterr().out[-3000:]
+    check = {c["name"]: c for c in reports["toy-paged"]["checks"]}["run_equals_reference"]
+    assert check["ok"] is False and "got [1, 2, 3]" in check["note"], check

@@ -42,7 +42,7 @@ def run_equals_reference(r) -> None:
     for i, p in enumerate(PROMPTS):
         ids = list(p.encode())
         same.add(f"prompt {i + 1}", ids, r.runner.run(ids, r.m, rows), r.oracle.run(ids, r.m, rows))
-    r.checks.add("run_equals_reference", same.ok, f"{same} (kern run vs reference, rows {rows}{how})", same.excused)
+    r.checks.add("run_equals_reference", same.ok, f"{same} ({r.runner.kind} vs reference, rows {rows}{how})", same.excused)
 
 
 def _forked_runs(r, prompts: list[list[int]], rows: int) -> str:
