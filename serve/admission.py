@@ -78,6 +78,11 @@ class Admission:
         req.page_mark = req.cached // e.unit
         req.fed_end = len(req.ids) if self.emits else len(req.ids) - 1
         req.anchor = req.ids[-1]
+        if req.emitted:
+            # resumed (its state was lost with a pipeline stage): the prefill recomputes the prompt and
+            # every token fed since; the last token emitted is the anchor of its next step, as before
+            req.fed_end = len(req.ids) + len(req.emitted) - 1
+            req.anchor = req.emitted[-1]
         return None
 
     def _lookup(self, ids: list[int]):

@@ -143,6 +143,10 @@ def make_app(scheduler: Scheduler, engine: Engine, api_key: str | None = None, l
 
     @app.api_route("/health", methods=["GET", "HEAD"])
     async def health():
+        trouble = getattr(engine.runtime, "trouble", None)  # a pipeline head: a stage lost or not answering
+        found = trouble() if trouble is not None else None
+        if found is not None:
+            return JSONResponse(found, status_code=503)
         if scheduler.ready.is_set() and scheduler.is_alive():
             return {"status": "ok"}
         return JSONResponse({"status": "starting"}, status_code=503)
