@@ -1,0 +1,243 @@
+"""A pipeline stage SIGKILLed (or frozen) under load, `kern serve toy-layers --stages N` (issue 28).
+
+With restart (the default) every request, streamed or not, ends with the answer toy/model.py gives,
+token for token, however many times and wherever a stage is killed; without (`--no-pp-restart`)
+every request that had not finished ends with an explicit error (a 503 `pipeline_stage_lost`, or a
+stream's error event and then `[DONE]`) before the head exits 3. Every client call has a deadline,
+so a request that hangs fails the test; once idle, /stats shows nothing leaked. /health answers 503
+while a stage is down and 200 once it is back.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import random
+import re
+import signal
+import threading
+import time
+
+import httpx
+import pytest
+from conftest import EOS, PROMPTS, assert_nothing_leaked, oracle
+
+TARGET = "toy-layers"
+LIMIT = 3.0  # --pp-timeout
+MAX_TOKENS = 8
+CLIENT_S = 90.0  # every client call's deadline: a request that hangs fails here
+STAGE_PID = re.compile(r" pp stage ready stage=(\d+) stages=\d+ pid=(\d+)")
+SEED = int(os.environ.get("KERN_STAGE_LOSS_SEED", random.randrange(1 << 30)))
+
+pytestmark = pytest.mark.skipif(os.environ.get("KERN_TEST_BACKEND", "cpu") != "cpu", reason="CPU stages")
+
+
+def _prompts(n: int, rng: random.Random) -> list[list[int]]:
+    """`n` prompts over 24 distinct ones (repeats hit the prefix cache, which a loss empties)."""
+    base = [list(PROMPTS[i % len(PROMPTS)].encode()) + [i] for i in range(24)]
+    return [base[rng.randrange(len(base))] for _ in range(n)]
+
+
+class Oracle:
+    def __init__(self) -> None:
+        self.memo: dict[tuple, list[int]] = {}
+
+    def __call__(self, ids: list[int]) -> list[int]:
+        key = tuple(ids)
+        if key not in self.memo:
+            self.memo[key] = oracle(TARGET, ids, MAX_TOKENS)
+        return self.memo[key]
+
+
+ORACLE = Oracle()
+
+
+def _stage_pids(server, after: int = 0) -> dict[int, int]:
+    """Each stage's newest pid (a restarted stage logs a new `pp stage ready` line)."""
+    found: dict[int, int] = {}
+    for k, p in STAGE_PID.findall(server.log()):
+        found[int(k)] = int(p)
+    return found
+
+
+def _one(url: str, ids: list[int], stream: bool) -> dict:
+    """One completion: {"status", "ids", "error", "done" (a stream's [DONE] came)}; never hangs."""
+    body = {"prompt": ids, "max_tokens": MAX_TOKENS, "return_token_ids": True, "stream": stream}
+    if not stream:
+        r = httpx.post(url + "/v1/completions", json=body, timeout=CLIENT_S)
+        d = r.json()
+        if r.status_code != 200:
+            return {"status": r.status_code, "ids": None, "error": d.get("error"), "done": True, "stream": False}
+        return {"status": 200, "ids": d["choices"][0]["token_ids"], "error": None, "done": True, "stream": False}
+    out: list[int] = []
+    error, done = None, False
+    with httpx.stream("POST", url + "/v1/completions", json=body, timeout=CLIENT_S) as r:
+        if r.status_code != 200:
+            return {"status": r.status_code, "ids": None, "error": json.loads(r.read()).get("error"), "done": True,
+                    "stream": True}
+        for line in r.iter_lines():
+            if not line.startswith("data: "):
+                continue
+            assert not done, f"data after [DONE]: {line}"
+            if line == "data: [DONE]":
+                done = True
+                continue
+            d = json.loads(line[6:])
+            if "error" in d:
+                assert error is None, "two error events"
+                error = d["error"]
+                continue
+            assert error is None, "a chunk after the error event"
+            out += d["choices"][0]["token_ids"]
+    return {"status": 200, "ids": out, "error": error, "done": done, "stream": True}
+
+
+def _load(server, prompts, kills, victims, rng, clients: int = 12):
+    """Send every prompt (odd ones streamed) from `clients` threads; SIGKILL a stage (`victims`)
+    each time the count of finished requests reaches one of `kills`. Returns (results, kill times)."""
+    results: list[dict | None] = [None] * len(prompts)
+    finished = [0]
+    lock = threading.Lock()
+    todo = sorted(kills)
+    killed: list[tuple[int, float]] = []
+
+    def run(i: int) -> None:
+        try:
+            results[i] = _one(server.url, prompts[i], stream=i % 2 == 1)
+        except Exception as exc:  # a closed connection, a timeout: recorded, and fails the test
+            results[i] = {"status": None, "ids": None, "error": repr(exc), "done": False, "stream": i % 2 == 1}
+        with lock:
+            finished[0] += 1
+            while todo and finished[0] >= todo[0]:
+                todo.pop(0)
+                k = victims[len(killed) % len(victims)]
+                pid = _stage_pids(server)[k]
+                os.kill(pid, signal.SIGKILL)
+                killed.append((k, time.monotonic()))
+
+    with concurrent.futures.ThreadPoolExecutor(clients) as ex:
+        list(ex.map(run, range(len(prompts))))
+    return results, killed
+
+
+def _wait_health(server, want: int, within: float) -> float:
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < within:
+        try:
+            if httpx.get(server.url + "/health", timeout=5).status_code == want:
+                return time.monotonic() - t0
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.05)
+    raise AssertionError(f"/health never answered {want} within {within} s:\n{server.log()[-3000:]}")
+
+
+@pytest.mark.parametrize("stages", [2, 3])
+def test_killed_stages_restart_and_every_answer_is_identical(kern_server, stages):
+    """100 loaded requests a run (200 over both), a random stage SIGKILLed at two random points:
+    every answer is toy/model.py's, none errs, none hangs; nothing leaked once idle."""
+    rng = random.Random(SEED * 10 + stages)
+    s = kern_server(TARGET, "--stages", str(stages), "--pp-timeout", str(LIMIT), "--chunk", "32")
+    n = 100
+    prompts = _prompts(n, rng)
+    kills = sorted(rng.sample(range(5, n - 20), 2))
+    victims = [rng.randrange(1, stages) for _ in kills]
+    t0 = time.monotonic()
+    results, killed = _load(s, prompts, kills, victims, rng)
+    took = time.monotonic() - t0
+    where = f"seed {SEED}, stages {stages}, kills after {kills} finished, victims {victims}"
+    bad = [(i, r, ORACLE(prompts[i])) for i, r in enumerate(results)
+           if r["status"] != 200 or r["error"] is not None or not r["done"] or r["ids"] != ORACLE(prompts[i])]
+    assert not bad, f"{where}: {len(bad)} of {n} not the oracle's, e.g. {bad[:3]}\n{s.log()[-3000:]}"
+    assert len(killed) == 2
+    _wait_health(s, 200, 60)
+    stats = assert_nothing_leaked(s)
+    pipe = stats["pipeline"]
+    assert pipe["losses"] == 2 and pipe["epoch"] == 2 and pipe["answered_error"] == 0, (where, pipe)
+    restarted = re.findall(r" pp stage restarted stages=([\d,]+) epoch=\d+ took_s=([\d.]+)", s.log())
+    assert len(restarted) == 2, (where, restarted)
+    print(f"\n{where}: {n} requests, 0 errors, {n} identical, {took:.1f} s; restarts took "
+          f"{[float(t) for _, t in restarted]} s; requeued {pipe['requeued']}")
+
+
+@pytest.mark.parametrize("stages", [2, 3])
+def test_without_restart_every_request_ends_with_an_explicit_error(kern_server, stages):
+    """--no-pp-restart: a stage SIGKILLed while 40 requests wait or run: each one ends with its
+    whole answer (it finished first) or an explicit error: a 503 `pipeline_stage_lost` naming the
+    stage, or, once streaming, an error event and then [DONE]. Then the head exits 3."""
+    rng = random.Random(SEED * 10 + stages + 5)
+    s = kern_server(TARGET, "--stages", str(stages), "--pp-timeout", str(LIMIT), "--no-pp-restart",
+                    "--max-seqs", "4")
+    victim = rng.randrange(1, stages)
+    n = 40
+    prompts = _prompts(n, rng)
+    kill = rng.randrange(1, n // 2)  # after this many finished: a random point of the load
+    results, killed = _load(s, prompts, [kill], [victim], rng, clients=n)
+    assert len(killed) == 1
+    code = s.wait_exit(LIMIT + 10)
+    assert code == 3, f"head exit {code}:\n{s.log()[-2000:]}"
+    answered = errors = streamed_errors = 0
+    for i, r in enumerate(results):
+        if r["status"] == 200 and r["error"] is None:
+            assert r["done"] and r["ids"] == ORACLE(prompts[i]), (i, r)
+            answered += 1
+            continue
+        assert r["error"] is not None and isinstance(r["error"], dict), (i, r)
+        assert r["error"]["code"] == "pipeline_stage_lost", (i, r)
+        assert f"stage {victim}" in r["error"]["message"], (i, r)
+        if r["stream"] and r["status"] == 200:
+            assert r["done"], f"request {i}: an error event but no [DONE]"
+            streamed_errors += 1
+        else:
+            assert r["status"] == 503, (i, r)
+        errors += 1
+    assert errors > 0, "the kill came after every request finished: it tested nothing"
+    assert re.search(rf" pp stage lost stage={victim} ", s.log())
+    print(f"\nseed {SEED}, stages {stages}: {n} requests, {answered} answered before the kill, {errors} explicit "
+          f"errors ({streamed_errors} as a stream's error event)")
+
+
+def test_health_is_503_while_a_stage_is_down_and_200_after_its_restart(kern_server):
+    """A frozen stage (SIGSTOP: its connection stays open) makes /health 503 within the limit; the
+    head replaces it, /health is 200 again and a request answers as toy/model.py."""
+    s = kern_server(TARGET, "--stages", "3", "--pp-timeout", str(LIMIT))
+    ids = list(PROMPTS[0].encode())
+    assert _one(s.url, ids, False)["ids"] == ORACLE(ids)
+    pid = _stage_pids(s)[1]
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        down = _wait_health(s, 503, LIMIT + 5)
+        body = httpx.get(s.url + "/health", timeout=5).json()
+        assert body["status"] in ("stage not answering", "stage lost") and body.get("stage") in (1, None), body
+        up = _wait_health(s, 200, 60)
+    finally:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    assert _stage_pids(s)[1] != pid, "the frozen stage was not replaced"
+    assert _one(s.url, ids, True)["ids"] == ORACLE(ids)
+    assert_nothing_leaked(s)
+    print(f"\n/health 503 {down:.1f} s after the freeze, 200 again {up:.1f} s later")
+
+
+def test_a_started_stream_ends_with_an_error_event_then_done(kern_server):
+    """--no-pp-restart: a stream that has sent tokens when its stage dies gets one error event
+    (`pipeline_stage_lost`) and then `data: [DONE]`, not a closed connection."""
+    s = kern_server(TARGET, "--stages", "2", "--pp-timeout", str(LIMIT), "--no-pp-restart")
+    pid = _stage_pids(s)[1]
+    body = {"prompt": list(PROMPTS[1].encode()), "max_tokens": 2000, "ignore_eos": True, "stream": True,
+            "return_token_ids": True}
+    events: list[str] = []
+    with httpx.stream("POST", s.url + "/v1/completions", json=body, timeout=CLIENT_S) as r:
+        assert r.status_code == 200
+        lines = (line for line in r.iter_lines() if line.startswith("data: "))
+        events.append(next(lines))  # the stream has started
+        os.kill(pid, signal.SIGKILL)
+        events += list(lines)
+    assert events[-1] == "data: [DONE]", events[-3:]
+    error = json.loads(events[-2][6:])
+    assert error["error"]["code"] == "pipeline_stage_lost" and "stage 1" in error["error"]["message"], error
+    assert all("error" not in json.loads(e[6:]) for e in events[:-2]), "more than one error event"
+    assert s.wait_exit(LIMIT + 10) == 3
