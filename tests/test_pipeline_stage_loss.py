@@ -142,7 +142,7 @@ def test_killed_stages_restart_and_every_answer_is_identical(kern_server, stages
     n = 100
     prompts = _prompts(n, rng)
     kills = sorted(rng.sample(range(5, n - 20), 2))
-    victims = [rng.randrange(1, stages) for _ in kills]
+    victims = rng.sample(range(1, stages), stages - 1) * 2  # every stage is killed once, first or last
     t0 = time.monotonic()
     results, killed = _load(s, prompts, kills, victims, rng)
     took = time.monotonic() - t0
@@ -241,3 +241,39 @@ def test_a_started_stream_ends_with_an_error_event_then_done(kern_server):
     assert error["error"]["code"] == "pipeline_stage_lost" and "stage 1" in error["error"]["message"], error
     assert all("error" not in json.loads(e[6:]) for e in events[:-2]), "more than one error event"
     assert s.wait_exit(LIMIT + 10) == 3
+
+
+def test_a_broken_pipeline_raises_and_drops_what_its_lost_epoch_answers():
+    """In process, no stages: once lost, waiting for an item raises StageLost (never blocks for the
+    limit); after the loss is taken, a `done` of the old epoch is dropped, not taken for the new
+    item of the same number, and an old epoch's Pending tokens can never be read."""
+    import queue
+    from types import SimpleNamespace as NS
+
+    from serve.pipeline.pipeline import Pending, Pipeline, StageLost
+    from serve.pipeline.transport import Message
+
+    watch = NS(inbox=queue.Queue(), silent=lambda: {})
+    rt = NS(manifest=None, unit=16, reach=None, lined=False)
+    p = Pipeline(NS(runtime=rt), NS(forwards=[]), None, watch, 2, 30.0, 0)
+    old = Pending(p, 0, p.epoch)
+    p.in_flight.append(0)
+    p._since.append(time.monotonic())
+    p._pending[0] = [old]
+    p.lose(1, "killed")
+    t0 = time.monotonic()
+    with pytest.raises(StageLost):
+        p._collect()
+    assert time.monotonic() - t0 < 1.0
+    assert p.trouble()["status"] == "stage lost" and p.trouble()["stage"] == 1
+    assert p.take_loss() == {1: "killed"} and p.epoch == 1 and not p.in_flight
+    p.in_flight.append(0)  # the new epoch's item, numbered as the lost one was (the worst case)
+    p._since.append(time.monotonic())
+    fresh = Pending(p, 0, p.epoch)
+    p._pending[0] = [fresh]
+    watch.inbox.put(Message("done", {"item": 0, "epoch": 0, "tokens": [[7]]}))
+    watch.inbox.put(Message("done", {"item": 0, "epoch": 1, "tokens": [[5]]}))
+    assert p._collect() == (0, [[5]])
+    assert fresh == [5]
+    with pytest.raises(StageLost):
+        len(old)
