@@ -277,3 +277,62 @@ def test_a_broken_pipeline_raises_and_drops_what_its_lost_epoch_answers():
     assert fresh == [5]
     with pytest.raises(StageLost):
         len(old)
+
+
+def test_a_stage_started_by_hand_is_replaced_by_hand(kern_server, tmp_path):
+    """A head with --pp-listen waits for a replacement started by hand with --pp-head: /health is
+    503 meanwhile, the requests it held resume, and every answer is toy/model.py's."""
+    import socket
+    import subprocess
+    import sys
+
+    from conftest import REPO
+    from manifests import load
+    from manifests.config import resolve
+    from serve.pipeline.plan import write_stages
+
+    write_stages(load(resolve(TARGET).manifest), [3], tmp_path)
+    for w in resolve(TARGET).weights:
+        (tmp_path / os.path.basename(w)).symlink_to(os.path.abspath(w))
+    stage_json = next(tmp_path.glob("*.stage1.json"))
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        addr = f"tcp://127.0.0.1:{sock.getsockname()[1]}"
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    procs = []
+
+    def by_hand(i: int) -> subprocess.Popen:
+        log = open(tmp_path / f"stage-{i}.log", "wb")
+        p = subprocess.Popen([sys.executable, "-m", "serve", str(stage_json), "--pp-head", addr, "--pp-timeout", "20",
+                              "--backend", "cpu"], stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=env)
+        procs.append(p)
+        return p
+
+    try:
+        first = by_hand(0)
+        s = kern_server(str(tmp_path), "--pp-listen", addr, "--pp-timeout", str(LIMIT))
+        rng = random.Random(SEED)
+        prompts = _prompts(30, rng)
+        results: list[dict | None] = [None] * len(prompts)
+        with concurrent.futures.ThreadPoolExecutor(len(prompts)) as ex:
+            futs = [ex.submit(lambda i=i: results.__setitem__(i, _one(s.url, prompts[i], i % 2 == 1)))
+                    for i in range(len(prompts))]
+            while sum(r is not None for r in results) < 3:
+                time.sleep(0.01)
+            first.kill()
+            _wait_health(s, 503, LIMIT + 5)
+            time.sleep(1.0)  # a person takes a while
+            by_hand(1)
+            up = _wait_health(s, 200, 120)
+            for f in futs:
+                f.result(timeout=CLIENT_S)
+        bad = [(i, r) for i, r in enumerate(results) if r["ids"] != ORACLE(prompts[i]) or r["error"] or not r["done"]]
+        assert not bad, bad[:3]
+        assert s.stats()["pipeline"]["losses"] == 1
+        assert_nothing_leaked(s)
+        print(f"\nreplaced by hand; /health 200 {up:.1f} s after the new stage started")
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()

@@ -71,6 +71,7 @@ class Pipeline:
         self.whole = threading.Event()  # every stage is up (cleared from a loss until its restart)
         self.whole.set()
         self._lost: dict[int | None, str] = {}
+        self._taken: dict[int | None, str] = {}
         self._restart: set[int] = set()
         self._restarting: threading.Thread | None = None
         self._wanted = threading.Event()
@@ -90,6 +91,7 @@ class Pipeline:
         """The losses since the last take, and a new epoch: every item in flight is void."""
         with self._lock:
             lost, self._lost = self._lost, {}
+            self._taken = dict(lost)  # what /health names until the pipeline is whole
             self.broken.clear()
         self.epoch += 1
         self.in_flight.clear()
@@ -128,12 +130,11 @@ class Pipeline:
     def trouble(self) -> dict | None:
         """What /health says of the stages (any thread): None when they answer."""
         with self._lock:
-            lost = dict(self._lost)
-            restart = sorted(self._restart)
+            lost = {**self._taken, **self._lost}
         if self.failed is not None:
             return {"status": "stage lost", "reason": self.failed, "restarting": False}
         if not self.whole.is_set():
-            stage, reason = next(iter(lost.items()), (restart[0] if restart else None, "restarting"))
+            stage, reason = next(iter(lost.items()), (None, "?"))
             return {"status": "stage lost", "stage": stage, "reason": reason, "restarting": self.restarter is not None}
         silent = self.watch.silent()
         if silent:
