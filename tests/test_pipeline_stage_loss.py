@@ -149,7 +149,7 @@ def test_killed_stages_restart_and_every_answer_is_identical(kern_server, stages
     t0 = time.monotonic()
     results, killed = _load(s, prompts, kills, victims, rng)
     took = time.monotonic() - t0
-    where = f"seed {SEED}, stages {stages}, kills after {kills} finished, victims {victims}"
+    where = f"seed {SEED}, stages {stages}, kills after {kills} finished, victims {[k for k, _ in killed]}"
     bad = [(i, r, ORACLE(prompts[i])) for i, r in enumerate(results)
            if r["status"] != 200 or r["error"] is not None or not r["done"] or r["ids"] != ORACLE(prompts[i])]
     assert not bad, f"{where}: {len(bad)} of {n} not the oracle's, e.g. {bad[:3]}\n{s.log()[-3000:]}"
