@@ -26,6 +26,7 @@ import click
 
 from e2e.checks import Checks
 from e2e.config import ConfigError, GateTarget, load_targets
+from manifests.config import PACKAGED, PACKAGED_PP
 from e2e.gate import SESSION_PORTS, Options, Run, run_target
 from e2e.report import commit, junit, write_report, write_summary
 from e2e.scenarios import CHECKS, CROSS_CHECKS, STEPS, plan
@@ -37,6 +38,7 @@ from e2e.progress import Progress
 from oracle.cache import Cache, CommandRun, KernRun, kern_run_identity
 from oracle.probe import Prober
 from oracle.reference import PACKAGED_MODEL, Reference, ReferenceError
+from oracle.version import option as version_option
 
 __all__ = ["main"]
 
@@ -354,6 +356,7 @@ def no_gpu() -> str | None:
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@version_option("e2e")
 @click.option("--config", type=click.Path(dir_okay=False), default=None,
               help="TOML with [targets.NAME] tables (default: nearest kern.toml, else the packaged toy config).")
 @click.option("--targets", multiple=True, help="Target names (space or comma separated; default: all).")
@@ -496,6 +499,8 @@ def _gate(cfg, chosen, opts, ref, wanted, backend, zygote, hosts, jobs, junit_pa
     for r in reports:
         write_report(opts.out, r)
     meta = {"commit": commit(), "backend": backend, "max_tokens": max_tokens, "wall_s": time.monotonic() - t0,
+            "out": str(opts.out), "seed": opts.seed, "engine": opts.engine.command if opts.engine else None,
+            "config": None if cfg.resolve() in (PACKAGED.resolve(), PACKAGED_PP.resolve()) else str(cfg),
             "zygote_warm_s": getattr(opts.zygote, "warm_s", None), "gate_cpu_s": _own_cpu(),
             "hosts": len(opts.hosts) if opts.hosts is not None else 0, "hosts_warm_s": getattr(opts.hosts, "warm_s", None),
             "hosts_cpu_s": opts.hosts.cpu_s() if opts.hosts is not None else None}

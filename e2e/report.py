@@ -14,6 +14,7 @@ them.
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 from pathlib import Path
 from typing import Any, Iterable
@@ -115,13 +116,60 @@ def summary_text(reports: list[dict[str, Any]], meta: dict[str, Any] | None = No
         if meta.get("gate_cpu_s") is not None:
             lines.append(f"- the gate process: {float(meta['gate_cpu_s']):.1f} s CPU (clients, oracles, "
                          "in-process `kern run`)")
-    failed = [(r["target"], c) for r in reports if r.get("skipped") is None
-              for c in r.get("checks", []) if c["ok"] is False]
+    failed = causal([(r["target"], c) for r in reports if r.get("skipped") is None
+                     for c in r.get("checks", []) if c["ok"] is False])
     if failed:
-        lines += ["", "## Failed checks"]
+        target, first = failed[0]
+        lines[2:2] = [f"**First failure: {target}: {first['name']}**: {_first_line(first.get('note'))}", ""]
+        lines += ["", "## Failed checks", "", "Verdicts first, then crashes, then the checks those left unrun "
+                  "(docs/checks.md names each check's bug; a note's `first differs at token "
+                  "K (got N tokens, want M): got [...] want [...]` is the answer against the oracle's from token K)."]
         for target, c in failed:
             lines += ["", f"### {target}: {c['name']}", "", _fence(str(c.get("note") or "(no reason given)"))]
+            where = where_to_look(target, c["name"], meta)
+            if where:
+                lines += ["", where]
     return "\n".join(lines), code
+
+
+def causal(failed: list[tuple[str, dict]]) -> list[tuple[str, dict]]:
+    """Failed checks in the order a reader should take them: verdicts (a check that ran and found a
+    wrong answer), then crashes and hangs (``error``), then the checks those left unrun."""
+    def rank(item: tuple[str, dict]) -> int:
+        c = item[1]
+        if c["name"] == "error":
+            return 1
+        return 2 if c.get("error") else 0
+    return sorted(failed, key=rank)  # stable: within a rank, the order they ran
+
+
+def _first_line(note) -> str:
+    text = str(note or "(no reason given)").splitlines()[0]
+    return text if len(text) <= 240 else text[:237] + "..."
+
+
+def where_to_look(target: str, check: str, meta: dict[str, Any]) -> str:
+    """The failing server's log and a command that gates this check alone (``meta``: the gate's out,
+    seed, max tokens, config, engine)."""
+    from e2e.scenarios import STEPS
+
+    session = next((s.session for s in STEPS if check in s.checks), None)
+    if check.startswith(("policy_", "metrics_")):
+        session = check.split("_", 1)[1]
+    out = meta.get("out")
+    parts = []
+    if session and out:
+        parts.append(f"server log: `{Path(out) / target / f'server-{session}.log'}`")
+    if check != "error":
+        cmd = ["e2e", "--targets", target, "--scenarios", check]
+        for flag, key, default in (("--config", "config", None), ("--engine", "engine", None),
+                                   ("--backend", "backend", "auto"), ("--seed", "seed", 0),
+                                   ("--max-tokens", "max_tokens", 64)):
+            value = meta.get(key)
+            if value is not None and value != default:
+                cmd += [flag, shlex.quote(str(value))]
+        parts.append(f"reproduce: `{' '.join(cmd)}`")
+    return "; ".join(parts)
 
 
 def engine_text(e: dict[str, Any] | None) -> str:

@@ -1,4 +1,4 @@
-"""The manifest schema (SPEC §3) as frozen, slotted dataclasses.
+"""The manifest schema (docs/manifest.md) as frozen, slotted dataclasses.
 
 The runtime never touches raw dicts after load: `manifests.load.parse` builds these, and every
 check that needs more than one field at a time lives in `manifests.verify`.

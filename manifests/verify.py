@@ -1,4 +1,4 @@
-"""Cross-field checks of a parsed manifest (SPEC §3): every problem is reported, none stops the rest.
+"""Cross-field checks of a parsed manifest (docs/manifest.md): every problem is reported, none stops the rest.
 
 References resolve; kernel modules import and hash to their `sha256`; launch args agree with
 launch params; an op's impl honours its interface; programs pass buffers of the right kind and

@@ -72,7 +72,7 @@ def ab_test(a: Manifest, b: Manifest, weights: list, steps: int, backend: str, e
         if ida != idb:
             failed += 1
             k = next((i for i, (x, y) in enumerate(zip(ida, idb)) if x != y), min(len(ida), len(idb)))
-            echo(f"  FAIL  {label}: ids diverge at token {k}: {ida[k:k+4]} (A) vs {idb[k:k+4]} (B)")
+            echo(f"  FAIL  {label}: ids first differ at token {k}: A {ida[k:k+4]}, B {idb[k:k+4]}")
         elif sa != sb:
             failed += 1
             k = next(i for i, (x, y) in enumerate(zip(sa, sb)) if x != y) if len(sa) == len(sb) else min(len(sa), len(sb))

@@ -12,6 +12,7 @@ from manifests import ManifestError, load
 from manifests.config import ConfigError, resolve
 from runtime.backend import KernelError
 from runtime.chain import StagesError, load_stages
+from oracle.version import option as version_option
 from runtime.protocol import ProtocolError
 from runtime.sequence import RequestError, generate, single
 from runtime.weights import WeightsError
@@ -45,6 +46,7 @@ def parse_ids(text: str) -> list[int]:
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@version_option("kern")
 @click.option("--config", type=click.Path(dir_okay=False), default=None, help="TOML with [targets.NAME] tables (default: nearest kern.toml, else the packaged toy config).")
 @click.pass_context
 def main(ctx: click.Context, config: str | None) -> None:

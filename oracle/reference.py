@@ -165,9 +165,10 @@ class Reference:
         return copy.deepcopy(got)  # remembered: the caller's copy is its own
 
     def near_tie(self, context: list[int], a: int, b: int, rows: int = 1) -> str:
-        if not self.floats or self.prober is None:
-            # exact arithmetic has no near-ties: every divergence is a real one
-            return f"confident flip: the reference says {b}"
+        if not self.floats:
+            return ""  # exact arithmetic has no near-ties: every divergence is a real one, nothing to add
+        if self.prober is None:
+            return f"no evidence (no probe): the reference says {b}"
         try:
             _, probe, _ = self.prober.probe(context)
         except Exception as exc:  # no probe, no evidence: nothing is excused

@@ -14,6 +14,7 @@ import asyncio
 import codecs
 import hmac
 import json
+import threading
 import time
 
 from fastapi import FastAPI, Request as HttpRequest
@@ -69,18 +70,21 @@ def _cut(message: str = "the server stopped before this request finished") -> Ap
 
 
 def make_app(scheduler: Scheduler, engine: Engine, api_key: str | None = None, limits: Limits | None = None,
-             limit_log: logs.Limiter | None = None, protect_stats: bool = False, sampling: str = "refuse") -> FastAPI:
+             limit_log: logs.Limiter | None = None, protect_stats: bool = False, sampling: str = "refuse",
+             metrics_prefix: str = "kern") -> FastAPI:
     """The routes. `limits` bounds bodies and /tokenize; `limit_log` takes repeated events (hang-ups);
     `protect_stats` puts /stats and /metrics behind `api_key` too; `sampling` ("refuse" or
     "greedy-warn") is what a non-greedy sampling value gets (docs/api.md). `app.state.cancelled` counts
     handlers cancelled at shutdown (each answered a 503)."""
     app = FastAPI(title="kern", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.cancelled = 0
+    app.state.outbox = None  # an `Outbox` for the loop serving this app, made by its first request
     model = engine.model
     created = int(time.time())
     limits = limits or Limits()
     limit_log = limit_log or logs.Limiter()
-    app.state.metrics = meter = Metrics(model, engine.max_request_tokens)  # this app's own registry
+    # this app's own registry; `metrics_prefix` "vllm": vLLM's names (docs/metrics.md)
+    app.state.metrics = meter = Metrics(model, engine.max_request_tokens, metrics_prefix)
 
     def _error(exc: ApiError, headers: dict | None = None, path: str | None = None) -> JSONResponse:
         # every error answer in this app comes through here: a 4xx is a rejected request, one line per
@@ -151,6 +155,10 @@ def make_app(scheduler: Scheduler, engine: Engine, api_key: str | None = None, l
             return {"status": "ok"}
         return JSONResponse({"status": "starting"}, status_code=503)
 
+    @app.get("/version")
+    async def version():
+        return {"version": VERSION}  # vLLM's /version: the package's version, no auth
+
     @app.get("/kern/capabilities")
     async def capabilities():
         # docs/engine-contract.md: what `e2e --engine` may gate this server on (all but a kern's subcommands
@@ -217,26 +225,33 @@ def make_app(scheduler: Scheduler, engine: Engine, api_key: str | None = None, l
         pool_tokens = engine.pages * engine.unit
         limit = pool_tokens if "pad-in-limit" in engine.faults else engine.max_request_tokens
         validate.room(ask, engine.rows, engine.reach, pool_tokens, limit)
-        loop = asyncio.get_running_loop()
+        outbox = app.state.outbox
+        if outbox is None or outbox.loop is not asyncio.get_running_loop():
+            outbox = app.state.outbox = Outbox(asyncio.get_running_loop())
         q: asyncio.Queue[Update] = asyncio.Queue()
         req = Request(scheduler.name(), ask.ids, ask.max_tokens, engine.rows,
-                      lambda u: loop.call_soon_threadsafe(q.put_nowait, u), t_arrive=time.monotonic(),
+                      lambda u: outbox.put(q, u), t_arrive=time.monotonic(),
                       ignore_eos=ask.ignore_eos,
                       stops=Stops(list(ask.stop), list(ask.stop_ids), ask.include_stop) if ask.stop or ask.stop_ids else None)
         scheduler.submit(req)
+        watcher = asyncio.ensure_future(_watch(request, q))  # a hang-up reaches the queue as DISCONNECTED
         try:
-            first = await _next(q, request)
+            first = await _next(q)
         except Disconnected:
+            watcher.cancel()
             return hung_up(req, request)
         except asyncio.CancelledError:
+            watcher.cancel()
             return cancelled(req)
         if first.done is not None and first.done.error is not None:
+            watcher.cancel()
             return _error(failure(first.done))
         reply = Reply(req, ask, model)
         reply.untold_tier = "untold-tier" in engine.faults
-        track = meter.track(req.t_arrive, len(ask.ids))
+        track = meter.track(req.t_arrive, len(ask.ids), req, ask.max_tokens)
         if ask.stream:
-            return StreamingResponse(stream(request, q, req, reply, first, track), media_type="text/event-stream",
+            return StreamingResponse(stream(request, q, req, reply, first, track, watcher),
+                                     media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Request-Id": req.id})
         update = first
         try:
@@ -245,11 +260,13 @@ def make_app(scheduler: Scheduler, engine: Engine, api_key: str | None = None, l
                 track.update(update)
                 if update.done is not None:
                     break
-                update = await _next(q, request)
+                update = await _next(q)
         except Disconnected:
             return hung_up(req, request)
         except asyncio.CancelledError:
             return cancelled(req)
+        finally:
+            watcher.cancel()
         if update.done.reason is None:
             return _error(failure(update.done))
         track.finish(update.done)
@@ -272,40 +289,96 @@ def make_app(scheduler: Scheduler, engine: Engine, api_key: str | None = None, l
         app.state.cancelled += 1
         return _error(_cut())
 
-    async def stream(request: HttpRequest, q: asyncio.Queue, req: Request, reply: Reply, first: Update, track):
+    async def stream(request: HttpRequest, q: asyncio.Queue, req: Request, reply: Reply, first: Update, track,
+                     watcher: asyncio.Future):
         done = False
         try:
             update = first
             while True:
-                if update.done is not None and update.done.reason is None:
-                    done = True  # cut off: the stream ends with an error event, not a finish
-                    yield f"data: {json.dumps(failure(update.done).body(), separators=(',', ':'))}\n\n"
+                # every update already queued goes out in one write (a stream interval under load)
+                text = []
+                while True:
+                    if update.done is not None and update.done.reason is None:
+                        done = True  # cut off: the stream ends with an error event, not a finish
+                        text.append(f"data: {json.dumps(failure(update.done).body(), separators=(',', ':'))}\n\n")
+                        break
+                    chunk = reply.chunk(update)
+                    track.update(update)
+                    text.append(f"data: {json.dumps(chunk, separators=(',', ':'))}\n\n")
+                    if update.done is not None:
+                        done = True
+                        track.finish(update.done)
+                        if reply.ask.include_usage:  # vLLM's: a chunk of its own, no choices, then [DONE]
+                            text.append(f"data: {json.dumps(reply.usage_chunk(), separators=(',', ':'))}\n\n")
+                        break
+                    update = _ready(q)
+                    if update is None:
+                        break
+                if done:
+                    text.append("data: [DONE]\n\n")
+                yield "".join(text)
+                if done:
                     break
-                chunk = reply.chunk(update)
-                track.update(update)
-                yield f"data: {json.dumps(chunk, separators=(',', ':'))}\n\n"
-                if update.done is not None:
-                    done = True
-                    track.finish(update.done)
-                    break
-                update = await _next(q, request)
-            yield "data: [DONE]\n\n"
+                update = await _next(q)
         except Disconnected:
             limit_log("client disconnected", "INFO", reason="hung_up", path=request.url.path)
         finally:
+            watcher.cancel()
             if not done:
                 scheduler.abort(req)
 
     return app
 
 
-async def _next(q: asyncio.Queue, request: HttpRequest) -> Update:
-    while True:
-        try:
-            return await asyncio.wait_for(q.get(), POLL_S)
-        except asyncio.TimeoutError:
-            if await request.is_disconnected():
-                raise Disconnected() from None
+DISCONNECTED = object()  # what `_watch` puts in a request's queue when its client hung up
+
+
+class Outbox:
+    """Updates handed from the scheduler thread to the event loop: one loop wake-up for everything
+    that arrives between two of its turns (a step's tokens for every request), not one per token."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.lock = threading.Lock()
+        self.items: list = []
+
+    def put(self, q: asyncio.Queue, update: Update) -> None:
+        with self.lock:
+            self.items.append((q, update))
+            first = len(self.items) == 1
+        if first:
+            self.loop.call_soon_threadsafe(self.flush)
+
+    def flush(self) -> None:
+        with self.lock:
+            items, self.items = self.items, []
+        for q, update in items:
+            q.put_nowait(update)
+
+
+async def _watch(request: HttpRequest, q: asyncio.Queue) -> None:
+    """Until cancelled: a client that hung up puts DISCONNECTED in its request's queue (checked every
+    POLL_S, off the path each token takes)."""
+    while not await request.is_disconnected():
+        await asyncio.sleep(POLL_S)
+    q.put_nowait(DISCONNECTED)
+
+
+async def _next(q: asyncio.Queue) -> Update:
+    update = await q.get()
+    if update is DISCONNECTED:
+        raise Disconnected()
+    return update
+
+
+def _ready(q: asyncio.Queue) -> Update | None:
+    """The next update if one is already queued (None if not); a hang-up raises `Disconnected`."""
+    if q.empty():
+        return None
+    update = q.get_nowait()
+    if update is DISCONNECTED:
+        raise Disconnected()
+    return update
 
 
 class Reply:
@@ -415,15 +488,19 @@ class Reply:
             choice["prompt_token_ids"] = list(self.ask.ids)
             self.sent_prompt = True
         out = {**self._head(True), "choices": [choice]}
+        if self.ask.continuous_usage or (last and not self.ask.include_usage):
+            out["usage"] = self._usage()  # with include_usage alone: only in `usage_chunk`, as vLLM
         if last:
-            out["usage"] = self._usage()
             out["kern"] = self._kern()
-        elif self.ask.continuous_usage:
-            out["usage"] = self._usage()
         if not last and not self.sent_kern:  # the hit is known at admission: a client that hangs up still learns it
             out["kern"] = self._admitted()
         self.sent_kern = True
         return out
+
+    def usage_chunk(self) -> dict:
+        """`stream_options.include_usage`: the chunk after the last, with no choices and the whole
+        request's usage (the non-streamed answer's), as vLLM sends it."""
+        return {**self._head(True), "choices": [], "usage": self._usage()}
 
     def _admitted(self) -> dict:
         """A stream's first chunk's kern object: the request's hit as its admission found it (its snapshot

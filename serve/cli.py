@@ -21,6 +21,7 @@ import sys
 import click
 
 from serve.faults import FAULTS
+from oracle.version import option as version_option
 from serve.guard import Limits
 
 __all__ = ["main", "serve_command"]
@@ -79,6 +80,7 @@ def bind(host: str, port: int):
 
 
 @click.command(cls=OneLineErrors, context_settings={"help_option_names": ["-h", "--help"]})
+@version_option("kern serve")
 @click.argument("target")
 @click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535), help="Port to listen on (0: any free port; the `serving` line names it).")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind.")
@@ -111,11 +113,13 @@ def bind(host: str, port: int):
 @click.option("--pp-listen", default=None, help="Head: bind the pipeline's control socket here (tcp://HOST:PORT) and wait for stages started separately with --pp-head.")
 @click.option("--pp-head", default=None, help="Run as a pipeline stage (TARGET is its stage manifest) for the head at this address (tcp://HOST:PORT); no HTTP.")
 @click.option("--pp-timeout", default=60.0, show_default=True, type=_POSITIVE, help="Seconds a pipeline peer may stay silent (or an item unanswered) before it counts as lost (a stage: exits non-zero; the head: restarts it, see --pp-restart).")
-@click.option("--pp-restart/--no-pp-restart", "pp_restart", default=True, show_default=True, help="Head: when a stage is lost, start it again (or wait up to 180 s for a replacement started by hand with --pp-head) and resume every request from its prompt and the tokens it already produced; without: answer them with 503 pipeline_stage_lost and exit 3.")
+@click.option("--pp-restart/--no-pp-restart", "pp_restart", default=True, show_default=True, help="Head: when a stage is lost, start it again (or wait, up to --stage-connect-timeout, for a replacement started by hand with --pp-head) and resume every request from its prompt and the tokens it already produced; without: answer them with 503 pipeline_stage_lost and exit 3.")
+@click.option("--stage-connect-timeout", "stage_connect", default=None, type=_POSITIVE, help="Pipeline head: seconds to wait for every stage to connect, and again for them to load; a stage still missing then ends the head with one line naming it, exit 3 (default: 180, or --pp-timeout when longer). A stage: how long it waits for the head's table.")
 @click.option("--pp-bind", default="127.0.0.1", show_default=True, help="Stage: the address its activation socket binds (the previous stage connects to it).")
 @click.option("--pp-parent", default=None, type=click.IntRange(min=1), hidden=True, help="Stage: end when this process (the head that started it) ends.")
 @click.option("--pp-share", default=1, type=click.IntRange(min=1), hidden=True, help="Stage: processes sharing this GPU; the default capacity takes 1/N of its free memory.")
 @click.option("--sampling", default="refuse", show_default=True, type=click.Choice(["refuse", "greedy-warn"]), help="A non-greedy sampling value (temperature > 0, top_p < 1, penalties, ...): refuse it with a 400 naming it, or serve it greedily with one WARN line per parameter name (docs/api.md).")
+@click.option("--metrics-prefix", "metrics_prefix", default="kern", show_default=True, type=click.Choice(["kern", "vllm"]), help="Name the /metrics that mirror vLLM's `vllm:` with vLLM's labels (model_name, engine), so a vLLM Grafana dashboard works unchanged (docs/grafana/); kern's own stay `kern:` (docs/metrics.md).")
 @click.option("--fault", "faults", multiple=True, type=click.Choice(sorted(FAULTS)), help=f"Misbehave on purpose, for testing the gate (repeatable). {_FAULT_HELP}.")
 @click.option("--log-level", "log_level", default=None, type=click.Choice(["debug", "info", "warn", "error"]),
               help="Write log lines at this level or above (default: info, or the kern_serve level RUST_LOG names, as the Rust kern gate driver sets it; the gates read debug lines: e2e sets RUST_LOG=kern_serve=debug too).")
@@ -124,7 +128,7 @@ def serve_command(ctx, target, port, host, capacity, host_gib, max_seqs, chunk, 
                   weights, api_key, served_model_name, config, stats_every, no_graphs, no_pack, stages, at, pp_listen, pp_head,
                   pp_timeout, pp_bind, pp_parent, pp_share, faults, protect_stats, drain_timeout,
                   max_connections, header_timeout, body_timeout, keep_alive, max_body_bytes, max_tokenize_tokens, log_level=None, sampling="refuse",
-                  host_chunk=None, pp_restart=True) -> None:
+                  host_chunk=None, stage_connect=None, metrics_prefix="kern", pp_restart=True) -> None:
     """Serve TARGET (a config target name or a manifest path) over OpenAI-compatible HTTP.
 
     Every start-up error is one line on stderr, `kern serve: error: ...`, naming the flag or file.
@@ -189,7 +193,8 @@ def serve_command(ctx, target, port, host, capacity, host_gib, max_seqs, chunk, 
 
         sopts = StageOptions(weights=tuple(weights), config=config, capacity=capacity, host_gib=host_gib,
                              backend=backend, device=device, reserve_gib=reserve_gib,
-                             timeout=pp_timeout, bind=pp_bind, parent=pp_parent, share=pp_share)
+                             timeout=pp_timeout, bind=pp_bind, parent=pp_parent, share=pp_share,
+                             connect=stage_connect)
         try:
             sys.exit(serve_stage(target, pp_head, sopts))
         except errors as exc:
@@ -214,22 +219,24 @@ def serve_command(ctx, target, port, host, capacity, host_gib, max_seqs, chunk, 
             if target_weights and not weights:
                 opts.weights = tuple(str(w) for w in target_weights)
             engine, head = build_head(paths, opts, PipelineOptions(listen=pp_listen, timeout=pp_timeout,
-                                                                             restart=pp_restart))
+                                                                          startup=stage_connect, restart=pp_restart))
             phases.mark("stages")  # the head's load and its stages' start
     except errors as exc:
         fail(exc)
     if served_model_name:
         engine.model = served_model_name
-    code = run(engine, host, port, api_key, stats_every, limits, protect_stats, sock, sampling=sampling, phases=phases)
+    code = run(engine, host, port, api_key, stats_every, limits, protect_stats, sock, sampling=sampling, phases=phases,
+               metrics_prefix=metrics_prefix)
     if head is not None:
         head.stop()
     sys.exit(code)
 
 
 def run(engine, host: str, port: int, api_key: str | None, stats_every: float = 5.0, limits: Limits = _D,
-        protect_stats: bool = False, sock=None, sampling: str = "refuse", phases=None) -> int:
+        protect_stats: bool = False, sock=None, sampling: str = "refuse", phases=None, metrics_prefix: str = "kern") -> int:
     """Serve until a signal; the exit code. `sock`: the listening socket (`bind`), else bound here.
-    `phases` (`serve.startup.Phases`): the start so far, whose split the ready line gives."""
+    `phases` (`serve.startup.Phases`): the start so far, whose split the ready line gives;
+    `metrics_prefix`: --metrics-prefix."""
     import logging
 
     import uvicorn
@@ -284,7 +291,8 @@ def run(engine, host: str, port: int, api_key: str | None, stats_every: float = 
             await super()._wait_tasks_to_complete()
             self.drained = True
 
-    app = make_app(scheduler, engine, api_key, limits, limit_log, protect_stats, sampling=sampling)
+    app = make_app(scheduler, engine, api_key, limits, limit_log, protect_stats, sampling=sampling,
+                   metrics_prefix=metrics_prefix)
     # past the drain's deadline every handler has its answer or its 503; the grace is for writing them
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False, lifespan="off",
                             http=guard.protocol(limits, limit_log), timeout_keep_alive=limits.keep_alive,

@@ -10,6 +10,10 @@ Two sources:
 - the latency and size histograms, the token counters and `request_success` are fed in the HTTP
   handler's path by a `Track` per request, as its updates arrive.
 
+`--metrics-prefix vllm` (`Metrics(..., prefix="vllm")`) names the metrics that mirror vLLM's (`VLLM`)
+`vllm:` instead of `kern:`, with vLLM's labels (`model_name` and `engine="0"`), so a vLLM Grafana
+dashboard reads a kern server unchanged (docs/grafana/); kern's own metrics stay `kern:`.
+
 docs/metrics.md lists every metric and the vLLM metric it mirrors.
 """
 
@@ -25,10 +29,23 @@ from prometheus_client.registry import Collector
 from serve.request import Done, Update
 from serve.stats import COUNTERS, GAUGES
 
-__all__ = ["Metrics", "SchedulerCollector", "Track", "snapshot"]
+__all__ = ["PREFIXES", "VLLM", "Metrics", "Names", "SchedulerCollector", "Track", "snapshot"]
 
 PREFIX = "kern:"
+PREFIXES = ("kern", "vllm")  # --metrics-prefix
+ENGINE = "0"  # vLLM's `engine` label: the engine core's index (one engine here)
 FINISHED = ("stop", "length")
+# the metrics whose meaning is vLLM's metric of the same name (docs/metrics.md); under
+# --metrics-prefix vllm they are named vllm:<name> and labelled model_name and engine
+VLLM = frozenset({
+    "num_requests_running", "num_requests_waiting", "kv_cache_usage_perc", "prefix_cache_queries", "prefix_cache_hits",
+    "num_preemptions", "prompt_tokens", "generation_tokens", "request_success", "time_to_first_token_seconds",
+    "inter_token_latency_seconds", "e2e_request_latency_seconds", "request_prompt_tokens", "request_generation_tokens",
+    "request_queue_time_seconds", "request_prefill_time_seconds", "request_decode_time_seconds",
+    "request_inference_time_seconds", "request_time_per_output_token_seconds", "request_max_num_generation_tokens",
+    "request_params_n", "request_params_max_tokens",
+})
+N_BUCKETS = (1, 2, 5, 10, 20)  # vLLM's request_params_n buckets
 # vLLM's buckets (vllm/v1/metrics/loggers.py)
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
                 40.0, 80.0, 160.0, 640.0, 2560.0)
@@ -67,6 +84,28 @@ def buckets_1_2_5(top: int) -> list[int]:
         scale *= 10
 
 
+class Names:
+    """A metric's exposed name, label names and label values under a prefix (`PREFIXES`)."""
+
+    def __init__(self, prefix: str, model: str) -> None:
+        if prefix not in PREFIXES:
+            raise ValueError(f"metrics prefix {prefix!r}: one of {', '.join(PREFIXES)}")
+        self.vllm = prefix == "vllm"
+        self.model = model
+
+    def _theirs(self, name: str) -> bool:
+        return self.vllm and name in VLLM
+
+    def name(self, name: str) -> str:
+        return ("vllm:" if self._theirs(name) else PREFIX) + name
+
+    def labels(self, name: str) -> list[str]:
+        return ["model_name", "engine"] if self._theirs(name) else ["model_name"]
+
+    def values(self, name: str) -> list[str]:
+        return [self.model, ENGINE] if self._theirs(name) else [self.model]
+
+
 def snapshot(scheduler) -> dict:
     """What the collector reads: /stats' dict plus the prefix-cache queries. Run it on the scheduler
     thread: `await asyncio.wrap_future(scheduler.query(lambda: snapshot(scheduler)))`."""
@@ -76,8 +115,9 @@ def snapshot(scheduler) -> dict:
 class SchedulerCollector(Collector):
     """The scheduler's gauges and counters, from the snapshot `Metrics.render` was handed."""
 
-    def __init__(self, model: str) -> None:
+    def __init__(self, model: str, names: Names | None = None) -> None:
         self.model = model
+        self.names = names or Names("kern", model)
         self.stats: dict | None = None
 
     def describe(self) -> Iterator:
@@ -87,19 +127,19 @@ class SchedulerCollector(Collector):
         return self._families(self.stats)
 
     def _families(self, s: dict | None) -> Iterator:
-        m = self.model
+        n = self.names
 
         def gauge(name: str, doc: str, value) -> GaugeMetricFamily:
-            f = GaugeMetricFamily(PREFIX + name, doc, labels=["model_name"])
+            f = GaugeMetricFamily(n.name(name), doc, labels=n.labels(name))
             if s is not None:
-                f.add_metric([m], value() if callable(value) else value)
+                f.add_metric(n.values(name), value() if callable(value) else value)
             return f
 
         def counter(name: str, doc: str, value, extra: str | None = None) -> CounterMetricFamily:
-            f = CounterMetricFamily(PREFIX + name, doc, labels=["model_name"] + ([extra] if extra else []))
+            f = CounterMetricFamily(n.name(name), doc, labels=n.labels(name) + ([extra] if extra else []))
             if s is not None:
                 for labels, v in (value() if callable(value) else [((), value)]):
-                    f.add_metric([m, *labels], v)
+                    f.add_metric([*n.values(name), *labels], v)
             return f
 
         c = s["counters"] if s else {}
@@ -118,6 +158,8 @@ class SchedulerCollector(Collector):
                       "(prompt tokens of admitted requests).", lambda: [((), s["prefix_queries"])])
         yield counter("prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.",
                       lambda: [((), c["prefix_hit_tokens"])])
+        yield counter("num_preemptions", "Cumulative number of preemption from the engine (always 0: a request "
+                      "that finds no room waits at the queue's head, none is preempted).", lambda: [((), 0)])
         yield counter("prefix_cache_hits_by_tier", "Prefix cache hits in cached tokens, by the tier they came from.",
                       lambda: [(("device",), c["resident_hit_tokens"]), (("host",), c["host_hit_tokens"])], "tier")
         for name in COUNTERS:
@@ -130,33 +172,48 @@ class SchedulerCollector(Collector):
 
 
 class Metrics:
-    """One app's registry: the scheduler collector and the handler-fed histograms and counters."""
+    """One app's registry: the scheduler collector and the handler-fed histograms and counters.
+    `prefix` ("kern" or "vllm", `--metrics-prefix`) names the vLLM-mirrored ones (`Names`)."""
 
-    def __init__(self, model: str, max_model_len: int) -> None:
+    def __init__(self, model: str, max_model_len: int, prefix: str = "kern") -> None:
         self.model = model
-        self.registry = CollectorRegistry()
-        r, lab = self.registry, ["model_name"]
-        self.scheduler = SchedulerCollector(model)
+        self.names = n = Names(prefix, model)
+        self.registry = r = CollectorRegistry()
+        self.scheduler = SchedulerCollector(model, n)
         r.register(self.scheduler)
         tokens = buckets_1_2_5(max(max_model_len, 1))
-        self.ttft = _Histogram(PREFIX + "time_to_first_token_seconds", "Histogram of time to first token in seconds.",
-                              lab, registry=r, buckets=TTFT_BUCKETS).labels(model)
-        self.itl = _Histogram(PREFIX + "inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
-                             lab, registry=r, buckets=ITL_BUCKETS).labels(model)
-        self.e2e = _Histogram(PREFIX + "e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.",
-                             lab, registry=r, buckets=LATENCY_BUCKETS).labels(model)
-        self.request_prompt = _Histogram(PREFIX + "request_prompt_tokens", "Number of prefill tokens processed.",
-                                        lab, registry=r, buckets=tokens).labels(model)
-        self.request_generation = _Histogram(PREFIX + "request_generation_tokens",
-                                            "Number of generation tokens processed.", lab, registry=r,
-                                            buckets=tokens).labels(model)
-        self.prompt_tokens = _Counter(PREFIX + "prompt_tokens", "Number of prefill tokens processed.", lab,
-                                     registry=r).labels(model)
-        self.generation_tokens = _Counter(PREFIX + "generation_tokens", "Number of generation tokens processed.", lab,
-                                         registry=r).labels(model)
-        success = _Counter(PREFIX + "request_success", "Count of successfully processed requests.",
-                          lab + ["finished_reason"], registry=r)
-        self.success = {reason: success.labels(model, reason) for reason in FINISHED}
+
+        def hist(name: str, doc: str, buckets) -> Histogram:
+            return _Histogram(n.name(name), doc, n.labels(name), registry=r, buckets=buckets).labels(*n.values(name))
+
+        def count(name: str, doc: str) -> Counter:
+            return _Counter(n.name(name), doc, n.labels(name), registry=r).labels(*n.values(name))
+
+        self.ttft = hist("time_to_first_token_seconds", "Histogram of time to first token in seconds.", TTFT_BUCKETS)
+        self.itl = hist("inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", ITL_BUCKETS)
+        self.tpot = hist("request_time_per_output_token_seconds",
+                         "Histogram of time_per_output_token_seconds per request.", ITL_BUCKETS)
+        self.e2e = hist("e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", LATENCY_BUCKETS)
+        self.queue = hist("request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.",
+                          LATENCY_BUCKETS)
+        self.inference = hist("request_inference_time_seconds",
+                              "Histogram of time spent in RUNNING phase for request.", LATENCY_BUCKETS)
+        self.prefill = hist("request_prefill_time_seconds", "Histogram of time spent in PREFILL phase for request.",
+                            LATENCY_BUCKETS)
+        self.decode = hist("request_decode_time_seconds", "Histogram of time spent in DECODE phase for request.",
+                           LATENCY_BUCKETS)
+        self.request_prompt = hist("request_prompt_tokens", "Number of prefill tokens processed.", tokens)
+        self.request_generation = hist("request_generation_tokens", "Number of generation tokens processed.", tokens)
+        self.max_generation = hist("request_max_num_generation_tokens",
+                                   "Histogram of maximum number of requested generation tokens.", tokens)
+        self.params_n = hist("request_params_n", "Histogram of the n request parameter.", N_BUCKETS)
+        self.params_max_tokens = hist("request_params_max_tokens", "Histogram of the max_tokens request parameter.",
+                                      tokens)
+        self.prompt_tokens = count("prompt_tokens", "Number of prefill tokens processed.")
+        self.generation_tokens = count("generation_tokens", "Number of generation tokens processed.")
+        success = _Counter(n.name("request_success"), "Count of successfully processed requests.",
+                           n.labels("request_success") + ["finished_reason"], registry=r)
+        self.success = {reason: success.labels(*n.values("request_success"), reason) for reason in FINISHED}
 
     def render(self, stats: dict) -> bytes:
         """The exposition, the scheduler's part read from `stats` (a `snapshot`). No await happens
@@ -167,22 +224,28 @@ class Metrics:
         finally:
             self.scheduler.stats = None
 
-    def track(self, t_arrive: float, prompt: int) -> Track:
-        return Track(self, t_arrive, prompt)
+    def track(self, t_arrive: float, prompt: int, req=None, max_tokens: int | None = None) -> Track:
+        """A request's observations; `req` (its `serve.request.Request`: `t_admit`, set on the scheduler
+        thread before its first update) times its queue and prefill phases, `max_tokens` is the
+        parameter asked."""
+        return Track(self, t_arrive, prompt, req, max_tokens)
 
 
 class Track:
     """One request's observations, fed by its handler: `update` for each update as it arrives,
     `finish` once its answer is whole (a stop or length finish)."""
 
-    __slots__ = ("m", "t_arrive", "prompt", "generated", "last")
+    __slots__ = ("m", "t_arrive", "prompt", "generated", "first", "last", "req", "max_tokens")
 
-    def __init__(self, m: Metrics, t_arrive: float, prompt: int) -> None:
+    def __init__(self, m: Metrics, t_arrive: float, prompt: int, req=None, max_tokens: int | None = None) -> None:
         self.m = m
         self.t_arrive = t_arrive
         self.prompt = prompt
         self.generated = 0
+        self.first: float | None = None
         self.last: float | None = None
+        self.req = req
+        self.max_tokens = max_tokens
 
     def update(self, update: Update) -> None:
         n = len(update.tokens)
@@ -193,6 +256,7 @@ class Track:
         if self.last is None:
             # the first token: prefill is done; tokens arriving with it came at no extra wait
             m.ttft.observe(now - self.t_arrive)
+            self.first = now
             m.prompt_tokens.inc(self.prompt)
             for _ in range(n - 1):
                 m.itl.observe(0.0)
@@ -209,7 +273,22 @@ class Track:
         if done.reason not in FINISHED:
             return
         m = self.m
+        now = time.monotonic()
         m.success[done.reason].inc()
-        m.e2e.observe(time.monotonic() - self.t_arrive)
+        m.e2e.observe(now - self.t_arrive)
         m.request_prompt.observe(self.prompt)
         m.request_generation.observe(self.generated)
+        # vLLM's phases: queued (arrival to admission), prefill (admission to the first token), decode
+        # (the first token to the last), inference (admission to the last token)
+        admitted = getattr(self.req, "t_admit", 0.0) or self.t_arrive
+        first = self.first if self.first is not None else now
+        last = self.last if self.last is not None else now
+        m.queue.observe(max(admitted - self.t_arrive, 0.0))
+        m.prefill.observe(max(first - admitted, 0.0))
+        m.decode.observe(max(last - first, 0.0))
+        m.inference.observe(max(last - admitted, 0.0))
+        m.tpot.observe((last - first) / (self.generated - 1) if self.generated > 1 else 0.0)
+        m.max_generation.observe(self.generated)  # one sequence per request (n = 1): its own
+        m.params_n.observe(1)
+        if self.max_tokens:
+            m.params_max_tokens.observe(self.max_tokens)

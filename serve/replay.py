@@ -320,9 +320,17 @@ def _finish(fig: Figures, left: list[int], bound: int) -> None:
 
 
 def _blocks(r: Req, page: int) -> list[tuple]:
-    """A request's blocks as (key, tokens): hash ids as they are, token pages by their prefix."""
+    """A request's blocks as (key, tokens): hash ids as they are, token pages by their prefix. A
+    page smaller than a hash id's block (it must divide it) splits each id's block into pages
+    (id, j): the same id at the same position holds the same tokens, so page j of it does too."""
     if r.hash_ids is not None:
         b = r.block
+        if page < b:
+            if b % page:
+                raise ValueError(f"a page of {page} tokens does not divide the trace's block of {b}")
+            n = r.input_length
+            return [((h, j), min(page, n - at)) for i, h in enumerate(r.hash_ids)
+                    for j, at in enumerate(range(i * b, min((i + 1) * b, n), page))]
         return [(h, min(b, r.input_length - i * b)) for i, h in enumerate(r.hash_ids) if r.input_length > i * b]
     toks = r.tokens
     out, key = [], None
@@ -332,12 +340,20 @@ def _blocks(r: Req, page: int) -> list[tuple]:
     return out
 
 
-def replay_lru(reqs: list[Req], capacity: int, page: int = 512, tick: Callable[[int], None] | None = None) -> Figures:
+def replay_lru(reqs: list[Req], capacity: int, page: int | None = None,
+               tick: Callable[[int], None] | None = None) -> Figures:
     """The paper's simulation: blocks in one LRU of `capacity` tokens (a block holds its block's
     tokens, 512 for a Mooncake id); a request hits its leading blocks that are cached, then every
-    block it reads is refreshed or added, the least recently used leaving first."""
+    block it reads is refreshed or added, the least recently used leaving first. `page`: the
+    block's tokens (default: a hash id's block, 512 for token traces); for hash ids it must divide
+    their block (each id's block is split into pages), a larger one is refused (ValueError)."""
     t0 = time.perf_counter()
-    fig = Figures(capacity, 0, "lru", reqs[0].block if reqs and reqs[0].hash_ids is not None else page)
+    ids = bool(reqs) and reqs[0].hash_ids is not None
+    if page is None:
+        page = reqs[0].block if ids else 512
+    elif ids and (page > reqs[0].block or reqs[0].block % page):
+        raise ValueError(f"a page of {page} tokens does not divide the trace's block of {reqs[0].block} tokens")
+    fig = Figures(capacity, 0, "lru", page)
     cache: collections.OrderedDict = collections.OrderedDict()
     held = 0
     seen: set = set()

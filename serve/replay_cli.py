@@ -7,6 +7,7 @@ Exit codes: 0 done (and, with --server, agreed); 1 the server disagreed; 2 bad f
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import click
@@ -58,7 +59,9 @@ def _fail(msg: str) -> None:
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("trace", type=click.Path(dir_okay=False))
-@click.option("--page", default=16, show_default=True, type=click.IntRange(1), help="Tokens per page (engine policy).")
+@click.option("--page", default=None, type=click.IntRange(1),
+              help="Tokens per page. engine: default 16. lru: the LRU's block, default a hash id's 512 tokens; "
+                   "for Mooncake ids it must divide 512 (each id's block is split into pages).")
 @click.option("--capacity", "capacity_text", default="16M", show_default=True,
               help="Device tier in tokens; a comma-separated list is a sweep (e.g. 1M,4M,10M,50M).")
 @click.option("--host-tokens", default=None, type=TokenCount(), help="Host tier in tokens, e.g. 64M (engine policy).")
@@ -71,8 +74,11 @@ def _fail(msg: str) -> None:
               help="engine: the scheduler's own rules; lru: per-block LRU of the inputs only (the Mooncake paper's simulation).")
 @click.option("--limit", default=None, type=click.IntRange(1), help="Replay only the first N requests.")
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON, one object per capacity.")
+@click.option("--out", "out_dir", default=None, type=click.Path(file_okay=False),
+              help="Write the figures (TRACE-POLICY.json) and the plot of hit ratio by tier against capacity "
+                   "(TRACE-POLICY.png) into this folder.")
 @click.option("--plot", default=None, type=click.Path(dir_okay=False),
-              help="Where a sweep draws hit ratio against capacity (default: TRACE's name + .png beside the cwd).")
+              help="Write the plot here instead (a PNG path; without --out or --plot nothing is written).")
 @click.option("--server", default=None, help="Check a running kern serve at this URL against the replay instead.")
 @click.option("--target", default=None, help="With --server: the target it serves (its geometry sizes the replay).")
 @click.option("--scale", "scale_k", default=1, show_default=True, type=click.IntRange(1),
@@ -80,9 +86,10 @@ def _fail(msg: str) -> None:
 @click.option("--api-key", default=None, help="With --server: its API key.")
 @click.pass_context
 def replay_command(ctx, trace, page, capacity_text, host_tokens, host_gib, bytes_per_token, order, policy, limit,
-                   as_json, plot, server, target, scale_k, api_key) -> None:
+                   as_json, out_dir, plot, server, target, scale_k, api_key) -> None:
     """Replay TRACE (Mooncake JSONL, or our token traces) through the pool, the index and the host tier
     and print hit figures per device capacity."""
+    from serve.mooncake import known
     from serve.replay import replay_engine, replay_lru, setup_for
     from serve.traces import TraceError, read, scale
 
@@ -102,6 +109,16 @@ def replay_command(ctx, trace, page, capacity_text, host_tokens, host_gib, bytes
         _fail(str(exc))
     if limit:
         reqs = reqs[:limit]
+    if not reqs:
+        _fail(f"{trace}: no requests")
+    if policy == "lru" and page is not None:
+        ids = reqs[0].hash_ids is not None
+        if ids and (page > reqs[0].block or reqs[0].block % page):
+            _fail(f"--policy lru --page {page}: a page must divide the trace's block of {reqs[0].block} tokens "
+                  f"(a Mooncake hash id), e.g. --page {reqs[0].block} (the paper's) or 16")
+    if server is not None and (out_dir or plot):
+        _fail("--out and --plot draw a replay's figures; with --server there are none to draw")
+    paper = known(len(reqs), sum(r.input_length for r in reqs))
     if server is not None:
         from serve.replay_server import check_server
 
@@ -120,10 +137,11 @@ def replay_command(ctx, trace, page, capacity_text, host_tokens, host_gib, bytes
                            update_min_steps=max(1, total // 200)) as bar:
         for cap in capacities:
             if policy == "lru":
-                fig = replay_lru(reqs, cap, tick=bar.update)
+                fig = replay_lru(reqs, cap, page, tick=bar.update)
             else:
+                pg = page or 16
                 longest = max(r.input_length + r.output_length for r in reqs)
-                fig = replay_engine(reqs, setup_for(page, cap, host, bpt, reach=longest + page), tick=bar.update,
+                fig = replay_engine(reqs, setup_for(pg, cap, host, bpt, reach=longest + pg), tick=bar.update,
                                     bound=bound)
                 bound = fig.bound_tokens
             figs.append(fig)
@@ -132,10 +150,23 @@ def replay_command(ctx, trace, page, capacity_text, host_tokens, host_gib, bytes
             click.echo(json.dumps(f.as_dict()))
     else:
         click.echo(table(figs))
-    if len(figs) > 1:
-        path = plot or (trace.rsplit("/", 1)[-1].rsplit(".", 1)[0] + f"-{policy}.png")
-        draw(figs, path, trace)
-        click.echo(f"hit ratio against capacity: {path}", err=True)
+    stem = trace.rsplit("/", 1)[-1].rsplit(".", 1)[0] + f"-{policy}"
+    if out_dir:
+        os.makedirs(out_dir, exist_ok=True)
+        path = os.path.join(out_dir, stem + ".json")
+        with open(path, "w") as f:
+            json.dump({"trace": trace, "known": paper.name if paper else None, "scale": scale_k,
+                       "paper": list(paper.paper) if paper else None,
+                       "figures": [x.as_dict() for x in figs]}, f, indent=1)
+        click.echo(f"figures: {path}", err=True)
+        plot = plot or os.path.join(out_dir, stem + ".png")
+    if plot:
+        from serve.replay_plot import draw
+
+        draw(figs, plot, trace, paper, scale_k)
+        click.echo(f"hit ratio by tier against capacity: {plot}", err=True)
+    elif len(figs) > 1:
+        click.echo("(--out DIR writes these figures and their plot)", err=True)
 
 
 def table(figs) -> str:
@@ -162,23 +193,3 @@ def table(figs) -> str:
     head = ["policy " + figs[0].policy] + [f"{f.capacity:,} tokens" + (f" + host {f.host_tokens:,}" if f.host_tokens else "")
                                           for f in figs]
     return tabulate([[name] + [fn(f) for f in figs] for name, fn in rows], headers=head, disable_numparse=True)
-
-
-def draw(figs, path: str, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 4))
-    xs = [f.capacity for f in figs]
-    ax.plot(xs, [f.hit_ratio for f in figs], marker="o", label=f"{figs[0].policy} policy")
-    ax.axhline(figs[0].bound_ratio, color="grey", linestyle="--", label="infinite cache")
-    ax.set_xscale("log")
-    ax.set_xlabel("device capacity (tokens)")
-    ax.set_ylabel("hit ratio (hit tokens / input tokens)")
-    ax.set_title(title.rsplit("/", 1)[-1], fontsize=9)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)

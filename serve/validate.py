@@ -53,7 +53,7 @@ class Ask:
     include_stop: bool = False  # include_stop_str_in_output
     echo: bool = False  # completions: the prompt's text leads the answer's
     request_id: str | None = None  # names the response ("cmpl-<id>"), as vLLM's request_id does
-    continuous_usage: bool = False  # stream_options.continuous_usage_stats: usage on every chunk
+    continuous_usage: bool = False  # stream_options.continuous_usage_stats with include_usage: usage on every chunk
 
 
 def parse(raw: bytes) -> dict:
@@ -295,8 +295,9 @@ PARAMS: tuple[Param, ...] = (
     P("max_tokens", BOTH, HONOURED, "an integer >= 1 (default 16); the room rule bounds it", None, 3, True),
     P("max_completion_tokens", (CHAT,), HONOURED, "as max_tokens, and before it (vLLM)", None, 3, True),
     P("stream", BOTH, HONOURED, "a boolean: server-sent events, the last chunk with usage", _any("bool"), True, True),
-    P("stream_options", BOTH, HONOURED, "with stream true: include_usage (usage is on the last chunk either way), "
-      "continuous_usage_stats (usage on every chunk)", _stream_options, {"include_usage": True}, False),
+    P("stream_options", BOTH, HONOURED, "with stream true: include_usage (a last chunk with no choices and the "
+      "usage, before [DONE]; without it the finishing chunk carries the usage), continuous_usage_stats (with "
+      "include_usage: usage so far on every chunk)", _stream_options, {"include_usage": True}, False),
     P("return_token_ids", BOTH, HONOURED, "a boolean: token_ids and prompt_token_ids in the choice (ours)",
       _any("bool"), True, True),
     P("request_id", BOTH, HONOURED, "a string naming the response: id cmpl-<request_id> / chatcmpl-<request_id> "
@@ -453,7 +454,7 @@ def _ask(body: dict, ids: list[int], chat_: bool, ctx: _Ctx) -> Ask:
                opts.get("include_usage") is True, chat_, tuple(dict.fromkeys(ctx.sampled)), _bool(body, "ignore_eos"),
                tuple([stop] if isinstance(stop, str) else stop or ()), tuple(body.get("stop_token_ids") or ()),
                _bool(body, "include_stop_str_in_output"), _bool(body, "echo") and not chat_, body.get("request_id"),
-               opts.get("continuous_usage_stats") is True)
+               opts.get("include_usage") is True and opts.get("continuous_usage_stats") is True)
 
 
 def completion(body: dict, served: str, sampling: str = "refuse") -> Ask:

@@ -106,3 +106,22 @@ def test_summary_says_where_each_targets_time_went():
     line = next(ln for ln in text.splitlines() if ln.startswith("- toy-x"))
     assert line == "- toy-x (9.0 s; servers' start and stop 0.8 s): default 4.0, kern_test 1.5, host stop 0.5, default start 0.2"
     assert "zygote, warm in 1.2 s" in text
+
+
+def test_failures_lead_with_the_first_cause_and_say_where_to_look():
+    # the order a reader needs: verdicts, then the crash, then what it left unrun; each with its log and command
+    checks = [{"name": "abort", "ok": False, "note": "not run: step abort: Hung in this step", "error": True},
+              {"name": "error", "ok": False, "note": "Hung: request req-3 ...", "error": True},
+              {"name": "conc1_equals_run", "ok": False, "note": "11/12 identical; prompt 2: first differs at token 0"},
+              {"name": "repeat_hit", "ok": True, "note": "cached [96]"}]
+    reports = [{"target": "toy-paged", "skipped": None, "checks": checks, "wall_s": 1.0}]
+    text, code = summary_text(reports, {"out": "/tmp/r", "seed": 7, "max_tokens": 16, "backend": "cpu",
+                                        "engine": "python e.py --port {port}"})
+    assert code == 1
+    assert text.splitlines()[2] == "**First failure: toy-paged: conc1_equals_run**: 11/12 identical; prompt 2: first differs at token 0"
+    body = text.split("## Failed checks", 1)[1]
+    order = [body.index(f"### toy-paged: {n}") for n in ("conc1_equals_run", "error", "abort")]
+    assert order == sorted(order)
+    assert ("server log: `/tmp/r/toy-paged/server-default.log`; reproduce: `e2e --targets toy-paged --scenarios "
+            "conc1_equals_run --engine 'python e.py --port {port}' --backend cpu --seed 7 --max-tokens 16`") in body
+    assert "reproduce: `e2e --targets toy-paged --scenarios error" not in body  # an error is no check to select

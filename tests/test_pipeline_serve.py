@@ -128,3 +128,16 @@ def test_a_head_that_is_gone_ends_its_stages(kern_server):
     while not all(_gone(p) for p in pids.values()) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert all(_gone(p) for p in pids.values()), "a stage outlived its head"
+
+
+def test_the_head_packs_prefill_as_one_process_does(kern_server):
+    """Eight prompts at once through two stages: the head packs their prefill into a few calls (as the
+    single process does; an unpacked pipeline takes one call per prompt), answers unchanged."""
+    s = kern_server(TARGET, "--stages", "2", "--pp-timeout", "30")
+    prompts = [_ids(f"{i:03d} " + "the quick brown fox jumps over " * 6)[: 100 + 37 * i] for i in range(8)]
+    with concurrent.futures.ThreadPoolExecutor(8) as ex:
+        got = list(ex.map(lambda ids: ask(s, ids, 8)["ids"], prompts))
+    assert got == [oracle(TARGET, ids, 8) for ids in prompts]
+    stats = assert_nothing_leaked(s)
+    assert stats["facts"]["pack"] is True
+    assert stats["counters"]["prefill_calls"] < len(prompts), stats["counters"]

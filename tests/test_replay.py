@@ -156,6 +156,81 @@ def test_cli_table_json_sweep_and_errors(tmp_path):
     assert r.exit_code == 2 and "cannot read the trace" in r.output
 
 
+def test_out_holds_the_figures_and_the_plot_and_the_cwd_nothing(tmp_path, monkeypatch):
+    from oracle.cli import main
+
+    mooncake(tmp_path / "t.jsonl", n=20)
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    runner = CliRunner()
+    # a sweep without --out or --plot writes nothing anywhere
+    r = runner.invoke(main, ["replay", str(tmp_path / "t.jsonl"), "--capacity", "20k,200k", "--host-tokens", "10k"])
+    assert r.exit_code == 0, r.output
+    assert list(cwd.iterdir()) == [] and "--out DIR" in r.stderr
+    r = runner.invoke(main, ["replay", str(tmp_path / "t.jsonl"), "--capacity", "20k,200k", "--host-tokens", "10k",
+                             "--out", str(tmp_path / "out")])
+    assert r.exit_code == 0, r.output
+    assert list(cwd.iterdir()) == []
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["t-engine.json", "t-engine.png"]
+    assert (tmp_path / "out" / "t-engine.png").read_bytes()[:4] == b"\x89PNG"
+    got = json.loads((tmp_path / "out" / "t-engine.json").read_text())
+    assert [f["capacity"] for f in got["figures"]] == [20000, 200000] and got["known"] is None
+    # the tiers the plot stacks add up to the hits
+    assert all(f["resident_hit_tokens"] + f["host_hit_tokens"] == f["hit_tokens"] for f in got["figures"])
+    r = runner.invoke(main, ["replay", str(tmp_path / "t.jsonl"), "--server", "http://127.0.0.1:9", "--out", "o"])
+    assert r.exit_code == 2 and "--server" in r.output and list(cwd.iterdir()) == []
+
+
+def test_the_plots_y_axis_starts_at_0_and_ends_above_everything():
+    from serve.replay_plot import y_top
+
+    # the sweep: 0.3692..0.3704 drawn from 0 to 0.5, not from 0.3692 to 0.3704
+    assert y_top([0.3692, 0.3704]) == 0.5
+    assert y_top([0.651, 0.658]) == 0.7 and y_top([0.99]) == 1.0 and y_top([]) == 0.1
+
+
+def test_known_traces_are_known_by_their_totals_only():
+    from serve.mooncake import known
+
+    assert known(12_031, 144_793_823).name == "Mooncake conversation trace"
+    assert known(3_993, 61_194_628).paper[0] == (1_000_000, 0.146)
+    assert known(3_000, 61_194_628) is None  # --limit: not the paper's trace
+
+
+def test_lru_page_is_honoured_or_refused(tmp_path):
+    from oracle.cli import main
+
+    # a partial block then the whole block: a page of 512 hits the whole (its key is cached), a
+    # page of 256 only the half the first request held
+    lines = [{"timestamp": 0, "input_length": 256, "output_length": 1, "hash_ids": [7]},
+             {"timestamp": 1, "input_length": 512, "output_length": 1, "hash_ids": [7]}]
+    (tmp_path / "t.jsonl").write_text("".join(json.dumps(d) + "\n" for d in lines))
+    runner = CliRunner()
+
+    def hits(*page):
+        r = runner.invoke(main, ["replay", str(tmp_path / "t.jsonl"), "--policy", "lru", "--capacity", "1M",
+                                 "--json", *page])
+        assert r.exit_code == 0, r.output
+        row = json.loads([x for x in r.stdout.splitlines() if x.startswith("{")][0])
+        return row["page"], row["hit_tokens"]
+
+    assert hits() == (512, 512) and hits("--page", "512") == (512, 512)
+    assert hits("--page", "256") == (256, 256) and hits("--page", "16") == (16, 256)
+    for bad in ("300", "1024"):
+        r = runner.invoke(main, ["replay", str(tmp_path / "t.jsonl"), "--policy", "lru", "--page", bad])
+        assert r.exit_code == 2 and f"--page {bad}" in r.output and "divide" in r.output, r.output
+        assert len(r.output.strip().splitlines()) == 1 and "Traceback" not in r.output
+
+
+def test_lru_pages_of_a_block_reach_the_bound_without_pressure(tmp_path):
+    lines = mooncake(tmp_path / "t.jsonl", n=30)
+    reqs = as_reqs(lines, BLOCK)
+    for page in (16, 128, 512):
+        f = replay_lru(reqs, 10**9, page)
+        assert f.page == page and f.hit_tokens == f.bound_tokens > 0
+
+
 # the replay as a check of a real server
 
 

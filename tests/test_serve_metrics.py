@@ -19,9 +19,12 @@ TARGET = "toy-paged"
 MODEL_GAUGES = {"num_requests_running", "num_requests_waiting", "kv_cache_usage_perc", "kv_pages_total",
                 "kv_pages_used"}
 VLLM_COUNTERS = {"prompt_tokens", "generation_tokens", "request_success", "prefix_cache_queries",
-                 "prefix_cache_hits"}
+                 "prefix_cache_hits", "num_preemptions"}
+PHASES = {"request_queue_time_seconds", "request_prefill_time_seconds", "request_decode_time_seconds",
+          "request_inference_time_seconds", "request_time_per_output_token_seconds"}
 HISTOGRAMS = {"time_to_first_token_seconds", "inter_token_latency_seconds", "e2e_request_latency_seconds",
-              "request_prompt_tokens", "request_generation_tokens"}
+              "request_prompt_tokens", "request_generation_tokens", "request_max_num_generation_tokens",
+              "request_params_n", "request_params_max_tokens"} | PHASES
 PER_REQUEST = HISTOGRAMS - {"inter_token_latency_seconds"}  # one observation per request served
 
 

@@ -322,7 +322,7 @@ def test_stream_options(server):
         for line in resp.iter_lines():
             if line.startswith("data: ") and line != "data: [DONE]":
                 chunks.append(json.loads(line[6:]))
-    assert [c["usage"]["completion_tokens"] for c in chunks] == [1, 2, 3, 4, 5]
+    assert [c["usage"]["completion_tokens"] for c in chunks] == [1, 2, 3, 4, 5, 5]  # and the usage chunk
 
 
 def test_max_completion_tokens_comes_first(server):

@@ -99,21 +99,21 @@ def test_notes_joined_with_then_under_label() -> None:
     s = Same(Scripted({5}), rows=1)
     s.add("prompt 3", PROMPT, [10, 11, 99, 13, 14, 77], WANT)
     assert s.notes == [
-        "prompt 3: diverge at token 2/6 vs 6: [99, 13, 14, 77] vs [12, 13, 14, 15] (near-tie: scripted at 5)"
-        "; then diverge at token 5/6 vs 6: [77] vs [15] (confident flip: scripted at 8)"
+        "prompt 3: first differs at token 2 (got 6 tokens, want 6): got [99, 13, 14, 77] want [12, 13, 14, 15] (near-tie: scripted at 5)"
+        "; then first differs at token 5 (got 6 tokens, want 6): got [77] want [15] (confident flip: scripted at 8)"
     ]
 
 
 def test_length_note_has_no_verdict() -> None:
     s = Same(Scripted(ALL), rows=1)
     s.add("p1", PROMPT, WANT[:4], WANT)
-    assert s.notes == ["p1: diverge at token 4/4 vs 6: [] vs [14, 15]"]
+    assert s.notes == ["p1: first differs at token 4 (got 4 tokens, want 6): got [] want [14, 15]"]
 
 
 def test_no_evidence_note_has_no_parentheses() -> None:
     s = Same(Silent(), rows=1)
     s.add("p1", PROMPT, [10, 11, 99, 13, 14, 15], WANT)
-    assert s.notes == ["p1: diverge at token 2/6 vs 6: [99, 13, 14, 15] vs [12, 13, 14, 15]"]
+    assert s.notes == ["p1: first differs at token 2 (got 6 tokens, want 6): got [99, 13, 14, 15] want [12, 13, 14, 15]"]
 
 
 def test_no_continuation_is_noted() -> None:
@@ -146,14 +146,14 @@ def test_same_and_matched_counted_apart() -> None:
         pytest.param([WANT, WANT], "2/2 identical", id="all-identical"),
         pytest.param(
             [WANT, [10, 11, 99, 13, 14, 15]],
-            "1/2 identical, 1 after 1 near-tie tokens; b: diverge at token 2/6 vs 6: [99, 13, 14, 15] vs "
+            "1/2 identical, 1 after 1 near-tie tokens; b: first differs at token 2 (got 6 tokens, want 6): got [99, 13, 14, 15] want "
             "[12, 13, 14, 15] (near-tie: scripted at 5)",
             id="excused-shown",
         ),
         pytest.param(
             [WANT[:5], [10, 11, 12, 77, 14, 15]],
-            "0/2 identical; a: diverge at token 5/5 vs 6: [] vs [15]; b: diverge at token 3/6 vs 6: "
-            "[77, 14, 15] vs [13, 14, 15] (confident flip: scripted at 6)",
+            "0/2 identical; a: first differs at token 5 (got 5 tokens, want 6): got [] want [15]; b: first differs at token 3 (got 6 tokens, "
+            "want 6): got [77, 14, 15] want [13, 14, 15] (confident flip: scripted at 6)",
             id="notes-of-each-answer",
         ),
     ],
@@ -179,15 +179,15 @@ def test_inputs_not_mutated_and_sequences_accepted() -> None:
         pytest.param([1, 2, 3], [1, 2, 3], "identical (3 tokens)", id="identical"),
         pytest.param([], [], "identical (0 tokens)", id="both-empty"),
         pytest.param(
-            [1, 2, 3, 4, 5, 6], [1, 9, 3, 4, 5, 6], "diverge at token 1/6 vs 6: [2, 3, 4, 5] vs [9, 3, 4, 5]",
+            [1, 2, 3, 4, 5, 6], [1, 9, 3, 4, 5, 6], "first differs at token 1 (got 6 tokens, want 6): got [2, 3, 4, 5] want [9, 3, 4, 5]",
             id="first-mismatch-four-of-context",
         ),
-        pytest.param([1, 2], [1, 2, 3], "diverge at token 2/2 vs 3: [] vs [3]", id="a-shorter"),
+        pytest.param([1, 2], [1, 2, 3], "first differs at token 2 (got 2 tokens, want 3): got [] want [3]", id="a-shorter"),
         pytest.param(
-            [1, 2, 3, 4, 5, 6, 7], [1, 2], "diverge at token 2/7 vs 2: [3, 4, 5, 6] vs []", id="b-shorter"
+            [1, 2, 3, 4, 5, 6, 7], [1, 2], "first differs at token 2 (got 7 tokens, want 2): got [3, 4, 5, 6] want []", id="b-shorter"
         ),
-        pytest.param([5, 2], [1, 2, 3], "diverge at token 0/2 vs 3: [5, 2] vs [1, 2, 3]", id="mismatch-before-end"),
-        pytest.param([], [7], "diverge at token 0/0 vs 1: [] vs [7]", id="a-empty"),
+        pytest.param([5, 2], [1, 2, 3], "first differs at token 0 (got 2 tokens, want 3): got [5, 2] want [1, 2, 3]", id="mismatch-before-end"),
+        pytest.param([], [7], "first differs at token 0 (got 0 tokens, want 1): got [] want [7]", id="a-empty"),
     ],
 )
 def test_divergence(a: list[int], b: list[int], text: str) -> None:
@@ -219,4 +219,4 @@ def test_a_near_tie_may_move_where_the_answer_stops() -> None:
     assert s.matched == 1 and s.oracle.runs == [([1, 2, 3, 10, 99], 3)]
     s = Same(Moved([20, 21]), rows=1)
     assert not s.add("elsewhere", PROMPT, [10, 99, 20, 21, 22], [10, 11, 12])
-    assert s.notes[0].endswith("; then diverge at token 4/5 vs 4: [22] vs []")
+    assert s.notes[0].endswith("; then first differs at token 4 (got 5 tokens, want 4): got [22] want []")

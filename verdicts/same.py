@@ -38,9 +38,11 @@ def _first_mismatch(a: Sequence[int], b: Sequence[int]) -> int | None:
 
 
 def divergence(a: Sequence[int], b: Sequence[int]) -> str:
-    """Where `a` and `b` part, with four tokens of context from each side.
+    """Where `a` (the answer got) and `b` (the one wanted) part, with four tokens from there on each side:
+    ``first differs at token K (got N tokens, want M): got [...] want [...]``.
 
-    `k` is the first differing index or, when one is a prefix of the other, the shorter length.
+    `K` is the first differing index or, when one is a prefix of the other, the shorter length (then
+    one side's list is empty: it stopped there).
     """
     a, b = list(a), list(b)
     if a == b:
@@ -48,7 +50,7 @@ def divergence(a: Sequence[int], b: Sequence[int]) -> str:
     k = _first_mismatch(a, b)
     if k is None:
         k = min(len(a), len(b))
-    return f"diverge at token {k}/{len(a)} vs {len(b)}: {a[k:k + 4]} vs {b[k:k + 4]}"
+    return f"first differs at token {k} (got {len(a)} tokens, want {len(b)}): got {a[k:k + 4]} want {b[k:k + 4]}"
 
 
 class Same:

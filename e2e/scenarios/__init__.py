@@ -62,8 +62,8 @@ STEPS: tuple[Step, ...] = (
     # target's single process gates them, and each pipeline start costs a staged target seconds of CPU
     Step("params", "params", ("params_stop", "params_ids", "params_prompt"), (), params.run,
          applies=lambda t: t.stages <= 1),
-    # a staged target does not pack prefill while its single process does: its drawn workload would differ,
-    # and the single process's explore already gates the same manifest
+    # the single process's explore already gates the same manifest; through stages it would cost a staged
+    # target several pipeline starts of CPU
     Step("explore", "explore", ("explore_equals_run",), ("conc1",), explore.run, flags=explore.flags,
          applies=lambda t: t.stages <= 1),
     # every engine's gate (docs/engine-contract.md); our own kern's sessions above cover the same ground

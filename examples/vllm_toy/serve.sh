@@ -15,6 +15,6 @@ exec "$VENV/bin/python" -m vllm.entrypoints.openai.api_server \
   --enable-prefix-caching --enable-chunked-prefill --max-num-batched-tokens 64 \
   --block-size 32 --max-model-len 1024 --enforce-eager \
   --enable-prompt-tokens-details \
-  --num-gpu-blocks-override 128 --max-num-seqs 32 \
+  --num-gpu-blocks-override 48 --max-num-seqs 32 \
   --gpu-memory-utilization 0.2 \
   "$@"

@@ -38,13 +38,16 @@ __all__ = ["PipelineOptions", "Head", "build_head", "stage_paths"]
 GIB = 1 << 30
 RESTARTS_MAX = 3
 RESTARTS_WINDOW_S = 60.0
+STARTUP_S = 180.0  # --stage-connect-timeout's default (or --pp-timeout, when longer)
+SAY_EVERY_S = 10.0  # while waiting for stages, a line this often
 
 
 @dataclass(slots=True)
 class PipelineOptions:
     listen: str | None = None  # bind here and wait for stages started elsewhere
     timeout: float = 60.0
-    startup: float = 180.0  # how long stages may take to say hello and to load (at least `timeout`)
+    startup: float | None = None  # --stage-connect-timeout: seconds for the stages to connect (say hello), and
+    # again to load; None: STARTUP_S, or `timeout` when longer
     share: int = 1  # processes sharing this device's free memory (the default --capacity on a GPU)
     restart: bool = True  # replace a lost stage and resume (False: answer errors and exit 3)
 
@@ -182,7 +185,8 @@ def _spawn(path: Path, k: int, head_addr: str, opts, pp: PipelineOptions, weight
     """Stage k on this machine, on the head's backend and device (stages started separately with
     --pp-head choose their own)."""
     cmd = [sys.executable, "-m", "serve", str(path), "--pp-head", head_addr, "--pp-timeout", str(pp.timeout),
-           "--backend", opts.backend, "--host-gib", str(opts.host_gib), "--pp-parent", str(os.getpid())]
+           "--backend", opts.backend, "--host-gib", str(opts.host_gib), "--pp-parent", str(os.getpid()),
+           "--stage-connect-timeout", str(startup_s(pp))]
     if opts.device is not None:
         cmd += ["--device", str(opts.device)]
     if opts.capacity is None and opts.backend != "cpu":
@@ -194,26 +198,49 @@ def _spawn(path: Path, k: int, head_addr: str, opts, pp: PipelineOptions, weight
     return subprocess.Popen(cmd, stdin=subprocess.DEVNULL)
 
 
-def _await(watch: HeadWatch, kind: str, want: set[int], timeout: float, procs) -> dict[int, Message]:
+def startup_s(pp: PipelineOptions) -> float:
+    """How long the head waits for its stages to connect, and then to load (--stage-connect-timeout)."""
+    return pp.startup if pp.startup is not None else max(STARTUP_S, pp.timeout)
+
+
+_DOING = {"hello": "connect", "ready": "load"}
+_DONE = {"hello": "connected", "ready": "loaded"}
+
+
+def _await(watch: HeadWatch, kind: str, want: set[int], timeout: float, procs, n: int = 0) -> dict[int, Message]:
     """Every stage in `want`'s `kind` message; a stage process that exits first, or silence past
-    the limit, ends the head."""
+    the limit, ends the head with one line naming the stages missing. While it waits, one `pp
+    waiting` line per missing stage at once and every SAY_EVERY_S seconds (of `n` stages)."""
     got: dict[int, Message] = {}
-    deadline = time.monotonic() + timeout
+    start = time.monotonic()
+    deadline, say = start + timeout, start
+    doing = _DOING.get(kind, kind)
     while set(got) != want:
         for k, p in procs:
             if p.poll() is not None:
                 die("pp stage lost", stage=k, reason=f"exited with {p.returncode} before it was {kind}")
-        left = deadline - time.monotonic()
+        now = time.monotonic()
+        left = deadline - now
+        missing = sorted(want - set(got))
         if left <= 0:
-            die("pp stage lost", stages=",".join(map(str, sorted(want - set(got)))), reason=f"no {kind}",
-                pp_timeout=timeout)
+            names = ", ".join(f"{k}/{n}" for k in missing)
+            die("pp stage lost", stages=",".join(map(str, missing)),
+                reason=f"stage{'s' if len(missing) > 1 else ''} {names} did not {doing} within {timeout:g} s "
+                       "(--stage-connect-timeout)", stage_connect_timeout=timeout)
+        if now >= say:
+            for k in missing:
+                logs.event("pp waiting", stage=k, stages=n, left_s=round(left),
+                           message=f"waiting for stage {k}/{n} to {doing} (up to {timeout:g} s)...")
+            say = now + SAY_EVERY_S
         try:
             msg = watch.control.get(timeout=min(left, 0.25))
         except queue.Empty:
             continue
         if msg.kind != kind:
             die("pp protocol error", reason=f"expected {kind}, got {msg.kind!r}")
-        got[int(msg.head["stage"])] = msg
+        k = int(msg.head["stage"])
+        got[k] = msg
+        logs.event(f"pp stage {_DONE.get(kind, kind)}", stage=k, stages=n)
     return got
 
 
@@ -285,8 +312,8 @@ def build_head(paths: list[Path], opts, pp: PipelineOptions):
         for k in range(1, n):
             procs.append((k, head.spawn(k)))
         head.procs = dict(procs)
-    startup = max(pp.startup, pp.timeout)
-    hellos = _await(watch, "hello", set(range(1, n)), startup, procs)
+    startup = startup_s(pp)
+    hellos = _await(watch, "hello", set(range(1, n)), startup, procs, n)
     for k, h in hellos.items():
         if h.head["cut"] != cid or int(h.head["stages"]) != n:
             die("pp stage refused", stage=k, reason=f"cut {h.head['cut']} of {h.head['stages']} stages, the head "
@@ -311,7 +338,7 @@ def build_head(paths: list[Path], opts, pp: PipelineOptions):
     local = Runtime(m0, list(target.weights), pages=pool.pages_max, slots=0, backend=backend, max_seqs=max_seqs,
                     host_bytes=host_pages * hpb0, graphs=opts.graphs)
     local.set_pad(pad.pages[0], None)
-    _await(watch, "ready", set(range(1, n)), startup, procs)
+    _await(watch, "ready", set(range(1, n)), startup, procs, n)
     down = ZmqWire.make(ctx, zmq.PUSH, connect=hellos[1].head["up"], send_timeout=pp.timeout)
     runtime = Pipeline(StageWork(local, sends[0]), proto, down, watch, n, pp.timeout, hpb0)
     runtime.route = [None] + [hellos[k].head["up"] for k in range(1, n)]
@@ -329,5 +356,15 @@ def build_head(paths: list[Path], opts, pp: PipelineOptions):
         model=m0.model, manifest_path=str(paths[0]), runtime=runtime, pool=pool, pad=pad, host=host,
         prefix=Prefix(unit), rows=rows, chunk=chunk, max_seqs=max_seqs, lined=False, unit=unit, reach=reach,
         backend=backend.name, host_bytes=host_pages * hpb0, seq_slots=pool.slots, faults=opts.faults,
+        # packed prefill as one process packs it, when every stage's chunk program takes cu_seqlens
+        pack=opts.pack and all(Protocol(m).packs for m in manifests), context=_context(manifests),
     )
     return engine, head
+
+
+def _context(manifests) -> int | None:
+    """A packed prefill call's context bound through the stages: the least any stage declares."""
+    from runtime.protocol import Protocol
+
+    bounds = [b for b in (Protocol(m).context_bound for m in manifests) if b is not None]
+    return min(bounds) if bounds else None

@@ -42,6 +42,8 @@ class StageOptions:
     bind: str = "127.0.0.1"
     parent: int | None = None
     share: int = 1  # processes sharing this device: the default capacity takes 1/share of its free memory
+    connect: float | None = None  # --stage-connect-timeout: how long the head's table may take (None: 180 s,
+    # or `timeout` when longer); the head may still be waiting for other stages
 
 
 def cut_of(m) -> tuple[str, int, int]:
@@ -114,7 +116,8 @@ def _run(m, target, k, stages, cut, ctx, ctl, up, watch, opts, backend, geometry
     ctl.send(Message("hello", {"stage": k, "stages": stages, "cut": cut, "pages": pages,
                                "page_bytes": host_page_bytes, "host_pages": host_pages, "up": up.address,
                                "pid": os.getpid(), "lined": bool(geometry.has_slots)}))
-    table = _expect(ctl, "table", max(opts.timeout, 180.0), k)  # the head may still be starting others
+    wait = opts.connect if opts.connect is not None else max(opts.timeout, 180.0)
+    table = _expect(ctl, "table", wait, k)  # the head may still be starting others
     t = table.head
     rt = Runtime(m, list(target.weights), pages=t["pages"], slots=t.get("slots", 0), backend=backend,
                  max_seqs=t["max_seqs"], host_bytes=t["host_pages"] * host_page_bytes)

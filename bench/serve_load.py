@@ -1,0 +1,219 @@
+"""One `kern serve` under load against the engine alone, in one run: output tokens per second over
+HTTP as a ratio of what the same engine does with no HTTP at all (its ceiling here).
+
+    python bench/serve_load.py [--target toy-paged] [--streams 64] [--max-tokens 256] [--backend cpu|gpu]
+                               [--workers 4] [--prompt-tokens 32] [--serve-flag=--no-graphs ...]
+
+- **engine alone**: `serve.engine.build` and `serve.core.Core` driven in this process (admit, schedule,
+  launch, commit) for `--streams` requests at once, nothing else: the ceiling the server's HTTP side
+  and scheduler thread are measured against.
+- **HTTP**: a `kern serve` process, loaded by `--workers` client processes, each one keep-alive
+  `httpx.Client` shared by its threads (`--streams` requests in flight in all); every request has its
+  own prompt (no cache hits) and `ignore_eos`, so each generates exactly `--max-tokens` tokens. Run
+  once non-streaming and once streaming: output tok/s, its ratio to the engine alone, time to first
+  token and the inter-token latency (the gaps between a stream's chunks, per token) at p50 and p99.
+
+Prints one table. Never gates CI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+SERVING = re.compile(r" serving .*\bport=(\d+)")
+
+
+def prompt(i: int, n: int) -> list[int]:
+    """Request i's prompt: n byte ids, distinct in its first page from every other request's."""
+    head = f"{i:06d}:".encode()
+    return list((head + bytes((i * 7 + k * 13) % 251 for k in range(n)))[:n])
+
+
+def engine_alone(target: str, backend: str, streams: int, max_tokens: int, prompt_tokens: int,
+                 flags: list[str]) -> tuple[float, int]:
+    """(tokens per second, tokens) of the engine and scheduler core alone, best of two rounds."""
+    from serve.core import Core
+    from serve.engine import Options, build
+    from serve.request import Request
+
+    opts = Options(backend=backend, max_seqs=streams, graphs="--no-graphs" not in flags,
+                   capacity=capacity(streams, max_tokens, prompt_tokens))
+    e = build(target, opts)
+    best, tokens = 0.0, 0
+    for rnd in range(2):
+        core = Core(e)
+        got = [0]
+
+        def sink(u, got=got):
+            got[0] += len(u.tokens)
+
+        for i in range(streams):
+            core.submit(Request(f"r{rnd}-{i}", prompt(rnd * 100000 + i, prompt_tokens), max_tokens, e.rows, sink,
+                                ignore_eos=True))
+        t0 = time.perf_counter()
+        while core.waiting or core.running:
+            core.admit()
+            core.run(core.schedule())
+        getattr(e.runtime, "synchronize", lambda: None)()
+        wall = time.perf_counter() - t0
+        if got[0] / wall > best:
+            best, tokens = got[0] / wall, got[0]
+    return best, tokens
+
+
+def capacity(streams: int, max_tokens: int, prompt_tokens: int) -> int:
+    """The pool both runs get: every stream's prompt and answer twice over (the same for both, and far
+    under a GPU's memory, so the engine alone leaves the server room)."""
+    return 2 * streams * (prompt_tokens + max_tokens + 64)
+
+
+def start_server(target: str, backend: str, streams: int, log: Path, flags: list[str],
+                 tokens: int) -> tuple[subprocess.Popen, str]:
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    cmd = [sys.executable, "-m", "serve", target, "--backend", backend, "--port", "0", "--max-seqs", str(streams),
+           "--capacity", str(tokens), "--log-level", "info", *flags]
+    f = open(log, "wb")
+    proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=REPO, env=env)
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        m = SERVING.search(log.read_text(errors="replace"))
+        if m:
+            return proc, f"http://127.0.0.1:{m.group(1)}"
+        if proc.poll() is not None:
+            break
+        time.sleep(0.05)
+    proc.kill()
+    raise SystemExit(f"kern serve did not start:\n{log.read_text()[-2000:]}")
+
+
+def _worker(url: str, first: int, count: int, max_tokens: int, prompt_tokens: int, stream: bool, go, out) -> None:
+    """One client process: `count` requests at once over one keep-alive client; each request's
+    (tokens, ttft_s, [gap per token, ...])."""
+    import httpx
+
+    client = httpx.Client(base_url=url, timeout=600, limits=httpx.Limits(max_connections=count,
+                                                                          max_keepalive_connections=count))
+    results = [None] * count
+
+    def one(j: int) -> None:
+        body = {"prompt": prompt(first + j, prompt_tokens), "max_tokens": max_tokens, "temperature": 0,
+                "ignore_eos": True, "return_token_ids": True, "stream": stream}
+        t0 = time.perf_counter()
+        if not stream:
+            r = client.post("/v1/completions", json=body)
+            r.raise_for_status()
+            n = len(r.json()["choices"][0]["token_ids"])
+            results[j] = (n, None, [])  # no first token to time: the answer comes whole
+            return
+        n, ttft, gaps, last = 0, None, [], t0
+        with client.stream("POST", "/v1/completions", json=body) as r:
+            r.raise_for_status()
+            for line in r.iter_lines():
+                if not line.startswith("data: {"):
+                    continue
+                k = len(json.loads(line[6:])["choices"][0].get("token_ids") or [])
+                now = time.perf_counter()
+                if k:
+                    if ttft is None:
+                        ttft = now - t0
+                    else:
+                        gaps += [(now - last) / k] * k
+                    last = now
+                    n += k
+        results[j] = (n, ttft or 0.0, gaps)
+
+    go.wait()
+    threads = [threading.Thread(target=one, args=(j,)) for j in range(count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    out.put(results)
+    client.close()
+
+
+def http_load(url: str, streams: int, workers: int, max_tokens: int, prompt_tokens: int, stream: bool,
+              base: int) -> dict:
+    ctx = mp.get_context("spawn")
+    go, out = ctx.Event(), ctx.Queue()
+    per = [streams // workers + (1 if w < streams % workers else 0) for w in range(workers)]
+    procs, first = [], base
+    for n in per:
+        p = ctx.Process(target=_worker, args=(url, first, n, max_tokens, prompt_tokens, stream, go, out))
+        p.start()
+        procs.append(p)
+        first += n
+    time.sleep(1.0)  # every worker imported and waiting
+    t0 = time.perf_counter()
+    go.set()
+    results = [r for _ in procs for r in out.get()]
+    wall = time.perf_counter() - t0
+    for p in procs:
+        p.join()
+    tokens = sum(r[0] for r in results)
+    ttft = sorted(r[1] for r in results if r[1] is not None)
+    gaps = sorted(g for r in results for g in r[2])
+
+    def pct(xs, q):
+        return xs[min(len(xs) - 1, int(q * len(xs)))] * 1000 if xs else float("nan")
+
+    return {"tok_s": tokens / wall, "tokens": tokens, "ttft_p50": pct(ttft, 0.5), "ttft_p99": pct(ttft, 0.99),
+            "itl_p50": pct(gaps, 0.5), "itl_p99": pct(gaps, 0.99), "wall": wall,
+            "mean_ttft": statistics.mean(ttft) * 1000 if ttft else float("nan")}
+
+
+def main() -> None:
+    from tabulate import tabulate
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--target", default="toy-paged")
+    ap.add_argument("--backend", default="cpu", choices=["cpu", "gpu"])
+    ap.add_argument("--streams", type=int, default=64)
+    ap.add_argument("--max-tokens", type=int, default=256)
+    ap.add_argument("--prompt-tokens", type=int, default=32)
+    ap.add_argument("--workers", type=int, default=max(1, min(8, (os.cpu_count() or 2) // 2)))
+    ap.add_argument("--serve-flag", action="append", default=[], help="an extra kern serve flag (repeatable)")
+    args = ap.parse_args()
+    ceiling, _ = engine_alone(args.target, args.backend, args.streams, args.max_tokens, args.prompt_tokens,
+                              args.serve_flag)
+    rows = [("engine alone", ceiling, 1.0, "-", "-", "-", "-")]
+    with tempfile.TemporaryDirectory() as tmp:
+        proc, url = start_server(args.target, args.backend, args.streams, Path(tmp) / "serve.log", args.serve_flag,
+                                 capacity(args.streams, args.max_tokens, args.prompt_tokens))
+        try:
+            http_load(url, min(4, args.streams), 1, 4, args.prompt_tokens, False, 10_000_000)  # warm
+            for k, stream in enumerate((False, True)):
+                r = http_load(url, args.streams, args.workers, args.max_tokens, args.prompt_tokens, stream,
+                              (k + 1) * 1_000_000)
+                rows.append(("HTTP streaming" if stream else "HTTP", r["tok_s"], r["tok_s"] / ceiling,
+                             f"{r['ttft_p50']:.1f}" if stream else "-", f"{r['ttft_p99']:.1f}" if stream else "-",
+                             f"{r['itl_p50']:.2f}" if stream else "-", f"{r['itl_p99']:.2f}" if stream else "-"))
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+    print(f"{args.target}, backend {args.backend}, {args.streams} streams x {args.max_tokens} tokens "
+          f"({args.prompt_tokens}-token prompts), {args.workers} client processes")
+    print(tabulate([(m, f"{t:,.0f}", f"{x:.2f}", *rest) for m, t, x, *rest in rows],
+                   headers=("path", "output tok/s", "x engine alone", "TTFT p50 ms", "TTFT p99 ms",
+                            "ITL p50 ms", "ITL p99 ms"), tablefmt="github"))
+
+
+if __name__ == "__main__":
+    main()
