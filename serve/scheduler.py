@@ -21,6 +21,7 @@ EXIT_AFTER_S later, once the answers are out.
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import queue
 import threading
@@ -52,6 +53,9 @@ class Scheduler(threading.Thread):
         self.ready = threading.Event()
         self.busy_since: float | None = None  # monotonic start of this iteration's work; None: waiting for work
         self._names = 0
+        self._kept: collections.deque = collections.deque()  # what `_queries` left for the next drain
+        if hasattr(engine.runtime, "while_waiting"):
+            engine.runtime.while_waiting = self._queries  # a pipeline's waits answer /stats
         self._names_lock = threading.Lock()
 
     # views of the core (read on this thread, or through `query`)
@@ -189,7 +193,23 @@ class Scheduler(threading.Thread):
         logs.event("pp giving up", "ERROR", answered=n, reason=reason, exit_in_s=EXIT_AFTER_S)
         threading.Timer(EXIT_AFTER_S, die, args=("pp stage lost",), kwargs={"reason": reason, "answered": n}).start()
 
+    def _queries(self) -> None:
+        """While a pipeline waits on its stages (inside a step): answer the queries (/stats, /metrics:
+        reads) now and keep the rest, in order, for the next drain."""
+        while True:
+            try:
+                msg = self.inbox.get_nowait()
+            except queue.Empty:
+                return
+            if msg[0] == "query":
+                self._handle(msg)
+            else:
+                self._kept.append(msg)
+
     def _drain(self, block: bool, most: float = 1.0) -> None:
+        while self._kept:
+            self._handle(self._kept.popleft())
+            block = False
         cut_at = self.core.cut_at
         left = None if cut_at is None else cut_at - time.monotonic()
         wait = min(most, left) if left is not None and left > 0 else most  # wake for a drain's deadline

@@ -204,25 +204,42 @@ def test_without_restart_every_request_ends_with_an_explicit_error(kern_server, 
 
 
 def test_health_is_503_while_a_stage_is_down_and_200_after_its_restart(kern_server):
-    """A frozen stage (SIGSTOP: its connection stays open) makes /health 503 within the limit; the
-    head replaces it, /health is 200 again and a request answers as toy/model.py."""
+    """A stage frozen (SIGSTOP: its connection stays open) under a running stream: /stats still
+    answers at once while the head waits on it, /health is 503 within the limit; the head replaces
+    it, /health is 200 again, and the stream ends with toy/model.py's whole answer (222 tokens)."""
     s = kern_server(TARGET, "--stages", "3", "--pp-timeout", str(LIMIT))
-    ids = list(PROMPTS[0].encode())
-    assert _one(s.url, ids, False)["ids"] == ORACLE(ids)
+    ids = list(PROMPTS[1].encode())
+    want = oracle(TARGET, ids, 400)
+    assert len(want) > 200  # long enough to freeze a stage under it
     pid = _stage_pids(s)[1]
-    os.kill(pid, signal.SIGSTOP)
-    try:
-        down = _wait_health(s, 503, LIMIT + 5)
-        body = httpx.get(s.url + "/health", timeout=5).json()
-        assert body["status"] in ("stage not answering", "stage lost") and body.get("stage") in (1, None), body
-        up = _wait_health(s, 200, 60)
-    finally:
+    body = {"prompt": ids, "max_tokens": 400, "stream": True, "return_token_ids": True}
+    got: list[int] = []
+    events: list[dict] = []
+    with httpx.stream("POST", s.url + "/v1/completions", json=body, timeout=CLIENT_S) as r:
+        lines = (line for line in r.iter_lines() if line.startswith("data: ") and line != "data: [DONE]")
+        events.append(json.loads(next(lines)[6:]))  # the stream has started
+        os.kill(pid, signal.SIGSTOP)
         try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+            t0 = time.monotonic()
+            stats = httpx.get(s.url + "/stats", timeout=LIMIT)  # the head waits on the frozen stage
+            took = time.monotonic() - t0
+            assert stats.status_code == 200 and took < 1.5, took
+            down = _wait_health(s, 503, LIMIT + 5)
+            health = httpx.get(s.url + "/health", timeout=5).json()
+            assert health["status"] in ("stage not answering", "stage lost") and health.get("stage") in (1, None), health
+            up = _wait_health(s, 200, 60)
+        finally:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        events += [json.loads(line[6:]) for line in lines]
+    assert all("error" not in e for e in events), events[-1]
+    for e in events:
+        got += e["choices"][0]["token_ids"]
+    assert got == want, f"{len(got)} tokens, want {len(want)}"
     assert _stage_pids(s)[1] != pid, "the frozen stage was not replaced"
-    assert _one(s.url, ids, True)["ids"] == ORACLE(ids)
+    assert s.stats()["pipeline"]["losses"] == 1
     assert_nothing_leaked(s)
     print(f"\n/health 503 {down:.1f} s after the freeze, 200 again {up:.1f} s later")
 
@@ -258,7 +275,7 @@ def test_a_broken_pipeline_raises_and_drops_what_its_lost_epoch_answers():
     from serve.pipeline.pipeline import Pending, Pipeline, StageLost
     from serve.pipeline.transport import Message
 
-    watch = NS(inbox=queue.Queue(), silent=lambda: {})
+    watch = NS(inbox=queue.Queue(), silent=lambda: {}, interval=0.25)
     rt = NS(manifest=None, unit=16, reach=None, lined=False)
     p = Pipeline(NS(runtime=rt), NS(forwards=[]), None, watch, 2, 30.0, 0)
     old = Pending(p, 0, p.epoch)

@@ -28,7 +28,7 @@ from pathlib import Path
 import zmq
 
 from serve import logs
-from serve.pipeline.liveness import EXIT_PIPELINE, HeadWatch, die
+from serve.pipeline.liveness import EXIT_PIPELINE, HeadWatch, die, hb_identity
 from serve.pipeline.stage import cut_of
 from serve.pipeline.transport import Message, ZmqWire
 from serve.pipeline.work import StageWork, arriving
@@ -89,6 +89,8 @@ class Head:
         t0 = time.monotonic()
         pipe, watch = self.pipe, self.watch
         for k in todo:
+            watch.lost.add(k)  # being replaced: not reported lost again (revived when ready)
+            watch.known.discard(hb_identity(k))  # beat to the replacement once it is heard from
             old = self.procs.pop(k, None)
             watch.procs.pop(k, None)
             if old is not None and old.poll() is None:

@@ -77,6 +77,7 @@ class Pipeline:
         self._wanted = threading.Event()
         self._lock = threading.Lock()
         self._since: collections.deque[float] = collections.deque()  # when each item in flight was sent
+        self.while_waiting = None  # called every 0.1 s while an answer is awaited (the scheduler's queries)
 
     # losing a stage (lose: any thread; the rest: the scheduler's)
 
@@ -91,6 +92,8 @@ class Pipeline:
         """The losses since the last take, and a new epoch: every item in flight is void."""
         with self._lock:
             lost, self._lost = self._lost, {}
+            if len(lost) > 1:
+                lost.pop(None, None)  # a named stage explains an unanswered item
             self._taken = dict(lost)  # what /health names until the pipeline is whole
             self.broken.clear()
         self.epoch += 1
@@ -238,6 +241,8 @@ class Pipeline:
             except queue.Empty:
                 if time.monotonic() >= deadline:
                     return None
+                if self.while_waiting is not None:
+                    self.while_waiting()  # the scheduler answers /stats meanwhile
                 continue
             if msg.kind == "done" and msg.head.get("epoch", 0) != self.epoch:
                 continue  # an item of a pipeline since broken: void
@@ -246,7 +251,8 @@ class Pipeline:
     def _collect(self, msg=None) -> tuple[int, list]:
         want = self.in_flight[0]
         if msg is None:
-            left = self.timeout - (time.monotonic() - self._since[0])
+            # the limit, and two heartbeats more: a silent stage is named by the watcher first
+            left = self.timeout + 2 * self.watch.interval - (time.monotonic() - self._since[0])
             msg = self._next(max(left, 0.0))
         if msg is None:
             self.lose(None, f"item {want} unanswered past --pp-timeout {self.timeout} s")
