@@ -112,6 +112,7 @@ def _load(server, prompts, kills, victims, rng, clients: int = 12):
             while todo and finished[0] >= todo[0]:
                 todo.pop(0)
                 k = victims[len(killed) % len(victims)]
+                _wait_health(server, 200, 60)  # the last kill's replacement is up: kill a serving stage
                 pid = _stage_pids(server)[k]
                 os.kill(pid, signal.SIGKILL)
                 killed.append((k, time.monotonic()))

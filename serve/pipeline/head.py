@@ -81,11 +81,20 @@ class Head:
 
     def restart(self, todo: list[int]) -> str | None:
         """Replace the stages `todo` (run on the pipeline's restart thread); None when they are all
-        ready again, else why not."""
-        now = time.monotonic()
-        self.losses = [t for t in self.losses if now - t < RESTARTS_WINDOW_S] + [now]
-        if len(self.losses) > RESTARTS_MAX:
-            return f"stages were lost {len(self.losses)} times within {RESTARTS_WINDOW_S:.0f} s; not restarting again"
+        ready again, else why not. A replacement that exits before it is ready is one more loss:
+        it is replaced again while the budget (RESTARTS_MAX within RESTARTS_WINDOW_S) lasts."""
+        while True:
+            now = time.monotonic()
+            self.losses = [t for t in self.losses if now - t < RESTARTS_WINDOW_S] + [now]
+            if len(self.losses) > RESTARTS_MAX:
+                return (f"stages were lost {len(self.losses)} times within {RESTARTS_WINDOW_S:.0f} s; "
+                        "not restarting again")
+            why = self._replace(todo)
+            if not isinstance(why, _Exited):
+                return why
+            logs.event("pp stage lost", "ERROR", stage=why.stage, reason=str(why))
+
+    def _replace(self, todo: list[int]) -> str | None:
         t0 = time.monotonic()
         pipe, watch = self.pipe, self.watch
         for k in todo:
@@ -135,6 +144,15 @@ class Head:
         return None
 
 
+class _Exited(str):
+    """Why a restart failed: a replacement process exited before it was ready (it may be tried again)."""
+
+    def __new__(cls, why: str, stage: int):
+        self = super().__new__(cls, why)
+        self.stage = stage
+        return self
+
+
 def _gather(watch: HeadWatch, kind: str, want: set[int], timeout: float, procs) -> dict | str:
     """Like `_await` while serving: every stage in `want`'s `kind` message, or why not (a string)."""
     got: dict[int, Message] = {}
@@ -142,7 +160,7 @@ def _gather(watch: HeadWatch, kind: str, want: set[int], timeout: float, procs) 
     while set(got) != want:
         for k, p in procs:
             if p.poll() is not None:
-                return f"the replacement for stage {k} exited with {p.returncode} before it was {kind}"
+                return _Exited(f"the replacement for stage {k} exited with {p.returncode} before it was {kind}", k)
         if time.monotonic() >= deadline:
             return f"no {kind} from stage(s) {','.join(map(str, sorted(want - set(got))))} within {timeout:.0f} s"
         try:
