@@ -359,3 +359,48 @@ def test_a_stage_started_by_hand_is_replaced_by_hand(kern_server, tmp_path):
             if p.poll() is None:
                 p.kill()
             p.wait()
+
+
+def _stage_children(head_pid: int) -> set[int]:
+    """The live stage processes a head started (Linux /proc)."""
+    found = set()
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            stat = open(f"/proc/{d}/stat").read().rsplit(")", 1)[-1].split()
+            cmd = open(f"/proc/{d}/cmdline", "rb").read()
+        except OSError:
+            continue
+        if int(stat[1]) == head_pid and stat[0] != "Z" and b"--pp-head" in cmd:
+            found.add(int(d))
+    return found
+
+
+def test_a_replacement_killed_before_it_is_ready_is_replaced_again(kern_server):
+    """The stage and then its replacement (while it starts) SIGKILLed under load: the head starts
+    another, within its restart budget, and every answer is still toy/model.py's."""
+    s = kern_server(TARGET, "--stages", "2", "--pp-timeout", str(LIMIT))
+    rng = random.Random(SEED + 1)
+    prompts = _prompts(60, rng)
+    first = _stage_children(s.proc.pid)
+    assert len(first) == 1
+    results: list[dict | None] = [None] * len(prompts)
+    with concurrent.futures.ThreadPoolExecutor(12) as ex:
+        futs = [ex.submit(lambda i=i: results.__setitem__(i, _one(s.url, prompts[i], i % 2 == 1)))
+                for i in range(len(prompts))]
+        while sum(r is not None for r in results) < 5:
+            time.sleep(0.01)
+        os.kill(first.pop(), signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while not (new := _stage_children(s.proc.pid) - first) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert new, "no replacement started"
+        os.kill(new.pop(), signal.SIGKILL)  # still importing: long before its hello
+        for f in futs:
+            f.result(timeout=CLIENT_S)
+    bad = [(i, r) for i, r in enumerate(results) if r["ids"] != ORACLE(prompts[i]) or r["error"] or not r["done"]]
+    assert not bad, bad[:3]
+    _wait_health(s, 200, 30)
+    assert re.search(r" pp stage lost stage=1 reason=\"the replacement for stage 1 exited", s.log()), s.log()[-2000:]
+    assert_nothing_leaked(s)

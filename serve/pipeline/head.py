@@ -67,12 +67,14 @@ class Head:
     startup: float = 180.0
     pipe: object = None
     losses: list = field(default_factory=list)  # monotonic times of restarts
+    stopping: bool = False
 
     def stop(self) -> None:
         """Drain is the scheduler's; here: tell the stages to end and reap the ones we started."""
+        self.stopping = True  # a restart in progress gives up
         self.watch.stop_stages()
         deadline = time.monotonic() + 10
-        for p in self.procs.values():
+        for p in list(self.procs.values()):
             try:
                 p.wait(max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
@@ -84,6 +86,8 @@ class Head:
         ready again, else why not. A replacement that exits before it is ready is one more loss:
         it is replaced again while the budget (RESTARTS_MAX within RESTARTS_WINDOW_S) lasts."""
         while True:
+            if self.stopping:
+                return "the head is stopping"
             now = time.monotonic()
             self.losses = [t for t in self.losses if now - t < RESTARTS_WINDOW_S] + [now]
             if len(self.losses) > RESTARTS_MAX:
@@ -110,11 +114,13 @@ class Head:
             watch.control.get_nowait()  # a lost stage's last words
         if self.spawn is not None:
             for k in todo:
+                if self.stopping:
+                    return "the head is stopping"
                 self.procs[k] = self.spawn(k)
         logs.event("pp stage restarting", stages=",".join(map(str, todo)), how="spawned" if self.spawn else "awaited",
                    epoch=pipe.epoch)
         procs = [(k, self.procs[k]) for k in todo if k in self.procs]
-        hellos = _gather(watch, "hello", set(todo), self.startup, procs)
+        hellos = _gather(watch, "hello", set(todo), self.startup, procs, lambda: self.stopping)
         if isinstance(hellos, str):
             return hellos
         cid, n = self.cut
@@ -131,7 +137,7 @@ class Head:
             down = route[k + 1] if k + 1 < n else None
             watch.post(f"s{k}".encode(), Message("table", {**self.table, "down": down, "send": self.sends[k],
                                                            "epoch": pipe.epoch}))
-        ready = _gather(watch, "ready", set(todo), self.startup, procs)
+        ready = _gather(watch, "ready", set(todo), self.startup, procs, lambda: self.stopping)
         if isinstance(ready, str):
             return ready
         for k in todo:
@@ -153,11 +159,13 @@ class _Exited(str):
         return self
 
 
-def _gather(watch: HeadWatch, kind: str, want: set[int], timeout: float, procs) -> dict | str:
+def _gather(watch: HeadWatch, kind: str, want: set[int], timeout: float, procs, stopping=lambda: False) -> dict | str:
     """Like `_await` while serving: every stage in `want`'s `kind` message, or why not (a string)."""
     got: dict[int, Message] = {}
     deadline = time.monotonic() + timeout
     while set(got) != want:
+        if stopping():
+            return "the head is stopping"
         for k, p in procs:
             if p.poll() is not None:
                 return _Exited(f"the replacement for stage {k} exited with {p.returncode} before it was {kind}", k)
