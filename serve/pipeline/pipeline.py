@@ -252,7 +252,7 @@ class Pipeline:
         want = self.in_flight[0]
         if msg is None:
             # the limit, and two heartbeats more: a silent stage is named by the watcher first
-            left = self.timeout + 2 * self.watch.interval - (time.monotonic() - self._since[0])
+            left = self.timeout + 2 * getattr(self.watch, "interval", 0.0) - (time.monotonic() - self._since[0])
             msg = self._next(max(left, 0.0))
         if msg is None:
             self.lose(None, f"item {want} unanswered past --pp-timeout {self.timeout} s")
