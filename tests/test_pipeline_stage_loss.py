@@ -101,6 +101,7 @@ def _load(server, prompts, kills, victims, rng, clients: int = 12):
     lock = threading.Lock()
     todo = sorted(kills)
     killed: list[tuple[int, float]] = []
+    dead: set[int] = set()
 
     def run(i: int) -> None:
         try:
@@ -112,9 +113,13 @@ def _load(server, prompts, kills, victims, rng, clients: int = 12):
             while todo and finished[0] >= todo[0]:
                 todo.pop(0)
                 k = victims[len(killed) % len(victims)]
-                _wait_health(server, 200, 60)  # the last kill's replacement is up: kill a serving stage
+                deadline = time.monotonic() + 60  # the last kill's replacement is up: kill a serving stage
+                while set(_stage_pids(server).values()) & dead and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                _wait_health(server, 200, 60)
                 pid = _stage_pids(server)[k]
                 os.kill(pid, signal.SIGKILL)
+                dead.add(pid)
                 killed.append((k, time.monotonic()))
 
     with concurrent.futures.ThreadPoolExecutor(clients) as ex:
