@@ -318,7 +318,8 @@ def main(logs, png, window_text) -> None:
     items = parse(lines)
     reqs = requests(lines)
     if not items:
-        click.echo("no `pp item` lines in " + ", ".join(logs), err=True)
+        click.echo("no `pp item` lines in " + ", ".join(logs) + " (they are debug lines: serve with --log-level debug)",
+                   err=True)
         sys.exit(1)
     if window_text:
         items = window(items, window_text)

@@ -25,37 +25,21 @@ second, the ratio to unpacked, and checks the answers are identical.
 from __future__ import annotations
 
 import argparse
-import os
-import re
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import launch
+
 REPO = Path(__file__).resolve().parents[1]
-SERVING = re.compile(r" serving .*\bport=(\d+)")
 PROMPT = "The lighthouse keeper had not seen a ship in eleven days, and the silence of the bay was"
 
 
 def start(target: str, backend: str, log: Path, extra: tuple[str, ...] = ()) -> tuple[subprocess.Popen, str]:
-    path = os.environ.get("PYTHONPATH")
-    env = dict(os.environ, PYTHONPATH=str(REPO) + (os.pathsep + path if path else ""))
-    cmd = [sys.executable, "-m", "serve", target, "--backend", backend, "--port", "0", "--max-seqs", "64", *extra]
-    with open(log, "wb") as f:
-        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=REPO, env=env)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        m = SERVING.search(log.read_text(errors="replace"))
-        if m:
-            return proc, f"http://127.0.0.1:{m.group(1)}"
-        if proc.poll() is not None:
-            break
-        time.sleep(0.05)
-    proc.kill()
-    raise SystemExit(f"server for {target} did not start:\n{log.read_text()[-2000:]}")
+    return launch.start(target, ["--backend", backend, "--max-seqs", "64", *extra], log, timeout=120)
 
 
 def burst(url: str, n: int, max_tokens: int, tag: int) -> int:

@@ -22,7 +22,6 @@ import argparse
 import json
 import multiprocessing as mp
 import os
-import re
 import signal
 import statistics
 import subprocess
@@ -32,9 +31,10 @@ import threading
 import time
 from pathlib import Path
 
+import launch
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-SERVING = re.compile(r" serving .*\bport=(\d+)")
 
 
 def prompt(i: int, n: int) -> list[int]:
@@ -83,21 +83,8 @@ def capacity(streams: int, max_tokens: int, prompt_tokens: int) -> int:
 
 def start_server(target: str, backend: str, streams: int, log: Path, flags: list[str],
                  tokens: int) -> tuple[subprocess.Popen, str]:
-    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    cmd = [sys.executable, "-m", "serve", target, "--backend", backend, "--port", "0", "--max-seqs", str(streams),
-           "--capacity", str(tokens), "--log-level", "info", *flags]
-    f = open(log, "wb")
-    proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=REPO, env=env)
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline:
-        m = SERVING.search(log.read_text(errors="replace"))
-        if m:
-            return proc, f"http://127.0.0.1:{m.group(1)}"
-        if proc.poll() is not None:
-            break
-        time.sleep(0.05)
-    proc.kill()
-    raise SystemExit(f"kern serve did not start:\n{log.read_text()[-2000:]}")
+    return launch.start(target, ["--backend", backend, "--max-seqs", str(streams), "--capacity", str(tokens),
+                                 "--log-level", "info", *flags], log, timeout=600)
 
 
 def _worker(url: str, first: int, count: int, max_tokens: int, prompt_tokens: int, stream: bool, go, out) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -18,26 +17,13 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import launch
+
 REPO = Path(__file__).resolve().parents[1]
-SERVING = re.compile(r" serving .*\bport=(\d+)")
 
 
 def start(target: str, flags: list[str], log: Path, timeout: float = 300) -> tuple[subprocess.Popen, str]:
-    path = os.environ.get("PYTHONPATH")
-    env = dict(os.environ, PYTHONPATH=str(REPO) + (os.pathsep + path if path else ""))
-    cmd = [sys.executable, "-m", "serve", target, "--port", "0", *flags]
-    with open(log, "wb") as f:
-        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=REPO, env=env, start_new_session=True)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        m = SERVING.search(log.read_text(errors="replace"))
-        if m:
-            return proc, f"http://127.0.0.1:{m.group(1)}"
-        if proc.poll() is not None:
-            break
-        time.sleep(0.1)
-    stop(proc)
-    raise SystemExit(f"server `{' '.join(cmd)}` did not start:\n{log.read_text()[-2000:]}")
+    return launch.start(target, flags, log, timeout=timeout)
 
 
 def stop(proc: subprocess.Popen) -> None:

@@ -17,9 +17,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
-import os
 import random
-import re
 import signal
 import socket
 import subprocess
@@ -29,11 +27,12 @@ import threading
 import time
 from pathlib import Path
 
+import launch
+
 import httpx
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-SERVING = re.compile(r" serving .*\bport=(\d+)")
 EOS = 256
 MAX_TOKENS = 48
 INTENDED_503 = {"too_many_connections", "server_shutting_down", "drain_timeout"}
@@ -73,21 +72,7 @@ class Oracle:
 
 
 def start(target: str, flags: list[str], log: Path) -> tuple[subprocess.Popen, str]:
-    path = os.environ.get("PYTHONPATH")
-    env = dict(os.environ, PYTHONPATH=str(REPO) + (os.pathsep + path if path else ""))
-    cmd = [sys.executable, "-m", "serve", target, "--backend", "cpu", "--host", "127.0.0.1", "--port", "0", *flags]
-    with open(log, "wb") as f:
-        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=REPO, env=env)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        m = SERVING.search(log.read_text(errors="replace"))
-        if m:
-            return proc, f"http://127.0.0.1:{m.group(1)}"
-        if proc.poll() is not None:
-            break
-        time.sleep(0.05)
-    proc.kill()
-    raise SystemExit(f"the server did not start:\n{log.read_text()[-2000:]}")
+    return launch.start(target, ["--backend", "cpu", "--host", "127.0.0.1", *flags], log, timeout=120)
 
 
 class Mix:

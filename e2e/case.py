@@ -308,7 +308,7 @@ def replay_file(path: str | Path, backend: str = "cpu", out: Path | None = None,
     """Replay a case file on its own (fresh server processes): (failed checks, their notes)."""
     import tempfile
 
-    from e2e.cli import make_run
+    from e2e.oracles import make_run
 
     case = Case.load(path)
     with tempfile.TemporaryDirectory(prefix="kern-case-") as tmp:

@@ -26,17 +26,15 @@ import click
 
 from e2e.checks import Checks
 from e2e.config import ConfigError, GateTarget, load_targets
-from manifests.config import PACKAGED, PACKAGED_PP
+from e2e.engine import PRESETS, Engine, EngineError
 from e2e.gate import SESSION_PORTS, Options, Run, run_target
+from e2e.oracles import make_run, oracles_for
+from e2e.progress import Progress
 from e2e.report import commit, junit, write_report, write_summary
 from e2e.scenarios import CHECKS, CROSS_CHECKS, STEPS, plan
-from e2e.scenarios.kern_test import forked
-from e2e.session import STARTED, merge_flags, own_kern, project_env, split_flags, stop_all
+from e2e.session import STARTED, merge_flags, project_env, split_flags, stop_all
 from e2e.stages import record as record_stages
-from e2e.engine import PRESETS, Engine, EngineError
-from e2e.progress import Progress
-from oracle.cache import Cache, CommandRun, KernRun, kern_run_identity
-from oracle.probe import Prober
+from manifests.config import PACKAGED, PACKAGED_PP
 from oracle.reference import PACKAGED_MODEL, Reference, ReferenceError
 from oracle.version import option as version_option
 
@@ -68,26 +66,6 @@ def _greedy(argv: list[str]) -> list[str]:
     return out
 
 
-def _oracles(t: GateTarget, reference: Path | None, out: Path, backend: str, worker: bool = False,
-             hosts=None, timeout: float = 600.0, kern: list[str] | None = None):
-    """(oracle, runner): the reference (its own `oracle` over `reference`) and `kern run` (in process,
-    or the ``--kern`` command's `run`, so run_equals_reference tests that kern, not this checkout)."""
-    if t.oracle is not None:
-        reference = t.oracle
-    if kern is not None:
-        runner = CommandRun(kern, t.config or "kern.toml", t.name, timeout)
-        return (Reference(reference, t.manifest, worker=worker), runner) if reference is not None else (runner, None)
-    ident = kern_run_identity(t.manifest, t.weights, backend)
-    # a float target's divergences may be near-ties: the probe gives the runtime's logits at that step,
-    # made in one of the gate's hosts when it has them (then this process makes no device context)
-    spawn = None if hosts is None else (lambda argv, log: forked(hosts, [*own_kern(), *argv], log, timeout))
-    prober = Prober(t.manifest, t.weights, backend, out / t.name / "probes", ident, spawn) if t.floats else None
-    runner = KernRun(t.manifest, t.weights, backend, Cache(out / t.name / "oracle.json", ident), prober=prober)
-    if reference is None:
-        return runner, None
-    return Reference(reference, t.manifest, prober=prober, worker=worker), runner
-
-
 def _skipped(t: GateTarget, reason: str, echo: Callable[[str], None]) -> dict:
     echo(f"== {t.name}\n  skipped: {reason}")
     return {"target": t.name, "skipped": reason, "facts": {}, "counters": {}, "checks": [], "wall_s": 0.0}
@@ -109,7 +87,7 @@ def gate_target(t: GateTarget, opts: Options, reference: Path | None, wanted: se
     echo(f"== {t.name} ({t.ranks} rank(s), {'stateful' if t.lined else 'paged'}, rows {t.widest}{staged}{under})")
     t0 = time.monotonic()
     began = round(t0 - opts.started, 1)  # where this target sits on the gate's timeline
-    oracle, runner = _oracles(t, reference, opts.out, opts.backend, opts.reference_worker,
+    oracle, runner = oracles_for(t, reference, opts.out, opts.backend, opts.reference_worker,
                               None if opts.kern is not None else opts.hosts, opts.kern_test_timeout, opts.kern)
     prober = getattr(oracle, "prober", None)
     if prober is not None:  # its device and kernels made now, off the first near-tie's path
@@ -156,21 +134,6 @@ def write_scripts(out: Path, target: str, scripts: dict) -> None:
     d = out / target
     d.mkdir(parents=True, exist_ok=True)
     (d / "sessions.json").write_text(json.dumps(scripts) + "\n")
-
-
-def make_run(target: str, backend: str, out: Path, seed: int = 0, max_tokens: int = 64,
-             echo: Callable[[str], None] = click.echo, opts: Options | None = None,
-             reference: Path | None = PACKAGED_MODEL) -> Run:
-    """A `Run` of one target outside a gate (a case's replay): its oracles, no checks filter; servers
-    from `opts`' spawners when given, else fresh processes."""
-    cfg, chosen = load_targets(None, [target])
-    t = chosen[0]
-    if t.skipped:
-        raise ConfigError(f"target {target}: {t.skipped}")
-    o = dataclasses.replace(opts, out=out, seed=seed) if opts is not None else Options(
-        cfg.resolve(), out, max_tokens, backend, seed=seed)
-    oracle, runner = _oracles(t, reference, out, backend)
-    return Run(t, o, oracle, runner, Checks(None, echo=echo), echo=echo)
 
 
 SESSION_OF = {c: s.session for s in STEPS for c in s.checks}

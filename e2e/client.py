@@ -24,7 +24,7 @@ from typing import Any
 import httpx
 
 from e2e.metrics import Ledger, Sent
-from e2e.session import Session
+from e2e.session import Session, tls
 from e2e.watch import Hung, Watch
 
 __all__ = ["Answer", "Client", "Rejected", "Unanswerable", "hung_up", "never_sent"]
@@ -91,21 +91,6 @@ class Answer:
     def fed(self) -> list[int]:
         """The answer as a next turn feeds it back: with the stop token when it ended on stop."""
         return self.ids + ([self.stop] if self.stop is not None else [])
-
-
-_TLS: list = []
-
-
-def tls():
-    """One TLS context for every client this process makes: httpx would otherwise load the CA bundle
-    for each (about 25 ms of CPU a client, where a gate makes hundreds, all for plain http)."""
-    if not _TLS:
-        import ssl
-
-        import certifi
-
-        _TLS.append(ssl.create_default_context(cafile=certifi.where()))
-    return _TLS[0]
 
 
 class Client:

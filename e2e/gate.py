@@ -506,18 +506,12 @@ def _run_lane(run: Run, steps: list, plan: _Plan, index: int) -> None:
             if step.session is not None and (run.live is None or run.live.session.name != step.session):
                 if not step.early:
                     plan.wait(deps)  # its flags may read what they find (answer lengths, ...)
-                t0 = time.monotonic()
-                if run.live is not None:
-                    name = run.live.session.name
-                    run.close()
-                    t0 = spent(f"{name} stop", t0)
                 _busy(run, lane_key, f"starting the {step.session} session's server")
                 try:
-                    run.open(step.session, step.flags(run) if step.flags else [])
+                    _switch(run, step, spent)
                 finally:
                     if index == plan.base_lane:
                         plan.based.set()
-                spent(f"{step.session} start", t0)
             plan.wait(deps)
             t0 = time.monotonic()
             _busy(run, lane_key, f"step {step.name}")
@@ -543,15 +537,7 @@ def _run_lane(run: Run, steps: list, plan: _Plan, index: int) -> None:
         plan.stopping = True
         _drop(run)
     except Exception as exc:  # any failure ends the lane, and the target has a gated error
-        frames = traceback.extract_tb(exc.__traceback__)
-        ours = [f for f in frames if "site-packages" not in f.filename] or frames
-        where = ours[-1]  # the innermost frame of ours: where a bisect should look
-        note = f"{type(exc).__name__}: {exc} (at {Path(where.filename).name}:{where.lineno} in {where.name})"
-        if run.live is not None and not isinstance(exc, ServerExited):
-            s = run.live.session
-            if not s.alive() and s.proc is not None:
-                note += f" (server {s.name} exited with code {s.proc.returncode}; log tail: {s.log.tail(8)})"
-        plan.errors.append(note)
+        plan.errors.append(_error_note(run, exc))
         why = f"{type(exc).__name__} in this step (the error check has its note)"
         if not isinstance(exc, ServerExited):
             try:
@@ -566,6 +552,31 @@ def _run_lane(run: Run, steps: list, plan: _Plan, index: int) -> None:
             plan.based.set()
         for i, step in enumerate(steps[done:]):
             plan.end(step.name, False, why if i == 0 else f"{steps[done].name} before it in its session failed")
+
+
+def _switch(run: Run, step, spent) -> None:
+    """Close the lane's open session (if another) and open `step`'s, each timed."""
+    t0 = time.monotonic()
+    if run.live is not None:
+        name = run.live.session.name
+        run.close()
+        t0 = spent(f"{name} stop", t0)
+    run.open(step.session, step.flags(run) if step.flags else [])
+    spent(f"{step.session} start", t0)
+
+
+def _error_note(run: Run, exc: Exception) -> str:
+    """What the error check says of an exception that ended a lane: its type and message, the innermost
+    frame of ours (where a bisect should look), and the server's exit and log tail if it died."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    ours = [f for f in frames if "site-packages" not in f.filename] or frames
+    where = ours[-1]
+    note = f"{type(exc).__name__}: {exc} (at {Path(where.filename).name}:{where.lineno} in {where.name})"
+    if run.live is not None and not isinstance(exc, ServerExited):
+        s = run.live.session
+        if not s.alive() and s.proc is not None:
+            note += f" (server {s.name} exited with code {s.proc.returncode}; log tail: {s.log.tail(8)})"
+    return note
 
 
 def _busy(run: Run, key: str, what: str) -> None:

@@ -28,7 +28,7 @@ import httpx
 
 from e2e.log import Log, kv
 
-__all__ = ["STARTED", "ServerExited", "ServerError", "Session", "Unavailable", "free_port", "merge_flags",
+__all__ = ["STARTED", "ServerExited", "ServerError", "Session", "Unavailable", "free_port", "merge_flags", "tls",
            "kern_args", "own_kern", "project_env", "server_command", "split_flags", "stop_all"]
 
 EXIT_MEANINGS = {101: "scheduler crashed", -9: "killed", -15: "terminated"}
@@ -81,6 +81,21 @@ class ServerExited(ServerError):
                          + (f"; log tail: {tail}" if tail else ""))
         self.code = code
         self.tail = tail
+
+
+_TLS: list = []
+
+
+def tls():
+    """One TLS context for every client this process makes: httpx would otherwise load the CA bundle
+    for each (about 25 ms of CPU a client, where a gate makes hundreds, all for plain http)."""
+    if not _TLS:
+        import ssl
+
+        import certifi
+
+        _TLS.append(ssl.create_default_context(cafile=certifi.where()))
+    return _TLS[0]
 
 
 def free_port() -> int:
@@ -161,21 +176,45 @@ class Session:
         self.exit_code: int | None = None
 
     def start(self) -> dict[str, Any]:
-        """Start the server and wait until it is ready; the facts of its ready line (plus ``load_s``)."""
+        """Start the server and wait until it is ready; the facts it told (plus ``load_s``). Ready is told
+        three ways: an engine under the contract answers GET /health 200; a quiet server of ours answers
+        HTTP (its facts from /stats); otherwise its ready and ``serving`` log lines, and HTTP."""
         self.log.path.parent.mkdir(parents=True, exist_ok=True)
+        quiet = self.quiet()
+        if (quiet or self.health) and self.port == 0:  # no `serving` line will name its port: the gate picks one
+            self.port = _unused_port()
+            self.url = f"http://{self.host}:{self.port}"
+            if quiet:
+                self.cmd = _with_port(self.cmd, self.port)
+        t0 = time.monotonic()
+        self._launch()
+        probe, wait, what = ((self._ready_health, 0.1, "GET /health not 200 (docs/engine-contract.md: readiness)")
+                             if self.health else (self._ready_quiet, 0.05, "not answering") if quiet
+                             else (self._ready_logged, 0.02, "not ready"))
+        while True:
+            try:
+                self.check()
+            except ServerExited as exc:
+                text = self.log.text().lower()
+                if any(p in text for p in PORT_IN_USE):
+                    raise Unavailable(f"server {self.name}: port {self.port} is in use") from exc
+                raise
+            facts = probe()
+            if facts is not None:
+                self.facts = dict(facts, load_s=round(time.monotonic() - t0, 1))
+                return self.facts
+            if time.monotonic() - t0 > self.load_timeout:
+                self.stop(kill=True)
+                raise ServerError(f"server {self.name}: {what} after {self.load_timeout:.0f}s; log tail: "
+                                  + self.log.tail())
+            time.sleep(wait)
+
+    def _launch(self) -> None:
+        """The process (or a zygote's child, or a host's thread), its output to the session's log."""
         # as the Rust kern gate driver starts servers: the debug lines the checks read (` parked `,
         # ` admitted `, ` not kept `) are written; either server (ours reads it, see `kern serve --log-level`)
         # an engine under the contract gets the gate's environment as it is (not this checkout on its path)
         env = dict(os.environ, PYTHONUNBUFFERED="1") if self.health else dict(project_env(), RUST_LOG=SERVER_LOG)
-        quiet = self.quiet()
-        if quiet and self.port == 0:  # no `serving` line will name the port it picks: the gate picks one
-            self.port = _unused_port()
-            self.url = f"http://{self.host}:{self.port}"
-            self.cmd = _with_port(self.cmd, self.port)
-        if self.health and self.port == 0:
-            self.port = _unused_port()
-            self.url = f"http://{self.host}:{self.port}"
-        t0 = time.monotonic()
         with STARTED.lock:
             if STARTED.closed:
                 raise Unavailable("the gate is stopping")
@@ -197,52 +236,29 @@ class Session:
                     self.proc = subprocess.Popen(self.cmd, stdout=f, stderr=subprocess.STDOUT,
                                                  stdin=subprocess.DEVNULL, env=env, start_new_session=True)
             STARTED.sessions.add(self)
-        while True:
-            try:
-                self.check()
-            except ServerExited as exc:
-                text = self.log.text().lower()
-                if any(p in text for p in PORT_IN_USE):
-                    raise Unavailable(f"server {self.name}: port {self.port} is in use") from exc
-                raise
-            if self.health:
-                if self._healthy():
-                    self.facts = {"load_s": round(time.monotonic() - t0, 1)}
-                    return self.facts
-                if time.monotonic() - t0 > self.load_timeout:
-                    self.stop(kill=True)
-                    raise ServerError(f"server {self.name}: GET /health not 200 after {self.load_timeout:.0f}s "
-                                      "(docs/engine-contract.md: readiness); log tail: " + self.log.tail())
-                time.sleep(0.1)
-                continue
-            if quiet:
-                if self._answers():
-                    self.facts = dict(self._api_facts(), load_s=round(time.monotonic() - t0, 1))
-                    return self.facts
-                if time.monotonic() - t0 > self.load_timeout:
-                    self.stop(kill=True)
-                    raise ServerError(f"server {self.name} not answering after {self.load_timeout:.0f}s; log tail: "
-                                      + self.log.tail())
-                time.sleep(0.05)
-                continue
-            ready = self.log.raw("scheduler ready")
-            serving = self.log.lines("serving")
-            if ready and serving and self.port == 0:
-                bound = serving[-1].get("port")
-                if not isinstance(bound, int) or bound <= 0:
-                    self.stop(kill=True)
-                    raise ServerError(f"server {self.name} was asked for port 0 and its serving line names no port: "
-                                      + self.log.raw("serving")[-1])
-                self.port = bound
-                self.url = f"http://{self.host}:{bound}"
-            if ready and serving and self.port and self._answers():
-                self.facts = dict(kv(ready[-1]), load_s=round(time.monotonic() - t0, 1))
-                return self.facts
-            if time.monotonic() - t0 > self.load_timeout:
+
+    def _ready_health(self) -> dict[str, Any] | None:
+        return {} if self._healthy() else None
+
+    def _ready_quiet(self) -> dict[str, Any] | None:
+        return self._api_facts() if self._answers() else None
+
+    def _ready_logged(self) -> dict[str, Any] | None:
+        """The ready line's facts once it and ``serving`` are logged and the port answers (a server asked
+        for port 0 names the one it bound in its ``serving`` line)."""
+        ready = self.log.raw("scheduler ready")
+        serving = self.log.lines("serving")
+        if not (ready and serving):
+            return None
+        if self.port == 0:
+            bound = serving[-1].get("port")
+            if not isinstance(bound, int) or bound <= 0:
                 self.stop(kill=True)
-                raise ServerError(f"server {self.name} not ready after {self.load_timeout:.0f}s; log tail: "
-                                  + self.log.tail())
-            time.sleep(0.02)
+                raise ServerError(f"server {self.name} was asked for port 0 and its serving line names no port: "
+                                  + self.log.raw("serving")[-1])
+            self.port = bound
+            self.url = f"http://{self.host}:{bound}"
+        return kv(ready[-1]) if self._answers() else None
 
     def quiet(self) -> bool:
         """Was the server told to log nothing below warning (``--log-level warn|error``)? Then it writes
@@ -254,8 +270,6 @@ class Session:
 
     def _api_facts(self) -> dict[str, Any]:
         """A quiet server's facts, as its ready line would give them, from ``GET /stats`` ``facts``."""
-        from e2e.client import tls
-
         try:
             r = httpx.get(self.url + "/stats", timeout=30.0, verify=tls())
             facts = dict(r.json()["facts"]) if r.status_code == 200 else None
@@ -284,8 +298,6 @@ class Session:
 
     def _answers(self) -> bool:
         try:
-            from e2e.client import tls
-
             httpx.get(self.url + "/v1/models", timeout=2.0, verify=tls())
             return True
         except httpx.HTTPError:

@@ -12,13 +12,18 @@ one); a chunk of several sequences is split by a cu_seqlens input.
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from manifests import expr
 from manifests.schema import INPUT_FILLS, OUTPUT_FILLS, Manifest
 
-if TYPE_CHECKING:
-    from manifests.load import _Errors
+
+
+class _Errors(Protocol):
+    """Where problems go (manifests/load.py's collector, which imports this module: named here, not
+    imported back)."""
+
+    def add(self, path: str, msg: str) -> None: ...
 
 MAX_BUFFER_BYTES = 1 << 40
 MAX_GRID = (1 << 31) - 1

@@ -182,7 +182,7 @@ def warm(backend: str, config: str | None, targets: list[str], split: dict[str, 
     split["imports_s"] = round(time.monotonic() - began, 2)
     began = time.monotonic()
     if backend == "gpu":
-        from runtime.backend import make_backend
+        from runtime.backends import make_backend
         from runtime.gpu import set_wait
 
         try:

@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from pool.denied import PoolError
 from pool.store import Node, Slot, Store, chain_pages, release_chain
 
-if TYPE_CHECKING:
-    from pool.pages import Pool
+
+class Owner(Protocol):
+    """What a lease needs of the pool that made it (`pool.pages.Pool`, which imports this module: the
+    lease names the seam instead of importing back)."""
+
+    unit: int
+    geometry: Any
+
+    def lease_made(self) -> None: ...
+
+    def sealed_more(self, pages: int) -> None: ...
+
+    def lease_released(self, own: list[int]) -> None: ...
 
 __all__ = ["Checkpoint", "Lease"]
 
@@ -28,7 +39,7 @@ class Lease:
 
     __slots__ = ("_pool", "_chain", "shared", "pages", "_slot", "prefix", "_live")
 
-    def __init__(self, pool: Pool, chain: Node | None, pages: list[int], slot: Slot | None, prefix: int) -> None:
+    def __init__(self, pool: Owner, chain: Node | None, pages: list[int], slot: Slot | None, prefix: int) -> None:
         self._pool = pool
         # held; its depth is `shared`
         self._chain = chain
@@ -37,7 +48,7 @@ class Lease:
         self._slot = slot
         self.prefix = prefix
         self._live = True
-        pool._leases += 1
+        pool.lease_made()
 
     def __repr__(self) -> str:
         return f"Lease(pages={self.pages}, slot={self.slot}, prefix={self.prefix}, shared={self.shared})"
@@ -115,7 +126,7 @@ class Lease:
             if tip is not None and tip.parent is not None:
                 tip.absorb_parent()
             self._chain = Node(self.pages[self.shared:keep], tip, self._pool)
-            self._pool._sealed += keep - self.shared
+            self._pool.sealed_more(keep - self.shared)
             self.shared = keep
 
     def _held_at(self, depth: int) -> Node | None:
@@ -134,9 +145,7 @@ class Lease:
         """Give back the own pages and let go of the chain and the slot."""
         self._check()
         self._live = False
-        self._pool._leases -= 1
-        if len(self.pages) > self.shared:
-            self._pool._give_pages(self.pages[self.shared:])
+        self._pool.lease_released(self.pages[self.shared:])
         release_chain(self._chain)
         self._chain = None
         if self._slot is not None:

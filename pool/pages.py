@@ -333,6 +333,20 @@ class Pool:
     def _give_page(self, page: int) -> None:
         self._pages.give(page)
 
+    # what a lease tells its pool (pool/lease.py's Owner)
+
+    def lease_made(self) -> None:
+        self._leases += 1
+
+    def sealed_more(self, pages: int) -> None:
+        self._sealed += pages
+
+    def lease_released(self, own: list[int]) -> None:
+        """A lease let go: its own (unsealed) pages come back."""
+        self._leases -= 1
+        if own:
+            self._give_pages(own)
+
     def _give_pages(self, pages: list[int]) -> None:
         self._pages.give_many(pages)
 

@@ -131,22 +131,3 @@ def map_kernel_exceptions(op: str, entry: str):
         raise
     except Exception as exc:  # numba typing errors, cupy/CUDA errors, bad arguments
         raise KernelError(f"op {op!r} (entry {entry}): {type(exc).__name__}: {exc}") from exc
-
-
-def make_backend(name: str) -> Backend:
-    """`cpu`, `gpu`, or `auto` (the GPU when cupy sees one)."""
-    if name == "cpu":
-        return CpuBackend()
-    if name in ("gpu", "auto"):
-        try:
-            from runtime.gpu import GpuBackend, gpu_available
-        except ImportError as exc:
-            if name == "auto":
-                return CpuBackend()
-            raise KernelError(f"--backend gpu: the GPU backend cannot load: {exc}") from exc
-        if gpu_available():
-            return GpuBackend()
-        if name == "auto":
-            return CpuBackend()
-        raise KernelError("--backend gpu: no CUDA GPU is visible (cupy sees none)")
-    raise ValueError(f"unknown backend {name!r} (cpu, gpu or auto)")

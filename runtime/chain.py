@@ -16,7 +16,8 @@ from pathlib import Path
 
 from manifests import load
 from manifests.schema import Manifest
-from runtime.backend import Backend, make_backend
+from runtime.backend import Backend
+from runtime.backends import make_backend
 from runtime.runtime import Runtime
 from runtime.step import Cell
 from runtime.weights import bound_tensors, read_tensors

@@ -19,7 +19,8 @@ import numpy as np
 
 from manifests import derive, expr
 from manifests.schema import Manifest
-from runtime.backend import Backend, KernelError, make_backend, map_kernel_exceptions
+from runtime.backend import Backend, KernelError, map_kernel_exceptions
+from runtime.backends import make_backend
 from runtime.protocol import Protocol
 from runtime.step import Cell, LineTable, PageTable, bucket, stage
 from runtime.weights import bind, bound_tensors, read_tensors

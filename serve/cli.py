@@ -100,6 +100,7 @@ def bind(host: str, port: int):
 @click.option("--protect-stats", is_flag=True, help="With --api-key, require it on /stats and /metrics too.")
 @click.option("--drain-timeout", default=_D.drain_timeout, show_default=True, type=_POSITIVE, help="On SIGTERM, seconds to finish queued and running requests; then the rest get a 503 and the exit code is 75.")
 @click.option("--max-connections", default=_D.max_connections, show_default=True, type=click.IntRange(min=1), help="Open connections at most; beyond, a new one is answered 503 and closed.")
+@click.option("--max-connections-per-client", "max_per_client", default=_D.max_per_client, show_default=True, type=click.IntRange(min=1), help="Open connections from one peer address at most; beyond, a new one from it is answered 503 and closed. At --max-connections, a newcomer from a peer holding fewer sheds the longest-silent connection of the peer holding the most. Behind a proxy every client is one address: raise it to --max-connections.")
 @click.option("--header-timeout", default=_D.header_timeout, show_default=True, type=_POSITIVE, help="Seconds for a request's headers to arrive (from its first byte); then a 408 and the connection closes.")
 @click.option("--body-timeout", default=_D.body_timeout, show_default=True, type=_POSITIVE, help="Seconds for a request's body to arrive after its headers; then a 408 and the connection closes.")
 @click.option("--keep-alive", default=_D.keep_alive, show_default=True, type=_POSITIVE, help="Seconds an idle keep-alive connection is held open.")
@@ -128,7 +129,8 @@ def serve_command(ctx, target, port, host, capacity, host_gib, max_seqs, chunk, 
                   weights, api_key, served_model_name, config, stats_every, no_graphs, no_pack, stages, at, pp_listen, pp_head,
                   pp_timeout, pp_bind, pp_parent, pp_share, faults, protect_stats, drain_timeout,
                   max_connections, header_timeout, body_timeout, keep_alive, max_body_bytes, max_tokenize_tokens, log_level=None, sampling="refuse",
-                  host_chunk=None, stage_connect=None, metrics_prefix="kern", pp_restart=True) -> None:
+                  host_chunk=None, stage_connect=None, metrics_prefix="kern", max_per_client=_D.max_per_client,
+                  pp_restart=True) -> None:
     """Serve TARGET (a config target name or a manifest path) over OpenAI-compatible HTTP.
 
     Every start-up error is one line on stderr, `kern serve: error: ...`, naming the flag or file.
@@ -161,7 +163,7 @@ def serve_command(ctx, target, port, host, capacity, host_gib, max_seqs, chunk, 
     from serve.guard import fit_descriptors
 
     limits = Limits(max_connections, header_timeout, body_timeout, keep_alive, max_body_bytes, max_tokenize_tokens,
-                    drain_timeout)
+                    drain_timeout, max_per_client)
     try:
         limits.check()
         if protect_stats and api_key is None:
@@ -322,8 +324,8 @@ def run(engine, host: str, port: int, api_key: str | None, stats_every: float = 
     scheduler.stop()
     scheduler.join(timeout=30)
     limit_log.flush()
-    cut = scheduler.cut_off + app.state.cancelled + (0 if server.drained else 1)
-    logs.event("stopped", model=engine.model, cut_off=scheduler.cut_off, cancelled=app.state.cancelled,
+    cut = scheduler.cut_off + app.state.ctx.cancelled + (0 if server.drained else 1)
+    logs.event("stopped", model=engine.model, cut_off=scheduler.cut_off, cancelled=app.state.ctx.cancelled,
                drained=server.drained)
     return EXIT_CUT_OFF if cut else 0
 

@@ -132,7 +132,7 @@ def build(what: str, opts: Options, phases: Phases | None = None) -> Engine:
         os.environ.setdefault("CUDA_VISIBLE_DEVICES", str(opts.device).split(",")[0])
     target = resolve(what, opts.config, list(opts.weights) or None)
     m = load(target.manifest)
-    from runtime.backend import make_backend
+    from runtime.backends import make_backend
     from runtime.protocol import Protocol
 
     proto = Protocol(m)

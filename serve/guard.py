@@ -5,8 +5,15 @@ uvicorn (h11) has a keep-alive idle timeout but no deadline for reading a reques
 and it accepts every connection the kernel hands it. `protocol(limits, limit_log)` returns its h11
 protocol with three additions:
 
-- over `max_connections` open connections, a new one is answered a 503 at once and closed (the file
-  descriptors stay bounded, whatever the clients do);
+- over `max_connections` open connections, or over `max_per_client` from one peer address, a new one is
+  answered a 503 at once and closed (the file descriptors stay bounded, whatever the clients do);
+  refused connections do not count against the caps while they linger;
+- at `max_connections`, a new connection from a peer that holds fewer than another sheds that other
+  peer's longest-silent connection (no request in progress: not yet a byte, or idle between requests)
+  instead of being refused, so one client cannot hold everyone else out;
+- a connection closed while its request's body is still arriving (a 413) is closed gently: our side
+  is shut for writing and what the client still sends is read and dropped for up to `LINGER_BODY_S`,
+  so a client that sends its whole body before reading gets the answer, not a reset;
 - a request's headers must arrive within `header_timeout` seconds of its first byte (or of the
   connection opening), else a 408 and the connection closes;
 - its body must arrive within `body_timeout` seconds of its headers, else a 408 (when nothing was
@@ -27,9 +34,10 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from serve.logs import Limiter
 
-__all__ = ["Limits", "fit_descriptors", "protocol", "raw_response"]
+__all__ = ["Limits", "Peers", "fit_descriptors", "protocol", "raw_response"]
 
 LINGER_S = 1.0  # a refused connection is read and dropped this long, so the client sees its 503
+LINGER_BODY_S = 5.0  # a connection answered before its body arrived drains it this long at most
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,10 +49,12 @@ class Limits:
     max_body_bytes: int = 4 << 20
     max_tokenize_tokens: int = 1 << 16
     drain_timeout: float = 30.0
+    max_per_client: int = 256
 
     def check(self) -> None:
         """ValueError naming the flag when a value cannot work."""
         for flag, v in (("--max-connections", self.max_connections), ("--max-body-bytes", self.max_body_bytes),
+                        ("--max-connections-per-client", self.max_per_client),
                         ("--max-tokenize-tokens", self.max_tokenize_tokens)):
             if v < 1:
                 raise ValueError(f"{flag} must be at least 1, got {v}")
@@ -84,91 +94,226 @@ def raw_response(status: int, reason: str, message: str, code: str, type: str = 
 
 def protocol(limits: Limits, limit_log: Limiter) -> type[H11Protocol]:
     """uvicorn's h11 protocol bounded by `limits` (pass it as `uvicorn.Config(http=...)`)."""
+    spare = max(64, limits.max_connections // 4)  # refused connections that may linger at once
+    return type("Guarded", (Guarded,), {"limits": limits, "limit_log": staticmethod(limit_log), "peers": Peers(),
+                                        "spare": spare})
 
-    class Guarded(H11Protocol):
-        def connection_made(self, transport) -> None:  # type: ignore[override]
-            self._deadline: asyncio.TimerHandle | None = None
-            self._deadline_for: str | None = None
-            self._refused = False
-            super().connection_made(transport)
-            open_now = len(self.connections)
-            if open_now > limits.max_connections:
-                self._refuse(open_now)
-                return
-            self._arm("header_timeout", limits.header_timeout)
 
-        def _refuse(self, open_now: int) -> None:
-            self._refused = True
-            limit_log("connection refused", "WARN", reason="too_many_connections", open=open_now,
-                      max_connections=limits.max_connections)
-            self.transport.write(raw_response(
-                503, "Service Unavailable", f"the server holds its limit of {limits.max_connections} connections "
-                "(--max-connections); retry later", "too_many_connections", "server_error"))
-            if open_now > limits.max_connections + max(64, limits.max_connections // 4):
-                self.transport.close()  # far over: the descriptor back at once
-                return
-            # close our side for writing and drop what the client still sends, so it reads the 503
-            # instead of a reset; then let go
-            if self.transport.can_write_eof():
-                self.transport.write_eof()
-            self.loop.call_later(LINGER_S, self.transport.close)
+class Guarded(H11Protocol):
+    """uvicorn's h11 protocol under the connection limits; `protocol()` binds a subclass to one server's
+    limits, its log limiter and the count of who holds what (class attributes, set once)."""
 
-        def data_received(self, data: bytes) -> None:
-            if self._refused:
-                return
-            super().data_received(data)
-            self._follow()
+    limits: Limits
+    limit_log: Limiter
+    peers: "Peers"
+    spare: int
 
-        def on_response_complete(self) -> None:
-            super().on_response_complete()
-            self._follow()
+    def connection_made(self, transport) -> None:  # type: ignore[override]
+        self._deadline: asyncio.TimerHandle | None = None
+        self._deadline_for: str | None = None
+        self._refused = False
+        self._lingering = False
+        self._peer = _peer_of(transport)
+        super().connection_made(_Gentle(transport, self))
+        held = self.peers.count.get(self._peer, 0)
+        if held >= self.limits.max_per_client:
+            self._refuse("too_many_connections_from_client", held, f"this client ({self._peer}) holds the server's "
+                         f"limit of {self.limits.max_per_client} connections per client (--max-connections-per-client)")
+            return
+        if self.peers.total >= self.limits.max_connections and not self.peers.shed_for(self._peer, self.limit_log):
+            self._refuse("too_many_connections", self.peers.total, f"the server holds its limit of "
+                         f"{self.limits.max_connections} connections (--max-connections)")
+            return
+        self.peers.admit(self)
+        self._arm("header_timeout", self.limits.header_timeout)
 
-        def connection_lost(self, exc) -> None:
+    def _refuse(self, reason: str, open_now: int, message: str) -> None:
+        self._refused = True
+        self.limit_log("connection refused", "WARN", reason=reason, open=open_now, max_connections=self.limits.max_connections,
+                  max_per_client=self.limits.max_per_client)
+        self.transport.write(raw_response(503, "Service Unavailable", message + "; retry later", reason,
+                                          "server_error"))
+        if self.peers.lingering >= self.spare:
+            self.transport.close()  # far over: the descriptor back at once
+            return
+        # close our side for writing and drop what the client still sends, so it reads the 503
+        # instead of a reset; then let go
+        self.peers.lingering += 1
+        self._lingering = True
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+        self.loop.call_later(LINGER_S, self.transport.close)
+
+    def data_received(self, data: bytes) -> None:
+        if self._refused or self._lingering:
+            return  # read and dropped
+        self.peers.busy(self)
+        super().data_received(data)
+        self._follow()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self._follow()
+        if self.conn.their_state is h11.IDLE and not self.conn.trailing_data[0]:
+            self.peers.idle(self)
+
+    def connection_lost(self, exc) -> None:
+        self._disarm()
+        if self._lingering:
+            self.peers.lingering -= 1
+        self.peers.gone(self)
+        super().connection_lost(exc)
+
+    def linger(self) -> bool:
+        """Close gently when the request's body is still arriving (see `_Gentle.close`)."""
+        if self._refused or self._lingering or self.conn.their_state is not h11.SEND_BODY:
+            return False
+        if self.peers.lingering >= self.spare or not self.transport.can_write_eof():
+            return False
+        self._lingering = True
+        self.peers.lingering += 1
+        self._disarm()
+        self.peers.gone(self)  # no longer holds a place: it only drains
+        return True
+
+    def _follow(self) -> None:
+        """Arm the deadline that fits where the request being read stands."""
+        if self.transport.is_closing():
             self._disarm()
-            super().connection_lost(exc)
-
-        def _follow(self) -> None:
-            """Arm the deadline that fits where the request being read stands."""
-            if self.transport.is_closing():
-                self._disarm()
-                return
-            state = self.conn.their_state
-            if state is h11.IDLE:
-                if self.conn.trailing_data[0]:  # part of the next request's head is in
-                    self._arm("header_timeout", limits.header_timeout)
-                elif self._deadline_for == "body_timeout":
-                    self._disarm()  # idle between requests: uvicorn's keep-alive timer takes over
-            elif state is h11.SEND_BODY:
-                self._arm("body_timeout", limits.body_timeout)
-            else:
-                self._disarm()
-
-        def _arm(self, reason: str, seconds: float) -> None:
-            if self._deadline_for == reason:
-                return  # the deadline counts from the first byte, not the last
+            return
+        state = self.conn.their_state
+        if state is h11.IDLE:
+            if self.conn.trailing_data[0]:  # part of the next request's head is in
+                self._arm("header_timeout", self.limits.header_timeout)
+            elif self._deadline_for == "body_timeout":
+                self._disarm()  # idle between requests: uvicorn's keep-alive timer takes over
+        elif state is h11.SEND_BODY:
+            self._arm("body_timeout", self.limits.body_timeout)
+        else:
             self._disarm()
-            self._deadline_for = reason
-            self._deadline = self.loop.call_later(seconds, self._expired, reason, seconds)
 
-        def _disarm(self) -> None:
-            if self._deadline is not None:
-                self._deadline.cancel()
-            self._deadline = self._deadline_for = None
+    def _arm(self, reason: str, seconds: float) -> None:
+        if self._deadline_for == reason:
+            return  # the deadline counts from the first byte, not the last
+        self._disarm()
+        self._deadline_for = reason
+        self._deadline = self.loop.call_later(seconds, self._expired, reason, seconds)
 
-        def _expired(self, reason: str, seconds: float) -> None:
-            self._deadline = self._deadline_for = None
-            if self.transport.is_closing():
-                return
-            what = "headers" if reason == "header_timeout" else "body"
-            limit_log("connection closed", "WARN", reason=reason, seconds=seconds)
-            cycle = self.cycle if reason == "body_timeout" else None
-            if cycle is None or not cycle.response_started:
-                flag = "--header-timeout" if reason == "header_timeout" else "--body-timeout"
-                self.transport.write(raw_response(408, "Request Timeout", f"the request's {what} did not arrive "
-                                                  f"within {seconds:g} s ({flag})", reason))
-            if cycle is not None:  # the handler reading the body sees a disconnect now, and answers nothing
-                cycle.disconnected = True
-                cycle.message_event.set()
-            self.transport.close()
+    def _disarm(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+        self._deadline = self._deadline_for = None
 
-    return Guarded
+    def _expired(self, reason: str, seconds: float) -> None:
+        self._deadline = self._deadline_for = None
+        if self.transport.is_closing():
+            return
+        what = "headers" if reason == "header_timeout" else "body"
+        self.limit_log("connection closed", "WARN", reason=reason, seconds=seconds)
+        cycle = self.cycle if reason == "body_timeout" else None
+        if cycle is None or not cycle.response_started:
+            flag = "--header-timeout" if reason == "header_timeout" else "--body-timeout"
+            self.transport.write(raw_response(408, "Request Timeout", f"the request's {what} did not arrive "
+                                              f"within {seconds:g} s ({flag})", reason))
+        if cycle is not None:  # the handler reading the body sees a disconnect now, and answers nothing
+            cycle.disconnected = True
+            cycle.message_event.set()
+        self.transport.close_now()  # the client stopped sending: nothing to drain
+
+
+def _peer_of(transport) -> str:
+    """The peer's address without its port: what the per-client cap counts by."""
+    name = transport.get_extra_info("peername")
+    if isinstance(name, (tuple, list)) and name:
+        return str(name[0])
+    return "local"  # a Unix socket, or unknown
+
+
+class Peers:
+    """The admitted connections, counted per peer address, and each peer's silent ones (no request in
+    progress), oldest silent first: what a newcomer at the total cap may shed."""
+
+    def __init__(self) -> None:
+        self.total = 0
+        self.lingering = 0  # refused or answered connections draining before their close
+        self.count: dict[str, int] = {}
+        self.silent: dict[str, dict] = {}  # peer -> {protocol: None}, in the order they fell silent
+        self._held: set = set()
+
+    def admit(self, conn) -> None:
+        self._held.add(conn)
+        self.total += 1
+        self.count[conn._peer] = self.count.get(conn._peer, 0) + 1
+        self.idle(conn)  # silent until its first byte
+
+    def idle(self, conn) -> None:
+        if conn in self._held:
+            q = self.silent.setdefault(conn._peer, {})
+            q.pop(conn, None)
+            q[conn] = None
+
+    def busy(self, conn) -> None:
+        q = self.silent.get(conn._peer)
+        if q is not None and q.pop(conn, 0) is None and not q:
+            del self.silent[conn._peer]
+
+    def gone(self, conn) -> None:
+        if conn not in self._held:
+            return
+        self._held.discard(conn)
+        self.busy(conn)
+        self.total -= 1
+        n = self.count[conn._peer] - 1
+        if n:
+            self.count[conn._peer] = n
+        else:
+            del self.count[conn._peer]
+
+    def shed_for(self, peer: str, limit_log) -> bool:
+        """Close the longest-silent connection of the peer holding the most connections, when it holds
+        more than `peer` would after one more; whether one was closed (the newcomer takes its place)."""
+        mine = self.count.get(peer, 0) + 1
+        for other, q in sorted(self.silent.items(), key=lambda kv: -self.count.get(kv[0], 0)):
+            if self.count.get(other, 0) <= mine:
+                return False
+            victim = next(iter(q))
+            limit_log("connection shed", "WARN", reason="silent_under_pressure", peer=other,
+                      held=self.count.get(other, 0))
+            self.gone(victim)
+            victim._disarm()
+            victim.transport.close()
+            return True
+        return False
+
+
+class _Gentle:
+    """The transport as the protocol sees it, but `close()` while the request's body is still arriving
+    (a 413 answered before reading it) shuts our side for writing and drops what the client still
+    sends, until it closes or `LINGER_BODY_S` passes: closing with unread data would send a reset,
+    which can reach the client before it reads the answer."""
+
+    def __init__(self, transport, conn) -> None:
+        self._t = transport
+        self._conn = conn
+        self._closing = False
+
+    def __getattr__(self, name):
+        return getattr(self._t, name)
+
+    def is_closing(self) -> bool:
+        return self._closing or self._t.is_closing()
+
+    def close_now(self) -> None:
+        self._closing = True
+        self._t.close()
+
+    def close(self) -> None:
+        if self._closing or self._t.is_closing():
+            return
+        self._closing = True
+        if not self._conn.linger():
+            self._t.close()
+            return
+        self._t.write_eof()
+        self._t.resume_reading()
+        self._conn.loop.call_later(LINGER_BODY_S, self._t.close)

@@ -14,7 +14,7 @@ import threading
 import time
 import traceback
 
-__all__ = ["LEVELS", "Limiter", "event", "fmt", "level_from_env", "set_level"]
+__all__ = ["LEVELS", "Limiter", "event", "fmt", "level", "level_from_env", "set_level"]
 
 _lock = threading.Lock()
 LEVELS = {"DEBUG": 10, "INFO": 20, "WARN": 30, "ERROR": 40}
@@ -34,6 +34,13 @@ def set_level(name: str) -> None:
         _command_threshold.set(level)
     else:
         _threshold = level
+
+
+def level() -> str:
+    """The level lines are written at now (debug, info, warn or error): what a process this one starts
+    (a pipeline's stage) is given, so its lines follow this one's."""
+    t = _current_threshold()
+    return next(k for k, v in LEVELS.items() if v == t).lower()
 
 
 def _current_threshold() -> int:

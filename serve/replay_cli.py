@@ -90,7 +90,6 @@ def replay_command(ctx, trace, page, capacity_text, host_tokens, host_gib, bytes
     """Replay TRACE (Mooncake JSONL, or our token traces) through the pool, the index and the host tier
     and print hit figures per device capacity."""
     from serve.mooncake import known
-    from serve.replay import replay_engine, replay_lru, setup_for
     from serve.traces import TraceError, read, scale
 
     try:
@@ -129,6 +128,19 @@ def replay_command(ctx, trace, page, capacity_text, host_tokens, host_gib, bytes
     bpt = bytes_per_token or 1
     host = host_tokens if host_tokens is not None else (int(host_gib * GIB) // bpt if host_gib else 0)
     host //= scale_k
+    figs = _sweep(reqs, capacities, policy, page, host, bpt)
+    if as_json:
+        for f in figs:
+            click.echo(json.dumps(f.as_dict()))
+    else:
+        click.echo(table(figs))
+    _write(figs, trace, policy, paper, scale_k, out_dir, plot)
+
+
+def _sweep(reqs, capacities, policy, page, host, bpt) -> list:
+    """One replay per device capacity, with a progress bar on stderr."""
+    from serve.replay import replay_engine, replay_lru, setup_for
+
     figs = []
     bound = None
     total = len(reqs) * len(capacities)
@@ -145,11 +157,11 @@ def replay_command(ctx, trace, page, capacity_text, host_tokens, host_gib, bytes
                                     bound=bound)
                 bound = fig.bound_tokens
             figs.append(fig)
-    if as_json:
-        for f in figs:
-            click.echo(json.dumps(f.as_dict()))
-    else:
-        click.echo(table(figs))
+    return figs
+
+
+def _write(figs, trace, policy, paper, scale_k, out_dir, plot) -> None:
+    """`--out DIR`: the figures as JSON and their plot beside it; `--plot PATH`: the plot alone."""
     stem = trace.rsplit("/", 1)[-1].rsplit(".", 1)[0] + f"-{policy}"
     if out_dir:
         os.makedirs(out_dir, exist_ok=True)

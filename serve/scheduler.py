@@ -51,6 +51,7 @@ class Scheduler(threading.Thread):
         self.inbox: queue.Queue = queue.Queue()
         self.window = Window(self.counters, stats_every)
         self.ready = threading.Event()
+        self.warm = threading.Event()  # set once every program has run (serve/warmup.py)
         self.busy_since: float | None = None  # monotonic start of this iteration's work; None: waiting for work
         self._names = 0
         self._kept: collections.deque = collections.deque()  # what `_queries` left for the next drain
@@ -127,6 +128,13 @@ class Scheduler(threading.Thread):
     def run(self) -> None:
         try:
             self.ready.set()
+            from serve.warmup import warm_up
+
+            try:
+                warm_up(self.engine)  # requests submitted meanwhile wait in the inbox
+            except StageLost:
+                pass  # a pipeline stage was lost while warming: the loop takes the loss
+            self.warm.set()
             self._loop()
         except BaseException:
             logs.event("scheduler crashed", "ERROR", error=traceback.format_exc().strip().splitlines()[-1])

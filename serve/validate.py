@@ -35,6 +35,9 @@ class ApiError(Exception):
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
+    def __reduce__(self):  # pickled whole (serve/bodies.py's worker process raises them)
+        return (ApiError, (self.status, self.message, self.param, self.code, self.type))
+
 
 @dataclass(slots=True)
 class Ask:
@@ -63,7 +66,40 @@ def parse(raw: bytes) -> dict:
         raise ApiError(400, f"the body is not valid JSON: {str(exc)[:200]}", code="invalid_json") from None
     if not isinstance(body, dict):
         raise ApiError(400, f"the body must be a JSON object, not {type(body).__name__}", code="invalid_json")
+    # a lone surrogate comes from a \u escape or from its bytes (json decodes with surrogatepass)
+    bad = _undecodable(body) if b"\\u" in raw or not raw.isascii() else None
+    if bad is not None:
+        raise ApiError(400, f"'{bad}' holds a string that is not valid Unicode (a lone surrogate such as \\ud800); "
+                       "strings must be UTF-8 text", bad, "invalid_string")
     return body
+
+
+def _utf8(s: str) -> bool:
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _undecodable(body: dict) -> str | None:
+    """The first field (`request_id`, `messages[0].content`, ...) of `body` whose string, or key, cannot
+    be written as UTF-8 (JSON's \\ud800 escapes decode to lone surrogates), or None."""
+    todo: list[tuple[str, object]] = [("", body)]
+    while todo:
+        path, v = todo.pop()
+        if isinstance(v, str):
+            if not _utf8(v):
+                return path
+        elif isinstance(v, dict):
+            for k, x in reversed(v.items()):
+                p = f"{path}.{k}" if path else k
+                if not _utf8(k):
+                    return p.encode("utf-8", "backslashreplace").decode()
+                todo.append((p, x))
+        elif isinstance(v, list):
+            todo.extend((f"{path}[{i}]", x) for i, x in reversed(list(enumerate(v))))
+    return None
 
 
 def _is_int(v) -> bool:
@@ -98,7 +134,7 @@ def _ids(v, param: str) -> list[int]:
     if isinstance(v, str):
         if not v:
             raise ApiError(400, f"'{param}' is empty", param, "empty_prompt")
-        return list(v.encode("utf-8", "surrogatepass"))
+        return list(v.encode("utf-8"))
     if isinstance(v, list):
         if not v:
             raise ApiError(400, f"'{param}' is empty", param, "empty_prompt")

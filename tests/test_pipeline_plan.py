@@ -46,3 +46,37 @@ def test_parse_at(text, want):
 def test_parse_at_names_a_bad_value(text):
     with pytest.raises(PlanError, match="--at"):
         parse_at(text)
+
+
+def test_balanced_with_held_states_gives_every_stage_a_state():
+    # toy-layers: embed (no state), 4 layers (one state each), head (none): a cut at 1 or 5 leaves a stage empty
+    held = {1: 0, 2: 1, 3: 2, 4: 3, 5: 4}
+    assert balanced(6, [1, 2, 3, 4, 5], 4, held, 4) == [2, 3, 4]
+    with pytest.raises(PlanError, match="5 stages cannot each hold a state.*--stages 1..4"):
+        balanced(6, [1, 2, 3, 4, 5], 5, held, 4)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.data())
+def test_balanced_with_held_states_never_leaves_a_stage_empty(data):
+    """For any non-decreasing count of states held below each candidate: either N-1 points whose
+    counts strictly increase from over 0 to under the total (every stage holds one), or a PlanError
+    exactly when fewer than N-1 distinct counts lie strictly between 0 and the total."""
+    calls = data.draw(st.integers(2, 40))
+    cands = sorted(data.draw(st.sets(st.integers(1, calls - 1), min_size=1)))
+    steps = data.draw(st.lists(st.integers(0, 2), min_size=len(cands), max_size=len(cands)))
+    held, n = {}, 0
+    for c, d in zip(cands, steps):
+        n += d
+        held[c] = n
+    total = n + data.draw(st.integers(0, 2))
+    stages = data.draw(st.integers(2, len(cands) + 1))
+    possible = len({h for h in held.values() if 0 < h < total}) >= stages - 1
+    if not possible:
+        with pytest.raises(PlanError):
+            balanced(calls, cands, stages, held, total)
+        return
+    got = balanced(calls, cands, stages, held, total)
+    counts = [0] + [held[c] for c in got] + [total]
+    assert len(got) == stages - 1 and set(got) <= set(cands)
+    assert all(a < b for a, b in zip(counts, counts[1:])), (got, counts)

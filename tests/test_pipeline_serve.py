@@ -133,10 +133,26 @@ def test_a_head_that_is_gone_ends_its_stages(kern_server):
 def test_the_head_packs_prefill_as_one_process_does(kern_server):
     """Eight prompts at once through two stages: the head packs their prefill into a few calls (as the
     single process does; an unpacked pipeline takes one call per prompt), answers unchanged."""
+    import threading
+
+    import httpx
+
     s = kern_server(TARGET, "--stages", "2", "--pp-timeout", "30")
     prompts = [_ids(f"{i:03d} " + "the quick brown fox jumps over " * 6)[: 100 + 37 * i] for i in range(8)]
-    with concurrent.futures.ThreadPoolExecutor(8) as ex:
-        got = list(ex.map(lambda ids: ask(s, ids, 8)["ids"], prompts))
+    # each client connected first, then all sent at once: the server warms its kernels before it
+    # serves, so a first request no longer waits (compiling) for the others to queue behind it
+    go = threading.Barrier(len(prompts))
+
+    def one(ids):
+        with httpx.Client(timeout=300) as c:
+            assert c.get(s.url + "/health").status_code == 200
+            go.wait()
+            r = c.post(s.url + "/v1/completions", json={"prompt": ids, "max_tokens": 8, "return_token_ids": True})
+        assert r.status_code == 200, r.text
+        return r.json()["choices"][0]["token_ids"]
+
+    with concurrent.futures.ThreadPoolExecutor(len(prompts)) as ex:
+        got = list(ex.map(one, prompts))
     assert got == [oracle(TARGET, ids, 8) for ids in prompts]
     stats = assert_nothing_leaked(s)
     assert stats["facts"]["pack"] is True

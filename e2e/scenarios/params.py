@@ -179,13 +179,27 @@ class Params:
 
 def run(r) -> None:
     p = Params(r)
-    rng = p.rng
     stop, ids, prompt = Judge("params_stop"), Judge("params_ids"), Judge("params_prompt")
     conts = []
     for i in range(PROMPTS_USED):
         served = list(PROMPTS[(i * 5 + 4) % len(PROMPTS)].encode())
         conts.append((served, p.continuation(served)))
-    # stop strings: streamed and not, completions and chat, with and without the string kept
+    _stop_strings(p, stop, conts)
+    ended = _stop_ids(p, ids, conts)
+    _echo_and_truncation(p, prompt, conts)
+    if getattr(r.oracle, "exact", False) and ended:
+        _ignore_eos(r, p, ids, ended)
+    seed = seed_of(r)
+    for judge in (stop, ids, prompt):
+        ok, note = judge.verdict(seed)
+        if judge is stop:
+            ok, note = ok and p.plain.ok, note + f"; plain answers {p.plain}"
+        r.checks.add(judge.name, ok, note, p.plain.excused if judge is stop else 0)
+
+
+def _stop_strings(p, stop, conts) -> None:
+    """Stop strings: streamed and not, completions and chat, with and without the string kept."""
+    rng = p.rng
     for j in range(8):
         served, cont = conts[j % len(conts)]
         strings = stops_from(rng, text_of(cont))
@@ -195,7 +209,12 @@ def run(r) -> None:
         body = p.body(served, TOKENS, chat, stop=strings, include_stop_str_in_output=include, stream=stream)
         p.send(stop, f"stop {[len(s) for s in strings]}{' kept' if include else ''}{' streamed' if stream else ''}"
                f"{' chat' if chat else ''}", body, served, want, chat)
-    # stop token ids: a token of the answer, kept in the text or not
+
+
+def _stop_ids(p, ids, conts) -> list:
+    """Stop token ids (kept in the text or not), EOS at the last allowed token and one short of it,
+    min_tokens 0 served and more refused by name; the conversations whose answer ended on EOS."""
+    rng = p.rng
     for j in range(3):
         served, cont = conts[j]
         body_cont = [t for t in cont if t != p.eos]
@@ -204,7 +223,6 @@ def run(r) -> None:
         want = expect(cont, TOKENS, p.eos, stop_ids=(t,), include=include)
         p.send(ids, f"stop_token_ids [{t}]", p.body(served, TOKENS, stop_token_ids=[t], include_stop_str_in_output=include,
                                                      stream=j == 2), served, want)
-    # EOS at the last allowed token, and one short of it
     ended = [(s, c) for s, c in conts if c and c[-1] == p.eos]
     for served, cont in ended[:1]:
         for m in (len(cont), len(cont) - 1):
@@ -225,7 +243,11 @@ def run(r) -> None:
         if exc.status != 400 or err.get("param") != "min_tokens" or "min_tokens" not in str(err.get("message")):
             ids.note(label, f"refused as {exc.status} naming {err.get('param')!r} ({str(err.get('message'))[:60]!r}), "
                             "not 400 naming min_tokens")
-    # echo and truncation
+    return ended
+
+
+def _echo_and_truncation(p, prompt, conts) -> None:
+    rng = p.rng
     for j in range(2):
         served, cont = conts[j]
         want = expect(cont, TOKENS, p.eos, echo=text_of(served))
@@ -242,27 +264,23 @@ def run(r) -> None:
             p.send(prompt, f"echo, truncate_prompt_tokens {k}, streamed",
                    p.body(full, TOKENS, truncate_prompt_tokens=k, echo=True, stream=True), served,
                    expect(cont, TOKENS, p.eos, echo=text_of(served)))
-    # ignore_eos: past EOS to max_tokens (the reference continues after it). The policy follows the
-    # answer a token a step (verdicts.params.decoded_path); a target of speculative rounds, whose
-    # counts are the model's, ends its exact predictions here.
-    if getattr(r.oracle, "exact", False) and ended:
-        policy = p.live.policy
-        if policy is not None and policy.active:
-            policy.compare("the requests before ignore_eos", p.live.client.stats())
-        if r.rows != 1:
-            r.serial_ends(f"ignore_eos answers run past EOS in rounds of up to {r.rows} tokens (counts not modelled)")
-        served, _ = ended[0]
-        run_on = continuation(r.oracle, r.rows, served, TOKENS, p.eos, ignore_eos=True)
-        emits = policy.policy.emits if policy is not None and policy.active else True
-        p.send(ids, "ignore_eos", p.body(served, TOKENS, ignore_eos=True), served,
-               expect(run_on, TOKENS, p.eos, ignore_eos=True), walk=decoded_path(len(served), run_on[:TOKENS], emits))
-        p.send(ids, "ignore_eos, stop_token_ids [EOS]", p.body(served, TOKENS, ignore_eos=True, stop_token_ids=[p.eos]),
-               served, expect(run_on, TOKENS, p.eos, stop_ids=(p.eos,), ignore_eos=True))
-        if policy is not None and policy.active:
-            policy.compare("the ignore_eos requests", p.live.client.stats())
-    seed = seed_of(r)
-    for judge in (stop, ids, prompt):
-        ok, note = judge.verdict(seed)
-        if judge is stop:
-            ok, note = ok and p.plain.ok, note + f"; plain answers {p.plain}"
-        r.checks.add(judge.name, ok, note, p.plain.excused if judge is stop else 0)
+
+
+def _ignore_eos(r, p, ids, ended) -> None:
+    """ignore_eos: past EOS to max_tokens (the reference continues after it). The policy follows the
+    answer a token a step (verdicts.params.decoded_path); a target of speculative rounds, whose counts
+    are the model's, ends its exact predictions here."""
+    policy = p.live.policy
+    if policy is not None and policy.active:
+        policy.compare("the requests before ignore_eos", p.live.client.stats())
+    if r.rows != 1:
+        r.serial_ends(f"ignore_eos answers run past EOS in rounds of up to {r.rows} tokens (counts not modelled)")
+    served, _ = ended[0]
+    run_on = continuation(r.oracle, r.rows, served, TOKENS, p.eos, ignore_eos=True)
+    emits = policy.policy.emits if policy is not None and policy.active else True
+    p.send(ids, "ignore_eos", p.body(served, TOKENS, ignore_eos=True), served,
+           expect(run_on, TOKENS, p.eos, ignore_eos=True), walk=decoded_path(len(served), run_on[:TOKENS], emits))
+    p.send(ids, "ignore_eos, stop_token_ids [EOS]", p.body(served, TOKENS, ignore_eos=True, stop_token_ids=[p.eos]),
+           served, expect(run_on, TOKENS, p.eos, stop_ids=(p.eos,), ignore_eos=True))
+    if policy is not None and policy.active:
+        policy.compare("the ignore_eos requests", p.live.client.stats())

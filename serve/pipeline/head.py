@@ -16,7 +16,6 @@ the route the items carry. More than RESTARTS_MAX losses within RESTARTS_WINDOW_
 
 from __future__ import annotations
 
-import json
 import os
 import queue
 import subprocess
@@ -33,7 +32,7 @@ from serve.pipeline.stage import cut_of
 from serve.pipeline.transport import Message, ZmqWire
 from serve.pipeline.work import StageWork, arriving
 
-__all__ = ["PipelineOptions", "Head", "build_head", "stage_paths"]
+__all__ = ["PipelineOptions", "Head", "build_head"]
 
 GIB = 1 << 30
 RESTARTS_MAX = 3
@@ -181,40 +180,13 @@ def _gather(watch: HeadWatch, kind: str, want: set[int], timeout: float, procs, 
     return got
 
 
-def stage_paths(what: str) -> list[Path]:
-    """A cut directory's stage manifests, in stage order (every `*.json` carrying a `cut`)."""
-    from manifests import load
-    from serve.pipeline.plan import PlanError
-
-    d = Path(what)
-    found = []
-    for p in sorted(d.glob("*.json")):
-        try:
-            raw = json.loads(p.read_text())
-        except (OSError, ValueError):
-            continue
-        if not isinstance(raw, dict) or "cut" not in raw:
-            continue
-        m = load(p)
-        cid, k, n = cut_of(m)
-        if n > 1:
-            found.append((k, n, cid, p))
-    if not found:
-        raise PlanError(f"{what}: no stage manifests (JSON with a `cut`) in this directory")
-    ids = {cid for _, _, cid, _ in found}
-    n = found[0][1]
-    ks = sorted(k for k, _, _, _ in found)
-    if len(ids) != 1 or ks != list(range(n)):
-        raise PlanError(f"{what}: the stage manifests are not one whole cut (stages {ks} of {n}, ids {sorted(ids)})")
-    return [p for _, _, _, p in sorted(found)]
-
-
 def _spawn(path: Path, k: int, head_addr: str, opts, pp: PipelineOptions, weights) -> subprocess.Popen:
     """Stage k on this machine, on the head's backend and device (stages started separately with
     --pp-head choose their own)."""
     cmd = [sys.executable, "-m", "serve", str(path), "--pp-head", head_addr, "--pp-timeout", str(pp.timeout),
            "--backend", opts.backend, "--host-gib", str(opts.host_gib), "--pp-parent", str(os.getpid()),
-           "--stage-connect-timeout", str(startup_s(pp))]
+           "--stage-connect-timeout", str(startup_s(pp)),
+           "--log-level", logs.level()]  # its `pp item` lines are debug, as the head's
     if opts.device is not None:
         cmd += ["--device", str(opts.device)]
     if opts.capacity is None and opts.backend != "cpu":
@@ -290,7 +262,7 @@ def build_head(paths: list[Path], opts, pp: PipelineOptions):
     from manifests import derive, load
     from manifests.config import resolve
     from pool import Geometry, Lease, Pool, Prefix, chunk_size, chunks_for
-    from runtime.backend import make_backend
+    from runtime.backends import make_backend
     from runtime.protocol import Protocol
     from runtime.runtime import Runtime
     from serve.engine import CPU_CAPACITY, Engine, EngineError, _gpu_capacity
@@ -299,6 +271,12 @@ def build_head(paths: list[Path], opts, pp: PipelineOptions):
     if opts.device is not None and opts.backend != "cpu":
         os.environ.setdefault("CUDA_VISIBLE_DEVICES", str(opts.device).split(",")[0])
     manifests = [load(p) for p in paths]
+    empty = [k for k, m in enumerate(manifests) if not m.raw.get("states")]
+    if empty:
+        from serve.pipeline.plan import PlanError
+
+        raise PlanError(f"stage(s) {','.join(map(str, empty))} of {paths[0].parent} hold no state (a stage needs "
+                        "pages to share the head's); cut so that every stage holds a layer")
     m0, last = manifests[0], manifests[-1]
     cid, _, n = cut_of(m0)
     target = resolve(str(paths[0]), opts.config, list(opts.weights) or None)

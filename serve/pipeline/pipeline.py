@@ -196,7 +196,7 @@ class Pipeline:
         except Exception as exc:  # zmq.Again: stage 1 takes nothing
             self.lose(1, f"it took no item ({exc})")
             raise StageLost("stage 1 took no item") from exc
-        logs.event("pp item", stage=0, item=n, program=program, rows=sum(len(c.ids) for c in cells),
+        logs.event("pp item", "DEBUG", stage=0, item=n, program=program, rows=sum(len(c.ids) for c in cells),
                    issued_us=int(issued * 1e6), done_us=int(time.time() * 1e6))
         self.in_flight.append(n)
         self._since.append(time.monotonic())

@@ -28,21 +28,42 @@ def parse_at(at: str | None) -> list[int] | None:
     return points
 
 
-def balanced(calls: int, candidates: list[int], stages: int) -> list[int]:
+def balanced(calls: int, candidates: list[int], stages: int, held: dict[int, int] | None = None,
+             total: int | None = None) -> list[int]:
     """stages-1 increasing cut points out of `candidates` (the call indices a cut may fall on),
-    each the nearest to an even share of `calls` that keeps them increasing."""
+    each the nearest to an even share of `calls` that keeps them increasing.
+
+    With `held` (candidate -> how many of the manifest's `total` states the calls before it hold), every
+    stage must hold at least one state: the points' `held` counts strictly increase, the first is over
+    0 and the last under `total` (a stage without a state has no pages to share the head's)."""
     if len(candidates) < stages - 1:
         raise PlanError(f"{stages} stages need {stages - 1} cut points; the manifest has {len(candidates)} "
                         f"place(s) to cut ({', '.join(map(str, candidates)) or 'none'})")
+    if held is not None:
+        levels = {held[c] for c in candidates if 0 < held[c] < total}
+        if len(levels) < stages - 1:
+            raise PlanError(f"{stages} stages cannot each hold a state: the manifest's {total} state(s) split into at "
+                            f"most {len(levels) + 1} stage(s) that do (a stage holding no state has no pages); "
+                            f"use --stages 1..{len(levels) + 1}")
     out: list[int] = []
     for i in range(1, stages):
         ideal = i * calls / stages
         lo = out[-1] if out else 0
         left = stages - 1 - i  # points still to place after this one
         usable = [c for c in candidates if c > lo]
-        usable = usable[: len(usable) - left] if left else usable
+        if held is not None:
+            floor = held[lo] if out else 0
+            usable = [c for c in usable if floor < held[c] < total
+                      and len({held[b] for b in candidates if b > c and held[c] < held[b] < total}) >= left]
+        else:
+            usable = usable[: len(usable) - left] if left else usable
         out.append(min(usable, key=lambda c: (abs(c - ideal), c)))
     return out
+
+
+def stateless(stages) -> list[int]:
+    """The indices of the cut's stages that hold no state."""
+    return [st.index for st in stages if not st.raw.get("states")]
 
 
 def _driven_calls(m) -> int:
@@ -85,7 +106,6 @@ def pipeline_paths(what: str, stages: int | None, at: str | None, config, weight
 
     p = Path(what)
     if p.is_dir():
-        from serve.pipeline.head import stage_paths
 
         if stages not in (None, 1) or at is not None:
             raise PlanError(f"{what} is a cut directory: it already says its stages (drop --stages/--at)")
@@ -106,9 +126,46 @@ def pipeline_paths(what: str, stages: int | None, at: str | None, config, weight
     points = parse_at(at) or (list(target.cut) if target.cut and stages in (None, target.stages) else None)
     if points is None:
         calls = _driven_calls(m)
-        points = balanced(calls, [a for a in range(1, calls) if _cuts(m, [a])], n)
+        cands = [a for a in range(1, calls) if _cuts(m, [a])]
+        held = {a: len(_cut(m, [a])[0].raw.get("states") or {}) for a in cands}
+        points = balanced(calls, cands, n, held, len(m.raw.get("states") or {}))
     if len(points) != n - 1:
         raise PlanError(f"{n} stages need {n - 1} cut point(s); got {len(points)}: {points}")
+    empty = stateless(_cut(m, points))
+    if empty:
+        raise PlanError(f"cutting {m.model} at {','.join(map(str, points))} leaves stage(s) "
+                        f"{','.join(map(str, empty))} holding no state (a stage needs pages to share the head's); "
+                        "cut elsewhere (--at)")
     out = Path(tempfile.mkdtemp(prefix="kern-cut-"))
     atexit.register(shutil.rmtree, out, True)
     return write_stages(m, points, out), target.weights
+
+
+def stage_paths(what: str) -> list[Path]:
+    """A cut directory's stage manifests, in stage order (every `*.json` carrying a `cut`)."""
+    import json
+
+    from manifests import load
+    from serve.pipeline.stage import cut_of
+
+    d = Path(what)
+    found = []
+    for p in sorted(d.glob("*.json")):
+        try:
+            raw = json.loads(p.read_text())
+        except (OSError, ValueError):
+            continue
+        if not isinstance(raw, dict) or "cut" not in raw:
+            continue
+        m = load(p)
+        cid, k, n = cut_of(m)
+        if n > 1:
+            found.append((k, n, cid, p))
+    if not found:
+        raise PlanError(f"{what}: no stage manifests (JSON with a `cut`) in this directory")
+    ids = {cid for _, _, cid, _ in found}
+    n = found[0][1]
+    ks = sorted(k for k, _, _, _ in found)
+    if len(ids) != 1 or ks != list(range(n)):
+        raise PlanError(f"{what}: the stage manifests are not one whole cut (stages {ks} of {n}, ids {sorted(ids)})")
+    return [p for _, _, _, p in sorted(found)]

@@ -77,7 +77,7 @@ def serve_stage(what: str, head: str, opts: StageOptions) -> int:
     from manifests import derive, load
     from manifests.config import resolve
     from pool import Geometry
-    from runtime.backend import make_backend
+    from runtime.backends import make_backend
 
     if opts.device is not None and opts.backend != "cpu":
         os.environ.setdefault("CUDA_VISIBLE_DEVICES", str(opts.device).split(",")[0])
@@ -158,7 +158,7 @@ def _run(m, target, k, stages, cut, ctx, ctl, up, watch, opts, backend, geometry
         else:
             down.send(Message("item", h, leave))
         done = time.time()
-        logs.event("pp item", stage=k, item=h["item"], program=h["program"], rows=sum(len(c.ids) for c in cells),
+        logs.event("pp item", "DEBUG", stage=k, item=h["item"], program=h["program"], rows=sum(len(c.ids) for c in cells),
                    issued_us=int(issued * 1e6), done_us=int(done * 1e6))
     logs.event("pp stage stopped", stage=k)
     return 0

@@ -1,0 +1,140 @@
+"""Request bodies parsed and checked off the event loop, in a worker process.
+
+A body of a few MiB (a prompt of a million token ids) takes the JSON parser and the checks 0.1-0.2 s
+of CPU, and tens of them at once held the loop for seconds: /health, and clients whose bodies had
+arrived, waited (408s for bodies that were there). A thread is not enough: while it parses it holds
+the interpreter lock, and every socket read the loop makes then waits up to the 5 ms switch interval
+for it, so 48 connections streaming bodies still stalled /health for a second.
+
+`check(kind, raw, *args)` runs `validate.parse(raw)` and the endpoint's checks (`run`): inline for a small body (the hop costs more than
+the work), else in one worker process (`python -c`, importing serve.validate only) that the loop
+reaches through one thread blocked on its pipes. Large bodies queue there one at a time while the loop
+keeps answering; the worker runs at a lower CPU priority (`NICE`), so on a machine short of cores the
+loop and the scheduler are not slowed by a burst of parsing either. A worker that dies is started again; the call that found it dead runs on that thread
+instead (the loop still never parses), so a large body never goes unanswered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import os
+import pickle
+import struct
+import subprocess
+import sys
+import threading
+from typing import Any
+
+__all__ = ["INLINE_BYTES", "check", "run"]
+
+INLINE_BYTES = 64 << 10  # bodies up to this size are parsed on the loop
+NICE = 10  # the worker's CPU priority below the server's
+_LEN = struct.Struct("!Q")
+
+
+def run(kind: str, raw: bytes, *args) -> Any:
+    """`validate.parse(raw)`, then what `kind` asks of the body:
+
+    - "completion" / "chat" (model, sampling, rows, reach): `validate.<kind>(body, model, sampling)`, and
+      the room rule's first test (one sequence's reach), so a prompt of millions of ids is refused
+      here rather than shipped back;
+    - "tokenize" (model, max_tokens): `validate.tokenize`, a 413 over `max_tokens` (--max-tokenize-tokens);
+    - "detokenize" (model): `validate.detokenize`.
+    """
+    from serve import validate
+
+    body = validate.parse(raw)
+    if kind in ("completion", "chat"):
+        model, sampling, rows, reach = args
+        ask = getattr(validate, kind)(body, model, sampling)
+        validate.room(ask, rows, reach, sys.maxsize, sys.maxsize)  # the rest of the rule: serve/app.py
+        return ask
+    if kind == "tokenize":
+        model, most = args
+        ids = validate.tokenize(body, model)
+        if len(ids) > most:
+            raise validate.ApiError(413, f"the input is {len(ids)} tokens; /tokenize takes at most {most} "
+                                    "(--max-tokenize-tokens)", "prompt", "input_too_large")
+        return ids
+    if kind == "detokenize":
+        return validate.detokenize(body, *args)
+    raise ValueError(f"unknown body kind {kind!r}")
+
+
+class _Worker:
+    """One child process answering `run` calls over its stdin/stdout, started at first use."""
+
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen | None = None
+        self.lock = threading.Lock()
+        self.pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="kern-bodies")
+
+    def _start(self) -> subprocess.Popen:
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        code = f"import sys; sys.path.insert(0, {root!r}); from serve.bodies import _serve; _serve()"
+        return subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.DEVNULL, close_fds=True)
+
+    def call(self, kind: str, raw: bytes, args: tuple) -> Any:
+        with self.lock:
+            try:
+                if self.proc is None or self.proc.poll() is not None:
+                    self.proc = self._start()
+                data = pickle.dumps((kind, raw, args), protocol=pickle.HIGHEST_PROTOCOL)
+                self.proc.stdin.write(_LEN.pack(len(data)) + data)
+                self.proc.stdin.flush()
+                head = self.proc.stdout.read(_LEN.size)
+                if len(head) < _LEN.size:
+                    raise EOFError("the body worker exited")
+                ok, value = pickle.loads(self.proc.stdout.read(_LEN.unpack(head)[0]))
+            except (OSError, EOFError, pickle.UnpicklingError, ValueError):
+                self._kill()
+                return run(kind, raw, *args)  # here, on this thread: still off the loop
+        if ok:
+            return value
+        raise value
+
+    def _kill(self) -> None:
+        if self.proc is not None:
+            try:
+                self.proc.kill()
+                self.proc.wait(5)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+            self.proc = None
+
+
+_worker = _Worker()
+
+
+async def check(kind: str, raw: bytes, *args) -> Any:
+    """`run(kind, raw, *args)`: inline for a body up to `INLINE_BYTES`, else in the worker process."""
+    if len(raw) <= INLINE_BYTES:
+        return run(kind, raw, *args)
+    return await asyncio.get_running_loop().run_in_executor(_worker.pool, _worker.call, kind, raw, args)
+
+
+def _serve() -> None:
+    """The worker's loop: read a call, answer (True, value) or (False, the exception), until stdin ends."""
+    from serve.validate import ApiError
+
+    try:  # the loop and the scheduler come first when the CPU is short
+        os.nice(NICE)
+    except OSError:
+        pass
+    src, dst = sys.stdin.buffer, sys.stdout.buffer
+    while True:
+        head = src.read(_LEN.size)
+        if len(head) < _LEN.size:
+            return
+        kind, raw, args = pickle.loads(src.read(_LEN.unpack(head)[0]))
+        try:
+            out = (True, run(kind, raw, *args))
+        except ApiError as exc:
+            out = (False, exc)
+        except Exception as exc:  # noqa: BLE001 - the server answers it as any unexpected error
+            out = (False, RuntimeError(f"{type(exc).__name__}: {exc}"))
+        data = pickle.dumps(out, protocol=pickle.HIGHEST_PROTOCOL)
+        dst.write(_LEN.pack(len(data)) + data)
+        dst.flush()

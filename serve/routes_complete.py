@@ -1,0 +1,221 @@
+"""The generating routes, /v1/completions and /v1/chat/completions: validate, name the request (req-N,
+in arrival order), submit it, and answer from the updates the scheduler thread hands the event loop
+(through an `Outbox`, one wake-up per batch). A client that hangs up has its request aborted; every
+request that was accepted ends with its whole answer or an error (a 503 when it was cut off, a stream's
+error event), never a success without an answer."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+
+from fastapi import APIRouter, Request as HttpRequest
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from serve import logs, validate
+from serve.http import POLL_S, Disconnected, Served, body_of, ctx, cut, reject
+from serve.reply import Reply
+from serve.request import Done, Request, Stops, Update
+from serve.validate import ApiError, Ask
+
+__all__ = ["router"]
+
+router = APIRouter()
+
+
+@router.post("/v1/completions")
+async def completions(request: HttpRequest):
+    c = ctx(request)
+    ask = await body_of(request, "completion", c.model, c.sampling, c.engine.rows, c.engine.reach)
+    return await answer(request, ask)
+
+
+@router.post("/v1/chat/completions")
+async def chat(request: HttpRequest):
+    c = ctx(request)
+    ask = await body_of(request, "chat", c.model, c.sampling, c.engine.rows, c.engine.reach)
+    return await answer(request, ask)
+
+
+def _submit(c: Served, ask: Ask) -> tuple[Request, asyncio.Queue]:
+    """Validate the room, make the request and its queue, hand it to the scheduler."""
+    for name in ask.sampling:
+        if name not in c.warned:
+            c.warned.add(name)
+            logs.event("sampling ignored", "WARN", param=name, decoding="greedy")
+    engine = c.engine
+    pool_tokens = engine.pages * engine.unit
+    limit = pool_tokens if "pad-in-limit" in engine.faults else engine.max_request_tokens
+    validate.room(ask, engine.rows, engine.reach, pool_tokens, limit)
+    outbox = c.outbox
+    if outbox is None or outbox.loop is not asyncio.get_running_loop():
+        outbox = c.outbox = Outbox(asyncio.get_running_loop())
+    q: asyncio.Queue[Update] = asyncio.Queue()
+    stops = Stops(list(ask.stop), list(ask.stop_ids), ask.include_stop) if ask.stop or ask.stop_ids else None
+    req = Request(c.scheduler.name(), ask.ids, ask.max_tokens, engine.rows, lambda u: outbox.put(q, u),
+                  t_arrive=time.monotonic(), ignore_eos=ask.ignore_eos, stops=stops)
+    c.scheduler.submit(req)
+    return req, q
+
+
+async def answer(request: HttpRequest, ask: Ask):
+    c = ctx(request)
+    req, q = _submit(c, ask)
+    watcher = asyncio.ensure_future(_watch(request, q))  # a hang-up reaches the queue as DISCONNECTED
+    try:
+        first = await _next(q)
+    except Disconnected:
+        watcher.cancel()
+        return hung_up(c, req, request)
+    except asyncio.CancelledError:
+        watcher.cancel()
+        return cancelled(c, req)
+    if first.done is not None and first.done.error is not None:
+        watcher.cancel()
+        return reject(c, failure(first.done))
+    reply = Reply(req, ask, c.model)
+    reply.untold_tier = "untold-tier" in c.engine.faults
+    track = c.meter.track(req.t_arrive, len(ask.ids), req, ask.max_tokens)
+    if ask.stream:
+        return StreamingResponse(stream(request, q, req, reply, first, track, watcher),
+                                 media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Request-Id": req.id})
+    update = first
+    try:
+        while True:
+            reply.add(update)
+            track.update(update)
+            if update.done is not None:
+                break
+            update = await _next(q)
+    except Disconnected:
+        return hung_up(c, req, request)
+    except asyncio.CancelledError:
+        return cancelled(c, req)
+    finally:
+        watcher.cancel()
+    if update.done.reason is None:
+        return reject(c, failure(update.done))
+    track.finish(update.done)
+    # serialized here: a dict returned to FastAPI is walked by its jsonable_encoder first, which took half
+    # the event loop's time under load (py-spy, 64 streams on an H200)
+    return Response(json.dumps(reply.whole(), separators=(",", ":")), media_type="application/json")
+
+
+def failure(done: Done) -> ApiError:
+    if done.error is None:
+        return cut("the request was aborted (the server is stopping)")
+    status, message, code, param = done.error
+    return ApiError(status, message, param, code, type="server_error" if status >= 500 else "invalid_request_error")
+
+
+def hung_up(c: Served, req: Request, request: HttpRequest) -> Response:
+    c.scheduler.abort(req)
+    c.limit_log("client disconnected", "INFO", reason="hung_up", path=request.url.path)
+    return Response(status_code=400)  # nobody reads it
+
+
+def cancelled(c: Served, req: Request) -> JSONResponse:
+    # shutdown's last resort (uvicorn cancels handlers past its graceful window): an explicit 503
+    c.scheduler.abort(req)
+    c.cancelled += 1
+    return reject(c, cut())
+
+
+def _sse(obj: dict) -> str:
+    return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"
+
+
+async def stream(request: HttpRequest, q: asyncio.Queue, req: Request, reply: Reply, first: Update, track,
+                 watcher: asyncio.Future):
+    c = ctx(request)
+    done = False
+    try:
+        update = first
+        while True:
+            text, done = _queued(q, update, reply, track)  # every update already queued: one write
+            yield "".join(text)
+            if done:
+                break
+            update = await _next(q)
+    except Disconnected:
+        c.limit_log("client disconnected", "INFO", reason="hung_up", path=request.url.path)
+    finally:
+        watcher.cancel()
+        if not done:
+            c.scheduler.abort(req)
+
+
+def _queued(q: asyncio.Queue, update: Update, reply: Reply, track) -> tuple[list[str], bool]:
+    """The events for `update` and every update queued behind it (a stream interval under load), and
+    whether the stream ended: a finish (then the usage chunk if asked, and [DONE]) or a cut-off (an error
+    event, then [DONE])."""
+    text = []
+    while True:
+        if update.done is not None and update.done.reason is None:
+            text += [_sse(failure(update.done).body()), "data: [DONE]\n\n"]
+            return text, True
+        text.append(_sse(reply.chunk(update)))
+        track.update(update)
+        if update.done is not None:
+            track.finish(update.done)
+            if reply.ask.include_usage:  # vLLM's: a chunk of its own, no choices, then [DONE]
+                text.append(_sse(reply.usage_chunk()))
+            text.append("data: [DONE]\n\n")
+            return text, True
+        update = _ready(q)
+        if update is None:
+            return text, False
+
+
+DISCONNECTED = object()  # what `_watch` puts in a request's queue when its client hung up
+
+
+class Outbox:
+    """Updates handed from the scheduler thread to the event loop: one loop wake-up for everything
+    that arrives between two of its turns (a step's tokens for every request), not one per token."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.lock = threading.Lock()
+        self.items: list = []
+
+    def put(self, q: asyncio.Queue, update: Update) -> None:
+        with self.lock:
+            self.items.append((q, update))
+            first = len(self.items) == 1
+        if first:
+            self.loop.call_soon_threadsafe(self.flush)
+
+    def flush(self) -> None:
+        with self.lock:
+            items, self.items = self.items, []
+        for q, update in items:
+            q.put_nowait(update)
+
+
+async def _watch(request: HttpRequest, q: asyncio.Queue) -> None:
+    """Until cancelled: a client that hung up puts DISCONNECTED in its request's queue (checked every
+    POLL_S, off the path each token takes)."""
+    while not await request.is_disconnected():
+        await asyncio.sleep(POLL_S)
+    q.put_nowait(DISCONNECTED)
+
+
+async def _next(q: asyncio.Queue) -> Update:
+    update = await q.get()
+    if update is DISCONNECTED:
+        raise Disconnected()
+    return update
+
+
+def _ready(q: asyncio.Queue) -> Update | None:
+    """The next update if one is already queued (None if not); a hang-up raises `Disconnected`."""
+    if q.empty():
+        return None
+    update = q.get_nowait()
+    if update is DISCONNECTED:
+        raise Disconnected()
+    return update

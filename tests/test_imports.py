@@ -1,0 +1,133 @@
+"""The packages' imports, read from the source (every `import`, at module level, inside a function, or
+under `TYPE_CHECKING`): no import circle between any two modules, and every import between packages
+points the way docs/architecture.md draws it. The checks are shown to fail on a tree built to break them.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("toy", "manifests", "runtime", "pool", "serve", "oracle", "verdicts", "e2e")
+ALLOWED = {
+    "toy": set(),
+    "manifests": set(),
+    "runtime": {"manifests"},
+    "pool": set(),
+    "verdicts": set(),
+    "serve": {"manifests", "runtime", "pool"},
+    "oracle": {"manifests", "runtime", "toy", "verdicts", "serve"},  # serve: the commands it runs and hosts
+    "e2e": {"manifests", "oracle", "verdicts"},  # the server only over HTTP and its log
+}
+"""Which packages each may import (docs/architecture.md's table). A module that imports nothing of the
+project (a leaf: `oracle/version.py`, which `kern serve --version` uses) may be imported from anywhere."""
+
+
+def graph(root: Path, packages=PACKAGES) -> dict[str, set[str]]:
+    """Module -> the project modules it imports (a name imported from a package resolves to its module)."""
+    mods = {}
+    for pkg in packages:
+        for p in (root / pkg).rglob("*.py"):
+            name = ".".join(p.relative_to(root).with_suffix("").parts)
+            mods[name.removesuffix(".__init__")] = p
+
+    def resolve(name: str) -> str | None:
+        while name and name not in mods:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    edges: dict[str, set[str]] = {m: set() for m in mods}
+    for m, p in mods.items():
+        pkg = m if p.name == "__init__.py" else m.rpartition(".")[0]
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, ast.Import):
+                targets = [resolve(a.name) for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parts = pkg.split(".")
+                    base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
+                targets = [resolve(f"{base}.{a.name}") or resolve(base) for a in node.names]
+            else:
+                continue
+            edges[m].update(t for t in targets if t and t != m)
+    return edges
+
+
+def circles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Every strongly connected component of more than one module (Tarjan, iteratively)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    found: list[list[str]] = []
+    counter = 0
+    for start in edges:
+        if start in index:
+            continue
+        work = [(start, iter(sorted(edges[start])))]
+        index[start] = low[start] = counter
+        counter += 1
+        stack.append(start)
+        on.add(start)
+        while work:
+            v, it = work[-1]
+            w = next(it, None)
+            if w is not None:
+                if w not in index:
+                    index[w] = low[w] = counter
+                    counter += 1
+                    stack.append(w)
+                    on.add(w)
+                    work.append((w, iter(sorted(edges[w]))))
+                elif w in on:
+                    low[v] = min(low[v], index[w])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                comp = []
+                while True:
+                    x = stack.pop()
+                    on.discard(x)
+                    comp.append(x)
+                    if x == v:
+                        break
+                if len(comp) > 1:
+                    found.append(sorted(comp))
+    return found
+
+
+def upward(edges: dict[str, set[str]], allowed=ALLOWED) -> list[str]:
+    """Imports between packages that the table does not allow (leaf modules excepted)."""
+    leaves = {m for m, ts in edges.items() if not ts}
+    bad = []
+    for m, ts in edges.items():
+        for t in ts:
+            a, b = m.split(".")[0], t.split(".")[0]
+            if a != b and b not in allowed.get(a, set()) and t not in leaves:
+                bad.append(f"{m} -> {t}")
+    return sorted(bad)
+
+
+def test_no_import_circle():
+    assert circles(graph(ROOT)) == []
+
+
+def test_imports_point_the_way_the_architecture_draws_them():
+    assert upward(graph(ROOT)) == []
+
+
+def test_the_checks_catch_a_circle_and_an_upward_import(tmp_path):
+    for pkg, files in {"low": {"a.py": "from low import b\n", "b.py": "def f():\n    from low.a import x\n"},
+                       "high": {"c.py": "from low.a import y\n"}}.items():
+        (tmp_path / pkg).mkdir()
+        (tmp_path / pkg / "__init__.py").write_text("")
+        for name, text in files.items():
+            (tmp_path / pkg / name).write_text(text)
+    (tmp_path / "low" / "d.py").write_text("from high.c import z\n")
+    edges = graph(tmp_path, ("low", "high"))
+    assert circles(edges) == [["low.a", "low.b"]]
+    assert upward(edges, {"low": set(), "high": {"low"}}) == ["low.d -> high.c"]
