@@ -28,6 +28,10 @@ class Admission:
         """None when `req` now holds its lease; WAIT; or an error (status, message, code, param)."""
         e = self.engine
         fed = len(req.ids) if self.emits else len(req.ids) - 1
+        if req.emitted and e.context is not None and len(req.ids) + len(req.emitted) - 1 > e.context:
+            # resumed after a lost pipeline stage, its recompute would not fit one prefill's context
+            return (503, f"this request was cut off by a lost pipeline stage and its {len(req.ids) + len(req.emitted) - 1} "
+                    f"tokens exceed the context bound {e.context} to recompute", "pipeline_stage_lost", None)
         if e.context is not None and fed > e.context:
             # no prefill call could ever seat its last chunk: waiting would be forever
             return (400, f"this prompt's prefill reaches {fed} tokens; the manifest's context bound is "
@@ -78,6 +82,11 @@ class Admission:
         req.page_mark = req.cached // e.unit
         req.fed_end = len(req.ids) if self.emits else len(req.ids) - 1
         req.anchor = req.ids[-1]
+        if req.emitted:
+            # resumed (its state was lost with a pipeline stage): the prefill recomputes the prompt and
+            # every token fed since; the last token emitted is the anchor of its next step, as before
+            req.fed_end = len(req.ids) + len(req.emitted) - 1
+            req.anchor = req.emitted[-1]
         return None
 
     def _lookup(self, ids: list[int]):

@@ -113,7 +113,8 @@ def bind(host: str, port: int):
 @click.option("--at", "at", default=None, help="Cut points (call indices, comma separated) for --stages, instead of the balanced ones.")
 @click.option("--pp-listen", default=None, help="Head: bind the pipeline's control socket here (tcp://HOST:PORT) and wait for stages started separately with --pp-head.")
 @click.option("--pp-head", default=None, help="Run as a pipeline stage (TARGET is its stage manifest) for the head at this address (tcp://HOST:PORT); no HTTP.")
-@click.option("--pp-timeout", default=60.0, show_default=True, type=_POSITIVE, help="Seconds a pipeline peer may stay silent (or an item unanswered) before this process exits non-zero.")
+@click.option("--pp-timeout", default=60.0, show_default=True, type=_POSITIVE, help="Seconds a pipeline peer may stay silent (or an item unanswered) before it counts as lost (a stage: exits non-zero; the head: restarts it, see --pp-restart).")
+@click.option("--pp-restart/--no-pp-restart", "pp_restart", default=True, show_default=True, help="Head: when a stage is lost, start it again (or wait, up to --stage-connect-timeout, for a replacement started by hand with --pp-head) and resume every request from its prompt and the tokens it already produced; without: answer them with 503 pipeline_stage_lost and exit 3.")
 @click.option("--stage-connect-timeout", "stage_connect", default=None, type=_POSITIVE, help="Pipeline head: seconds to wait for every stage to connect, and again for them to load; a stage still missing then ends the head with one line naming it, exit 3 (default: 180, or --pp-timeout when longer). A stage: how long it waits for the head's table.")
 @click.option("--pp-bind", default="127.0.0.1", show_default=True, help="Stage: the address its activation socket binds (the previous stage connects to it).")
 @click.option("--pp-parent", default=None, type=click.IntRange(min=1), hidden=True, help="Stage: end when this process (the head that started it) ends.")
@@ -128,7 +129,8 @@ def serve_command(ctx, target, port, host, capacity, host_gib, max_seqs, chunk, 
                   weights, api_key, served_model_name, config, stats_every, no_graphs, no_pack, stages, at, pp_listen, pp_head,
                   pp_timeout, pp_bind, pp_parent, pp_share, faults, protect_stats, drain_timeout,
                   max_connections, header_timeout, body_timeout, keep_alive, max_body_bytes, max_tokenize_tokens, log_level=None, sampling="refuse",
-                  host_chunk=None, stage_connect=None, metrics_prefix="kern", max_per_client=_D.max_per_client) -> None:
+                  host_chunk=None, stage_connect=None, metrics_prefix="kern", max_per_client=_D.max_per_client,
+                  pp_restart=True) -> None:
     """Serve TARGET (a config target name or a manifest path) over OpenAI-compatible HTTP.
 
     Every start-up error is one line on stderr, `kern serve: error: ...`, naming the flag or file.
@@ -219,7 +221,7 @@ def serve_command(ctx, target, port, host, capacity, host_gib, max_seqs, chunk, 
             if target_weights and not weights:
                 opts.weights = tuple(str(w) for w in target_weights)
             engine, head = build_head(paths, opts, PipelineOptions(listen=pp_listen, timeout=pp_timeout,
-                                                                          startup=stage_connect))
+                                                                          startup=stage_connect, restart=pp_restart))
             phases.mark("stages")  # the head's load and its stages' start
     except errors as exc:
         fail(exc)

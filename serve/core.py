@@ -94,6 +94,8 @@ class Core:
         self._first_step_done = False
         self.step_since: float | None = None  # monotonic start of the runtime step in progress (read off-thread)
         self._long_done = False  # the long-first-step fault's one long step was taken
+        self.lost: tuple | None = None  # a pipeline stage was lost for good: the error every request gets
+        self.losses = self.requeued = self.lost_answered = 0  # state lost; requests requeued; answered an error
         rt = engine.runtime
         self.emits = rt.protocol.prefill_emits
         self.prefill_program = rt.protocol.chunk().program
@@ -105,7 +107,9 @@ class Core:
 
     def submit(self, req: Request) -> None:
         self.counters.add("requests")
-        if self.stopping or self.cut_at is not None:
+        if self.lost is not None:
+            self._reject(req, self.lost)
+        elif self.stopping or self.cut_at is not None:
             self._reject(req, (503, "the server is shutting down", "server_shutting_down", None))
         else:
             self.waiting.append(req)
@@ -142,6 +146,39 @@ class Core:
         logs.event("finished", "DEBUG", request=req.id, reason="abort", prompt=len(req.ids),
                    generated=len(req.out), elapsed_s=time.monotonic() - req.t_arrive)
         self._send(req, Update([], Done(None, req.cached, req.tier, error=error)))
+
+    def lose_state(self, error=None) -> int:
+        """The runtime lost state (a pipeline stage): every step in flight is void, every lease and
+        every cached prefix (resident or parked) is dropped. With `error`, every request running or
+        waiting is answered with it; without, the running ones go back to the FRONT of the queue in
+        their order, to be recomputed from their prompt and the tokens already emitted (nothing is
+        sent twice). Returns how many requests were requeued or answered."""
+        e = self.engine
+        self.in_flight.clear()
+        late, self._aborted = self._aborted, []
+        running, self.running = list(self.running), []
+        for req in running:
+            if req.lease is not None:
+                req.lease.release()
+                req.lease = None
+            req.move(Status.WAITING)
+            req.pos = req.fed_end = req.cached = req.page_mark = 0
+            req.tier, req.woken = None, False
+        e.prefix.clear()
+        self.waiting.extendleft(reversed(running))
+        for req in late:
+            self.abort(req)
+        n = len(self.waiting)
+        if error is not None:
+            self.lost = error
+            while self.waiting:
+                self.abort(self.waiting[0], error)
+        self.losses += 1
+        if error is None:
+            self.requeued += n
+        else:
+            self.lost_answered += n
+        return n
 
     def stop(self) -> None:
         """Stop admitting: abort what waits; what runs runs to its end."""
@@ -279,7 +316,8 @@ class Core:
             for req, n, cell in zip(work.reqs, work.ns, flight.cells[0]):
                 req.pos += n
                 self.counters.add("prefill_tokens", n)
-                new = req.take(cell.tokens[:1]) if self.emits and req.pos == req.fed_end else []
+                # a resumed request's prefill ends where its anchor was already emitted: nothing new
+                new = req.take(cell.tokens[:1]) if self.emits and req.pos == req.fed_end and not req.emitted else []
                 self._commit(req, new)
         else:
             rows = self.engine.rows
@@ -389,6 +427,9 @@ class Core:
                       "waiting": [r.id for r in list(self.waiting)[:QUEUE_SHOWN]]},
             "timing": {"steps": c["steps"], "step_s": c.step_s, "loop_s": c.loop_s, "tokens": c.tokens,
                        **(timing.as_dict() if timing is not None else {})},
+            **({"pipeline": {"epoch": self.engine.runtime.epoch, "losses": self.losses, "requeued": self.requeued,
+                             "answered_error": self.lost_answered}}
+               if hasattr(self.engine.runtime, "epoch") else {}),
         }
 
 

@@ -28,7 +28,7 @@ class Status(enum.Enum):
 
 _MOVES = {
     Status.WAITING: {Status.RUNNING, Status.ABORTED, Status.FINISHED},
-    Status.RUNNING: {Status.FINISHED, Status.ABORTED},
+    Status.RUNNING: {Status.FINISHED, Status.ABORTED, Status.WAITING},  # WAITING: requeued (a lost pipeline stage)
     Status.FINISHED: set(),
     Status.ABORTED: set(),
 }

@@ -10,10 +10,18 @@ batch:
 Handlers on other threads only post to the inbox. An exception here ends the process with exit code
 101: a server that accepts and never answers is worse than one that is gone (a server run in a
 host, `serve/hosted.py`, ends its command with 101 instead, and stops at once).
+
+A pipeline head's runtime can lose a stage (`serve/pipeline/pipeline.py`): the step in progress
+raises `StageLost`, and the next iteration takes the loss. With restart, the core drops all state and
+requeues its running requests at the front, the stages are replaced on a thread of their own, and
+nothing is scheduled (the inbox is still served: /stats answers) until the pipeline is whole; without
+(or when the restart fails) every request gets a 503 `pipeline_stage_lost` and the process exits 3
+EXIT_AFTER_S later, once the answers are out.
 """
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import queue
 import threading
@@ -23,12 +31,15 @@ import traceback
 from serve import hosted, logs
 from serve.core import Core, Plan, snapshot_holdings
 from serve.engine import Engine
+from serve.pipeline.liveness import die
+from serve.pipeline.pipeline import StageLost
 from serve.request import Request
 from serve.stats import Window
 
 __all__ = ["Plan", "Scheduler", "snapshot_holdings"]
 
 EXIT_CRASH = 101
+EXIT_AFTER_S = 1.5  # a pipeline that cannot go on: the answers' time to reach their clients before exit 3
 
 
 class Scheduler(threading.Thread):
@@ -43,6 +54,9 @@ class Scheduler(threading.Thread):
         self.warm = threading.Event()  # set once every program has run (serve/warmup.py)
         self.busy_since: float | None = None  # monotonic start of this iteration's work; None: waiting for work
         self._names = 0
+        self._kept: collections.deque = collections.deque()  # what `_queries` left for the next drain
+        if hasattr(engine.runtime, "while_waiting"):
+            engine.runtime.while_waiting = self._queries  # a pipeline's waits answer /stats
         self._names_lock = threading.Lock()
 
     # views of the core (read on this thread, or through `query`)
@@ -116,7 +130,10 @@ class Scheduler(threading.Thread):
             self.ready.set()
             from serve.warmup import warm_up
 
-            warm_up(self.engine)  # requests submitted meanwhile wait in the inbox
+            try:
+                warm_up(self.engine)  # requests submitted meanwhile wait in the inbox
+            except StageLost:
+                pass  # a pipeline stage was lost while warming: the loop takes the loss
             self.warm.set()
             self._loop()
         except BaseException:
@@ -126,30 +143,84 @@ class Scheduler(threading.Thread):
 
     def _loop(self) -> None:
         core = self.core
+        pipe = self.engine.runtime if hasattr(self.engine.runtime, "broken") else None
         while True:
-            if not core.running:
-                self.busy_since = None  # the drain may block: waiting for work
-            self._drain(block=not core.running)
+            halted = pipe is not None and (not pipe.whole.is_set() or core.lost is not None)
+            if not core.running or halted:
+                self.busy_since = None  # the drain may block: waiting for work (or for the stages)
+            self._drain(block=not core.running or halted, most=0.1 if pipe is not None else 1.0)
             self.busy_since = time.monotonic()
+            if pipe is not None and self._stages(pipe):
+                if self.window.due():
+                    self.window.flush(core.gauges())
+                continue
             if core.cut_at is not None and time.monotonic() >= core.cut_at:
                 core.cut()
             if core.done:
                 return
-            core.admit()
-            if core.running:
-                t0 = time.perf_counter()
-                core.run(core.schedule())
-                self.counters.loop_s += time.perf_counter() - t0
-                # what just finished freed room: admit now, so the next drain only blocks when nothing
-                # runs and the queue's head cannot be admitted
+            try:
                 core.admit()
+                if core.running:
+                    t0 = time.perf_counter()
+                    core.run(core.schedule())
+                    self.counters.loop_s += time.perf_counter() - t0
+                    # what just finished freed room: admit now, so the next drain only blocks when nothing
+                    # runs and the queue's head cannot be admitted
+                    core.admit()
+            except StageLost:
+                pass  # taken at the top of the next iteration
             if self.window.due():
                 self.window.flush(core.gauges())
 
-    def _drain(self, block: bool) -> None:
+    def _stages(self, pipe) -> bool:
+        """Take a pipeline's loss, or its failure to restart; True while nothing may be scheduled."""
+        core = self.core
+        if pipe.broken.is_set():
+            lost = pipe.take_loss()
+            core.step_since = None
+            reason = "; ".join(f"stage {k}: {why}" if k is not None else why for k, why in lost.items())
+            if pipe.restarter is None or core.lost is not None:
+                self._give_up(pipe, reason)
+            else:
+                n = core.lose_state()
+                logs.event("pp resuming", "WARN", requeued=n, epoch=pipe.epoch, lost=reason)
+                pipe.begin_restart(list(lost))
+        if pipe.failed is not None and core.lost is None:
+            self._give_up(pipe, pipe.failed)
+        if core.cut_at is not None and time.monotonic() >= core.cut_at:
+            core.cut()
+        if core.done:
+            return False  # the loop returns
+        return core.lost is not None or not pipe.whole.is_set()
+
+    def _give_up(self, pipe, reason: str) -> None:
+        stages = sorted(k for k in range(1, pipe.stages) if k in pipe.watch.lost)
+        where = f"stage {','.join(map(str, stages))}" if stages else "a stage"
+        error = (503, f"the pipeline lost {where} ({reason}); this server is exiting", "pipeline_stage_lost", None)
+        n = self.core.lose_state(error)
+        logs.event("pp giving up", "ERROR", answered=n, reason=reason, exit_in_s=EXIT_AFTER_S)
+        threading.Timer(EXIT_AFTER_S, die, args=("pp stage lost",), kwargs={"reason": reason, "answered": n}).start()
+
+    def _queries(self) -> None:
+        """While a pipeline waits on its stages (inside a step): answer the queries (/stats, /metrics:
+        reads) now and keep the rest, in order, for the next drain."""
+        while True:
+            try:
+                msg = self.inbox.get_nowait()
+            except queue.Empty:
+                return
+            if msg[0] == "query":
+                self._handle(msg)
+            else:
+                self._kept.append(msg)
+
+    def _drain(self, block: bool, most: float = 1.0) -> None:
+        while self._kept:
+            self._handle(self._kept.popleft())
+            block = False
         cut_at = self.core.cut_at
         left = None if cut_at is None else cut_at - time.monotonic()
-        wait = min(1.0, left) if left is not None and left > 0 else 1.0  # wake for a drain's deadline
+        wait = min(most, left) if left is not None and left > 0 else most  # wake for a drain's deadline
         try:
             msg = self.inbox.get(timeout=wait) if block else self.inbox.get_nowait()
         except queue.Empty:

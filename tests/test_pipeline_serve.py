@@ -1,7 +1,8 @@
 """`kern serve toy-layers --stages N`: the head and N-1 stage processes answer exactly as the single
 process does (toy/model.py is the oracle), prefix hits included, with the pool's checkpoint copies,
-park and wake carried out on every stage; and a stage killed or frozen ends the head (exit 3, a
-`pp stage lost` line) within --pp-timeout, a head that is gone ends its stages."""
+park and wake carried out on every stage; and, with --no-pp-restart, a stage killed or frozen ends
+the head (exit 3, a `pp stage lost` line) within --pp-timeout, a head that is gone ends its stages
+(with restart, the default: tests/test_pipeline_stage_loss.py)."""
 
 from __future__ import annotations
 
@@ -104,7 +105,7 @@ def test_park_and_wake_through_the_stages(kern_server):
 
 @pytest.mark.parametrize("how", ["kill", "stop"])
 def test_a_lost_stage_ends_the_head(kern_server, how):
-    s = kern_server(TARGET, "--stages", "3", "--pp-timeout", str(LIMIT))
+    s = kern_server(TARGET, "--stages", "3", "--pp-timeout", str(LIMIT), "--no-pp-restart")
     pids = _stage_pids(s)
     assert ask(s, _ids(PROMPTS[0]), 4)["ids"] == oracle(TARGET, _ids(PROMPTS[0]), 4)
     victim = pids[2]
@@ -119,7 +120,7 @@ def test_a_lost_stage_ends_the_head(kern_server, how):
 
 
 def test_a_head_that_is_gone_ends_its_stages(kern_server):
-    s = kern_server(TARGET, "--stages", "3", "--pp-timeout", str(LIMIT))
+    s = kern_server(TARGET, "--stages", "3", "--pp-timeout", str(LIMIT), "--no-pp-restart")
     pids = _stage_pids(s)
     s.proc.send_signal(signal.SIGKILL)
     s.proc.wait()

@@ -6,6 +6,12 @@ it listens}, sizes the pool to the fewest pages any stage holds and the host tie
 pages, answers each with a Table {pages, pad, max_seqs, host pages, where to send}, loads stage 0
 here and waits until every stage is ready. Then the scheduler runs as for one process, with a
 `Pipeline` in place of the runtime.
+
+Serving, a lost stage is the pipeline's to report (`Pipeline.lose`); with restart on (the default,
+`--no-pp-restart` turns it off) `Head.restart` replaces it: a stage this head started is killed if
+still there and started again, one started by hand is awaited (a new one started by hand with
+`--pp-head`), each within `startup` seconds; the same Table goes to it, and its item address joins
+the route the items carry. More than RESTARTS_MAX losses within RESTARTS_WINDOW_S seconds give up.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from pathlib import Path
 import zmq
 
 from serve import logs
-from serve.pipeline.liveness import EXIT_PIPELINE, HeadWatch, die
+from serve.pipeline.liveness import EXIT_PIPELINE, HeadWatch, die, hb_identity
 from serve.pipeline.stage import cut_of
 from serve.pipeline.transport import Message, ZmqWire
 from serve.pipeline.work import StageWork, arriving
@@ -29,6 +35,8 @@ from serve.pipeline.work import StageWork, arriving
 __all__ = ["PipelineOptions", "Head", "build_head"]
 
 GIB = 1 << 30
+RESTARTS_MAX = 3
+RESTARTS_WINDOW_S = 60.0
 STARTUP_S = 180.0  # --stage-connect-timeout's default (or --pp-timeout, when longer)
 SAY_EVERY_S = 10.0  # while waiting for stages, a line this often
 
@@ -40,26 +48,136 @@ class PipelineOptions:
     startup: float | None = None  # --stage-connect-timeout: seconds for the stages to connect (say hello), and
     # again to load; None: STARTUP_S, or `timeout` when longer
     share: int = 1  # processes sharing this device's free memory (the default --capacity on a GPU)
+    restart: bool = True  # replace a lost stage and resume (False: answer errors and exit 3)
 
 
 @dataclass
 class Head:
-    """What the head holds beside the engine: the watcher and the stage processes it started."""
+    """What the head holds beside the engine: the watcher, the stage processes it started, and what
+    it takes to replace one."""
 
     watch: HeadWatch
-    procs: list = field(default_factory=list)
+    procs: dict = field(default_factory=dict)  # stage -> Popen (stages this head started)
     ctx: zmq.Context | None = None
+    spawn: object = None  # stage -> a new Popen of it (None: stages are started by hand)
+    table: dict = field(default_factory=dict)
+    sends: list = field(default_factory=list)
+    cut: tuple = ()  # (id, stages)
+    startup: float = 180.0
+    pipe: object = None
+    losses: list = field(default_factory=list)  # monotonic times of restarts
+    stopping: bool = False
 
     def stop(self) -> None:
         """Drain is the scheduler's; here: tell the stages to end and reap the ones we started."""
+        self.stopping = True  # a restart in progress gives up
         self.watch.stop_stages()
         deadline = time.monotonic() + 10
-        for p in self.procs:
+        for p in list(self.procs.values()):
             try:
                 p.wait(max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
+
+    def restart(self, todo: list[int]) -> str | None:
+        """Replace the stages `todo` (run on the pipeline's restart thread); None when they are all
+        ready again, else why not. A replacement that exits before it is ready is one more loss:
+        it is replaced again while the budget (RESTARTS_MAX within RESTARTS_WINDOW_S) lasts."""
+        while True:
+            if self.stopping:
+                return "the head is stopping"
+            now = time.monotonic()
+            self.losses = [t for t in self.losses if now - t < RESTARTS_WINDOW_S] + [now]
+            if len(self.losses) > RESTARTS_MAX:
+                return (f"stages were lost {len(self.losses)} times within {RESTARTS_WINDOW_S:.0f} s; "
+                        "not restarting again")
+            why = self._replace(todo)
+            if not isinstance(why, _Exited):
+                return why
+            logs.event("pp stage lost", "ERROR", stage=why.stage, reason=str(why))
+
+    def _replace(self, todo: list[int]) -> str | None:
+        t0 = time.monotonic()
+        pipe, watch = self.pipe, self.watch
+        for k in todo:
+            watch.lost.add(k)  # being replaced: not reported lost again (revived when ready)
+            watch.known.discard(hb_identity(k))  # beat to the replacement once it is heard from
+            old = self.procs.pop(k, None)
+            watch.procs.pop(k, None)
+            if old is not None and old.poll() is None:
+                old.kill()  # frozen or stuck: it is replaced, not waited for
+            if old is not None:
+                old.wait()
+        while not watch.control.empty():
+            watch.control.get_nowait()  # a lost stage's last words
+        if self.spawn is not None:
+            for k in todo:
+                if self.stopping:
+                    return "the head is stopping"
+                self.procs[k] = self.spawn(k)
+        logs.event("pp stage restarting", stages=",".join(map(str, todo)), how="spawned" if self.spawn else "awaited",
+                   epoch=pipe.epoch)
+        procs = [(k, self.procs[k]) for k in todo if k in self.procs]
+        hellos = _gather(watch, "hello", set(todo), self.startup, procs, lambda: self.stopping)
+        if isinstance(hellos, str):
+            return hellos
+        cid, n = self.cut
+        for k, h in hellos.items():
+            if h.head["cut"] != cid or int(h.head["stages"]) != n:
+                return f"the replacement for stage {k} serves cut {h.head['cut']} of {h.head['stages']} stages"
+            if int(h.head["pages"]) < self.table["pages"] or int(h.head["host_pages"]) < self.table["host_pages"]:
+                return (f"the replacement for stage {k} holds {h.head['pages']} pages and {h.head['host_pages']} host "
+                        f"pages; the pool needs {self.table['pages']} and {self.table['host_pages']}")
+        route = list(pipe.route)
+        for k, h in hellos.items():
+            route[k] = h.head["up"]
+        for k in todo:
+            down = route[k + 1] if k + 1 < n else None
+            watch.post(f"s{k}".encode(), Message("table", {**self.table, "down": down, "send": self.sends[k],
+                                                           "epoch": pipe.epoch}))
+        ready = _gather(watch, "ready", set(todo), self.startup, procs, lambda: self.stopping)
+        if isinstance(ready, str):
+            return ready
+        for k in todo:
+            if k in self.procs:
+                watch.procs[k] = self.procs[k]
+            watch.revive(k)
+        pipe.route = route
+        logs.event("pp stage restarted", stages=",".join(map(str, todo)), epoch=pipe.epoch,
+                   took_s=round(time.monotonic() - t0, 2))
+        return None
+
+
+class _Exited(str):
+    """Why a restart failed: a replacement process exited before it was ready (it may be tried again)."""
+
+    def __new__(cls, why: str, stage: int):
+        self = super().__new__(cls, why)
+        self.stage = stage
+        return self
+
+
+def _gather(watch: HeadWatch, kind: str, want: set[int], timeout: float, procs, stopping=lambda: False) -> dict | str:
+    """Like `_await` while serving: every stage in `want`'s `kind` message, or why not (a string)."""
+    got: dict[int, Message] = {}
+    deadline = time.monotonic() + timeout
+    while set(got) != want:
+        if stopping():
+            return "the head is stopping"
+        for k, p in procs:
+            if p.poll() is not None:
+                return _Exited(f"the replacement for stage {k} exited with {p.returncode} before it was {kind}", k)
+        if time.monotonic() >= deadline:
+            return f"no {kind} from stage(s) {','.join(map(str, sorted(want - set(got))))} within {timeout:.0f} s"
+        try:
+            msg = watch.control.get(timeout=0.1)
+        except queue.Empty:
+            continue
+        k = int(msg.head.get("stage", -1))
+        if msg.kind == kind and k in want:
+            got[k] = msg
+    return got
 
 
 def _spawn(path: Path, k: int, head_addr: str, opts, pp: PipelineOptions, weights) -> subprocess.Popen:
@@ -115,7 +233,7 @@ def _await(watch: HeadWatch, kind: str, want: set[int], timeout: float, procs, n
                            message=f"waiting for stage {k}/{n} to {doing} (up to {timeout:g} s)...")
             say = now + SAY_EVERY_S
         try:
-            msg = watch.inbox.get(timeout=min(left, 0.25))
+            msg = watch.control.get(timeout=min(left, 0.25))
         except queue.Empty:
             continue
         if msg.kind != kind:
@@ -196,9 +314,10 @@ def build_head(paths: list[Path], opts, pp: PipelineOptions):
     logs.event("pp head listening", address=ctl.address, stages=n, cut=cid)
     procs = []
     if pp.listen is None:
+        head.spawn = lambda k: _spawn(paths[k], k, ctl.address, opts, pp, target.weights)
         for k in range(1, n):
-            procs.append((k, _spawn(paths[k], k, ctl.address, opts, pp, target.weights)))
-        head.procs = [p for _, p in procs]
+            procs.append((k, head.spawn(k)))
+        head.procs = dict(procs)
     startup = startup_s(pp)
     hellos = _await(watch, "hello", set(range(1, n)), startup, procs, n)
     for k, h in hellos.items():
@@ -228,6 +347,14 @@ def build_head(paths: list[Path], opts, pp: PipelineOptions):
     _await(watch, "ready", set(range(1, n)), startup, procs, n)
     down = ZmqWire.make(ctx, zmq.PUSH, connect=hellos[1].head["up"], send_timeout=pp.timeout)
     runtime = Pipeline(StageWork(local, sends[0]), proto, down, watch, n, pp.timeout, hpb0)
+    runtime.route = [None] + [hellos[k].head["up"] for k in range(1, n)]
+    runtime.down_at = runtime.route[1]
+    runtime.reconnect = lambda at: ZmqWire.make(ctx, zmq.PUSH, connect=at, send_timeout=pp.timeout)
+    head.table, head.sends, head.cut, head.startup, head.pipe = table, sends, (cid, n), startup, runtime
+    if pp.restart:
+        runtime.restarter = head.restart
+    watch.procs.update(head.procs)
+    watch.on_lost = runtime.lose  # serving: a lost stage breaks the pipeline instead of ending the head
     logs.event("pp ready", stages=n, cut=cid, pages=pool.pages_max, stage_pages=",".join(
         [str(fewest)] + [str(hellos[k].head["pages"]) for k in range(1, n)]), host_pages=host_pages,
         stage_page_bytes=",".join([str(hpb0)] + [str(hellos[k].head["page_bytes"]) for k in range(1, n)]))

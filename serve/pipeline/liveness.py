@@ -3,7 +3,9 @@ from a dead peer just waits, so each side runs a watcher thread with a socket of
 heartbeats and ends the process when the other side falls silent past `--pp-timeout`.
 
     HeadWatch   the head's control socket (ROUTER): heartbeats out, heartbeats and replies in; a stage
-                silent past the limit, or whose connection closed, ends the head (EXIT_PIPELINE)
+                silent past the limit, whose connection closed, whose process exited or that reported
+                an error is lost: `on_lost(stage, reason)` is told (once per loss; the serving head
+                marks its pipeline broken), or, with no `on_lost`, the head ends (EXIT_PIPELINE)
     StageWatch  a stage's heartbeat socket (DEALER): a head silent past the limit, a closed
                 connection, or a parent that exited ends the stage
     die_with_parent   ask Linux to SIGKILL this process when its parent dies (PR_SET_PDEATHSIG)
@@ -60,25 +62,40 @@ def die_with_parent(parent: int | None) -> None:
 
 
 class HeadWatch(threading.Thread):
-    """Owns the head's control wire from the start: every message but a heartbeat (hello, ready,
-    done) goes to `inbox`; heartbeats go only to stages already heard from."""
+    """Owns the head's control wire from the start: `done` messages go to `inbox`, the handshake's
+    (hello, ready) to `control`; heartbeats go only to stages already heard from. A stage it has
+    reported lost is not watched again until `revive`."""
 
-    def __init__(self, ctl: ZmqWire, stages: list[int], timeout: float) -> None:
+    def __init__(self, ctl: ZmqWire, stages: list[int], timeout: float, on_lost=None) -> None:
         super().__init__(name="pp-watch", daemon=True)
         self.ctl = ctl
         self.stages = stages
         self.timeout = timeout
         self.interval = interval_for(timeout)
-        self.inbox: queue.Queue = queue.Queue()
+        self.inbox: queue.Queue = queue.Queue()  # done
+        self.control: queue.Queue = queue.Queue()  # hello, ready
         self.known: set[bytes] = set()
         now = time.monotonic()
         self.seen = {k: now for k in stages}
+        self.on_lost = on_lost
+        self.procs: dict[int, object] = {}  # stage -> the Popen of a stage this head started (polled)
+        self.lost: set[int] = set()
         self._stop = threading.Event()
         self._outbox: queue.Queue = queue.Queue()
 
     def post(self, to: bytes, msg: Message) -> None:
         """Send `msg` to a peer identity from any thread (the watcher sends it)."""
         self._outbox.put((to, msg))
+
+    def revive(self, k: int) -> None:
+        """Stage k was replaced: watch it again from now (any thread)."""
+        self.seen[k] = time.monotonic()
+        self.lost.discard(k)
+
+    def silent(self) -> dict[int, float]:
+        """Seconds since each watched stage was last heard from (any thread)."""
+        now = time.monotonic()
+        return {k: now - t for k, t in list(self.seen.items()) if k not in self.lost}
 
     def stop_stages(self) -> None:
         """Tell every stage to end (each exits 0), then stop watching."""
@@ -92,6 +109,17 @@ class HeadWatch(threading.Thread):
 
     def stop(self) -> None:
         self._stop.set()
+
+    def _lose(self, k: int | None, event: str, **fields) -> None:
+        if self.on_lost is None:
+            die(event, stage=k, **fields)
+        if k is not None and k in self.lost:
+            return
+        if k is not None:
+            self.lost.add(k)
+            self.known.discard(hb_identity(k))  # beat to its replacement once that is heard from
+        logs.event(event, "ERROR", stage=k, **fields)
+        self.on_lost(k, fields.get("reason") or fields.get("error") or event)
 
     def run(self) -> None:
         last_beat = 0.0
@@ -108,10 +136,14 @@ class HeadWatch(threading.Thread):
                 for k in self.stages:
                     if hb_identity(k) in self.known:
                         self._send(hb_identity(k), Message("hb"))
-            for k, t in self.seen.items():
-                if hb_identity(k) in self.known and now - t > self.timeout:  # startup has its own deadline
-                    die("pp stage lost", stage=k, reason="no heartbeat", silent_s=round(now - t, 1),
-                        pp_timeout=self.timeout)
+            for k, p in list(self.procs.items()):
+                if k not in self.lost and p.poll() is not None:
+                    self._lose(k, "pp stage lost", reason=f"its process exited with {p.returncode}")
+            for k, t in list(self.seen.items()):
+                if hb_identity(k) in self.known and k not in self.lost and now - t > self.timeout:
+                    # startup has its own deadline
+                    self._lose(k, "pp stage lost", reason="no heartbeat", silent_s=round(now - t, 1),
+                               pp_timeout=self.timeout)
 
     def _stage_of(self, sender: bytes | None) -> int | None:
         try:
@@ -122,21 +154,27 @@ class HeadWatch(threading.Thread):
     def _handle(self, msg: Message, now: float) -> None:
         k = self._stage_of(msg.sender)
         if k in self.seen:
-            self.seen[k] = now
+            if k not in self.lost:
+                self.seen[k] = now
             self.known.add(msg.sender)
         if msg.kind == "error":
-            die("pp stage failed", stage=k, error=msg.head.get("error", "?"))
+            self._lose(k, "pp stage failed", error=msg.head.get("error", "?"))
+        elif msg.kind in ("hello", "ready"):
+            self.control.put(msg)
         elif msg.kind != "hb":
             self.inbox.put(msg)
 
     def _send(self, to: bytes, msg: Message) -> None:
         if self._stop.is_set():
             return
+        k = self._stage_of(to)
         try:
             self.ctl.send(msg, to=to)
         except zmq.ZMQError as exc:
             # ROUTER_MANDATORY: the peer's connection is gone (EHOSTUNREACH) or stuck (EAGAIN)
-            die("pp stage lost", stage=self._stage_of(to), reason=f"its connection closed ({exc.strerror})")
+            if k in self.lost:
+                return
+            self._lose(k, "pp stage lost", reason=f"its connection closed ({exc.strerror})")
 
 
 class StageWatch(threading.Thread):

@@ -8,22 +8,34 @@ stage sees them in item order. A step returns once stage 0 has run it and the it
 cell's `tokens` is a `Pending` list that waits for the last stage's answer only when it is read.
 The scheduler reads a prefill chunk's tokens only when the chunk ends the prompt, so a long prompt's
 chunks overlap across the stages (up to `stages` items in flight), while a decode step waits for
-its tokens as it must. Nothing waits past `--pp-timeout`: an item unanswered by then ends the head.
+its tokens as it must.
+
+A lost stage (the watcher's report, or an item unanswered past `--pp-timeout`) marks the pipeline
+broken: every call from the scheduler then raises `StageLost`, and the scheduler takes the loss
+(`take_loss`: a new epoch, every item in flight void) and either answers its requests with errors or
+has the stages restarted (`begin_restart`, on a thread of its own) and requeues them. Items carry their
+epoch and the stages' addresses (`route`), so a stage drops a stale item and a stage whose next one
+was replaced connects to the new one; the head drops a stale `done`.
 """
 
 from __future__ import annotations
 
 import collections
 import queue
+import threading
 import time
 
 from pool import Copies
 from serve import logs
-from serve.pipeline.liveness import HeadWatch, die
+from serve.pipeline.liveness import HeadWatch
 from serve.pipeline.transport import Message, Wire
 from serve.pipeline.work import cells_to, encode_copies
 
-__all__ = ["Pipeline"]
+__all__ = ["Pipeline", "StageLost"]
+
+
+class StageLost(RuntimeError):
+    """The pipeline lost a stage: the step that raised it, and every item in flight, are void."""
 
 
 class Pipeline:
@@ -48,6 +60,95 @@ class Pipeline:
         self.plans: list = []
         self._emits = {f.program: bool(f.emits) for f in protocol.forwards}
         self._pending: dict[int, list] = {}
+        # losing and restarting stages
+        self.epoch = 0  # items of an older epoch are void
+        self.route: list[str | None] = [None] * stages  # route[k]: stage k's item address (set by the head)
+        self.down_at: str | None = None  # where `down` is connected
+        self.reconnect = None  # address -> a new Wire to stage 1 (set by the head)
+        self.restarter = None  # stages -> None, or why they could not be restarted (blocks; set by the head)
+        self.failed: str | None = None  # why a restart failed: the head gives up
+        self.broken = threading.Event()  # a loss the scheduler has not taken yet
+        self.whole = threading.Event()  # every stage is up (cleared from a loss until its restart)
+        self.whole.set()
+        self._lost: dict[int | None, str] = {}
+        self._taken: dict[int | None, str] = {}
+        self._restart: set[int] = set()
+        self._restarting: threading.Thread | None = None
+        self._wanted = threading.Event()
+        self._lock = threading.Lock()
+        self._since: collections.deque[float] = collections.deque()  # when each item in flight was sent
+        self.while_waiting = None  # called every 0.1 s while an answer is awaited (the scheduler's queries)
+
+    # losing a stage (lose: any thread; the rest: the scheduler's)
+
+    def lose(self, stage: int | None, reason: str) -> None:
+        """Stage `stage` (None: which one is unknown) is lost: mark the pipeline broken."""
+        with self._lock:
+            self._lost.setdefault(stage, reason)
+            self.whole.clear()
+            self.broken.set()
+
+    def take_loss(self) -> dict[int | None, str]:
+        """The losses since the last take, and a new epoch: every item in flight is void."""
+        with self._lock:
+            lost, self._lost = self._lost, {}
+            if len(lost) > 1:
+                lost.pop(None, None)  # a named stage explains an unanswered item
+            self._taken = dict(lost)  # what /health names until the pipeline is whole
+            self.broken.clear()
+        self.epoch += 1
+        self.in_flight.clear()
+        self._since.clear()
+        self._pending.clear()
+        self.plans = []
+        return lost
+
+    def begin_restart(self, stages) -> None:
+        """Restart `stages` (None in it: all of them) on the restart thread; `whole` is set when all
+        are back, `failed` says why not. One thread, started once and kept: a stage process dies with
+        the thread that started it (PR_SET_PDEATHSIG is per thread)."""
+        with self._lock:
+            self._restart.update(range(1, self.stages) if None in stages else stages)
+            if self._restarting is None:
+                self._restarting = threading.Thread(target=self._restarts, name="pp-restart", daemon=True)
+                self._restarting.start()
+            self._wanted.set()
+
+    def _restarts(self) -> None:
+        while True:
+            self._wanted.wait()
+            with self._lock:
+                todo, self._restart = sorted(self._restart), set()
+                self._wanted.clear()
+                if not todo:
+                    if not self._lost and not self.broken.is_set():
+                        self.whole.set()
+                    continue
+            why = self.restarter(todo) if self.restarter is not None else "no restart for this pipeline"
+            if why is not None:
+                self.failed = why
+                return
+            self._wanted.set()  # once more: losses while it ran are restarted too, else whole
+
+    def trouble(self) -> dict | None:
+        """What /health says of the stages (any thread): None when they answer."""
+        with self._lock:
+            lost = {**self._taken, **self._lost}
+        if self.failed is not None:
+            return {"status": "stage lost", "reason": self.failed, "restarting": False}
+        if not self.whole.is_set():
+            stage, reason = next(iter(lost.items()), (None, "?"))
+            return {"status": "stage lost", "stage": stage, "reason": reason, "restarting": self.restarter is not None}
+        silent = self.watch.silent()
+        if silent:
+            k, s = max(silent.items(), key=lambda kv: kv[1])
+            if s > self.timeout / 2:
+                return {"status": "stage not answering", "stage": k, "silent_s": round(s, 1)}
+        since = list(self._since)
+        if since and time.monotonic() - since[0] > self.timeout / 2:
+            return {"status": "stage not answering", "stage": None,
+                    "item_waiting_s": round(time.monotonic() - since[0], 1)}
+        return None
 
     # the pool's plans: here now, on the other stages before the next item
 
@@ -76,20 +177,31 @@ class Pipeline:
     # steps
 
     def step(self, program: str, cells: list) -> list:
+        if self.broken.is_set() or not self.whole.is_set():
+            raise StageLost("the pipeline lost a stage")
         while len(self.in_flight) >= self.stages:
             self._collect()
+        if self.route[1] is not None and self.route[1] != self.down_at and self.reconnect is not None:
+            self.down.close()  # stage 1 was replaced: what waited for the old one is void
+            self.down, self.down_at = self.reconnect(self.route[1]), self.route[1]
         n = self.items
         self.items += 1
         issued = time.time()
         leave = self.work.run(program, cells, {})
-        head = {"item": n, "program": program, "cells": cells_to(cells), "plans": self.plans}
+        head = {"item": n, "epoch": self.epoch, "route": self.route, "program": program, "cells": cells_to(cells),
+                "plans": self.plans}
         self.plans = []
-        self.down.send(Message("item", head, leave))
+        try:
+            self.down.send(Message("item", head, leave))
+        except Exception as exc:  # zmq.Again: stage 1 takes nothing
+            self.lose(1, f"it took no item ({exc})")
+            raise StageLost("stage 1 took no item") from exc
         logs.event("pp item", "DEBUG", stage=0, item=n, program=program, rows=sum(len(c.ids) for c in cells),
                    issued_us=int(issued * 1e6), done_us=int(time.time() * 1e6))
         self.in_flight.append(n)
+        self._since.append(time.monotonic())
         emits = self._emits.get(program)
-        pending = [Pending(self, n) if emits else [] for _ in cells]
+        pending = [Pending(self, n, self.epoch) if emits else [] for _ in cells]
         self._pending[n] = pending if emits else []
         for c, toks in zip(cells, pending):
             c.tokens = toks
@@ -103,11 +215,9 @@ class Pipeline:
             self._collect()
         if len(self.in_flight) < self.stages:
             return False
-        try:
-            msg = self.watch.inbox.get(timeout=wait_s)
-        except queue.Empty:
-            return True
-        self._collect(msg)
+        msg = self._next(wait_s)
+        if msg is not None:
+            self._collect(msg)
         return True
 
     def wait(self, item: int) -> None:
@@ -120,18 +230,43 @@ class Pipeline:
         while self.in_flight:
             self._collect()
 
+    def _next(self, wait_s: float):
+        """The next `done` of this epoch within `wait_s` (older ones are dropped), or None."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            if self.broken.is_set():
+                raise StageLost("the pipeline lost a stage")
+            try:
+                msg = self.watch.inbox.get(timeout=max(0.0, min(0.1, deadline - time.monotonic())))
+            except queue.Empty:
+                if time.monotonic() >= deadline:
+                    return None
+                if self.while_waiting is not None:
+                    self.while_waiting()  # the scheduler answers /stats meanwhile
+                continue
+            if msg.kind == "done" and msg.head.get("epoch", 0) != self.epoch:
+                continue  # an item of a pipeline since broken: void
+            return msg
+
     def _collect(self, msg=None) -> tuple[int, list]:
         want = self.in_flight[0]
-        try:
-            msg = msg or self.watch.inbox.get(timeout=self.timeout)
-        except queue.Empty:
-            die("pp item timed out", item=want, in_flight=len(self.in_flight), pp_timeout=self.timeout)
+        if msg is None:
+            # the limit, and two heartbeats more: a silent stage is named by the watcher first
+            left = self.timeout + 2 * getattr(self.watch, "interval", 0.0) - (time.monotonic() - self._since[0])
+            msg = self._next(max(left, 0.0))
+        if msg is None:
+            self.lose(None, f"item {want} unanswered past --pp-timeout {self.timeout} s")
+            logs.event("pp item timed out", "ERROR", item=want, in_flight=len(self.in_flight), pp_timeout=self.timeout)
+            raise StageLost(f"item {want} unanswered")
         if msg.kind != "done":
-            die("pp protocol error", reason=f"got {msg.kind!r} while waiting for item {want}")
+            self.lose(None, f"protocol error: got {msg.kind!r} while waiting for item {want}")
+            raise StageLost("protocol error")
         got = int(msg.head["item"])
         if got != want:
-            die("pp protocol error", reason=f"the last stage answered item {got}, expected {want}")
+            self.lose(None, f"protocol error: the last stage answered item {got}, expected {want}")
+            raise StageLost("protocol error")
         self.in_flight.popleft()
+        self._since.popleft()
         for pending, toks in zip(self._pending.pop(got, []), msg.head["tokens"]):
             pending.fill(toks)
         return got, msg.head["tokens"]
@@ -144,11 +279,11 @@ class Pending(list):
     """A cell's tokens from the last stage: empty until read, then whatever item `item` answered.
     Reading it (index, iterate, len, compare) waits for that answer."""
 
-    __slots__ = ("_pipe", "_item", "_filled")
+    __slots__ = ("_pipe", "_item", "_filled", "_epoch")
 
-    def __init__(self, pipe: Pipeline, item: int) -> None:
+    def __init__(self, pipe: Pipeline, item: int, epoch: int = 0) -> None:
         super().__init__()
-        self._pipe, self._item, self._filled = pipe, item, False
+        self._pipe, self._item, self._filled, self._epoch = pipe, item, False, epoch
 
     def fill(self, toks) -> None:
         list.extend(self, (int(t) for t in toks))
@@ -156,7 +291,11 @@ class Pending(list):
 
     def _ready(self) -> None:
         if not self._filled:
+            if self._pipe.epoch != self._epoch:
+                raise StageLost(f"item {self._item} was lost with its stage")
             self._pipe.wait(self._item)
+            if not self._filled:  # the wait ended without its answer: the pipeline broke meanwhile
+                raise StageLost(f"item {self._item} was lost with its stage")
 
     def __getitem__(self, i):
         self._ready()

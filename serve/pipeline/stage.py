@@ -5,7 +5,8 @@
 
 Each item's plans are carried out on this stage's states first, then its calls; the buffers crossing
 out go to the next stage with the item's header, or, from the last stage, each cell's tokens go back
-to the head as `done`. One `pp item` line per item. Any error ends the process (after telling the
+to the head as `done`. An item of an older epoch than one already seen is dropped (a stage was lost
+and replaced since); an item whose `route` names a new address for the next stage reconnects to it. One `pp item` line per item. Any error ends the process (after telling the
 head); a silent head, a closed connection or a dead parent ends it too (StageWatch).
 """
 
@@ -123,9 +124,11 @@ def _run(m, target, k, stages, cut, ctx, ctl, up, watch, opts, backend, geometry
     rt.set_pad(t["pad_page"], t.get("pad_slot"))
     work = StageWork(rt, t.get("send", []))
     down = None
-    if t.get("down"):
-        down = ZmqWire.make(ctx, zmq.PUSH, connect=t["down"], send_timeout=opts.timeout)
+    down_at = t.get("down")
+    if down_at:
+        down = ZmqWire.make(ctx, zmq.PUSH, connect=down_at, send_timeout=opts.timeout)
     last = k == stages - 1
+    epoch = int(t.get("epoch", 0))  # items of an older epoch are void (a stage was lost since)
     ctl.send(Message("ready", {"stage": k}))
     logs.event("pp stage ready", stage=k, stages=stages, pid=os.getpid(), cut=cut, pages=t["pages"], page_bytes=host_page_bytes,
                host_pages=t["host_pages"], up=up.address, down=t.get("down") or "head")
@@ -136,12 +139,22 @@ def _run(m, target, k, stages, cut, ctx, ctl, up, watch, opts, backend, geometry
         if msg.kind != "item":
             raise ValueError(f"stage {k} got a {msg.kind!r} message where an item belongs")
         h = msg.head
+        if int(h.get("epoch", 0)) < epoch:
+            logs.event("pp item dropped", "DEBUG", stage=k, item=h["item"], epoch=h.get("epoch", 0), current=epoch)
+            continue
+        epoch = int(h.get("epoch", 0))
+        route = h.get("route") or []
+        if not last and k + 1 < len(route) and route[k + 1] and route[k + 1] != down_at:
+            down.close()  # the next stage was replaced: what waited for the old one is void
+            down_at = route[k + 1]
+            down = ZmqWire.make(ctx, zmq.PUSH, connect=down_at, send_timeout=opts.timeout)
+            logs.event("pp stage rewired", stage=k, down=down_at, epoch=epoch)
         issued = time.time()
         work.apply(h["plans"])
         cells = cells_of(h["cells"])
         leave = work.run(h["program"], cells, msg.arrays)
         if last:
-            ctl.send(Message("done", {"item": h["item"], "tokens": [c.tokens for c in cells]}))
+            ctl.send(Message("done", {"item": h["item"], "epoch": epoch, "tokens": [c.tokens for c in cells]}))
         else:
             down.send(Message("item", h, leave))
         done = time.time()

@@ -98,6 +98,7 @@ class ZmqWire(Wire):
             sock.setsockopt(zmq.IDENTITY, identity)
         if kind == zmq.ROUTER:
             sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a send to a peer that is gone raises
+            sock.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a replacement peer takes over a lost one's identity
         if bind is not None:
             sock.bind(bind)
         if connect is not None:
