@@ -132,28 +132,35 @@ def test_a_head_that_is_gone_ends_its_stages(kern_server):
 
 def test_the_head_packs_prefill_as_one_process_does(kern_server):
     """Eight prompts at once through two stages: the head packs their prefill into a few calls (as the
-    single process does; an unpacked pipeline takes one call per prompt), answers unchanged."""
+    single process does; an unpacked pipeline takes one call per prompt), answers unchanged. Whether
+    the eight are all waiting when the scheduler looks is timing (a loaded machine may serve the first
+    before the last arrives), so a burst is tried up to three times, fresh prompts each; `pack` in the
+    facts is the head's own decision and holds every time."""
     import threading
 
     import httpx
 
     s = kern_server(TARGET, "--stages", "2", "--pp-timeout", "30")
-    prompts = [_ids(f"{i:03d} " + "the quick brown fox jumps over " * 6)[: 100 + 37 * i] for i in range(8)]
-    # each client connected first, then all sent at once: the server warms its kernels before it
-    # serves, so a first request no longer waits (compiling) for the others to queue behind it
-    go = threading.Barrier(len(prompts))
+    calls = []
+    for attempt in range(3):
+        prompts = [_ids(f"{attempt}{i:03d} " + "the quick brown fox jumps over " * 6)[: 100 + 37 * i] for i in range(8)]
+        go = threading.Barrier(len(prompts))  # each client connected first, then all sent at once
 
-    def one(ids):
-        with httpx.Client(timeout=300) as c:
-            assert c.get(s.url + "/health").status_code == 200
-            go.wait()
-            r = c.post(s.url + "/v1/completions", json={"prompt": ids, "max_tokens": 8, "return_token_ids": True})
-        assert r.status_code == 200, r.text
-        return r.json()["choices"][0]["token_ids"]
+        def one(ids):
+            with httpx.Client(timeout=300) as c:
+                assert c.get(s.url + "/health").status_code == 200
+                go.wait()
+                r = c.post(s.url + "/v1/completions", json={"prompt": ids, "max_tokens": 8, "return_token_ids": True})
+            assert r.status_code == 200, r.text
+            return r.json()["choices"][0]["token_ids"]
 
-    with concurrent.futures.ThreadPoolExecutor(len(prompts)) as ex:
-        got = list(ex.map(one, prompts))
-    assert got == [oracle(TARGET, ids, 8) for ids in prompts]
-    stats = assert_nothing_leaked(s)
-    assert stats["facts"]["pack"] is True
-    assert stats["counters"]["prefill_calls"] < len(prompts), stats["counters"]
+        before = assert_nothing_leaked(s)["counters"]["prefill_calls"]
+        with concurrent.futures.ThreadPoolExecutor(len(prompts)) as ex:
+            got = list(ex.map(one, prompts))
+        assert got == [oracle(TARGET, ids, 8) for ids in prompts]
+        stats = assert_nothing_leaked(s)
+        assert stats["facts"]["pack"] is True
+        calls.append(stats["counters"]["prefill_calls"] - before)
+        if calls[-1] < len(prompts):
+            return
+    raise AssertionError(f"no burst of 8 prompts was packed: prefill calls per burst {calls}")
