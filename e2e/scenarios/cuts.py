@@ -80,8 +80,17 @@ def _runs(manifest, weights: list, jobs: list, m: int, rows: int) -> list[tuple[
     import multiprocessing
 
     args = [(str(manifest), [str(w) for w in weights], list(at), ids, m, rows) for at, ids in jobs]
-    with concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as ex:
+    with concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"),
+                                                initializer=_one_thread) as ex:
         return list(ex.map(_one, args))
+
+
+def _one_thread() -> None:
+    """The worker's kernels on one thread: these runs are a few short prompts, and numba's default (a
+    thread per core) spun every core of a 16-core machine against the gate's servers for nothing."""
+    import numba
+
+    numba.set_num_threads(1)
 
 
 def _one(args) -> tuple[list[int], bytes]:
