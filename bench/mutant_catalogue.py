@@ -208,7 +208,7 @@ CATALOGUE: tuple[Mutant, ...] = (
            ("conc1_equals_run",), ("toy-paged",),
            "SPEC §2: page order lost in the sum (a kernel that disagrees with the reference)", kernel=True),
     # --- tiers through the API, hangs (issue 25) ---
-    Mutant("kern-object-omits-tier", "serve/app.py",
+    Mutant("kern-object-omits-tier", "serve/reply.py",
            '''        return {"request_id": self.req.id, "cache_tier": d.tier if d else None, "snapshot": d.snapshot if d else "none",''',
            '''        return {"request_id": self.req.id, "snapshot": d.snapshot if d else "none",''',
            ("conc1_equals_run",), ("toy-paged",),
@@ -295,7 +295,7 @@ CATALOGUE: tuple[Mutant, ...] = (
            "        return Done(req.reason, req.cached, req.tier, snapshot, stop_reason=None, text_end=s.text_end,",
            ("params_stop",), ("toy-paged",),
            "vLLM: stop_reason missing from the response (null where the matched string belongs)"),
-    Mutant("echo-missing-in-stream", "serve/app.py",
+    Mutant("echo-missing-in-stream", "serve/reply.py",
            '''            text, self.echo = self.echo + text, ""''',
            '''            self.echo = ""''',
            ("params_prompt",), ("toy-paged",),
@@ -396,9 +396,9 @@ CATALOGUE: tuple[Mutant, ...] = (
            ("policy_host",), ("toy-paged",),
            "LMCache: CPU-tier hit tokens off by one (the last block's partial length)"),
     # --- metrics and tiers (issue 25, second pass) ---
-    Mutant("stream-tokens-not-metered", "serve/app.py",
-           "                chunk = reply.chunk(update)\n                track.update(update)\n",
-           "                chunk = reply.chunk(update)\n",
+    Mutant("stream-tokens-not-metered", "serve/routes_complete.py",
+           "        text.append(_sse(reply.chunk(update)))\n        track.update(update)\n",
+           "        text.append(_sse(reply.chunk(update)))\n",
            ("metrics_params",), ("toy-paged",),
            "vLLM: token counters and time-to-first-token fed only on the non-streaming path (streamed requests "
            "never metered)"),
@@ -424,25 +424,25 @@ CATALOGUE: tuple[Mutant, ...] = (
            ("metrics_default",), ("toy-paged",),
            "vLLM kv_cache_usage: cached (evictable) blocks left out of the used count, so a full cache reads as "
            "empty"),
-    Mutant("kern-object-host-tier-told-device", "serve/app.py",
+    Mutant("kern-object-host-tier-told-device", "serve/reply.py",
            '''        return {"request_id": self.req.id, "cache_tier": d.tier if d else None,''',
            '''        return {"request_id": self.req.id, "cache_tier": ("device" if d.tier == "host" else d.tier) if d else None,''',
            ("metrics_host",), ("toy-paged",),
            "vLLM #14069-style, in the response only: a host-tier hit reported as a GPU hit while the counters are "
            "right (the API and /metrics disagree)"),
-    Mutant("woken-told-for-every-hit", "serve/app.py",
+    Mutant("woken-told-for-every-hit", "serve/reply.py",
            '''                "woken": bool(d.woken) if d else False}''',
            '''                "woken": bool(d.cached) if d else False}''',
            ("policy_default",), ("toy-paged",),
            "LMCache/vLLM offload: the loaded-from-CPU flag set for every prefix hit (resident hits said woken)"),
     # --- metrics and tiers (issue 25): every answer's kern object against the hit counters ---
-    Mutant("stream-last-chunk-without-kern", "serve/app.py",
+    Mutant("stream-last-chunk-without-kern", "serve/reply.py",
            '''            out["kern"] = self._kern()\n''',
            '''            pass\n''',
            ("metrics_params",), ("toy-paged",),
            "vLLM/SGLang streaming: the final chunk built without the fields the whole response carries "
            "(usage details, cached tokens), so a streamed request's tier is told nowhere"),
-    Mutant("chat-answer-without-kern", "serve/app.py",
+    Mutant("chat-answer-without-kern", "serve/reply.py",
            '''"usage": self._usage(), "kern": self._kern()}''',
            '''"usage": self._usage(), **({} if self.ask.chat else {"kern": self._kern()})}''',
            ("metrics_params",), ("toy-paged",),
@@ -458,13 +458,13 @@ CATALOGUE: tuple[Mutant, ...] = (
            '''self.counters.add("resident_hits", n)''',
            ("metrics_default",), ("toy-paged",),
            "vLLM prefix-cache hit rate: a requests counter fed the hit's tokens (queries and hits in mixed units)"),
-    Mutant("woken-told-from-the-parked-snapshot", "serve/app.py",
+    Mutant("woken-told-from-the-parked-snapshot", "serve/reply.py",
            '''                "woken": bool(d.woken) if d else False}''',
            '''                "woken": d.snapshot == "parked" if d else False}''',
            ("metrics_host",), ("toy-paged",),
            "LMCache/vLLM KV offload: the saved-to-CPU (store) state reported as loaded-from-CPU (the offload "
            "flags of a request's two directions confused)"),
-    Mutant("stream-first-chunk-cached-zero", "serve/app.py",
+    Mutant("stream-first-chunk-cached-zero", "serve/reply.py",
            '''"cached_tokens": r.cached,''',
            '''"cached_tokens": 0,''',
            ("metrics_default",), ("toy-paged",),
@@ -478,14 +478,14 @@ CATALOGUE: tuple[Mutant, ...] = (
            "vLLM/SGLang: a request left marked as scheduled after its step (only the batch's first cleared) is "
            "never scheduled again: it sits in running while the scheduler idles"),
     Mutant("waiting-woken-only-on-arrival", "serve/scheduler.py",
-           "            core.admit()\n            if core.running:\n                t0 = time.perf_counter()\n"
-           "                core.run(core.schedule())\n                self.counters.loop_s += time.perf_counter() - t0\n"
-           "                # what just finished freed room: admit now, so the next drain only blocks when nothing\n"
-           "                # runs and the queue's head cannot be admitted\n                core.admit()\n",
-           "            if self.counters[\"requests\"] != getattr(self, \"seen\", 0):  # only an arrival wakes the queue\n"
-           "                self.seen = self.counters[\"requests\"]\n                core.admit()\n"
-           "            if core.running:\n                t0 = time.perf_counter()\n"
-           "                core.run(core.schedule())\n                self.counters.loop_s += time.perf_counter() - t0\n",
+           "                core.admit()\n                if core.running:\n                    t0 = time.perf_counter()\n"
+           "                    core.run(core.schedule())\n                    self.counters.loop_s += time.perf_counter() - t0\n"
+           "                    # what just finished freed room: admit now, so the next drain only blocks when nothing\n"
+           "                    # runs and the queue's head cannot be admitted\n                    core.admit()\n",
+           "                if self.counters[\"requests\"] != getattr(self, \"seen\", 0):  # only an arrival wakes the queue\n"
+           "                    self.seen = self.counters[\"requests\"]\n                    core.admit()\n"
+           "                if core.running:\n                    t0 = time.perf_counter()\n"
+           "                    core.run(core.schedule())\n                    self.counters.loop_s += time.perf_counter() - t0\n",
            ("concurrent", "explore_equals_run"), ("toy-stateful",),
            "vLLM/SGLang: the waiting queue is looked at only when a request arrives, not when a finished "
            "request frees room, so a request queued for room waits forever once arrivals stop"),
@@ -561,7 +561,7 @@ CATALOGUE: tuple[Mutant, ...] = (
            "vLLM pipeline parallel: a later rank's block table for a request is not the first rank's (its KV "
            "lands in other blocks; the answers stay right until those blocks are shared or reused)"),
     # --- request parameters (issue 25), second pass: the classes the first block left out ---
-    Mutant("stream-final-cut-ignores-sent", "serve/app.py",
+    Mutant("stream-final-cut-ignores-sent", "serve/reply.py",
            "        return pending if end is None else pending[:end - self._sent]\n",
            "        return pending if end is None else pending[:end]\n",
            ("params_stop",), ("toy-paged",),
@@ -572,7 +572,7 @@ CATALOGUE: tuple[Mutant, ...] = (
            "            if True:\n                self.hide_last = True\n",
            ("params_ids",), ("toy-paged",),
            "vLLM: include_stop_str_in_output honoured for stop strings but not for stop_token_ids"),
-    Mutant("echo-on-every-chunk", "serve/app.py",
+    Mutant("echo-on-every-chunk", "serve/reply.py",
            '''            text, self.echo = self.echo + text, ""''',
            '''            text = self.echo + text''',
            ("params_prompt",), ("toy-paged",),
@@ -582,12 +582,12 @@ CATALOGUE: tuple[Mutant, ...] = (
            "        ids = ids[:k]\n",
            ("params_prompt",), ("toy-paged",),
            "vLLM/SGLang: truncate_prompt_tokens truncating on the wrong side (the first k tokens kept)"),
-    Mutant("stream-stop-reason-missing", "serve/app.py",
+    Mutant("stream-stop-reason-missing", "serve/reply.py",
            '''        choice["stop_reason"] = self.done.stop_reason if last else None''',
            '''        choice["stop_reason"] = None''',
            ("params_stop",), ("toy-paged",),
            "vLLM: stop_reason null in streamed responses (set only on the non-streaming path)"),
-    Mutant("usage-without-stop-token", "serve/app.py",
+    Mutant("usage-without-stop-token", "serve/reply.py",
            '''"completion_tokens": len(self.tokens), "total_tokens": n + len(self.tokens),''',
            '''"completion_tokens": len(self.tokens) - bool(self.done and self.done.hide_last), '''
            '''"total_tokens": n + len(self.tokens),''',
@@ -605,7 +605,7 @@ CATALOGUE: tuple[Mutant, ...] = (
            ("policy_params",), ("toy-stateful",),
            "vLLM/SGLang: the cache's keep rule reading EOS in the output as the end (a request run past EOS with "
            "ignore_eos is not cached, its state thrown away; unseen while the policy stopped at ignore_eos)"),
-    Mutant("stream-prompt-ids-missing", "serve/app.py",
+    Mutant("stream-prompt-ids-missing", "serve/reply.py",
            "        if self.ask.return_token_ids and not self.sent_prompt:\n",
            "        if self.ask.return_token_ids and not self.sent_prompt and not self.ask.stream:\n",
            ("params_prompt",), ("toy-paged",),

@@ -1,0 +1,23 @@
+"""bench/mutant_catalogue.py stays planted: every mutant's snippet is found exactly once in the file it
+names (code moved or rewritten leaves a mutant "stale", and its check is then shown able to fail by
+nothing), and the checks it names exist."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from e2e.scenarios import CHECKS
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+
+from mutant_catalogue import CATALOGUE  # noqa: E402
+
+
+def test_every_mutant_plants_exactly_once_and_names_real_checks():
+    stale = [f"{m.name}: {m.path} has its snippet {(ROOT / m.path).read_text().count(m.find)} times"
+             for m in CATALOGUE if (ROOT / m.path).read_text().count(m.find) != 1]
+    assert not stale, "\n".join(stale)
+    unknown = [f"{m.name}: {c}" for m in CATALOGUE for c in m.checks if c not in CHECKS and c != "error"]
+    assert not unknown, unknown
