@@ -28,7 +28,7 @@ from e2e.client import Answer, Client, Rejected
 from e2e.config import GateTarget
 from e2e.engine import Engine
 from e2e.policy import PolicyGate
-from e2e.session import ServerExited, Session, Unavailable, merge_flags, server_command, split_flags
+from e2e.session import ServerExited, Session, Unavailable, merge_flags, server_command, split_flags, unused_port
 from e2e.stats import Stats
 from verdicts.policy import POLICY_COUNTERS
 
@@ -181,9 +181,7 @@ class Run:
         e = o.engine
         if e.external:
             if port == 0:
-                from e2e.session import _unused_port
-
-                port = _unused_port()
+                port = unused_port()
             extra = merge_flags(split_flags(o.server_flags), split_flags(flags)) if e.has("kern-serve") else []
             return [*e.argv(port, self.target.model), *extra], port
         base = [("--backend", [o.backend]), ("--capacity", [str(o.capacity)])]
@@ -224,7 +222,8 @@ class Run:
         self.scripts[name] = {"flags": list(flags), "requests": c.script}  # as the session sends them (e2e/case.py)
         raw = c.stats()
         self.server_facts[name] = dict((raw or {}).get("facts") or {})
-        self.live = Live(s, c, Stats(c, s.log, reads_log=not e.external), PolicyGate(self.oracle, (raw or {}).get("facts"), self.target.lined))
+        self.live = Live(s, c, Stats(c, s.log, reads_log=not e.external),
+                         PolicyGate(self.oracle, (raw or {}).get("facts"), self.target.lined))
         self.live.stats.has_endpoint = raw is not None
         text = c.metrics() if raw is not None else None
         self.live.metrics_start = metrics.parse(text) if text is not None else None

@@ -28,7 +28,7 @@ import httpx
 
 from e2e.log import Log, kv
 
-__all__ = ["STARTED", "ServerExited", "ServerError", "Session", "Unavailable", "free_port", "merge_flags", "tls",
+__all__ = ["STARTED", "ServerExited", "ServerError", "Session", "Unavailable", "free_port", "merge_flags", "tls", "unused_port",
            "kern_args", "own_kern", "project_env", "server_command", "split_flags", "stop_all"]
 
 EXIT_MEANINGS = {101: "scheduler crashed", -9: "killed", -15: "terminated"}
@@ -108,7 +108,7 @@ _PICKED: set[int] = set()  # ports this gate picked for quiet servers: never han
 _PICKED_LOCK = threading.Lock()
 
 
-def _unused_port() -> int:
+def unused_port() -> int:
     """A free port this process has not picked before (a port just picked is free again until its
     server binds it, so the OS may hand it to the next session that asks)."""
     with _PICKED_LOCK:
@@ -182,7 +182,7 @@ class Session:
         self.log.path.parent.mkdir(parents=True, exist_ok=True)
         quiet = self.quiet()
         if (quiet or self.health) and self.port == 0:  # no `serving` line will name its port: the gate picks one
-            self.port = _unused_port()
+            self.port = unused_port()
             self.url = f"http://{self.host}:{self.port}"
             if quiet:
                 self.cmd = _with_port(self.cmd, self.port)

@@ -351,7 +351,7 @@ def test_the_explore_workload_is_the_seeds_and_reaches_its_kinds():
 def test_a_session_told_warn_is_quiet_and_gets_a_port_never_picked_twice():
     """`--log-level warn|error` writes no ready or serving line: such a session picks its own port
     (`--port 0` replaced), one no other quiet session of the gate got."""
-    from e2e.session import Session, _unused_port, _with_port
+    from e2e.session import Session, unused_port, _with_port
 
     def s(*flags: str) -> Session:
         return Session("x", ["kern", "serve", "toy", "--port", "0", *flags], 0, "/tmp/x.log")
@@ -359,5 +359,5 @@ def test_a_session_told_warn_is_quiet_and_gets_a_port_never_picked_twice():
     assert s("--log-level", "warn").quiet() and s("--log-level", "ERROR").quiet() and s("--log-level=warn").quiet()
     assert not s().quiet() and not s("--log-level", "info").quiet() and not s("--log-level", "debug").quiet()
     assert _with_port(["a", "--port", "0", "b"], 4321) == ["a", "--port", "4321", "b"]
-    picked = [_unused_port() for _ in range(20)]
+    picked = [unused_port() for _ in range(20)]
     assert len(set(picked)) == 20
