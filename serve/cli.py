@@ -147,30 +147,14 @@ def serve_command(ctx, target, port, host, capacity, host_gib, max_seqs, chunk, 
       75   --drain-timeout ran out and requests were cut off (each a 503)
       101  the scheduler thread crashed
     """
-    from manifests import ManifestError
-    from manifests.config import ConfigError
-    from pool import GeometryError, PoolError
-    from runtime.backend import KernelError
-    from runtime.protocol import ProtocolError
-    from runtime.weights import WeightsError
     from serve import logs
-    from serve.engine import EngineError, Options, build
+    from serve.engine import Options
     from serve.faults import Faults
     from serve.startup import Phases
 
     phases = Phases()  # the ready line's start_s and its split
-
-    from serve.guard import fit_descriptors
-
-    limits = Limits(max_connections, header_timeout, body_timeout, keep_alive, max_body_bytes, max_tokenize_tokens,
-                    drain_timeout, max_per_client)
-    try:
-        limits.check()
-        if protect_stats and api_key is None:
-            raise ValueError("--protect-stats needs --api-key (the key it requires on /stats and /metrics)")
-        fit_descriptors(limits)
-    except ValueError as exc:
-        fail(exc)
+    limits = _limits(max_connections, header_timeout, body_timeout, keep_alive, max_body_bytes, max_tokenize_tokens,
+                     drain_timeout, max_per_client, keyless_stats=protect_stats and api_key is None)
     from serve import hosted
 
     logs.set_level(log_level or logs.level_from_env(hosted.getenv("RUST_LOG")) or "info")
@@ -179,10 +163,7 @@ def serve_command(ctx, target, port, host, capacity, host_gib, max_seqs, chunk, 
     opts = Options(capacity=capacity, host_gib=host_gib, max_seqs=max_seqs, chunk=chunk, rows=rows, backend=backend,
                    device=device, reserve_gib=reserve_gib, weights=tuple(weights), config=config, faults=Faults(faults),
                    graphs=not no_graphs, pack=not no_pack, host_chunk=host_chunk)
-    from serve.pipeline.plan import PlanError
-
-    errors = (ManifestError, ConfigError, EngineError, ProtocolError, WeightsError, KernelError, GeometryError,
-              PoolError, PlanError)
+    errors = _load_errors()
     if host_chunk is not None and ((stages or 1) > 1 or pp_head or pp_listen):
         click.echo("kern serve: error: --host-chunk-bytes is for single-process servers (not --stages, --pp-head "
                    "or --pp-listen)", err=True)
@@ -207,22 +188,8 @@ def serve_command(ctx, target, port, host, capacity, host_gib, max_seqs, chunk, 
         fail(f"cannot bind --host {host} --port {port}: {exc.strerror or exc}"
              + (" (the port is taken; pick another, or --port 0 for any free one)" if exc.errno == errno.EADDRINUSE else ""),
              EXIT_BIND)
-    head = None
     try:
-        from serve.pipeline.plan import pipeline_paths
-
-        plan = pipeline_paths(target, stages, at, config, list(weights) or None, bool(pp_listen))
-        if plan is None:
-            engine = build(target, opts, phases)
-        else:
-            from serve.pipeline.head import PipelineOptions, build_head
-
-            paths, target_weights = plan
-            if target_weights and not weights:
-                opts.weights = tuple(str(w) for w in target_weights)
-            engine, head = build_head(paths, opts, PipelineOptions(listen=pp_listen, timeout=pp_timeout,
-                                                                          startup=stage_connect, restart=pp_restart))
-            phases.mark("stages")  # the head's load and its stages' start
+        engine, head = _engine(target, opts, phases, stages, at, pp_listen, pp_timeout, stage_connect, pp_restart)
     except errors as exc:
         fail(exc)
     if served_model_name:
@@ -232,6 +199,56 @@ def serve_command(ctx, target, port, host, capacity, host_gib, max_seqs, chunk, 
     if head is not None:
         head.stop()
     sys.exit(code)
+
+
+def _engine(target, opts, phases, stages, at, pp_listen, pp_timeout, stage_connect, pp_restart):
+    """(engine, None) for one process, or (engine, head) for a pipeline's head and its stages."""
+    from serve.engine import build
+    from serve.pipeline.plan import pipeline_paths
+
+    plan = pipeline_paths(target, stages, at, opts.config, list(opts.weights) or None, bool(pp_listen))
+    if plan is None:
+        return build(target, opts, phases), None
+    from serve.pipeline.head import PipelineOptions, build_head
+
+    paths, target_weights = plan
+    if target_weights and not opts.weights:
+        opts.weights = tuple(str(w) for w in target_weights)
+    engine, head = build_head(paths, opts, PipelineOptions(listen=pp_listen, timeout=pp_timeout,
+                                                          startup=stage_connect, restart=pp_restart))
+    phases.mark("stages")  # the head's load and its stages' start
+    return engine, head
+
+
+def _limits(*values, keyless_stats: bool) -> Limits:
+    """The connection and body limits, checked (and the file descriptors they need); one line and exit 2
+    for a value that cannot be served."""
+    from serve.guard import fit_descriptors
+
+    limits = Limits(*values)
+    try:
+        limits.check()
+        if keyless_stats:
+            raise ValueError("--protect-stats needs --api-key (the key it requires on /stats and /metrics)")
+        fit_descriptors(limits)
+    except ValueError as exc:
+        fail(exc)
+    return limits
+
+
+def _load_errors() -> tuple[type[Exception], ...]:
+    """What a target that cannot be served raises while it loads: each one line, exit 2."""
+    from manifests import ManifestError
+    from manifests.config import ConfigError
+    from pool import GeometryError, PoolError
+    from runtime.backend import KernelError
+    from runtime.protocol import ProtocolError
+    from runtime.weights import WeightsError
+    from serve.engine import EngineError
+    from serve.pipeline.plan import PlanError
+
+    return (ManifestError, ConfigError, EngineError, ProtocolError, WeightsError, KernelError, GeometryError,
+            PoolError, PlanError)
 
 
 def run(engine, host: str, port: int, api_key: str | None, stats_every: float = 5.0, limits: Limits = _D,
@@ -252,47 +269,13 @@ def run(engine, host: str, port: int, api_key: str | None, stats_every: float = 
     phases.mark("imports")
 
     scheduler = Scheduler(engine, stats_every)
-    f = engine.facts()
-    ready = dict(ranks=1, pages=f["pages"], page=f["page"])
-    if engine.lined:
-        ready["seq_slots"] = f["seq_slots"]
-    host_gib = engine.host_bytes / (1 << 30)
-    ready.update(max_seqs=engine.max_seqs, max_seqs_per_rank=engine.max_seqs, max_request_tokens=f["max_request_tokens"],
-                 chunk=engine.chunk, rows=engine.rows, checkpoints=f["checkpoints"], host_gib=host_gib,
-                 host_gib_per_rank=host_gib, model=engine.model, backend=engine.backend, faults=",".join(sorted(engine.faults.names)) or "none")
     scheduler.start()
     scheduler.ready.wait()
     phases.mark("scheduler")
-    logs.event("scheduler ready", **ready, **phases.as_fields())
+    logs.event("scheduler ready", **ready_fields(engine), **phases.as_fields())
 
     limit_log = logs.Limiter()
-
-    class Server(uvicorn.Server):
-        drained = False
-
-        async def startup(self, sockets=None) -> None:
-            loop = asyncio.get_running_loop()
-            loop.set_exception_handler(lambda _, ctx: limit_log(
-                "event loop error", "ERROR", reason=str(ctx.get("message", "?"))[:120],
-                error=repr(ctx.get("exception"))[:200]))
-            await super().startup(sockets)
-            if self.started:
-                bound = [s.getsockname()[1] for srv in self.servers for s in srv.sockets]
-                phases.mark("http")
-                logs.event("serving", model=engine.model, host=host, port=bound[0] if bound else port,
-                           start_s=phases.as_fields()["start_s"])
-                self.flusher = loop.create_task(_flush_every(limit_log))
-
-        async def shutdown(self, sockets=None) -> None:
-            logs.event("draining", drain_timeout=limits.drain_timeout, connections=len(self.server_state.connections))
-            scheduler.drain(limits.drain_timeout)
-            await super().shutdown(sockets)
-
-        async def _wait_tasks_to_complete(self) -> None:
-            # uvicorn's graceful wait; cancelled when it outlasts timeout_graceful_shutdown
-            await super()._wait_tasks_to_complete()
-            self.drained = True
-
+    Server = _server_type(uvicorn, engine, host, port, phases, limit_log, limits, scheduler)
     app = make_app(scheduler, engine, api_key, limits, limit_log, protect_stats, sampling=sampling,
                    metrics_prefix=metrics_prefix)
     # past the drain's deadline every handler has its answer or its 503; the grace is for writing them
@@ -331,6 +314,54 @@ def run(engine, host: str, port: int, api_key: str | None, stats_every: float = 
 
 
 GRACE_S = 5.0
+
+
+def ready_fields(engine) -> dict:
+    """The `scheduler ready` line's facts (what the gate reads of a server that logs it)."""
+    f = engine.facts()
+    ready = dict(ranks=1, pages=f["pages"], page=f["page"])
+    if engine.lined:
+        ready["seq_slots"] = f["seq_slots"]
+    host_gib = engine.host_bytes / (1 << 30)
+    ready.update(max_seqs=engine.max_seqs, max_seqs_per_rank=engine.max_seqs, max_request_tokens=f["max_request_tokens"],
+                 chunk=engine.chunk, rows=engine.rows, checkpoints=f["checkpoints"], host_gib=host_gib,
+                 host_gib_per_rank=host_gib, model=engine.model, backend=engine.backend,
+                 faults=",".join(sorted(engine.faults.names)) or "none")
+    return ready
+
+
+def _server_type(uvicorn, engine, host: str, port: int, phases, limit_log, limits: Limits, scheduler):
+    """uvicorn's server with our start (the `serving` line, the limiter's flusher, event-loop errors
+    through the limiter) and our drain (the scheduler's, logged); `drained` says whether it finished."""
+    from serve import logs
+
+    class Server(uvicorn.Server):
+        drained = False
+
+        async def startup(self, sockets=None) -> None:
+            loop = asyncio.get_running_loop()
+            loop.set_exception_handler(lambda _, ctx: limit_log(
+                "event loop error", "ERROR", reason=str(ctx.get("message", "?"))[:120],
+                error=repr(ctx.get("exception"))[:200]))
+            await super().startup(sockets)
+            if self.started:
+                bound = [s.getsockname()[1] for srv in self.servers for s in srv.sockets]
+                phases.mark("http")
+                logs.event("serving", model=engine.model, host=host, port=bound[0] if bound else port,
+                           start_s=phases.as_fields()["start_s"])
+                self.flusher = loop.create_task(_flush_every(limit_log))
+
+        async def shutdown(self, sockets=None) -> None:
+            logs.event("draining", drain_timeout=limits.drain_timeout, connections=len(self.server_state.connections))
+            scheduler.drain(limits.drain_timeout)
+            await super().shutdown(sockets)
+
+        async def _wait_tasks_to_complete(self) -> None:
+            # uvicorn's graceful wait; cancelled when it outlasts timeout_graceful_shutdown
+            await super()._wait_tasks_to_complete()
+            self.drained = True
+
+    return Server
 
 
 def _stop_hosted(server, sig: int) -> None:

@@ -124,6 +124,47 @@ def size(geometry: Geometry, capacity: int, first_slots: int, host_bytes: int) -
     return pool, host
 
 
+@dataclass(frozen=True, slots=True)
+class Sizing:
+    """What a server is sized to: rows per step, the prefill chunk, sequences at once, the pool's tokens."""
+
+    rows: int
+    chunk: int
+    max_seqs: int
+    capacity: int
+
+
+def capacity_of(capacity: int | None, backend, geometry: Geometry, first_slots: int, reserve_gib: float,
+                share: int = 1) -> int:
+    """The pool's tokens: --capacity, else the CPU's default, else this device's free memory shared by
+    `share` processes (a pipeline's stages on one GPU). One rule for a server, a pipeline's head and its stages."""
+    if capacity is not None:
+        return capacity
+    if backend.name == "cpu":
+        return CPU_CAPACITY
+    return _gpu_capacity(backend, geometry, first_slots, reserve_gib) // max(share, 1)
+
+
+def sizing(m, first, last, opts: Options, backend, geometry: Geometry, share: int = 1) -> Sizing:
+    """Rows, chunk, sequences and capacity from the flags, bounded by the manifest: `first` is the
+    protocol that declares the sequences' axis (the whole manifest's, or a pipeline's stage 0), `last` the
+    one whose programs run the steps (the same, or the last stage's). `EngineError` for a flag past a bound."""
+    unit = derive.page_unit(m)
+    rows = opts.rows if opts.rows is not None else last.widest
+    last.check_rows(rows, unit)
+    chunk_max = last.chunk_max
+    chunk = opts.chunk if opts.chunk is not None else chunk_max
+    if not 1 <= chunk <= chunk_max:
+        raise EngineError(f"--chunk {chunk} must be in 1..{chunk_max} (it may only be lowered)")
+    max_seqs = opts.max_seqs if opts.max_seqs is not None else 256
+    if max_seqs < 1:
+        raise EngineError(f"--max-seqs {max_seqs} must be >= 1")
+    max_seqs = min(max_seqs, m.vars[first.groups_var].max, chunk_max // rows, last.max_groups)
+    first_slots = max_seqs + 2 if geometry.has_slots else 0
+    capacity = capacity_of(opts.capacity, backend, geometry, first_slots, opts.reserve_gib, share)
+    return Sizing(rows, chunk, max_seqs, capacity)
+
+
 def build(what: str, opts: Options, phases: Phases | None = None) -> Engine:
     """Resolve the target, size the pool, load the runtime, lease the pad; each timed in `phases`
     (``manifest``, ``device``, ``pool``, ``runtime``) when given."""
@@ -140,26 +181,10 @@ def build(what: str, opts: Options, phases: Phases | None = None) -> Engine:
     backend = make_backend(opts.backend)
     mark("device")
     unit, reach, lined = derive.page_unit(m), derive.reach(m), derive.is_lined(m)
-    rows = opts.rows if opts.rows is not None else proto.widest
-    proto.check_rows(rows, unit)
-    chunk_max = proto.chunk_max
-    chunk = opts.chunk if opts.chunk is not None else chunk_max
-    if not 1 <= chunk <= chunk_max:
-        raise EngineError(f"--chunk {chunk} must be in 1..{chunk_max} (it may only be lowered)")
-    seqs_max = m.vars[proto.groups_var].max
-    cap = min(seqs_max, chunk_max // rows, proto.max_groups)
-    max_seqs = opts.max_seqs if opts.max_seqs is not None else 256
-    if max_seqs < 1:
-        raise EngineError(f"--max-seqs {max_seqs} must be >= 1")
-    max_seqs = min(max_seqs, cap)
     geometry = Geometry(**derive.geometry(m))
+    sized = sizing(m, proto, proto, opts, backend, geometry)
+    rows, chunk, max_seqs, capacity = sized.rows, sized.chunk, sized.max_seqs, sized.capacity
     first_slots = max_seqs + 2 if geometry.has_slots else 0
-    if opts.capacity is not None:
-        capacity = opts.capacity
-    elif backend.name == "cpu":
-        capacity = CPU_CAPACITY
-    else:
-        capacity = _gpu_capacity(backend, geometry, first_slots, opts.reserve_gib)
     if capacity // unit < 2:
         raise EngineError(f"--capacity {capacity} tokens is under two pages of {unit} (the pad takes one)")
     pool, host = size(geometry, capacity, first_slots, int(opts.host_gib * GIB))

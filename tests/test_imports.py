@@ -131,3 +131,29 @@ def test_the_checks_catch_a_circle_and_an_upward_import(tmp_path):
     edges = graph(tmp_path, ("low", "high"))
     assert circles(edges) == [["low.a", "low.b"]]
     assert upward(edges, {"low": set(), "high": {"low"}}) == ["low.d -> high.c"]
+
+
+LONGEST = 80  # lines a function of serve/ or e2e/ may take, its docstring included
+
+
+def long_functions(root: Path, packages=("serve", "e2e"), most: int = LONGEST) -> list[str]:
+    """Every function (or method) of `packages` longer than `most` lines."""
+    out = []
+    for pkg in packages:
+        for p in sorted((root / pkg).rglob("*.py")):
+            for node in ast.walk(ast.parse(p.read_text())):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    n = node.end_lineno - node.lineno + 1
+                    if n > most:
+                        out.append(f"{p.relative_to(root)}:{node.lineno} {node.name}: {n} lines")
+    return out
+
+
+def test_no_function_of_the_server_or_the_gate_runs_past_80_lines():
+    assert long_functions(ROOT) == []
+
+
+def test_the_length_check_catches_a_long_function(tmp_path):
+    (tmp_path / "serve").mkdir()
+    (tmp_path / "serve" / "x.py").write_text("def f():\n" + "    x = 1\n" * 80 + "\n\ndef g():\n    pass\n")
+    assert long_functions(tmp_path, ("serve",)) == ["serve/x.py:1 f: 81 lines"]

@@ -265,7 +265,7 @@ def build_head(paths: list[Path], opts, pp: PipelineOptions):
     from runtime.backends import make_backend
     from runtime.protocol import Protocol
     from runtime.runtime import Runtime
-    from serve.engine import CPU_CAPACITY, Engine, EngineError, _gpu_capacity
+    from serve.engine import Engine, EngineError, sizing
     from serve.pipeline.pipeline import Pipeline
 
     if opts.device is not None and opts.backend != "cpu":
@@ -285,45 +285,15 @@ def build_head(paths: list[Path], opts, pp: PipelineOptions):
     proto0, proto = Protocol(m0), Protocol(last)
     backend = make_backend(opts.backend)
     unit, reach = derive.page_unit(m0), derive.reach(m0)
-    rows = opts.rows if opts.rows is not None else proto.widest
-    proto.check_rows(rows, unit)
-    chunk_max = proto.chunk_max
-    chunk = opts.chunk if opts.chunk is not None else chunk_max
-    if not 1 <= chunk <= chunk_max:
-        raise EngineError(f"--chunk {chunk} must be in 1..{chunk_max} (it may only be lowered)")
-    seqs_max = m0.vars[proto0.groups_var].max
-    max_seqs = min(opts.max_seqs if opts.max_seqs is not None else 256, seqs_max, chunk_max // rows, proto.max_groups)
-    if max_seqs < 1:
-        raise EngineError(f"--max-seqs {opts.max_seqs} must be >= 1")
     geometry = Geometry(**derive.geometry(m0))
-    if opts.capacity is not None:
-        capacity = opts.capacity
-    elif backend.name == "cpu":
-        capacity = CPU_CAPACITY
-    else:
-        if pp.listen is None:
-            pp.share = n  # this machine's stages share the head's device
-        capacity = _gpu_capacity(backend, geometry, 0, opts.reserve_gib) // pp.share
+    if pp.listen is None and opts.capacity is None and backend.name != "cpu":
+        pp.share = n  # this machine's stages share the head's device
+    sized = sizing(m0, proto0, proto, opts, backend, geometry, pp.share)  # one rule with a server's and the stages'
+    rows, chunk, max_seqs, capacity = sized.rows, sized.chunk, sized.max_seqs, sized.capacity
     hpb0 = unit * sum(b for _, b in geometry.paged)  # one page of every paged state: a host page here
 
-    ctx = zmq.Context()
-    ctl = ZmqWire.make(ctx, zmq.ROUTER, bind=pp.listen or "tcp://127.0.0.1:*", send_timeout=pp.timeout)
-    watch = HeadWatch(ctl, list(range(1, n)), pp.timeout)
-    watch.start()
-    head = Head(watch, ctx=ctx)
-    logs.event("pp head listening", address=ctl.address, stages=n, cut=cid)
-    procs = []
-    if pp.listen is None:
-        head.spawn = lambda k: _spawn(paths[k], k, ctl.address, opts, pp, target.weights)
-        for k in range(1, n):
-            procs.append((k, head.spawn(k)))
-        head.procs = dict(procs)
-    startup = startup_s(pp)
-    hellos = _await(watch, "hello", set(range(1, n)), startup, procs, n)
-    for k, h in hellos.items():
-        if h.head["cut"] != cid or int(h.head["stages"]) != n:
-            die("pp stage refused", stage=k, reason=f"cut {h.head['cut']} of {h.head['stages']} stages, the head "
-                f"serves cut {cid} of {n}", code=EXIT_PIPELINE)
+    head, procs, hellos = _start_stages(paths, opts, pp, target.weights, cid, n)
+    ctx, watch, startup = head.ctx, head.watch, startup_s(pp)
     fewest = min([capacity // unit] + [int(h.head["pages"]) for h in hellos.values()])
     capacity = fewest * unit
     if fewest < 2:
@@ -366,6 +336,30 @@ def build_head(paths: list[Path], opts, pp: PipelineOptions):
         pack=opts.pack and all(Protocol(m).packs for m in manifests), context=_context(manifests),
     )
     return engine, head
+
+
+def _start_stages(paths: list[Path], opts, pp: PipelineOptions, weights, cid: str, n: int):
+    """Bind the control socket, start the other stages here (or wait for ones started by hand), and take
+    each one's hello: (the Head, the processes started, the hellos by stage). A stage of another cut ends
+    the head."""
+    ctx = zmq.Context()
+    ctl = ZmqWire.make(ctx, zmq.ROUTER, bind=pp.listen or "tcp://127.0.0.1:*", send_timeout=pp.timeout)
+    watch = HeadWatch(ctl, list(range(1, n)), pp.timeout)
+    watch.start()
+    head = Head(watch, ctx=ctx)
+    logs.event("pp head listening", address=ctl.address, stages=n, cut=cid)
+    procs = []
+    if pp.listen is None:
+        head.spawn = lambda k: _spawn(paths[k], k, ctl.address, opts, pp, weights)
+        for k in range(1, n):
+            procs.append((k, head.spawn(k)))
+        head.procs = dict(procs)
+    hellos = _await(watch, "hello", set(range(1, n)), startup_s(pp), procs, n)
+    for k, h in hellos.items():
+        if h.head["cut"] != cid or int(h.head["stages"]) != n:
+            die("pp stage refused", stage=k, reason=f"cut {h.head['cut']} of {h.head['stages']} stages, the head "
+                f"serves cut {cid} of {n}", code=EXIT_PIPELINE)
+    return head, procs, hellos
 
 
 def _context(manifests) -> int | None:

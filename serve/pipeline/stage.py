@@ -59,16 +59,9 @@ def cut_of(m) -> tuple[str, int, int]:
 def stage_pages(m, geometry, opts: StageOptions, backend) -> int:
     """The pages this stage could hold: --capacity, or the CPU default, or the GPU's free memory."""
     from manifests import derive
-    from serve.engine import CPU_CAPACITY, _gpu_capacity
+    from serve.engine import capacity_of
 
-    unit = derive.page_unit(m)
-    if opts.capacity is not None:
-        cap = opts.capacity
-    elif backend.name == "cpu":
-        cap = CPU_CAPACITY
-    else:
-        cap = _gpu_capacity(backend, geometry, 0, opts.reserve_gib) // max(opts.share, 1)
-    return cap // unit
+    return capacity_of(opts.capacity, backend, geometry, 0, opts.reserve_gib, opts.share) // derive.page_unit(m)
 
 
 def serve_stage(what: str, head: str, opts: StageOptions) -> int:
