@@ -13,7 +13,6 @@ per step that the serial pool pays about five times as often. Never gates CI.
 from __future__ import annotations
 
 import argparse
-import signal
 import subprocess
 import tempfile
 import time
@@ -63,11 +62,7 @@ def main() -> None:
                 tokens = burst(url, args.requests, args.max_tokens)
                 walls[capacity] = (time.perf_counter() - t0, tokens)
             finally:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(60)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
+                launch.stop(proc, 60)
     (small, n_small), (big, n_big) = walls[352], walls[16384]
     print("target | requests | tokens | s at --capacity 352 | s at 16384 | ratio (ceiling 2x)")
     print(f"{args.target} | {args.requests} | {n_small} | {small:.2f} | {big:.2f} | {small / big:.2f}")

@@ -39,7 +39,8 @@ def start(target: str, flags: list[str] | tuple[str, ...], log: Path, timeout: f
 
 
 def stop(proc: subprocess.Popen, timeout: float = 30.0) -> int | None:
-    """SIGTERM, then SIGKILL after `timeout`; the exit code."""
+    """SIGTERM, then SIGKILL after `timeout`; whatever it started goes too (its process group: a
+    pipeline's stages); the exit code."""
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -47,4 +48,8 @@ def stop(proc: subprocess.Popen, timeout: float = 30.0) -> int | None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
     return proc.returncode

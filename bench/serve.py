@@ -25,7 +25,6 @@ second, the ratio to unpacked, and checks the answers are identical.
 from __future__ import annotations
 
 import argparse
-import signal
 import subprocess
 import tempfile
 import time
@@ -85,11 +84,7 @@ def measure(target: str, backend: str, concurrency: list[int], max_tokens: int, 
             row["decode_kernel_ms"] = 1000 * d.get("rt_decode_kernel", 0.0) / max(d.get("rt_decode_steps", 0), 1)
             rows.append(row)
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        launch.stop(proc, 30)
     return rows
 
 
@@ -125,11 +120,7 @@ def pack_compare(args) -> None:
                 wall = time.perf_counter() - t0
                 after = httpx.get(url + "/stats", timeout=30).json()
             finally:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(30)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
+                launch.stop(proc, 30)
             if mode == "packed" and not after["facts"].get("pack"):
                 raise SystemExit(f"{args.pack_target} does not pack prefill (its chunk program takes no cu_seqlens)")
             c0, c1 = before["counters"], after["counters"]

@@ -22,7 +22,6 @@ import argparse
 import json
 import multiprocessing as mp
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -190,11 +189,7 @@ def main() -> None:
                              f"{r['ttft_p50']:.1f}" if stream else "-", f"{r['ttft_p99']:.1f}" if stream else "-",
                              f"{r['itl_p50']:.2f}" if stream else "-", f"{r['itl_p99']:.2f}" if stream else "-"))
         finally:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+            launch.stop(proc, 30)
     print(f"{args.target}, backend {args.backend}, {args.streams} streams x {args.max_tokens} tokens "
           f"({args.prompt_tokens}-token prompts), {args.workers} client processes")
     print(tabulate([(m, f"{t:,.0f}", f"{x:.2f}", *rest) for m, t, x, *rest in rows],

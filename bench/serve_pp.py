@@ -9,8 +9,6 @@ hit), `max_tokens` 1, streamed: the time to the first chunk that carries a token
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
 import time
@@ -27,17 +25,7 @@ def start(target: str, flags: list[str], log: Path, timeout: float = 300) -> tup
 
 
 def stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            pass
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)  # its stages
-    except ProcessLookupError:
-        pass
-    proc.wait()
+    launch.stop(proc, 60)  # the head, then its stages (its process group)
 
 
 def prompt(tag: int, tokens: int) -> list[int]:
