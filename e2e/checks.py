@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+from e2e.engine import lacking
 from verdicts import Check
 
 __all__ = ["Checks", "mark"]
@@ -32,11 +33,7 @@ class Checks:
 
     def lacks(self, name: str) -> list[str]:
         """The capabilities the engine under test lacks for check `name` (none: it is judged)."""
-        if self.engine is None:
-            return []
-        from e2e.engine import lacking
-
-        return lacking(self.engine, name)
+        return [] if self.engine is None else lacking(self.engine, name)
 
     def skip(self, name: str, lacks: list[str]) -> None:
         """Record check `name` as not applicable to this engine: ``skipped (engine lacks X)``."""

@@ -31,7 +31,7 @@ from e2e.gate import SESSION_PORTS, Options, Run, run_target
 from e2e.oracles import make_run, oracles_for
 from e2e.progress import Progress
 from e2e.report import commit, junit, write_report, write_summary
-from e2e.scenarios import CHECKS, CROSS_CHECKS, STEPS, plan
+from e2e.scenarios import CHECKS, CROSS_CHECKS, plan, session_of
 from e2e.session import STARTED, merge_flags, project_env, split_flags, stop_all
 from e2e.stages import record as record_stages
 from manifests.config import PACKAGED, PACKAGED_PP
@@ -136,7 +136,6 @@ def write_scripts(out: Path, target: str, scripts: dict) -> None:
     (d / "sessions.json").write_text(json.dumps(scripts) + "\n")
 
 
-SESSION_OF = {c: s.session for s in STEPS for c in s.checks}
 CONFIRM = 3  # a shrunk case is replayed this many times more, and its notes say how often it failed
 TIMED_TRIES = 3  # a candidate with a burst (its failure may hang on timing) still fails only if it fails each try
 
@@ -152,7 +151,7 @@ def shrink_failures(reports: list[dict], opts: Options, echo: Callable[[str], No
         if r.get("skipped") is not None or not failed:
             continue
         check = failed[0]
-        session = check.split("_", 1)[1] if check.startswith(("policy_", "metrics_")) else SESSION_OF.get(check)
+        session = session_of(check)
         scripts = json.loads((opts.out / r["target"] / "sessions.json").read_text())
         if session not in scripts:
             echo(f"shrink {r['target']}: {check} belongs to no recorded session; nothing to shrink")

@@ -21,7 +21,8 @@ from typing import Any
 
 import httpx
 
-__all__ = ["CAPABILITIES", "CONTRACT", "Engine", "EngineError", "KERN_ONLY", "NEEDS", "PRESETS", "RUNS", "lacking"]
+__all__ = ["CAPABILITIES", "CONTRACT", "Engine", "EngineError", "KERN_ONLY", "NEEDS", "PRESETS", "RUNS", "lacking",
+           "step_lacking"]
 
 CONTRACT = 1
 
@@ -173,12 +174,15 @@ def _get_json(url: str) -> dict | None:
     return body if isinstance(body, dict) else None
 
 
-def lacking(engine: Engine, check: str, step: str | None = None) -> list[str]:
-    """The capabilities `engine` lacks for `check` (added by `step`, if given): none means it is judged."""
+def lacking(engine: Engine, check: str) -> list[str]:
+    """The capabilities `engine` lacks for `check` to be judged (none: it is)."""
     need = list(NEEDS.get(check, ()))
-    if step is not None:
-        need += RUNS.get(step, ())
     for prefix, caps in PREFIXES.items():
         if check.startswith(prefix):
             need += caps
     return [c for c in dict.fromkeys(need) if not engine.has(c)]
+
+
+def step_lacking(engine: Engine, step: str) -> list[str]:
+    """The capabilities `engine` lacks for step `step` to run at all (none: it runs)."""
+    return [c for c in RUNS.get(step, ()) if not engine.has(c)]

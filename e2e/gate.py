@@ -26,7 +26,7 @@ from e2e import metrics
 from e2e.checks import Checks
 from e2e.client import Answer, Client, Rejected
 from e2e.config import GateTarget
-from e2e.engine import Engine
+from e2e.engine import Engine, step_lacking
 from e2e.policy import PolicyGate
 from e2e.session import ServerExited, Session, Unavailable, merge_flags, server_command, split_flags, unused_port
 from e2e.stats import Stats
@@ -589,10 +589,7 @@ def _step_lacks(run: Run, step, plan: _Plan, deps: tuple[str, ...]) -> list[str]
     e = run.opts.engine
     if not e.external and e.has("kern-runtime"):
         return []
-    from e2e.engine import RUNS
-
-    own = [c for c in RUNS.get(step.name, ()) if not e.has(c)]
-    return own or (plan.lacked_deps(deps) if e.external else [])
+    return step_lacking(e, step.name) or (plan.lacked_deps(deps) if e.external else [])
 
 
 def _let_go(live: Live) -> None:

@@ -151,11 +151,9 @@ def _first_line(note) -> str:
 def where_to_look(target: str, check: str, meta: dict[str, Any]) -> str:
     """The failing server's log and a command that gates this check alone (``meta``: the gate's out,
     seed, max tokens, config, engine)."""
-    from e2e.scenarios import STEPS
+    from e2e.scenarios import session_of
 
-    session = next((s.session for s in STEPS if check in s.checks), None)
-    if check.startswith(("policy_", "metrics_")):
-        session = check.split("_", 1)[1]
+    session = session_of(check)
     out = meta.get("out")
     parts = []
     if session and out:

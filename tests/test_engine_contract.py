@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from e2e.cli import main
-from e2e.engine import CAPABILITIES, KERN_ONLY, NEEDS, RUNS, Engine, EngineError, lacking
+from e2e.engine import CAPABILITIES, KERN_ONLY, NEEDS, RUNS, Engine, EngineError, lacking, step_lacking
 from e2e.scenarios import CHECKS, STEPS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -59,7 +59,7 @@ def test_lacking_names_what_a_check_needs():
     assert lacking(core, "conc1_equals_run") == []
     assert lacking(core, "repeat_hit") == ["cached-tokens"]
     assert lacking(core, "policy_default") == ["kern-policy"]
-    assert lacking(core, "params_stop", "params") == ["params", "text", "stream"]
+    assert step_lacking(core, "params") == ["params", "text", "stream"] and step_lacking(core, "repeat") == []
     assert lacking(Engine.own(), "policy_default") == []
 
 

@@ -14,7 +14,8 @@ from e2e.config import GateTarget
 from e2e.scenarios import (abort, churn, concurrent, conc1, cuts, explore, float_controls, host, kern_test, params, prefix,
                            repeat, rows1, slots, ties, turn2, wake_room)
 
-__all__ = ["CHECKS", "COMPARED", "CROSS_CHECKS", "METRICS_CHECKS", "POLICY_CHECKS", "STEPS", "Step", "plan"]
+__all__ = ["CHECKS", "COMPARED", "CROSS_CHECKS", "METRICS_CHECKS", "POLICY_CHECKS", "STEPS", "Step", "plan",
+           "session_of"]
 
 
 @dataclass(frozen=True)
@@ -86,6 +87,13 @@ COMPARED: tuple[str, ...] = ("conc1", "repeat", "turn2", "host_cold", "park_wake
 """The serial steps whose answers and hits `stages_equal_single` compares: `--scenarios` naming it runs them."""
 
 CHECKS: tuple[str, ...] = tuple(c for s in STEPS for c in s.checks) + POLICY_CHECKS + METRICS_CHECKS + CROSS_CHECKS
+
+
+def session_of(check: str) -> str | None:
+    """The session whose server a check's requests went to (policy_<s> and metrics_<s> name theirs)."""
+    if check.startswith(("policy_", "metrics_")):
+        return check.split("_", 1)[1]
+    return next((s.session for s in STEPS if check in s.checks), None)
 
 
 def plan(target: GateTarget, wanted: set[str] | None, has_reference: bool, external: bool = False) -> list[Step]:

@@ -72,7 +72,8 @@ def _preemptions(client) -> float | None:
 def run(r) -> None:
     live = r.need("prefix")
     rng = random.Random(f"prefix-{r.opts.seed}")
-    prompts = family(rng, r.page, _longest(r))
+    longest = _longest(r)
+    prompts = family(rng, r.page, longest)
     r.serial_ends("prefix_cold_warm_restored (bursts)")
     phases: dict[str, Same] = {k: Same(r.oracle, r.rows) for k in
                                ("cold", "warm", "turn 2", "burst", "flood", "returning", "restored")}
@@ -105,7 +106,7 @@ def run(r) -> None:
     second = [ids + a.fed + SUFFIX_IDS for ids, a in zip(prompts, cold)]
     turn2 = [serial("turn 2", ids) for ids in second]
     burst("burst", second)
-    flood = [[rng.randrange(256) for _ in range(rng.randint(_longest(r) // 2, _longest(r)))] for _ in range(FLOOD)]
+    flood = [[rng.randrange(256) for _ in range(rng.randint(longest // 2, longest))] for _ in range(FLOOD)]
     for i in range(0, FLOOD, FLOOD_BURST):
         burst("flood", flood[i:i + FLOOD_BURST])
     for ids, a in zip(second, turn2):
