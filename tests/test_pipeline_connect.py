@@ -15,24 +15,10 @@ import time
 from pathlib import Path
 
 import pytest
+from test_pipeline_serve import TARGET, _missing  # the same target, and the same reasons it may be missing
 
 REPO = Path(__file__).resolve().parents[1]
-TARGET = "toy-layers"
 LIMIT = 5.0
-
-
-def _missing() -> str | None:
-    import importlib.util
-
-    from manifests.config import ConfigError, resolve
-
-    try:
-        resolve(TARGET)
-    except ConfigError:
-        return f"no {TARGET} target in the shipped config"
-    if importlib.util.find_spec("manifests.cut") is None:
-        return "manifests.cut (kern cut) is not installed"
-    return None
 
 
 pytestmark = pytest.mark.skipif(_missing() is not None, reason=str(_missing()))
