@@ -30,14 +30,14 @@ EXIT_START_FAILED = 1  # uvicorn did not start after the load
 EXIT_USAGE = 2  # a bad flag value, or a target that cannot be served
 EXIT_BIND = 3  # the listening socket cannot be bound (a taken port)
 EXIT_CUT_OFF = 75  # EX_TEMPFAIL
-EXIT_CRASHED = 101  # the scheduler thread crashed (serve/scheduler.py)
+EXIT_CRASHED = 101  # the scheduler thread crashed (serve/scheduler.py), or the engine core process died
 EXIT_CODES = {
     0: "SIGTERM (or SIGINT) drained every request",
     EXIT_START_FAILED: "the HTTP server failed to start after the load",
     EXIT_USAGE: "a bad flag value, or a target that cannot be served (config, manifest, weights and their sha256, kernels, sizes)",
     EXIT_BIND: "--host/--port cannot be bound (the port is taken: \"address already in use\"); checked before the load",
     EXIT_CUT_OFF: "--drain-timeout ran out and requests were cut off (each answered a 503)",
-    EXIT_CRASHED: "the scheduler thread crashed",
+    EXIT_CRASHED: "the scheduler thread crashed (or, with --frontend-process, the engine core process was killed)",
 }
 _D = Limits()
 _FAULT_HELP = "; ".join(f"{k}: {v}" for k, v in FAULTS.items())
@@ -122,6 +122,7 @@ def bind(host: str, port: int):
 @click.option("--sampling", default="refuse", show_default=True, type=click.Choice(["refuse", "greedy-warn"]), help="A non-greedy sampling value (temperature > 0, top_p < 1, penalties, ...): refuse it with a 400 naming it, or serve it greedily with one WARN line per parameter name (docs/api.md).")
 @click.option("--metrics-prefix", "metrics_prefix", default="kern", show_default=True, type=click.Choice(["kern", "vllm"]), help="Name the /metrics that mirror vLLM's `vllm:` with vLLM's labels (model_name, engine), so a vLLM Grafana dashboard works unchanged (docs/grafana/); kern's own stay `kern:` (docs/metrics.md).")
 @click.option("--fault", "faults", multiple=True, type=click.Choice(sorted(FAULTS)), help=f"Misbehave on purpose, for testing the gate (repeatable). {_FAULT_HELP}.")
+@click.option("--frontend-process/--no-frontend-process", "frontend_process", default=None, help="Run the engine core (the scheduler thread, the runtime, the pool) in a process of its own, forked before the load, and the HTTP front end (replies, SSE, /metrics' histograms) in this one, so they do not share one interpreter lock; they speak msgpack over ZeroMQ (docs/serve.md). Default: off, or on when KERN_FRONTEND_PROCESS=1. Not in a pipeline stage (--pp-head) or a warm host's command (served in process).")
 @click.option("--log-level", "log_level", default=None, type=click.Choice(["debug", "info", "warn", "error"]),
               help="Write log lines at this level or above (default: info, or the kern_serve level RUST_LOG names, as the Rust kern gate driver sets it; the gates read debug lines: e2e sets RUST_LOG=kern_serve=debug too).")
 @click.pass_context
@@ -130,7 +131,7 @@ def serve_command(ctx, target, port, host, capacity, host_gib, max_seqs, chunk, 
                   pp_timeout, pp_bind, pp_parent, pp_share, faults, protect_stats, drain_timeout,
                   max_connections, header_timeout, body_timeout, keep_alive, max_body_bytes, max_tokenize_tokens, log_level=None, sampling="refuse",
                   host_chunk=None, stage_connect=None, metrics_prefix="kern", max_per_client=_D.max_per_client,
-                  pp_restart=True) -> None:
+                  pp_restart=True, frontend_process=None) -> None:
     """Serve TARGET (a config target name or a manifest path) over OpenAI-compatible HTTP.
 
     Every start-up error is one line on stderr, `kern serve: error: ...`, naming the flag or file.
@@ -145,7 +146,8 @@ def serve_command(ctx, target, port, host, capacity, host_gib, max_seqs, chunk, 
       3    --host/--port cannot be bound (the port is taken: "address
            already in use"); checked before the load
       75   --drain-timeout ran out and requests were cut off (each a 503)
-      101  the scheduler thread crashed
+      101  the scheduler thread crashed (or, with --frontend-process, the
+           engine core process was killed)
     """
     from serve import logs
     from serve.engine import Options
@@ -188,17 +190,38 @@ def serve_command(ctx, target, port, host, capacity, host_gib, max_seqs, chunk, 
         fail(f"cannot bind --host {host} --port {port}: {exc.strerror or exc}"
              + (" (the port is taken; pick another, or --port 0 for any free one)" if exc.errno == errno.EADDRINUSE else ""),
              EXIT_BIND)
-    try:
-        engine, head = _engine(target, opts, phases, stages, at, pp_listen, pp_timeout, stage_connect, pp_restart)
-    except errors as exc:
-        fail(exc)
-    if served_model_name:
-        engine.model = served_model_name
+
+    def load():
+        try:
+            engine, head = _engine(target, opts, phases, stages, at, pp_listen, pp_timeout, stage_connect, pp_restart)
+        except errors as exc:
+            fail(exc)
+        if served_model_name:
+            engine.model = served_model_name
+        return engine, head
+
+    scheduler = head = None
+    if _split(frontend_process):
+        from serve.frontend import start_core
+
+        engine, scheduler = start_core(load, lambda e: start_scheduler(e, stats_every, phases), sock)
+    else:
+        engine, head = load()
     code = run(engine, host, port, api_key, stats_every, limits, protect_stats, sock, sampling=sampling, phases=phases,
-               metrics_prefix=metrics_prefix)
+               metrics_prefix=metrics_prefix, scheduler=scheduler)
     if head is not None:
         head.stop()
     sys.exit(code)
+
+
+def _split(flag: bool | None) -> bool:
+    """Whether the engine core runs in a process of its own (--frontend-process, else the environment's
+    KERN_FRONTEND_PROCESS); never in a warm host's command (a thread of a shared process)."""
+    from serve import hosted
+
+    if flag is None:
+        flag = (hosted.getenv("KERN_FRONTEND_PROCESS") or "").strip().lower() in ("1", "true", "yes", "on")
+    return bool(flag) and hosted.COMMAND.get() is None
 
 
 def _engine(target, opts, phases, stages, at, pp_listen, pp_timeout, stage_connect, pp_restart):
@@ -252,27 +275,24 @@ def _load_errors() -> tuple[type[Exception], ...]:
 
 
 def run(engine, host: str, port: int, api_key: str | None, stats_every: float = 5.0, limits: Limits = _D,
-        protect_stats: bool = False, sock=None, sampling: str = "refuse", phases=None, metrics_prefix: str = "kern") -> int:
+        protect_stats: bool = False, sock=None, sampling: str = "refuse", phases=None, metrics_prefix: str = "kern",
+        scheduler=None) -> int:
     """Serve until a signal; the exit code. `sock`: the listening socket (`bind`), else bound here.
     `phases` (`serve.startup.Phases`): the start so far, whose split the ready line gives;
-    `metrics_prefix`: --metrics-prefix."""
+    `metrics_prefix`: --metrics-prefix; `scheduler`: one already started (the engine core's process
+    stand-in, `serve.frontend.RemoteScheduler`), else one is started here."""
     import logging
 
     import uvicorn
 
     from serve import guard, logs
     from serve.app import make_app
-    from serve.scheduler import Scheduler
     from serve.startup import Phases
 
     phases = phases or Phases()
     phases.mark("imports")
-
-    scheduler = Scheduler(engine, stats_every)
-    scheduler.start()
-    scheduler.ready.wait()
-    phases.mark("scheduler")
-    logs.event("scheduler ready", **ready_fields(engine), **phases.as_fields())
+    if scheduler is None:
+        scheduler = start_scheduler(engine, stats_every, phases)
 
     limit_log = logs.Limiter()
     Server = _server_type(uvicorn, engine, host, port, phases, limit_log, limits, scheduler)
@@ -297,13 +317,16 @@ def run(engine, host: str, port: int, api_key: str | None, stats_every: float = 
         # uvicorn re-raises the signal it drained on; let that land here, harmlessly, so we exit 0
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: None)
+    if hasattr(scheduler, "watch"):  # a core process that dies: its requests answered, then stop
+        scheduler.watch(lambda: setattr(server, "should_exit", True))
     try:
         server.run(sockets=[sock])
     finally:
         for logger, f in filters:
             logger.removeFilter(f)
-    if not server.started:
-        return EXIT_START_FAILED
+    died = getattr(scheduler, "died", None)
+    if not server.started or died:
+        return died or EXIT_START_FAILED
     scheduler.stop()
     scheduler.join(timeout=30)
     limit_log.flush()
@@ -314,6 +337,19 @@ def run(engine, host: str, port: int, api_key: str | None, stats_every: float = 
 
 
 GRACE_S = 5.0
+
+
+def start_scheduler(engine, stats_every: float, phases):
+    """The scheduler thread over `engine`, started and ready; its ready line logged."""
+    from serve import logs
+    from serve.scheduler import Scheduler
+
+    scheduler = Scheduler(engine, stats_every)
+    scheduler.start()
+    scheduler.ready.wait()
+    phases.mark("scheduler")
+    logs.event("scheduler ready", **ready_fields(engine), **phases.as_fields())
+    return scheduler
 
 
 def ready_fields(engine) -> dict:

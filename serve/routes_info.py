@@ -9,7 +9,8 @@ from fastapi import APIRouter, Request as HttpRequest
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from serve.http import CAPABILITIES, VERSION, auth, auth_stats, body_of, ctx
+from serve.frontend_wire import health_of
+from serve.http import CAPABILITIES, VERSION, Served, auth, auth_stats, body_of, ctx
 from serve.metrics import snapshot
 
 __all__ = ["router"]
@@ -19,16 +20,32 @@ router = APIRouter()
 
 @router.api_route("/health", methods=["GET", "HEAD"])
 async def health(request: HttpRequest):
-    scheduler = ctx(request).scheduler
-    trouble = getattr(ctx(request).engine.runtime, "trouble", None)  # a pipeline head: a stage lost or silent
-    found = trouble() if trouble is not None else None
-    if found is not None:
-        return JSONResponse(found, status_code=503)  # docs/pipeline.md
-    if scheduler.ready.is_set() and scheduler.is_alive():
-        if scheduler.warm.is_set():
+    h = await ask(ctx(request), "health")
+    if h["trouble"] is not None:  # a pipeline head: a stage lost or silent
+        return JSONResponse(h["trouble"], status_code=503)  # docs/pipeline.md
+    if h["ready"] and h["alive"]:
+        if h["warm"]:
             return {"status": "ok"}
         return JSONResponse({"status": "warming"}, status_code=503)  # kernels compiling: serve/warmup.py
     return JSONResponse({"status": "starting"}, status_code=503)
+
+
+async def ask(c: Served, what: str):
+    """A question of `serve.frontend_wire.QUESTIONS`: of the engine core's process when it has one
+    (--frontend-process), else answered here (/stats and /metrics' snapshot on the scheduler thread)."""
+    s = c.scheduler
+    remote = getattr(s, "ask", None)
+    if remote is not None:
+        return await remote(what)
+    if what == "stats":
+        return await asyncio.wrap_future(s.query(s.stats))
+    if what == "snapshot":
+        return await asyncio.wrap_future(s.query(lambda: snapshot(s)))
+    if what == "live":
+        # answered here, not on the scheduler's thread: says whether it is busy, and in a step, when
+        # /stats (which waits for it) does not answer
+        return s.live()
+    return health_of(s, c.engine)
 
 
 @router.get("/version")
@@ -67,21 +84,18 @@ async def detokenize(request: HttpRequest):
 @router.get("/stats")
 async def stats(request: HttpRequest):
     auth_stats(request)
-    scheduler = ctx(request).scheduler
-    return await asyncio.wrap_future(scheduler.query(scheduler.stats))
+    return await ask(ctx(request), "stats")
 
 
 @router.get("/stats/live")
 async def stats_live(request: HttpRequest):
-    # answered here, not on the scheduler's thread: says whether it is busy, and in a step, when
-    # /stats (which waits for it) does not answer
     auth_stats(request)
-    return ctx(request).scheduler.live()
+    return await ask(ctx(request), "live")
 
 
 @router.get("/metrics")
 async def metrics(request: HttpRequest):
     auth_stats(request)
     c = ctx(request)
-    s = await asyncio.wrap_future(c.scheduler.query(lambda: snapshot(c.scheduler)))
+    s = await ask(c, "snapshot")
     return Response(c.meter.render(s), media_type=CONTENT_TYPE_LATEST)

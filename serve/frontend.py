@@ -1,0 +1,238 @@
+"""`kern serve --frontend-process`: the HTTP front end in this process, the engine core in a child.
+
+One process on one interpreter lock ran both the scheduler thread and the event loop, and each slowed
+the other. Here the process that binds the port forks the engine core (`serve/frontend_core.py`:
+the engine, the scheduler thread) before the model loads, and keeps the HTTP side: uvicorn, request
+bodies, replies, SSE framing, /metrics' histograms, logs of its own. The two speak msgpack over
+ZeroMQ (`serve/frontend_wire.py`), as vLLM V1's API server and engine core do.
+
+The routes are the in-process server's, unchanged: `RemoteEngine` and `RemoteScheduler` stand in for
+the `Engine` and the `Scheduler` with the surface the routes use (submit, abort, name, drain, stop,
+and `ask` for /stats, /stats/live, /metrics' snapshot and /health). The core's updates arrive one
+message per step and are handed to the requests' queues on the event loop, one wake-up for all.
+
+If the core process ends without being told to stop (a crash of its scheduler thread: 101, or a
+kill), every open request is answered with a 503 `engine_core_dead` (a stream: its error event,
+then [DONE]), the server stops and the process exits with the core's code (101 when it was killed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import sys
+import tempfile
+import threading
+
+import zmq
+
+from serve import logs
+from serve.faults import Faults
+from serve.frontend_wire import dead_error, done_of, pack, unpack
+from serve.request import Done, Request, Update
+from serve.validate import ApiError
+
+__all__ = ["RemoteEngine", "RemoteScheduler", "start_core"]
+
+POLL_MS = 200
+CRASH = 101  # the exit code when the core was killed (serve/cli.py's EXIT_CRASHED)
+
+
+def start_core(build, start_scheduler, sock=None) -> tuple[RemoteEngine, RemoteScheduler]:
+    """Fork the engine core (`build()` gives (engine, pipeline head or None) there, or exits;
+    `start_scheduler(engine)` starts its scheduler and logs the ready line) and wait until it is
+    ready. A core that ends first (a target that cannot be served) ends this process with its code."""
+    tmp = tempfile.mkdtemp(prefix="kern-core-")
+    addrs = (f"ipc://{tmp}/in", f"ipc://{tmp}/out")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        if sock is not None:
+            sock.close()
+        from serve.frontend_core import core_main
+
+        core_main(addrs, build, start_scheduler)  # never returns
+    remote = RemoteScheduler(pid, addrs, tmp)
+    return RemoteEngine(remote.wait_ready()), remote
+
+
+class RemoteEngine:
+    """The engine's facts as the routes read them (sent once by the core when it is ready)."""
+
+    def __init__(self, d: dict) -> None:
+        self._facts = d["facts"]
+        self.model = d["model"]
+        self.rows, self.reach, self.pages, self.unit = d["rows"], d["reach"], d["pages"], d["unit"]
+        self.max_request_tokens = d["max_request_tokens"]
+        self.faults = Faults(d["faults"])
+        self.lined, self.backend, self.max_seqs, self.chunk = d["lined"], d["backend"], d["max_seqs"], d["chunk"]
+
+    def facts(self) -> dict:
+        return {**self._facts, "model": self.model}
+
+
+class RemoteScheduler:
+    """The scheduler as the routes use it, in another process. Every method but `stop` and `join`
+    runs on the event loop (which alone uses the sending socket); a thread receives."""
+
+    on_loop = True  # updates are handed to a request's `send` on the event loop: it may be a queue's put
+
+    def __init__(self, pid: int, addrs: tuple[str, str], tmp: str) -> None:
+        self.pid, self.tmp = pid, tmp
+        self.ctx = zmq.Context()
+        self.push, self.pull = self.ctx.socket(zmq.PUSH), self.ctx.socket(zmq.PULL)
+        for s, addr in ((self.push, addrs[0]), (self.pull, addrs[1])):
+            s.setsockopt(zmq.LINGER, 0)
+            s.bind(addr)
+        self.reqs: dict[str, Request] = {}
+        self.asks: dict[int, asyncio.Future] = {}
+        self._qid = self._names = 0
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.code: int | None = None  # the core's exit code, once it ended
+        self.stopped = False  # told to stop: its end is expected
+        self.cut_off = 0
+        self.ended, self.said_bye = threading.Event(), threading.Event()
+        self.on_death = None
+        self.receiver: threading.Thread | None = None
+        threading.Thread(target=self._reap, name="core-reaper", daemon=True).start()
+
+    # the handlers' side (the event loop)
+
+    def name(self) -> str:
+        n, self._names = self._names, self._names + 1
+        return f"req-{n}"
+
+    def submit(self, req: Request) -> None:
+        self.loop = asyncio.get_running_loop()
+        if self.ended.is_set():
+            req.send(Update([], Done(None, error=dead_error(self.code))))
+            return
+        self.reqs[req.id] = req
+        s = req.stops
+        self.push.send(pack(["s", req.id, req.ids, req.max_tokens, req.ignore_eos, req.t_arrive,
+                             s.strings if s else [], sorted(s.ids) if s else [], s.include if s else False]))
+
+    def abort(self, req: Request) -> None:
+        if not self.ended.is_set() and self.reqs.pop(req.id, None) is not None:
+            self.push.send(pack(["a", req.id]))
+
+    async def ask(self, what: str):
+        """A question of `serve.frontend_wire.QUESTIONS`, answered by the core; a 503 when it is gone."""
+        if self.ended.is_set():
+            raise ApiError(503, dead_error(self.code)[1], code="engine_core_dead", type="server_error")
+        self.loop = asyncio.get_running_loop()
+        self._qid += 1
+        fut = self.asks[self._qid] = self.loop.create_future()
+        self.push.send(pack(["q", self._qid, what]))
+        return await fut
+
+    def drain(self, seconds: float) -> None:
+        if not self.ended.is_set():
+            self.push.send(pack(["d", seconds]))
+
+    # the main thread's side
+
+    def stop(self) -> None:
+        self.stopped = True
+        if not self.ended.is_set():
+            self.push.send(pack(["x"]))
+
+    def join(self, timeout: float | None = None) -> None:
+        self.ended.wait(timeout)
+        if self.receiver is not None:
+            self.receiver.join(2)
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def watch(self, on_death) -> None:
+        """Call `on_death()` (any thread) if the core ends without being told to stop."""
+        self.on_death = on_death
+        if self.died is not None:
+            on_death()
+
+    @property
+    def died(self) -> int | None:
+        """The exit code to end with when the core ended on its own (never 0), else None."""
+        if self.code is None or self.stopped and self.said_bye.is_set():
+            return None
+        return self.code if self.code > 0 else CRASH
+
+    def wait_ready(self) -> dict:
+        """The core's facts once it is ready; if it ends first, this process ends with its code."""
+        while not self.ended.is_set():
+            if self.pull.poll(POLL_MS):
+                msg = unpack(self.pull.recv())
+                if msg[0] == "r":
+                    self.receiver = threading.Thread(target=self._receive, name="core-in", daemon=True)
+                    self.receiver.start()
+                    return msg[1]
+        self.ended.wait()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+        sys.exit(self.code if self.code and self.code > 0 else 1)
+
+    # the threads
+
+    def _receive(self) -> None:
+        while True:
+            if not self.pull.poll(POLL_MS):
+                if self.ended.is_set():
+                    return
+                continue
+            msg = unpack(self.pull.recv())
+            if msg[0] == "b":
+                self.cut_off = msg[1]
+                self.said_bye.set()
+                return
+            self._hand(self._deliver, msg)
+
+    def _hand(self, fn, *args) -> None:
+        loop = self.loop
+        if loop is None:
+            return
+        try:
+            loop.call_soon_threadsafe(fn, *args)
+        except RuntimeError:
+            pass  # the loop is closed: nobody is listening
+
+    def _deliver(self, msg: list) -> None:
+        if msg[0] == "u":
+            reqs = self.reqs
+            for rid, tokens, done, adm in msg[1]:
+                req = reqs.get(rid)
+                if req is None:
+                    continue  # aborted here already
+                if adm is not None:
+                    req.cached, req.tier, req.woken, req.t_admit = adm
+                d = done_of(done)
+                if d is not None:
+                    del reqs[rid]
+                req.send(Update(tokens, d))
+        elif msg[0] == "q":
+            fut = self.asks.pop(msg[1], None)
+            if fut is not None and not fut.done():
+                if msg[2]:
+                    fut.set_result(msg[3])
+                else:
+                    fut.set_exception(RuntimeError(msg[3]))
+
+    def _reap(self) -> None:
+        _, status = os.waitpid(self.pid, 0)
+        self.code = os.waitstatus_to_exitcode(status)
+        self.ended.set()
+        if self.stopped or self.receiver is None:
+            return  # told to stop, or it never was ready (its own line said why)
+        logs.event("engine core died", "ERROR", pid=self.pid, code=self.code, open=len(self.reqs))
+        self._hand(self._fail_all)
+        if self.on_death is not None:
+            self.on_death()
+
+    def _fail_all(self) -> None:
+        error = dead_error(self.code)
+        reqs, self.reqs = self.reqs, {}
+        for req in reqs.values():
+            req.send(Update([], Done(None, error=error)))
+        asks, self.asks = self.asks, {}
+        for fut in asks.values():
+            if not fut.done():
+                fut.set_exception(ApiError(503, error[1], code="engine_core_dead", type="server_error"))

@@ -1,0 +1,211 @@
+"""The engine core process of `kern serve --frontend-process`: the engine, the scheduler thread and a
+bridge to the HTTP front end (`serve/frontend.py`), over the messages of `serve/frontend_wire.py`.
+
+The process is forked from the front end after the port is bound, and builds the engine itself (a
+target that cannot be served ends it with its one `kern serve: error:` line and exit 2, which the
+front end exits with). Its log lines go to the stderr it shares with the front end, in the same
+format. It ignores SIGTERM and SIGINT (the front end drains and then tells it to stop) and ends when
+the front end does (Linux's parent-death signal, and a check of its parent every poll). A crash of
+the scheduler thread ends it with 101, which the front end answers and exits with.
+
+Three threads: the main one receives (requests, aborts, questions, drain, stop); the scheduler's
+commits hand each request's update to `Outgoing`, whose thread sends everything gathered since its
+last send as one message (under load: one message per step, every sequence's new tokens in it).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+import threading
+
+import zmq
+
+from serve import logs
+from serve.frontend_wire import health_of, pack, pack_done, unpack
+from serve.request import Request, Stops, Update
+
+__all__ = ["Outgoing", "core_main", "facts_of"]
+
+POLL_MS = 200  # how often the receiving thread looks at its parent and the scheduler thread
+PR_SET_PDEATHSIG = 1
+
+
+class Outgoing:
+    """What the core sends, gathered from any thread and sent by one (a ZeroMQ socket is not
+    thread-safe): consecutive updates as one ["u", ...] message, everything else as it came."""
+
+    def __init__(self, sock) -> None:
+        self.sock = sock
+        self.lock = threading.Lock()
+        self.items: list = []
+        self.wake = threading.Event()
+        self.closing = False
+        self.thread = threading.Thread(target=self._run, name="core-out", daemon=True)
+        self.thread.start()
+
+    def put(self, item) -> None:
+        with self.lock:
+            self.items.append(item)
+            first = len(self.items) == 1
+        if first:
+            self.wake.set()
+
+    def close(self) -> None:
+        """Send what is left, then end the thread."""
+        self.closing = True
+        self.wake.set()
+        self.thread.join(10)
+
+    def _run(self) -> None:
+        while True:
+            self.wake.wait()
+            self.wake.clear()
+            with self.lock:
+                items, self.items = self.items, []
+            batch: list = []
+            for item in items:
+                if item[0] == "u":
+                    batch.append(item[1])
+                    continue
+                if batch:
+                    self.sock.send(pack(["u", batch]))
+                    batch = []
+                self.sock.send(pack(item))
+            if batch:
+                self.sock.send(pack(["u", batch]))
+            if self.closing and not self.items:
+                return
+
+
+def facts_of(engine) -> dict:
+    """What the front end's routes read of the engine (`serve.frontend.RemoteEngine`)."""
+    return {"facts": engine.facts(), "model": engine.model, "rows": engine.rows, "reach": engine.reach,
+            "pages": engine.pages, "unit": engine.unit, "max_request_tokens": engine.max_request_tokens,
+            "faults": sorted(engine.faults.names), "lined": engine.lined, "backend": engine.backend,
+            "max_seqs": engine.max_seqs, "chunk": engine.chunk}
+
+
+class Bridge:
+    """The front end's requests turned into the scheduler's, and their updates sent back."""
+
+    def __init__(self, scheduler, engine, out: Outgoing) -> None:
+        self.scheduler = scheduler
+        self.engine = engine
+        self.out = out
+        self.reqs: dict[str, Request] = {}
+
+    def sink(self, rid: str):
+        told = [False]
+
+        def send(update: Update) -> None:  # on the scheduler thread
+            adm = None
+            if not told[0]:
+                told[0] = True
+                req = self.reqs.get(rid)
+                if req is not None:
+                    adm = [req.cached, req.tier, req.woken, req.t_admit]
+            if update.done is not None:
+                self.reqs.pop(rid, None)
+            self.out.put(("u", [rid, update.tokens, pack_done(update.done), adm]))
+
+        return send
+
+    def handle(self, msg: list) -> None:
+        kind = msg[0]
+        if kind == "s":
+            _, rid, ids, max_tokens, ignore_eos, t_arrive, stop, stop_ids, include = msg
+            stops = Stops(stop, stop_ids, include) if stop or stop_ids else None
+            req = Request(rid, ids, max_tokens, self.engine.rows, self.sink(rid), t_arrive=t_arrive,
+                          ignore_eos=ignore_eos, stops=stops)
+            self.reqs[rid] = req
+            self.scheduler.submit(req)
+        elif kind == "a":
+            req = self.reqs.get(msg[1])
+            if req is not None:
+                self.scheduler.abort(req)
+        elif kind == "q":
+            self.question(msg[1], msg[2])
+        elif kind == "d":
+            self.scheduler.drain(msg[1])
+        elif kind == "x":
+            self.scheduler.stop()
+
+    def question(self, qid: int, what: str) -> None:
+        s = self.scheduler
+        if what == "live":
+            return self.out.put(["q", qid, True, s.live()])
+        if what == "health":
+            return self.out.put(["q", qid, True, health_of(s, self.engine)])
+        if what == "stats":
+            fut = s.query(s.stats)
+        elif what == "snapshot":
+            from serve.metrics import snapshot
+
+            fut = s.query(lambda: snapshot(s))
+        else:
+            return self.out.put(["q", qid, False, f"unknown question {what!r}"])
+        fut.add_done_callback(lambda f: self.out.put(
+            ["q", qid, True, f.result()] if f.exception() is None else ["q", qid, False, str(f.exception())]))
+
+
+def _die_with_parent() -> None:
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass  # not Linux: the poll's parent check still ends it
+
+
+def core_main(addrs: tuple[str, str], build, start_scheduler) -> None:
+    """The forked child's whole life; never returns. `build()` gives (engine, head or None), or exits
+    (a target that cannot be served); `start_scheduler(engine)` starts the scheduler thread and logs
+    the ready line."""
+    parent = os.getppid()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    _die_with_parent()
+    code = 0
+    try:
+        engine, head = build()
+        ctx = zmq.Context()
+        inp, outs = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
+        inp.connect(addrs[0])
+        outs.connect(addrs[1])
+        scheduler = start_scheduler(engine)
+        out = Outgoing(outs)
+        out.put(["r", facts_of(engine)])
+        _receive(inp, Bridge(scheduler, engine, out), parent)
+        scheduler.join(30)
+        out.put(["b", scheduler.cut_off])
+        out.close()
+        if head is not None:
+            head.stop()
+        outs.close(linger=5000)
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    except BaseException:  # noqa: BLE001 - the front end reads the exit code; the line says why
+        import traceback
+
+        logs.event("engine core failed", "ERROR", error=traceback.format_exc().strip().splitlines()[-1])
+        code = 1
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _receive(inp, bridge: Bridge, parent: int) -> None:
+    """Hand the front end's messages to the bridge until the scheduler thread ends (after a stop)."""
+    poller = zmq.Poller()
+    poller.register(inp, zmq.POLLIN)
+    while bridge.scheduler.is_alive():
+        if os.getppid() != parent:
+            os._exit(1)  # the front end is gone
+        if not poller.poll(POLL_MS):
+            continue
+        while True:
+            try:
+                raw = inp.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            bridge.handle(unpack(raw))

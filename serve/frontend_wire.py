@@ -1,0 +1,69 @@
+"""The messages between the HTTP front end and the engine core process (`--frontend-process`), as
+msgpack over two ZeroMQ PUSH/PULL sockets (one each way, `ipc://` in a private directory).
+
+Front end to core (`IN_*`):
+    ["s", id, prompt ids, max_tokens, ignore_eos, t_arrive, stop strings, stop ids, include_stop]
+    ["a", id]                  the client hung up: abort it
+    ["q", qid, what]           a question (`QUESTIONS`), answered by an ["q", qid, ok, value]
+    ["d", seconds]             drain: refuse new requests, cut the rest off `seconds` from now
+    ["x"]                      stop
+
+Core to front end (`OUT_*`):
+    ["r", facts]               the scheduler is ready (the engine's facts and the sizes the routes use)
+    ["u", [entry, ...]]        every request's new tokens since the last message (about one step):
+                               entry = [id, tokens, done or None, admitted or None]; `admitted`
+                               ([cached, tier, woken, t_admit]) rides on a request's first entry
+    ["q", qid, ok, value]      an answer (ok false: value is the error's text)
+    ["b", cut_off]             the scheduler stopped; `cut_off` requests were cut by the drain's deadline
+
+`t_arrive` and `t_admit` are `time.monotonic()`, one clock for every process of the machine.
+"""
+
+from __future__ import annotations
+
+import msgpack
+
+from serve.request import Done
+
+__all__ = ["QUESTIONS", "dead_error", "done_of", "health_of", "pack", "pack_done", "unpack"]
+
+QUESTIONS = ("stats", "snapshot", "live", "health")
+"""What the front end asks the core: /stats' dict, /metrics' snapshot (both on the scheduler thread),
+/stats/live's and /health's (answered at once, whatever the scheduler is doing)."""
+
+
+def pack(obj) -> bytes:
+    return msgpack.packb(obj, use_bin_type=True)
+
+
+def unpack(raw: bytes):
+    return msgpack.unpackb(raw, raw=False, strict_map_key=False)
+
+
+def pack_done(d: Done | None):
+    if d is None:
+        return None
+    return [d.reason, d.cached, d.tier, d.snapshot, list(d.error) if d.error is not None else None, d.stop_reason,
+            d.text_end, d.hide_last, d.woken]
+
+
+def done_of(v) -> Done | None:
+    if v is None:
+        return None
+    reason, cached, tier, snapshot, error, stop_reason, text_end, hide_last, woken = v
+    return Done(reason, cached, tier, snapshot, tuple(error) if error is not None else None, stop_reason, text_end,
+                hide_last, woken)
+
+
+def dead_error(code: int | None) -> tuple[int, str, str, None]:
+    """The error every request open when the engine core process ended gets (a 503)."""
+    how = "was killed" if code is not None and code < 0 else f"exited (code {code})"
+    return (503, f"the engine core process {how}; this server is exiting", "engine_core_dead", None)
+
+
+def health_of(scheduler, engine) -> dict:
+    """/health's facts (any thread): a pipeline's trouble (a stage lost or silent, else None), and
+    whether the scheduler is ready, alive and warm."""
+    trouble = getattr(engine.runtime, "trouble", None)
+    return {"trouble": trouble() if trouble is not None else None, "ready": scheduler.ready.is_set(),
+            "alive": scheduler.is_alive(), "warm": scheduler.warm.is_set()}
