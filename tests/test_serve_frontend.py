@@ -1,0 +1,140 @@
+"""`kern serve --frontend-process`: the engine core in a process of its own (serve/frontend.py).
+
+- the same requests get the same answers, whole and streamed, as from the in-process server (every
+  field but `created`: chat and completions, stop strings and stop ids, echo, usage, the kern object,
+  a prefix hit);
+- a client that hangs up has its request aborted in the core (its ` finished ... reason=abort ` line,
+  the core's counters, nothing leaked);
+- a core that dies answers every open request with an explicit error (a 503 `engine_core_dead`, a
+  stream's error event then [DONE]) and the server exits 101, without hanging.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import threading
+import time
+
+import httpx
+import pytest
+
+from conftest import assert_nothing_leaked
+
+TARGET = "toy-paged"
+FLAGS = ("--capacity", "4096", "--max-seqs", "8")
+
+BODIES = [
+    ("/v1/completions", {"prompt": "The quick brown fox", "max_tokens": 12, "return_token_ids": True}),
+    ("/v1/completions", {"prompt": "The quick brown fox", "max_tokens": 12}),  # a prefix hit now
+    ("/v1/completions", {"prompt": [5, 6, 7, 8, 9], "max_tokens": 9, "echo": False, "stop_token_ids": [101]}),
+    ("/v1/completions", {"prompt": "abc", "max_tokens": 16, "echo": True, "stop": ["\u0001", "zz"]}),
+    ("/v1/completions", {"prompt": "hello there", "max_tokens": 10, "stream_options": {"include_usage": True}}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}),
+    ("/v1/completions", {"prompt": "x" * 40, "max_tokens": 20, "ignore_eos": True, "return_token_ids": True}),
+]
+
+
+def _plain(d: dict) -> dict:
+    return {k: v for k, v in d.items() if k != "created"}
+
+
+def _run(server, path: str, body: dict, stream: bool):
+    body = {**body, "temperature": 0, "stream": stream}
+    if not stream:
+        body.pop("stream_options", None)
+        r = httpx.post(server.url + path, json=body, timeout=120)
+        return r.status_code, _plain(r.json())
+    events = []
+    with httpx.stream("POST", server.url + path, json=body, timeout=120) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                events.append(line[6:] if line == "data: [DONE]" else _plain(json.loads(line[6:])))
+    return r.status_code, events
+
+
+def test_answers_are_the_in_process_servers(kern_server):
+    plain = kern_server(TARGET, *FLAGS, "--no-frontend-process")
+    split = kern_server(TARGET, *FLAGS, "--frontend-process")
+    assert _core_pid(plain) is None
+    assert _core_pid(split) is not None, "the split server runs no engine core process"
+    for stream in (False, True):
+        for path, body in BODIES:
+            want, got = _run(plain, path, body, stream), _run(split, path, body, stream)
+            assert got == want, f"{path} {body} stream={stream}"
+    assert split.stats()["counters"] == plain.stats()["counters"]
+    assert _run(split, *BODIES[0], False)[1]["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+    metrics = httpx.get(split.url + "/metrics", timeout=30).text
+    assert re.search(r'kern:generation_tokens_total\{model_name="toy-paged"\} [1-9]', metrics)
+    assert httpx.get(split.url + "/stats/live", timeout=30).json()["running"] == 0
+    assert httpx.get(split.url + "/health", timeout=30).json() == {"status": "ok"}
+    assert split.stop() == 0 and plain.stop() == 0
+
+
+def test_a_hang_up_aborts_the_request_in_the_core(kern_server):
+    server = kern_server(TARGET, *FLAGS, "--frontend-process")
+    body = {"prompt": "a long one", "max_tokens": 4000, "ignore_eos": True, "stream": True, "temperature": 0}
+    with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=60) as r:
+        seen = 0
+        for line in r.iter_lines():
+            seen += line.startswith("data: {")
+            if seen >= 3:
+                break  # hang up mid-stream
+    deadline = time.monotonic() + 20
+    while " reason=abort " not in server.log() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert re.search(r" finished request=req-0 reason=abort ", server.log()), server.log()[-2000:]
+    assert server.stats()["counters"]["aborted"] == 1
+    assert_nothing_leaked(server)
+    assert server.stop() == 0
+
+
+def test_the_cores_death_answers_every_open_request_and_exits(kern_server):
+    server = kern_server(TARGET, *FLAGS, "--frontend-process", "--fault", "slow-steps")  # 1500 steps: 30 s or more
+    pid = _core_pid(server)
+    body = {"prompt": "never ends", "max_tokens": 1500, "ignore_eos": True, "temperature": 0}
+    got: dict = {}
+
+    def whole():
+        r = httpx.post(server.url + "/v1/completions", json=body, timeout=60)
+        got["whole"] = (r.status_code, r.json())
+
+    streaming = threading.Event()
+
+    def stream():
+        got["stream"] = []
+        with httpx.stream("POST", server.url + "/v1/completions", json={**body, "stream": True}, timeout=60) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    got["stream"].append(line)
+                    streaming.set()
+
+    threads = [threading.Thread(target=whole), threading.Thread(target=stream)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 30
+    while server.stats()["gauges"]["running"] < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert streaming.wait(30), "the stream never started"
+    os.kill(pid, signal.SIGKILL)
+    for t in threads:
+        t.join(30)
+    assert got["whole"][0] == 503 and got["whole"][1]["error"]["code"] == "engine_core_dead", got["whole"]
+    events = got["stream"]
+    assert events[-1] == "data: [DONE]"
+    assert json.loads(events[-2][6:])["error"]["code"] == "engine_core_dead", events[-2:]
+    assert server.wait_exit(30) == 101
+    assert " engine core died " in server.log()
+
+
+def _core_pid(server) -> int | None:
+    """The server's engine core process (its one child), None when it has none."""
+    pid = server.proc.pid
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            kids = [int(k) for k in f.read().split()]
+    except OSError:
+        return None
+    return kids[0] if kids else None
