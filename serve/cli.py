@@ -200,18 +200,23 @@ def serve_command(ctx, target, port, host, capacity, host_gib, max_seqs, chunk, 
             engine.model = served_model_name
         return engine, head
 
-    scheduler = head = None
-    if _split(frontend_process):
-        from serve.frontend import start_core
-
-        engine, scheduler = start_core(load, lambda e: start_scheduler(e, stats_every, phases), sock)
-    else:
-        engine, head = load()
+    engine, head, scheduler = _start(load, frontend_process, stats_every, phases, sock)
     code = run(engine, host, port, api_key, stats_every, limits, protect_stats, sock, sampling=sampling, phases=phases,
                metrics_prefix=metrics_prefix, scheduler=scheduler)
     if head is not None:
         head.stop()
     sys.exit(code)
+
+
+def _start(load, frontend_process: bool | None, stats_every: float, phases, sock):
+    """(engine, pipeline head or None, None) loaded here, or with --frontend-process (engine's facts,
+    None, the core process's `RemoteScheduler`): the core forked, loaded and its scheduler started."""
+    if not _split(frontend_process):
+        return (*load(), None)
+    from serve.frontend import start_core
+
+    engine, scheduler = start_core(load, lambda e: start_scheduler(e, stats_every, phases), sock)
+    return engine, None, scheduler
 
 
 def _split(flag: bool | None) -> bool:
