@@ -91,7 +91,7 @@ async def answer(request: HttpRequest, ask: Ask):
             track.update(update)
             if update.done is not None:
                 break
-            update = await _next(q)
+            update = _ready(q) or await _next(q)  # what is queued first: no loop turn per update
     except Disconnected:
         return hung_up(c, req, request)
     except asyncio.CancelledError:
@@ -151,14 +151,15 @@ async def stream(request: HttpRequest, q: asyncio.Queue, req: Request, reply: Re
 
 
 def _queued(q: asyncio.Queue, update: Update, reply: Reply, track) -> tuple[list[str], bool]:
-    """The events for `update` and every update queued behind it (a stream interval under load), and
-    whether the stream ended: a finish (then the usage chunk if asked, and [DONE]) or a cut-off (an error
-    event, then [DONE])."""
+    """The events for `update` and every update queued behind it, and whether the stream ended: a
+    finish (then the usage chunk if asked, and [DONE]) or a cut-off (an error event, then [DONE]).
+    Under load (a stream interval, as vLLM's): the queued updates' tokens go out as one chunk."""
     text = []
     while True:
         if update.done is not None and update.done.reason is None:
             text += [_sse(failure(update.done).body()), "data: [DONE]\n\n"]
             return text, True
+        update, after = _merged(q, update)
         text.append(_sse(reply.chunk(update)))
         track.update(update)
         if update.done is not None:
@@ -167,9 +168,22 @@ def _queued(q: asyncio.Queue, update: Update, reply: Reply, track) -> tuple[list
                 text.append(_sse(reply.usage_chunk()))
             text.append("data: [DONE]\n\n")
             return text, True
-        update = _ready(q)
-        if update is None:
+        if after is None:
             return text, False
+        update = after
+
+
+def _merged(q: asyncio.Queue, update: Update) -> tuple[Update, Update | None]:
+    """`update` with the tokens (and the finish) of the updates queued behind it, up to a cut-off,
+    which is returned apart; (update, None) when nothing else was queued."""
+    while update.done is None:
+        after = _ready(q)
+        if after is None:
+            return update, None
+        if after.done is not None and after.done.reason is None:
+            return update, after  # a cut-off: its own error event
+        update = Update(update.tokens + after.tokens, after.done)
+    return update, None
 
 
 DISCONNECTED = object()  # what `_watch` puts in a request's queue when its client hung up

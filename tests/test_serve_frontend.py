@@ -41,6 +41,25 @@ def _plain(d: dict) -> dict:
     return {k: v for k, v in d.items() if k != "created"}
 
 
+def _fold(events: list) -> list:
+    """A stream with its chunks folded into one (a server that lags sends several steps' tokens in one
+    chunk): their texts and token ids joined, the rest the last chunk's; the usage chunk and [DONE] kept."""
+    chunks = [e for e in events if isinstance(e, dict) and e.get("choices")]
+    if not chunks:
+        return events
+    one = json.loads(json.dumps(chunks[-1]))
+    c = one["choices"][0]
+    if "text" in c:
+        c["text"] = "".join(x["choices"][0]["text"] for x in chunks)
+    c["token_ids"] = [t for x in chunks for t in x["choices"][0]["token_ids"]]
+    if "delta" in c:
+        c["delta"]["content"] = "".join(x["choices"][0]["delta"].get("content", "") for x in chunks)
+        c["delta"]["role"] = chunks[0]["choices"][0]["delta"].get("role")
+    if "prompt_token_ids" in chunks[0]["choices"][0]:
+        c["prompt_token_ids"] = chunks[0]["choices"][0]["prompt_token_ids"]
+    return [one] + [e for e in events if not (isinstance(e, dict) and e.get("choices"))]
+
+
 def _run(server, path: str, body: dict, stream: bool):
     body = {**body, "temperature": 0, "stream": stream}
     if not stream:
@@ -52,7 +71,7 @@ def _run(server, path: str, body: dict, stream: bool):
         for line in r.iter_lines():
             if line.startswith("data: "):
                 events.append(line[6:] if line == "data: [DONE]" else _plain(json.loads(line[6:])))
-    return r.status_code, events
+    return r.status_code, _fold(events)
 
 
 def test_answers_are_the_in_process_servers(kern_server):
@@ -74,18 +93,23 @@ def test_answers_are_the_in_process_servers(kern_server):
 
 
 def test_a_hang_up_aborts_the_request_in_the_core(kern_server):
-    server = kern_server(TARGET, *FLAGS, "--frontend-process")
-    body = {"prompt": "a long one", "max_tokens": 4000, "ignore_eos": True, "stream": True, "temperature": 0}
+    server = kern_server(TARGET, *FLAGS, "--frontend-process", "--fault", "slow-steps")  # a chunk a step
+    prompt = "a long one, of more than a page of sixteen"
+    body = {"prompt": prompt, "max_tokens": 1500, "ignore_eos": True, "stream": True, "temperature": 0}
+    httpx.post(server.url + "/v1/completions", json={"prompt": prompt, "max_tokens": 1}, timeout=60)  # cached
     with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=60) as r:
-        seen = 0
+        seen = []
         for line in r.iter_lines():
-            seen += line.startswith("data: {")
-            if seen >= 3:
+            if line.startswith("data: {"):
+                seen.append(json.loads(line[6:]))
+            if len(seen) >= 3:
                 break  # hang up mid-stream
+    # the hit as the core's admission found it reaches the front end with the first tokens
+    assert seen[0]["kern"] == {"request_id": "req-1", "cache_tier": "device", "cached_tokens": 32, "woken": False}
     deadline = time.monotonic() + 20
     while " reason=abort " not in server.log() and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert re.search(r" finished request=req-0 reason=abort ", server.log()), server.log()[-2000:]
+    assert re.search(r" finished request=req-1 reason=abort ", server.log()), server.log()[-2000:]
     assert server.stats()["counters"]["aborted"] == 1
     assert_nothing_leaked(server)
     assert server.stop() == 0
@@ -138,3 +162,22 @@ def _core_pid(server) -> int | None:
     except OSError:
         return None
     return kids[0] if kids else None
+
+
+def test_a_lagging_stream_sends_the_queued_tokens_as_one_chunk():
+    import asyncio
+
+    from serve.request import Done, Update
+    from serve.routes_complete import _merged
+
+    q: asyncio.Queue = asyncio.Queue()
+    for u in (Update([2]), Update([3, 4]), Update([5], Done("length"))):
+        q.put_nowait(u)
+    one, after = _merged(q, Update([1]))
+    assert (one.tokens, one.done.reason, after, q.empty()) == ([1, 2, 3, 4, 5], "length", None, True)
+    cut = Update([], Done(None, error=(503, "gone", "engine_core_dead", None)))
+    q.put_nowait(Update([7]))
+    q.put_nowait(cut)
+    one, after = _merged(q, Update([6]))
+    assert (one.tokens, one.done, after) == ([6, 7], None, cut)  # a cut-off is never folded into tokens
+    assert _merged(q, Update([8])) == (Update([8]), None)
