@@ -167,9 +167,9 @@ def core_main(addrs: tuple[str, str], build, start_scheduler) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     _die_with_parent()
     code = 0
-    logs.event("engine core", pid=os.getpid(), frontend=parent)
     try:
         engine, head = build()
+        logs.event("engine core", pid=os.getpid(), frontend=parent)
         ctx = zmq.Context()
         inp, outs = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
         inp.connect(addrs[0])
