@@ -367,8 +367,9 @@ def test_a_stage_started_by_hand_is_replaced_by_hand(kern_server, tmp_path):
 
 
 def _stage_children(head_pid: int) -> set[int]:
-    """The live stage processes a head started (Linux /proc)."""
-    found = set()
+    """The live stage processes a head started (Linux /proc): its children, or with
+    --frontend-process (KERN_FRONTEND_PROCESS=1) its engine core's."""
+    procs = {}
     for d in os.listdir("/proc"):
         if not d.isdigit():
             continue
@@ -377,9 +378,9 @@ def _stage_children(head_pid: int) -> set[int]:
             cmd = open(f"/proc/{d}/cmdline", "rb").read()
         except OSError:
             continue
-        if int(stat[1]) == head_pid and stat[0] != "Z" and b"--pp-head" in cmd:
-            found.add(int(d))
-    return found
+        procs[int(d)] = (int(stat[1]), stat[0], cmd)
+    heads = {head_pid} | {pid for pid, (ppid, _, _) in procs.items() if ppid == head_pid}
+    return {pid for pid, (ppid, state, cmd) in procs.items() if ppid in heads and state != "Z" and b"--pp-head" in cmd}
 
 
 def test_a_replacement_killed_before_it_is_ready_is_replaced_again(kern_server):
