@@ -153,13 +153,15 @@ async def stream(request: HttpRequest, q: asyncio.Queue, req: Request, reply: Re
 def _queued(q: asyncio.Queue, update: Update, reply: Reply, track) -> tuple[list[str], bool]:
     """The events for `update` and every update queued behind it, and whether the stream ended: a
     finish (then the usage chunk if asked, and [DONE]) or a cut-off (an error event, then [DONE]).
-    Under load (a stream interval, as vLLM's): the queued updates' tokens go out as one chunk."""
+    Under load (a stream interval, as vLLM's output collector): the queued updates' tokens go out as
+    one chunk, unless the client asked for usage on every chunk (`continuous_usage_stats`: a chunk a
+    step, as without load)."""
     text = []
     while True:
         if update.done is not None and update.done.reason is None:
             text += [_sse(failure(update.done).body()), "data: [DONE]\n\n"]
             return text, True
-        update, after = _merged(q, update)
+        update, after = _merged(q, update, fold=not reply.ask.continuous_usage)
         text.append(_sse(reply.chunk(update)))
         track.update(update)
         if update.done is not None:
@@ -173,14 +175,15 @@ def _queued(q: asyncio.Queue, update: Update, reply: Reply, track) -> tuple[list
         update = after
 
 
-def _merged(q: asyncio.Queue, update: Update) -> tuple[Update, Update | None]:
+def _merged(q: asyncio.Queue, update: Update, fold: bool = True) -> tuple[Update, Update | None]:
     """`update` with the tokens (and the finish) of the updates queued behind it, up to a cut-off,
-    which is returned apart; (update, None) when nothing else was queued."""
+    which is returned apart; (update, None) when nothing else was queued. Without `fold`: `update`
+    and the next one queued, if any."""
     while update.done is None:
         after = _ready(q)
         if after is None:
             return update, None
-        if after.done is not None and after.done.reason is None:
+        if not fold or after.done is not None and after.done.reason is None:
             return update, after  # a cut-off: its own error event
         update = Update(update.tokens + after.tokens, after.done)
     return update, None

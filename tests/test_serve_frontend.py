@@ -181,3 +181,5 @@ def test_a_lagging_stream_sends_the_queued_tokens_as_one_chunk():
     one, after = _merged(q, Update([6]))
     assert (one.tokens, one.done, after) == ([6, 7], None, cut)  # a cut-off is never folded into tokens
     assert _merged(q, Update([8])) == (Update([8]), None)
+    q.put_nowait(Update([10]))
+    assert _merged(q, Update([9]), fold=False) == (Update([9]), Update([10]))  # continuous_usage_stats: a chunk each
