@@ -11,7 +11,9 @@ HTTP as a ratio of what the same engine does with no HTTP at all (its ceiling he
   `httpx.Client` shared by its threads (`--streams` requests in flight in all); every request has its
   own prompt (no cache hits) and `ignore_eos`, so each generates exactly `--max-tokens` tokens. Run
   once non-streaming and once streaming: output tok/s, its ratio to the engine alone, time to first
-  token and the inter-token latency (the gaps between a stream's chunks, per token) at p50 and p99.
+  token and the inter-token latency (the gaps between a stream's chunks, per token) at p50 and p99, and
+  the server's CPU time per output token (its process, then its children: with
+  `--serve-flag=--frontend-process` the HTTP front end, then the engine core).
 
 Prints one table. Never gates CI.
 """
@@ -43,8 +45,9 @@ def prompt(i: int, n: int) -> list[int]:
 
 
 def engine_alone(target: str, backend: str, streams: int, max_tokens: int, prompt_tokens: int,
-                 flags: list[str]) -> tuple[float, int]:
-    """(tokens per second, tokens) of the engine and scheduler core alone, best of two rounds."""
+                 flags: list[str]) -> tuple[float, float]:
+    """(tokens per second, CPU microseconds per token) of the engine and scheduler core alone, the
+    best of two rounds."""
     from serve.core import Core
     from serve.engine import Options, build
     from serve.request import Request
@@ -52,7 +55,7 @@ def engine_alone(target: str, backend: str, streams: int, max_tokens: int, promp
     opts = Options(backend=backend, max_seqs=streams, graphs="--no-graphs" not in flags,
                    capacity=capacity(streams, max_tokens, prompt_tokens))
     e = build(target, opts)
-    best, tokens = 0.0, 0
+    best, cpu = 0.0, 0.0
     for rnd in range(2):
         core = Core(e)
         got = [0]
@@ -63,15 +66,15 @@ def engine_alone(target: str, backend: str, streams: int, max_tokens: int, promp
         for i in range(streams):
             core.submit(Request(f"r{rnd}-{i}", prompt(rnd * 100000 + i, prompt_tokens), max_tokens, e.rows, sink,
                                 ignore_eos=True))
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         while core.waiting or core.running:
             core.admit()
             core.run(core.schedule())
         getattr(e.runtime, "synchronize", lambda: None)()
         wall = time.perf_counter() - t0
         if got[0] / wall > best:
-            best, tokens = got[0] / wall, got[0]
-    return best, tokens
+            best, cpu = got[0] / wall, (time.process_time() - c0) / got[0] * 1e6
+    return best, cpu
 
 
 def capacity(streams: int, max_tokens: int, prompt_tokens: int) -> int:
@@ -162,6 +165,25 @@ def http_load(url: str, streams: int, workers: int, max_tokens: int, prompt_toke
             "mean_ttft": statistics.mean(ttft) * 1000 if ttft else float("nan")}
 
 
+def cpu_s(pid: int) -> tuple[float, float]:
+    """(CPU seconds, user + system) of process `pid` and of its children now (with --frontend-process:
+    the front end and the engine core), from Linux's /proc; zeros elsewhere."""
+    def one(p: int) -> float:
+        try:
+            with open(f"/proc/{p}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        except (OSError, ValueError, IndexError):
+            return 0.0
+
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            kids = [int(k) for k in f.read().split()]
+    except OSError:
+        kids = []
+    return one(pid), sum(one(k) for k in kids)
+
+
 def main() -> None:
     from tabulate import tabulate
 
@@ -174,27 +196,33 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=max(1, min(8, (os.cpu_count() or 2) // 2)))
     ap.add_argument("--serve-flag", action="append", default=[], help="an extra kern serve flag (repeatable)")
     args = ap.parse_args()
-    ceiling, _ = engine_alone(args.target, args.backend, args.streams, args.max_tokens, args.prompt_tokens,
+    ceiling, alone_cpu = engine_alone(args.target, args.backend, args.streams, args.max_tokens, args.prompt_tokens,
                               args.serve_flag)
-    rows = [("engine alone", ceiling, 1.0, "-", "-", "-", "-")]
+    rows = [("engine alone", ceiling, 1.0, "-", "-", "-", "-", f"{alone_cpu:.0f}")]
     with tempfile.TemporaryDirectory() as tmp:
         proc, url = start_server(args.target, args.backend, args.streams, Path(tmp) / "serve.log", args.serve_flag,
                                  capacity(args.streams, args.max_tokens, args.prompt_tokens))
         try:
             http_load(url, min(4, args.streams), 1, 4, args.prompt_tokens, False, 10_000_000)  # warm
             for k, stream in enumerate((False, True)):
+                before = cpu_s(proc.pid)
                 r = http_load(url, args.streams, args.workers, args.max_tokens, args.prompt_tokens, stream,
                               (k + 1) * 1_000_000)
+                after = cpu_s(proc.pid)
+                cpu = "/".join(f"{(a - b) / r['tokens'] * 1e6:.0f}" for a, b in zip(after, before))
                 rows.append(("HTTP streaming" if stream else "HTTP", r["tok_s"], r["tok_s"] / ceiling,
                              f"{r['ttft_p50']:.1f}" if stream else "-", f"{r['ttft_p99']:.1f}" if stream else "-",
-                             f"{r['itl_p50']:.2f}" if stream else "-", f"{r['itl_p99']:.2f}" if stream else "-"))
+                             f"{r['itl_p50']:.2f}" if stream else "-", f"{r['itl_p99']:.2f}" if stream else "-", cpu))
         finally:
             launch.stop(proc, 30)
     print(f"{args.target}, backend {args.backend}, {args.streams} streams x {args.max_tokens} tokens "
           f"({args.prompt_tokens}-token prompts), {args.workers} client processes")
     print(tabulate([(m, f"{t:,.0f}", f"{x:.2f}", *rest) for m, t, x, *rest in rows],
                    headers=("path", "output tok/s", "x engine alone", "TTFT p50 ms", "TTFT p99 ms",
-                            "ITL p50 ms", "ITL p99 ms"), tablefmt="github"))
+                            "ITL p50 ms", "ITL p99 ms", "server CPU us/token"), tablefmt="github"))
+    print("server CPU us/token: the server process's CPU time (user + system) per output token over the run, "
+          "then its children's (with --frontend-process: the engine core's); a process held by one "
+          "interpreter lock serves at most about 1e6 / its figure tokens a second")
 
 
 if __name__ == "__main__":
