@@ -85,6 +85,8 @@ class RemoteScheduler:
         self.push, self.pull = self.ctx.socket(zmq.PUSH), self.ctx.socket(zmq.PULL)
         for s, addr in ((self.push, addrs[0]), (self.pull, addrs[1])):
             s.setsockopt(zmq.LINGER, 0)
+            s.setsockopt(zmq.SNDHWM, 0)  # no bound: a send on the event loop never blocks
+            s.setsockopt(zmq.RCVHWM, 0)
             s.bind(addr)
         self.reqs: dict[str, Request] = {}
         self.asks: dict[int, asyncio.Future] = {}

@@ -172,6 +172,9 @@ def core_main(addrs: tuple[str, str], build, start_scheduler) -> None:
         logs.event("engine core", pid=os.getpid(), frontend=parent)
         ctx = zmq.Context()
         inp, outs = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
+        for sock in (inp, outs):
+            sock.setsockopt(zmq.SNDHWM, 0)  # no bound: the sender never waits on the front end
+            sock.setsockopt(zmq.RCVHWM, 0)
         inp.connect(addrs[0])
         outs.connect(addrs[1])
         scheduler = start_scheduler(engine)
