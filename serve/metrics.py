@@ -70,7 +70,17 @@ class _Counter(_NoCreated, Counter):
 
 
 class _Histogram(_NoCreated, Histogram):
-    pass
+    def observe_n(self, amount: float, n: int) -> None:
+        """`n` observations of `amount` at once (an update's tokens share its wait): `observe`'s effect
+        `n` times, for one pass over the buckets."""
+        if n <= 0:
+            return
+        self._raise_if_not_observable()
+        self._sum.inc(amount * n)
+        for i, bound in enumerate(self._upper_bounds):
+            if amount <= bound:
+                self._buckets[i].inc(n)
+                break
 
 
 def buckets_1_2_5(top: int) -> list[int]:
@@ -258,13 +268,10 @@ class Track:
             m.ttft.observe(now - self.t_arrive)
             self.first = now
             m.prompt_tokens.inc(self.prompt)
-            for _ in range(n - 1):
-                m.itl.observe(0.0)
+            m.itl.observe_n(0.0, n - 1)
         else:
             # each token of the update gets an even share of the wait since the previous update
-            share = (now - self.last) / n
-            for _ in range(n):
-                m.itl.observe(share)
+            m.itl.observe_n((now - self.last) / n, n)
         m.generation_tokens.inc(n)
         self.generated += n
         self.last = now
