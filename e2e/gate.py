@@ -29,6 +29,7 @@ from e2e.config import GateTarget
 from e2e.engine import Engine, step_lacking
 from e2e.policy import PolicyGate
 from e2e.session import ServerExited, Session, Unavailable, merge_flags, server_command, split_flags, unused_port
+from e2e.spawn import Processes, Spawner
 from e2e.stats import Stats
 from verdicts.policy import POLICY_COUNTERS
 
@@ -75,12 +76,15 @@ class Options:
         if self.engine is None:
             self.engine = Engine.own(self.kern)
 
-    def spawner(self, staged: bool = False) -> Any:
-        """What starts our own kern's commands: the hosts (a staged server starts processes of its
-        own, so it is forked from the zygote), else the zygote, else None (a fresh process each)."""
+    def spawner(self, staged: bool = False) -> Spawner:
+        """What starts the commands under test (`e2e/spawn.py`): an engine's, a fresh process each in the
+        gate's environment; our own kern's, the hosts (a staged server starts processes of its own, so
+        it is forked from the zygote), else the zygote, else a fresh process each (this checkout's)."""
+        if self.engine.external:
+            return Processes.engine()
         if self.hosts is not None and not staged:
             return self.hosts
-        return self.zygote
+        return self.zygote or Processes.project()
 
 
 @dataclass
@@ -199,7 +203,7 @@ class Run:
         cmd, port = self.command(name, flags)
         e = o.engine
         s = Session(name, cmd, port, self.dir / f"server-{name}.log", load_timeout=o.load_timeout,
-                    zygote=None if e.external else o.spawner(staged=self.target.stages > 1),
+                    spawner=o.spawner(staged=self.target.stages > 1),
                     weight=DEFAULT_WEIGHT if name == "default" else 1, health=e.external)
         try:
             facts = s.start()
