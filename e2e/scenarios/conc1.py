@@ -8,25 +8,27 @@ from __future__ import annotations
 import json
 
 from e2e.prompts import PROMPTS
+from e2e.results import Cold
 from e2e.spawn import Processes, own_kern, run_command
 from verdicts import Same, oracle_gate
 
 
-def run(r) -> None:
+def run(r) -> Cold:
     same = Same(r.oracle, r.rows)
+    cold = []
     prefetch = getattr(r.oracle, "prefetch", None)
     for p in PROMPTS if prefetch is not None else ():  # the reference works ahead while the server answers
         prefetch(list(p.encode()), r.m, r.rows)
     for i, p in enumerate(PROMPTS):
         a = r.answer(p)
         a.prompt_ids = r.prompt_ids(a, p)
-        r.cold.append(a)
-        r.first_turns[i] = [a.request]
+        cold.append(a)
         want = r.oracle.run(a.prompt_ids, r.m, r.rows)
         same.add(f"prompt {i + 1}", a.prompt_ids, a.ids, want)
     gate = oracle_gate(r.target.ranks, r.oracle.available)
     ok = same.ok if gate else gate
     r.checks.add("conc1_equals_run", ok, f"{same} (oracle: {r.oracle.kind})", same.excused)
+    return Cold(tuple(cold))
 
 
 def run_equals_reference(r) -> None:
