@@ -102,6 +102,10 @@ class Runtime:
         self._warm: set[tuple[str, int]] = set()
         self.timing = StepTiming()
         self.last_env: dict[str, int] = {}  # the vars of the last step (what a cut stage hands on is sized by them)
+        # the rest of the serving core's Device (serve/device.py): one process loses no stage
+        self.epoch = 0
+        self.broken = None
+        self.while_waiting = None  # never called: a step here waits on nothing else
 
     # -- load ------------------------------------------------------------------------------------
 
@@ -260,6 +264,14 @@ class Runtime:
         return self.backend.download(self.buffers["logits"], groups * vocab).reshape(groups, vocab)
 
     # -- running -----------------------------------------------------------------------------------
+
+    def hold_partial(self) -> bool:
+        """A partial prefill call never waits here (a pipeline holds one while full of items)."""
+        return False
+
+    def trouble(self) -> dict | None:
+        """Nothing for /health to report: one process has no stage to lose."""
+        return None
 
     def step(self, program: str, cells: list[Cell], arrive: dict | None = None, leave: dict | None = None) -> list[Cell]:
         """Run `program` over `cells`; fill each cell's `tokens`.

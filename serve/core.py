@@ -225,8 +225,7 @@ class Core:
         if e.pack:
             # one call packing the oldest prompts' next rows (pack() stops rather than skipping)
             got = pack([Waiting(r.pos, r.fed_end - r.pos) for r in prefilling], self.bounds)
-            hold = getattr(e.runtime, "hold_partial", None)
-            if got and sum(n for _, n in got) < e.chunk and hold is not None and hold():
+            if got and sum(n for _, n in got) < e.chunk and e.runtime.hold_partial():
                 got = []  # a pipeline full of items: a partial call waits for more rows or an answer
             plan.prefill = [[(prefilling[i], n) for i, n in got]] if got else []
         else:
@@ -417,7 +416,8 @@ class Core:
 
     def stats(self) -> dict:
         c = self.counters
-        timing = getattr(self.engine.runtime, "timing", None)  # a pipeline head's runtime keeps none
+        rt = self.engine.runtime
+        timing = rt.timing  # None: a pipeline head's runtime keeps none
         return {
             "facts": self.engine.facts(),
             "counters": dict(c.values),
@@ -427,9 +427,9 @@ class Core:
                       "waiting": [r.id for r in list(self.waiting)[:QUEUE_SHOWN]]},
             "timing": {"steps": c["steps"], "step_s": c.step_s, "loop_s": c.loop_s, "tokens": c.tokens,
                        **(timing.as_dict() if timing is not None else {})},
-            **({"pipeline": {"epoch": self.engine.runtime.epoch, "losses": self.losses, "requeued": self.requeued,
+            **({"pipeline": {"epoch": rt.epoch, "losses": self.losses, "requeued": self.requeued,
                              "answered_error": self.lost_answered}}
-               if hasattr(self.engine.runtime, "epoch") else {}),
+               if rt.broken is not None else {}),
         }
 
 

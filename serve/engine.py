@@ -11,6 +11,7 @@ from manifests import derive, load
 from manifests.config import resolve
 from pool import Geometry, Host, Lease, Pool, Prefix, chunk_size, chunks_for
 from runtime.runtime import Runtime
+from serve.device import Device
 from serve.faults import Faults
 from serve.startup import Phases
 
@@ -46,7 +47,7 @@ class Options:
 class Engine:
     model: str
     manifest_path: str
-    runtime: Runtime
+    runtime: Device  # the single-process Runtime, a pipeline head's Pipeline, or a test's double
     pool: Pool
     pad: Lease
     host: Host | None

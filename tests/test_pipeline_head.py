@@ -14,13 +14,18 @@ from serve.pipeline.transport import Message
 
 
 class FakeRuntime:
-    """Stage 0: records what ran on it, in order."""
+    """Stage 0: records what ran on it, in order (a whole `serve.device.Device`)."""
 
     unit, reach, lined, host_page_bytes = 16, 1024, False, 100
 
     def __init__(self) -> None:
         self.log: list = []
         self.manifest = SimpleNamespace(buffers={})
+        self.protocol = SimpleNamespace(prefill_emits=True, forwards=[])
+        self.timing = None
+        self.epoch = 0
+        self.broken = None
+        self.while_waiting = None
 
     def copy(self, c):
         self.log.append(("copy", c.pages))
@@ -31,8 +36,24 @@ class FakeRuntime:
     def wake(self, c):
         self.log.append(("wake", c.pages))
 
+    def land(self, remap):
+        self.log.append(("land", list(remap.made)))
+
+    def zero_slot(self, slot):
+        self.log.append(("zero", slot))
+
     def step(self, program, cells, arrive=None, leave=None):
         self.log.append(("step", program))
+        return cells
+
+    def logits(self, groups):
+        return None
+
+    def hold_partial(self):
+        return False
+
+    def trouble(self):
+        return None
 
 
 class FakeWork:

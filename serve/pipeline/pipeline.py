@@ -39,7 +39,8 @@ class StageLost(RuntimeError):
 
 
 class Pipeline:
-    """Runtime-like: `step`, `copy`, `park`, `wake`, `land`, `zero_slot`, `protocol`, over stages."""
+    """The serving core's `Device` (serve/device.py) over stages: `step`, the pool's plans, `protocol`,
+    and what a pipeline adds: `hold_partial`, `trouble`, `epoch`, `broken`, `while_waiting`."""
 
     def __init__(self, work, protocol, down: Wire, watch: HeadWatch, stages: int, timeout: float,
                  host_page_bytes: int) -> None:
@@ -78,6 +79,7 @@ class Pipeline:
         self._lock = threading.Lock()
         self._since: collections.deque[float] = collections.deque()  # when each item in flight was sent
         self.while_waiting = None  # called every 0.1 s while an answer is awaited (the scheduler's queries)
+        self.timing = None  # the step timing is the stages' own: the head keeps none
 
     # losing a stage (lose: any thread; the rest: the scheduler's)
 
@@ -206,6 +208,10 @@ class Pipeline:
         for c, toks in zip(cells, pending):
             c.tokens = toks
         return cells
+
+    def logits(self, groups: int) -> None:
+        """The logits are the last stage's: the head has none to read."""
+        return None
 
     def hold_partial(self, wait_s: float = 0.005) -> bool:
         """Whether a partial prefill item should wait: yes while `stages` items are in flight (a
