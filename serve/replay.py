@@ -144,7 +144,6 @@ class _Engine:
     host: object
     prefix: Prefix
     unit: int
-    faults: frozenset = frozenset()
     context: int | None = None  # no context bound past the pool's own
 
     @property

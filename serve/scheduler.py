@@ -46,7 +46,7 @@ class Scheduler(threading.Thread):
     def __init__(self, engine: Engine, stats_every: float = 5.0) -> None:
         super().__init__(name="scheduler", daemon=True)
         self.engine = engine
-        self.core = Core(engine)
+        self.core = engine.faults.bind(Core(engine))  # the faults asked for, bound once (serve/faults.py)
         self.counters = self.core.counters
         self.inbox: queue.Queue = queue.Queue()
         self.window = Window(self.counters, stats_every)

@@ -1,6 +1,6 @@
 """Every implementation of `serve.device.Device` states every member of the protocol, each method with
 a signature the core's calls fit: the single-process runtime, the pipeline head, the replay's plan-only
-runtime and the test doubles. The core calls these members directly (no `getattr` probing), so a
+runtime, the step-level faults' wrapper and the test doubles. The core calls these members directly (no `getattr` probing), so a
 member missing from any of them is an AttributeError waiting for the one server that reaches it."""
 
 from __future__ import annotations
@@ -69,6 +69,12 @@ def _stage0():
     return FakeRuntime()
 
 
+def _faulty():
+    from serve.faults import STEP_FAULTS, FaultyDevice
+
+    return FaultyDevice(_pyruntime(), STEP_FAULTS, {"requests": 0}, "prefill", 4)
+
+
 def _replay():
     from serve.replay import _Runtime
 
@@ -79,6 +85,7 @@ IMPLEMENTATIONS = {
     "runtime.runtime.Runtime": _runtime,
     "serve.pipeline.pipeline.Pipeline": _pipeline,
     "serve.replay._Runtime": _replay,
+    "serve.faults.FaultyDevice": _faulty,
     "tests.pyruntime.PyRuntime": _pyruntime,
     "tests.test_pipeline_head.FakeRuntime": _stage0,
 }
