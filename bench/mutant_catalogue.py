@@ -364,13 +364,13 @@ CATALOGUE: tuple[Mutant, ...] = (
            "near-tie is ever excused", max_tokens=64),
     # --- the pipeline (plans forwarded to the stages; issue 25) ---
     Mutant("pp-wake-not-forwarded", "serve/pipeline/pipeline.py",
-           '''        self.plans.append(["wake", *encode_copies(copies)])\n''',
-           "",
+           '''        self._plan("wake", copies)\n''',
+           '''        apply_plans(self.local, self.host_page_bytes, [encode_plan("wake", copies)])\n''',
            ("park_wake", "host_churn"), ("toy-layers-pp2",),
            "pipeline offload: the head wakes its pages but the stages never load theirs"),
     Mutant("pp-copy-not-forwarded", "serve/pipeline/pipeline.py",
-           '''        self.plans.append(["copy", *encode_copies(copies)])\n''',
-           "",
+           '''        self._plan("copy", copies)\n''',
+           '''        apply_plans(self.local, self.host_page_bytes, [encode_plan("copy", copies)])\n''',
            ("turn2_warm_equals_run", "repeat_hit"), ("toy-layers-pp2",),
            "pipeline prefix caching: the partial page a hit restores is copied on the head's layers only",
            equivalent="the only staged manifest is toy-layers, a paged one: its checkpoints seal whole pages and "
@@ -378,8 +378,8 @@ CATALOGUE: tuple[Mutant, ...] = (
                       "the dropped forward carries nothing; a lined staged target would need it (skip-restore-copy "
                       "is the single-process twin, caught on toy-stateful)"),
     Mutant("pp-park-not-forwarded", "serve/pipeline/pipeline.py",
-           '''        self.plans.append(["park", *encode_copies(copies)])\n''',
-           "",
+           '''        self._plan("park", copies)\n''',
+           '''        apply_plans(self.local, self.host_page_bytes, [encode_plan("park", copies)])\n''',
            ("park_wake", "host_churn"), ("toy-layers-pp2",),
            "pipeline offload: the head parks its pages but the stages never copy theirs out (a later wake loads "
            "what was never written)"),

@@ -96,6 +96,26 @@ def test_plans_ride_the_next_item_and_run_here_at_once():
     assert down.sent[1].head["plans"] == [] and [m.head["item"] for m in down.sent] == [0, 1]
 
 
+def test_every_plan_method_is_replayed_by_name_on_the_stages():
+    """Each of the Device's plan methods called on the head runs on stage 0 at once and travels as its
+    own name: a stage replaying the item's plans (serve/pipeline/work.py) makes the same calls, in order."""
+    from serve.device import Device
+    from serve.pipeline.work import PLANS, apply_plans
+
+    p, _, down = _pipe()
+    calls = {"copy": Copies([(1, 2)], (3, 4)), "park": Copies([(5, 6)], None), "wake": Copies([(6, 7)], None),
+             "land": SimpleNamespace(made=[("page", 9), ("slot", 1)]), "zero_slot": 2}
+    assert set(calls) == set(PLANS) <= set(vars(Device)), "a plan method the Device does not name"
+    for method, arg in calls.items():
+        getattr(p, method)(arg)
+    p.step("prefill", [Cell([1], None, [5], 0)])
+    stage = FakeRuntime()
+    apply_plans(stage, p.host_page_bytes, down.sent[0].head["plans"])
+    assert [m for m, *_ in down.sent[0].head["plans"]] == list(calls)
+    assert stage.log == p.local.log[:-1] == [("copy", [(1, 2)]), ("park", [(5, 600)]), ("wake", [(600, 7)]),
+                                             ("land", [("page", 9), ("slot", 1)]), ("zero", 2)]
+
+
 def test_tokens_wait_for_their_own_item_and_in_flight_is_bounded():
     p, watch, _ = _pipe(stages=2)
     a = p.step("prefill", [Cell([1], None, [1, 2], 0)])[0]
