@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable
 
+from kern.errors import KernError
 from manifests.derive import page_tables, page_unit, reach
 from manifests.schema import Manifest
 from runtime.chain import Chain
@@ -21,7 +22,7 @@ from runtime.step import Cell
 EOS = 256
 
 
-class RequestError(ValueError):
+class RequestError(KernError, ValueError):
     """A request the target cannot run: ids outside the vocabulary, over the reach, a bad chunk."""
 
 

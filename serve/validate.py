@@ -11,6 +11,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from kern.errors import KernError
 from serve.request import EOS
 
 __all__ = ["PARAMS", "ApiError", "Ask", "Param", "chat", "completion", "detokenize", "parse", "room", "table_markdown",
@@ -20,7 +21,7 @@ MAX_TOKENS_LIMIT = 1 << 31
 DEFAULT_MAX_TOKENS = 16
 
 
-class ApiError(Exception):
+class ApiError(KernError):
     """A request the server refuses; carries the HTTP status and the OpenAI error fields."""
 
     def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,

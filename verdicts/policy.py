@@ -39,6 +39,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from kern.errors import KernError
+
 __all__ = ["POLICY_COUNTERS", "Policy", "Prediction", "Unmodelled"]
 
 _FREE_RUN = re.compile(b"\x00+")  # a run of free host grains
@@ -46,7 +48,7 @@ POLICY_COUNTERS = ("resident_hits", "resident_hit_tokens", "host_hits", "host_hi
             "parks", "wakes", "wake_tokens", "evictions", "host_evictions", "not_kept")
 
 
-class Unmodelled(Exception):
+class Unmodelled(KernError):
     """The policy would take a path this oracle does not model (a slot remap, a wait for room)."""
 
 
