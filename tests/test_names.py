@@ -13,7 +13,7 @@ import pkgutil
 from pathlib import Path
 
 from kern.errors import KernError
-from tests.test_imports import PACKAGES
+from tests.test_imports import PACKAGES, ROOT
 
 
 def modules(packages=PACKAGES) -> list[str]:
@@ -75,3 +75,114 @@ def test_the_root_check_finds_a_planted_exception(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
     assert stray_exceptions(("planted_errors",)) == ["planted_errors.a.Stray", "planted_errors.b.Loose",
                                                      "planted_errors.c.Hidden"]
+
+
+# -- private names stay in their package ------------------------------------------------------------------
+
+OUTSIDE = ("bench",)
+"""Code outside every package that uses them and is held to the same rule (each of its files a room of its
+own). tests/ is not: a test may reach into the module it tests."""
+
+
+def _private(name: str) -> bool:
+    return len(name) > 1 and name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def _files(root: Path, packages, outside=()) -> dict[Path, str]:
+    """Every source file -> the room it belongs to (its top-level package, or the file itself outside)."""
+    out = {p: pkg for pkg in packages for p in sorted((root / pkg).rglob("*.py"))}
+    out.update({p: str(p.relative_to(root)) for d in outside for p in sorted((root / d).rglob("*.py"))})
+    return out
+
+
+def _defines(tree: ast.AST, path: Path) -> set[str]:
+    """The private names a file makes: its functions, classes, methods, variables, arguments,
+    attributes it stores, and its own name when the module is private."""
+    out = {path.stem} if _private(path.stem) else set()
+    for n in ast.walk(tree):
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            out.add(n.name)
+        elif isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store):
+            out.add(n.id)
+        elif isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store):
+            out.add(n.attr)
+        elif isinstance(n, ast.arg):
+            out.add(n.arg)
+    return {x for x in out if _private(x)}
+
+
+def private_uses(root: Path = ROOT, packages=PACKAGES, outside=OUTSIDE) -> list[str]:
+    """Every use of another package's private name: `from other.mod import _x` (or a private module
+    of it), `mod._x` on a module imported from another package, and `obj._x` (or `getattr(obj, "_x")`)
+    where `_x` is made only by other packages. Within a package, its modules share what they like;
+    `self._x` and `cls._x` are always the object's own."""
+    trees = {p: ast.parse(p.read_text()) for p in _files(root, packages, outside)}
+    room = _files(root, packages, outside)
+    made: dict[str, set[str]] = {}
+    for p, tree in trees.items():
+        made.setdefault(room[p], set()).update(_defines(tree, p))
+    out = []
+    for p, tree in trees.items():
+        here = room[p]
+        where = f"{p.relative_to(root)}"
+        foreign: set[str] = set()  # local names bound to another package's modules
+        for n in ast.walk(tree):
+            if isinstance(n, ast.Import):
+                for a in n.names:
+                    parts = a.name.split(".")
+                    if parts[0] in packages and parts[0] != here:
+                        foreign.add(a.asname or parts[0])
+                        if any(map(_private, parts)):
+                            out.append(f"{where}:{n.lineno} imports {a.name}")
+            elif isinstance(n, ast.ImportFrom) and not n.level and n.module:
+                parts = n.module.split(".")
+                if parts[0] not in packages or parts[0] == here:
+                    continue
+                for a in n.names:
+                    if _private(a.name) or any(map(_private, parts)):
+                        out.append(f"{where}:{n.lineno} imports {n.module}.{a.name}")
+                    foreign.add(a.asname or a.name)
+        for n in ast.walk(tree):
+            if isinstance(n, ast.Attribute) and _private(n.attr):
+                obj, attr = n.value, n.attr
+            elif (isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in ("getattr", "hasattr", "setattr")
+                  and len(n.args) >= 2 and isinstance(n.args[1], ast.Constant) and _private(str(n.args[1].value))):
+                obj, attr = n.args[0], str(n.args[1].value)
+            else:
+                continue
+            head = obj
+            while isinstance(head, ast.Attribute):
+                head = head.value
+            name = head.id if isinstance(head, ast.Name) else None
+            if name in ("self", "cls") and head is obj:
+                continue
+            elsewhere = any(attr in names for r, names in made.items() if r != here)
+            if name in foreign or elsewhere and attr not in made.get(here, set()):
+                out.append(f"{where}:{n.lineno} uses {ast.unparse(obj)}.{attr}")
+    return sorted(set(out))
+
+
+def test_no_package_uses_another_packages_private_names():
+    assert private_uses() == []
+
+
+def test_the_private_name_check_catches_each_kind_of_use(tmp_path):
+    files = {
+        "low/__init__.py": "",
+        "low/pages.py": "_SIZE = 4\n\n\ndef _grow(n):\n    return n\n\n\nclass Pool:\n    def __init__(self):\n"
+                        "        self._free = []\n\n    def free(self):\n        return self._free\n",
+        "low/lease.py": "from low.pages import _grow, Pool\n\n\ndef f(p: Pool):\n    return p._free, _grow(1)\n",
+        "high/__init__.py": "",
+        "high/a.py": "from low.pages import _grow\n",
+        "high/b.py": "import low.pages\n\n\ndef f():\n    return low.pages._SIZE\n",
+        "high/c.py": "from low import pages as pp\n\n\ndef f(pool):\n    return pool._free, getattr(pool, '_free'), pp._grow\n",
+        "high/d.py": "from low.pages import Pool\n\n\nclass Mine:\n    def __init__(self):\n        self._own = Pool()\n\n"
+                     "    def g(self, other):\n        return self._own.free(), other._own\n",
+        "tools/t.py": "def f(pool):\n    return pool._free\n",
+    }
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    assert private_uses(tmp_path, ("low", "high"), ("tools",)) == [
+        "high/a.py:1 imports low.pages._grow", "high/b.py:5 uses low.pages._SIZE", "high/c.py:5 uses pool._free",
+        "high/c.py:5 uses pp._grow", "tools/t.py:2 uses pool._free"]
