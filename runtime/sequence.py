@@ -12,14 +12,13 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from kern.errors import KernError
+from kern.tokens import EOS
 from manifests.derive import page_tables, page_unit, reach
 from manifests.schema import Manifest
 from runtime.chain import Chain
 from runtime.protocol import ProtocolError
 from runtime.runtime import Runtime
 from runtime.step import Cell
-
-EOS = 256
 
 
 class RequestError(KernError, ValueError):

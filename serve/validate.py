@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from kern.errors import KernError
-from serve.request import EOS
+from kern.tokens import BYTES, EOS
 
 __all__ = ["PARAMS", "ApiError", "Ask", "Param", "chat", "completion", "detokenize", "parse", "room", "table_markdown",
            "tokenize"]
@@ -552,7 +552,7 @@ def detokenize(body: dict, served: str) -> str:
 
 
 def text_of(ids: list[int]) -> str:
-    return bytes(t for t in ids if t < 256).decode("utf-8", "replace")
+    return bytes(t for t in ids if t < BYTES).decode("utf-8", "replace")
 
 
 def room(ask: Ask, rows: int, reach: int, pool_tokens: int, max_request: int) -> None:

@@ -1,6 +1,6 @@
 """The names the packages share, read from the code: every exception class the project defines is a
-`kern.errors.KernError`; one EOS constant on the serving path. Each check is shown to fail on a tree
-or module planted to break it.
+`kern.errors.KernError`; one EOS (`kern.tokens`) outside the toy, whose own copies equal it; no package
+uses another's private names. Each check is shown to fail on a tree or module planted to break it.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import pkgutil
 from pathlib import Path
 
 from kern.errors import KernError
+from kern.tokens import BYTES, EOS
 from tests.test_imports import PACKAGES, ROOT
 
 
@@ -75,6 +76,79 @@ def test_the_root_check_finds_a_planted_exception(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
     assert stray_exceptions(("planted_errors",)) == ["planted_errors.a.Stray", "planted_errors.b.Loose",
                                                      "planted_errors.c.Hidden"]
+
+
+
+# -- one EOS ------------------------------------------------------------------------------------------
+
+TOKEN_NAMES = {"EOS": EOS, "BYTES": BYTES, "VOCAB": BYTES, "VOCAB_BYTES": BYTES}
+"""The names the toy's copies use for kern.tokens' two ids."""
+
+
+def eos_copies(root: Path = ROOT, packages=PACKAGES) -> list[str]:
+    """Where code outside toy/ (and kern/tokens.py, the one definition) writes EOS's value itself: a
+    token name bound to a number, the number in a comparison, in a list or set of tokens, or as
+    getattr's default for EOS."""
+    out = []
+    for pkg in packages:
+        if pkg == "toy":
+            continue
+        for p in sorted((root / pkg).rglob("*.py")):
+            if p.relative_to(root).as_posix() == "kern/tokens.py":
+                continue
+            where = p.relative_to(root).as_posix()
+            for n in ast.walk(ast.parse(p.read_text())):
+                if isinstance(n, (ast.Assign, ast.AnnAssign)) and isinstance(n.value, ast.Constant):
+                    targets = n.targets if isinstance(n, ast.Assign) else [n.target]
+                    out += [f"{where}:{n.lineno} binds {t.id}" for t in targets
+                            if isinstance(t, ast.Name) and (t.id in TOKEN_NAMES or "EOS" in t.id)]
+                    continue
+                if isinstance(n, ast.Compare):
+                    values = [n.left, *n.comparators]
+                elif isinstance(n, (ast.List, ast.Set)):
+                    values = n.elts
+                elif (isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "getattr"
+                      and len(n.args) == 3 and isinstance(n.args[1], ast.Constant) and n.args[1].value == "EOS"):
+                    values = [n.args[2]]
+                else:
+                    continue
+                if any(isinstance(v, ast.Constant) and v.value == EOS and type(v.value) is int for v in values):
+                    out.append(f"{where}:{n.lineno} writes {EOS}: {ast.unparse(n)[:60]}")
+    return out
+
+
+def toy_copies(root: Path = ROOT) -> dict[str, int]:
+    """toy/'s own token constants (the reference's and the kernels', pinned by the manifests), by file."""
+    out = {}
+    for p in sorted((root / "toy").rglob("*.py")):
+        for n in ast.parse(p.read_text()).body:
+            if (isinstance(n, ast.Assign) and isinstance(n.value, ast.Constant) and len(n.targets) == 1
+                    and isinstance(n.targets[0], ast.Name) and n.targets[0].id in TOKEN_NAMES):
+                out[f"{p.relative_to(root).as_posix()}:{n.targets[0].id}"] = n.value.value
+    return out
+
+
+def test_one_eos_outside_the_toy():
+    assert eos_copies() == []
+
+
+def test_the_toys_copies_of_eos_are_kerns():
+    copies = toy_copies()
+    assert "toy/model.py:EOS" in copies and "toy/kernels/cpu.py:EOS" in copies
+    assert {k: v for k, v in copies.items() if v != TOKEN_NAMES[k.rpartition(":")[2]]} == {}
+
+
+def test_the_eos_check_catches_a_copy(tmp_path):
+    (tmp_path / "serve").mkdir()
+    (tmp_path / "toy").mkdir()
+    (tmp_path / "serve" / "a.py").write_text(
+        f"EOS = {EOS}\nVOCAB: int = {BYTES}\nBUCKETS = (1, 2, {EOS})\n\n\ndef f(t, m):\n    return t >= {EOS}, [{EOS}],"
+        f" getattr(m, 'EOS', {EOS}), t - {EOS}\n")
+    (tmp_path / "toy" / "model.py").write_text(f"EOS = {EOS + 1}\n")
+    assert eos_copies(tmp_path, ("serve", "toy")) == [
+        "serve/a.py:1 binds EOS", "serve/a.py:2 binds VOCAB", f"serve/a.py:7 writes {EOS}: t >= {EOS}",
+        f"serve/a.py:7 writes {EOS}: [{EOS}]", f"serve/a.py:7 writes {EOS}: getattr(m, 'EOS', {EOS})"]
+    assert toy_copies(tmp_path) == {"toy/model.py:EOS": EOS + 1}
 
 
 # -- private names stay in their package ------------------------------------------------------------------

@@ -40,6 +40,7 @@ import re
 from dataclasses import dataclass, field
 
 from kern.errors import KernError
+from kern.tokens import EOS
 
 __all__ = ["POLICY_COUNTERS", "Policy", "Prediction", "Unmodelled"]
 
@@ -380,7 +381,7 @@ class Policy:
         if got is None:
             raise Unmodelled("the request would wait for room with nothing resident to evict")
         lease, pred = got
-        fed = ids + list(path["answer"]) + ([256] if path["reason"] == "stop" else [])
+        fed = ids + list(path["answer"]) + ([EOS] if path["reason"] == "stop" else [])
         end = len(ids) if self.emits else len(ids) - 1
         pos = pred.cached
         chunks = []
