@@ -27,31 +27,36 @@ def modules(packages=PACKAGES) -> list[str]:
     return out
 
 
-def _declared_bases(path: Path) -> dict[str, list[str]]:
-    """Class name -> the names of its bases as written (the last part of `a.b.C`), every class of the file."""
-    out = {}
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ClassDef):
-            out[node.name] = [b.attr if isinstance(b, ast.Attribute) else getattr(b, "id", "") for b in node.bases]
+def _written_strays(path: Path, nested_only: bool) -> list[str]:
+    """Classes of the file (or only those inside a function or class) whose written bases name a
+    builtin exception and not KernError: what an import cannot show."""
+    tree = ast.parse(path.read_text())
+    top = {id(n) for n in tree.body}
+    out = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.ClassDef) or nested_only and id(node) in top:
+            continue
+        bases = [b.attr if isinstance(b, ast.Attribute) else getattr(b, "id", "") for b in node.bases]
+        if "KernError" not in bases and any(isinstance(getattr(builtins, b, None), type)
+                                            and issubclass(getattr(builtins, b), BaseException) for b in bases):
+            out.append(node.name)
     return out
 
 
 def stray_exceptions(packages=PACKAGES) -> list[str]:
-    """Every exception class defined in `packages` that is not a KernError. A module that cannot be
-    imported here (the GPU backend without cupy) is read instead: a class whose written bases name a
-    builtin exception and not KernError is a stray."""
+    """Every exception class defined in `packages` that is not a KernError: each module's classes as
+    imported, and, read from the source, a class defined inside a function or class, or in a module
+    that cannot be imported here (the GPU backend without cupy)."""
     out = []
     for name in modules(packages):
+        origin = importlib.util.find_spec(name).origin  # None: a folder without __init__.py
         try:
             mod = importlib.import_module(name)
         except ImportError:
-            path = Path(importlib.util.find_spec(name).origin)
-            for cls, bases in _declared_bases(path).items():
-                builtin = [b for b in bases if isinstance(getattr(builtins, b, None), type)
-                           and issubclass(getattr(builtins, b), BaseException)]
-                if builtin and "KernError" not in bases:
-                    out.append(f"{name}.{cls}")
+            out += [f"{name}.{c}" for c in _written_strays(Path(origin), nested_only=False)]
             continue
+        if origin:
+            out += [f"{name}.{c}" for c in _written_strays(Path(origin), nested_only=True)]
         for v in vars(mod).values():
             if (inspect.isclass(v) and v.__module__ == name and issubclass(v, BaseException)
                     and not issubclass(v, KernError)):
@@ -73,9 +78,10 @@ def test_the_root_check_finds_a_planted_exception(tmp_path, monkeypatch):
                               "class Loose(ConnectionError):\n    pass\n")
     (pkg / "c.py").write_text("import no_such_module_here\n\n\nclass Hidden(RuntimeError):\n    pass\n\n\n"
                               "class Kept(KernError, RuntimeError):\n    pass\n")
+    (pkg / "d.py").write_text("def f():\n    class Inner(KeyError):\n        pass\n\n    return Inner\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     assert stray_exceptions(("planted_errors",)) == ["planted_errors.a.Stray", "planted_errors.b.Loose",
-                                                     "planted_errors.c.Hidden"]
+                                                     "planted_errors.c.Hidden", "planted_errors.d.Inner"]
 
 
 
