@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import builtins
 import importlib
+import importlib.util
 import inspect
 import pkgutil
 from pathlib import Path
@@ -194,8 +195,9 @@ def _defines(tree: ast.AST, path: Path) -> set[str]:
 def private_uses(root: Path = ROOT, packages=PACKAGES, outside=OUTSIDE) -> list[str]:
     """Every use of another package's private name: `from other.mod import _x` (or a private module
     of it), `mod._x` on a module imported from another package, and `obj._x` (or `getattr(obj, "_x")`)
-    where `_x` is made only by other packages. Within a package, its modules share what they like;
-    `self._x` and `cls._x` are always the object's own."""
+    where `_x` is made only by other packages (a name that this package makes too cannot be told
+    apart by reading, and passes). Within a package, its modules share what they like; `self._x` and
+    `cls._x` are always the object's own."""
     trees = {p: ast.parse(p.read_text()) for p in _files(root, packages, outside)}
     room = _files(root, packages, outside)
     made: dict[str, set[str]] = {}
@@ -204,7 +206,7 @@ def private_uses(root: Path = ROOT, packages=PACKAGES, outside=OUTSIDE) -> list[
     out = []
     for p, tree in trees.items():
         here = room[p]
-        where = f"{p.relative_to(root)}"
+        where = p.relative_to(root).as_posix()
         foreign: set[str] = set()  # local names bound to another package's modules
         for n in ast.walk(tree):
             if isinstance(n, ast.Import):
