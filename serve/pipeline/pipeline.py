@@ -25,6 +25,7 @@ import queue
 import threading
 import time
 
+from kern.errors import KernError
 from pool import Copies
 from serve import logs
 from serve.pipeline.liveness import HeadWatch
@@ -34,7 +35,7 @@ from serve.pipeline.work import cells_to, encode_copies
 __all__ = ["Pipeline", "StageLost"]
 
 
-class StageLost(RuntimeError):
+class StageLost(KernError, RuntimeError):
     """The pipeline lost a stage: the step that raised it, and every item in flight, are void."""
 
 
