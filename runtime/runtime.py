@@ -69,7 +69,7 @@ class Runtime:
         for prog in m.programs.values():
             if prog.once:
                 for call in prog.calls:
-                    self._call(call, env)
+                    self.run_call(call, env)
 
         # states: paged arenas hold `pages` pages, lined arenas `slots` slots
         self.paged = [s for s in sorted(m.states.values(), key=lambda s: s.name) if s.paged]
@@ -138,7 +138,7 @@ class Runtime:
                     live[name] = b.nbytes(env)
             widest = max(widest, sum(live.values()))
             for call in prog.calls:
-                self._call(call, env)
+                self.run_call(call, env)
             for name, at in readers.items():
                 if at[-1] == i:
                     be.synchronize()  # its last reader has run: free it
@@ -325,7 +325,7 @@ class Runtime:
             be.upload(buf, np.asarray(arr).reshape(-1).view(buf.dtype))
         t2 = time.perf_counter()
         m0 = be.mark()
-        self._run_calls(program, b, lambda: [self._call(call, env) for call in prog.calls], prog.graph)
+        self._run_calls(program, b, lambda: [self.run_call(call, env) for call in prog.calls], prog.graph)
         m1 = be.mark()
         t3 = time.perf_counter()
         for name in leave or ():
@@ -388,7 +388,8 @@ class Runtime:
             env[fwd.context] = ctx
         return env
 
-    def _call(self, call, env: dict[str, int]) -> None:
+    def run_call(self, call, env: dict[str, int]) -> None:
+        """One call of a program: its arguments bound (buffers, states, vars, expressions), its kernels launched."""
         m = self.manifest
         op = m.ops[call.op]
         vals: list[Any] = []

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+from kern.errors import KernError
 from manifests import derive, load
 from manifests.config import resolve
 from pool import Geometry, Host, Lease, Pool, Prefix, chunk_size, chunks_for
@@ -21,7 +22,7 @@ GIB = 1 << 30
 CPU_CAPACITY = 16384
 
 
-class EngineError(ValueError):
+class EngineError(KernError, ValueError):
     """Flags the target cannot be served with (a bad --rows, a pool too small for the pad, ...)."""
 
 

@@ -25,6 +25,7 @@ import queue
 import threading
 import time
 
+from kern.errors import KernError
 from serve import logs
 from serve.pipeline.liveness import HeadWatch
 from serve.pipeline.transport import Message, Wire
@@ -33,7 +34,7 @@ from serve.pipeline.work import apply_plans, cells_to, encode_plan
 __all__ = ["Pipeline", "StageLost"]
 
 
-class StageLost(RuntimeError):
+class StageLost(KernError, RuntimeError):
     """The pipeline lost a stage: the step that raised it, and every item in flight, are void."""
 
 
