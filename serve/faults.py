@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import time
 
+from kern.tokens import EOS
 from pool import Denied, Tier
-from serve.request import EOS
 
 __all__ = ["FAULTS", "Faults", "FaultyDevice", "runner_up"]
 
