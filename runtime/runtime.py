@@ -27,6 +27,11 @@ from runtime.weights import bind, bound_tensors, read_tensors
 
 
 class Runtime:
+    # the serving core's Device (serve/device.py) beside step, logits and the plans: one process loses no stage
+    epoch = 0
+    broken = None
+    while_waiting = None  # never called: a step here waits on nothing else
+
     def __init__(
         self,
         manifest: Manifest,
@@ -102,10 +107,6 @@ class Runtime:
         self._warm: set[tuple[str, int]] = set()
         self.timing = StepTiming()
         self.last_env: dict[str, int] = {}  # the vars of the last step (what a cut stage hands on is sized by them)
-        # the rest of the serving core's Device (serve/device.py): one process loses no stage
-        self.epoch = 0
-        self.broken = None
-        self.while_waiting = None  # never called: a step here waits on nothing else
 
     # -- load ------------------------------------------------------------------------------------
 

@@ -115,6 +115,8 @@ class FaultyDevice:
 
     def __init__(self, inner, names, counters, prefill_program: str, rows: int) -> None:
         self.inner = inner
+        # the real device's own objects, which it never replaces (its epoch and while_waiting: below)
+        self.protocol, self.timing, self.broken = inner.protocol, inner.timing, inner.broken
         self.names = tuple(names)
         self.counters = counters  # the core's: the request count some faults wait for
         self.prefill_program = prefill_program
@@ -135,20 +137,8 @@ class FaultyDevice:
 
     # the rest of the Device: the real one's
     @property
-    def protocol(self):
-        return self.inner.protocol
-
-    @property
-    def timing(self):
-        return self.inner.timing
-
-    @property
     def epoch(self) -> int:
         return self.inner.epoch
-
-    @property
-    def broken(self):
-        return self.inner.broken
 
     @property
     def while_waiting(self):
