@@ -34,6 +34,7 @@ from e2e.results import Opened
 from e2e.session import ServerExited, Session, Unavailable, merge_flags, server_command, split_flags, unused_port
 from e2e.spawn import Processes, Spawner
 from e2e.stats import Stats
+from kern.errors import KernError
 from verdicts.policy import POLICY_COUNTERS
 
 __all__ = ["MissingResult", "Options", "Run", "Untold", "lanes", "run_target"]
@@ -381,16 +382,16 @@ def lanes(steps: list, at_once: bool = True) -> list[list]:
 _LEARN = threading.Lock()  # an engine's capabilities are asked once, by the first session to start
 
 
-class MissingResult(LookupError):
+class MissingResult(KernError, LookupError):
     """A step read a result (`Run.got`) that none of the steps it depends on gives."""
 
 
-class Untold(RuntimeError):
+class Untold(KernError, RuntimeError):
     """A server with /stats answered without the `kern` fields that say a request's tier, snapshot
     and wake: the gate cannot prove its tiers from the API, so the target fails."""
 
 
-class _DepFailed(Exception):
+class _DepFailed(KernError):
     """A step this lane needs did not complete (its lane recorded why): the lane stops quietly."""
 
 

@@ -32,12 +32,14 @@ import sys
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
+from kern.errors import KernError
+
 __all__ = ["Proc", "Processes", "SpawnError", "Spawner", "kern_args", "own_kern", "project_env", "run_command"]
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-class SpawnError(RuntimeError):
+class SpawnError(KernError, RuntimeError):
     """A spawner could not start a command (its zygote or every host is gone, it refused)."""
 
 
