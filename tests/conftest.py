@@ -36,22 +36,16 @@ class ServerProcess:
 
     session: object  # an `e2e.session.Session`
 
-    @property
-    def proc(self):
-        """Its process (or an `e2e.zygote.Child`: the same poll, wait, send_signal, kill)."""
-        return self.session.proc
+    def __getattr__(self, name: str):
+        """`proc` (or an `e2e.zygote.Child`: the same poll, wait, send_signal, kill), `port`, `url`,
+        `pid`: the session's."""
+        if name == "session":
+            raise AttributeError(name)
+        return getattr(self.session, name)
 
     @property
     def log_path(self) -> Path:
         return self.session.log.path
-
-    @property
-    def port(self) -> int:
-        return self.session.port
-
-    @property
-    def url(self) -> str:
-        return self.session.url
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
