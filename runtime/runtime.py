@@ -23,6 +23,7 @@ from runtime.backend import Backend, KernelError, map_kernel_exceptions
 from runtime.backends import make_backend
 from runtime.protocol import Protocol
 from runtime.step import Cell, LineTable, PageTable, bucket, stage
+from runtime.tables import NoPages, Resident
 from runtime.weights import bind, bound_tensors, read_tensors
 
 
@@ -95,6 +96,14 @@ class Runtime:
             LineTable(b.name, b.shape[0], m.states[b.domain.index_into].bytes_per_seq // b.domain.stride)
             for b in derive.line_tables(m)
         ]
+        # the page tables and slot map kept between steps (runtime/tables.py), unless a kernel writes a table
+        written = {a.value for prog in m.programs.values() for call in prog.calls
+                   for a, prm in zip(call.args, m.ops[call.op].params) if a.kind == "buf" and prm.writes}
+        self.resident: Resident | None = None
+        if (self.page_tables or self.fills.get("slot")) and not written & {t.name for t in self.page_tables}:
+            self.resident = Resident(self.unit, self.page_tables, self.groups_max,
+                                     {t.name: np.dtype(self.buffers[t.name].dtype) for t in self.page_tables})
+        self._widths = {t.name: t.width for t in self.page_tables}
         self.pad: Cell | None = None
         # graphs: (program, bucket) -> a captured graph, or None where capture failed (run plainly)
         self.graphs = graphs
@@ -302,15 +311,33 @@ class Runtime:
         self.last_env = env
         pad_slot = self.pad.slot if self.pad is not None and self.pad.slot is not None else 0
         t0 = time.perf_counter()
-        host = stage(padded, per, self.unit, self.fills, self.page_tables, self.line_tables, self.groups_max, pad_slot)
+        res = self.resident
+        try:
+            host = stage(padded, per, self.unit, self.fills, self.page_tables, self.line_tables, self.groups_max,
+                         pad_slot, res)
+        except NoPages:  # a cell with no pages (no page-table row): staged whole, the rows rebuilt next time
+            res.invalidate()
+            res = None
+            host = stage(padded, per, self.unit, self.fills, self.page_tables, self.line_tables, self.groups_max,
+                         pad_slot)
         t1 = time.perf_counter()
         be = self.backend
+        widths = self._widths if res is not None else {}
         for name, arr in host.items():
             buf = self.buffers[name]
-            be.upload(buf, arr.astype(buf.dtype, copy=False))
+            w = widths.get(name)
+            if w is None:
+                be.upload(buf, arr.astype(buf.dtype, copy=False))
+            else:  # a resident table: only the rows rewritten since the buffer last got them
+                for lo, hi in res.dirty:
+                    be.upload(buf[lo * w : hi * w], arr[lo * w : hi * w])
+        if self.resident is not None and res is None and self.page_tables:
+            self.resident.invalidate()
         for name, arr in (arrive or {}).items():
             buf = self.buffers[name]
             be.upload(buf, np.asarray(arr).reshape(-1).view(buf.dtype))
+            if name in self._widths and self.resident is not None:
+                self.resident.invalidate()
         t2 = time.perf_counter()
         m0 = be.mark()
         self._run_calls(program, b, lambda: [self._call(call, env) for call in prog.calls], prog.graph)
@@ -321,9 +348,17 @@ class Runtime:
         if fwd.emits:
             k = fwd.width
             toks = be.download(self.buffers[fwd.emits], b * k)
-            counts = be.download(self.buffers[fwd.count], b) if fwd.count else np.ones(b, np.int64)
-            for g, c in enumerate(cells):
-                c.tokens = [int(t) for t in toks[g * k : g * k + int(counts[g])]]
+            got = toks.tolist()
+            if fwd.count:
+                counts = be.download(self.buffers[fwd.count], b).tolist()
+                for g, c in enumerate(cells):
+                    c.tokens = got[g * k : g * k + counts[g]]
+            elif k == 1:
+                for c, t in zip(cells, got):
+                    c.tokens = [t]
+            else:
+                for g, c in enumerate(cells):
+                    c.tokens = got[g * k : g * k + 1]
         else:
             for c in cells:
                 c.tokens = []

@@ -52,13 +52,19 @@ def stage(
     line_tables: list[LineTable],
     groups_max: int,
     pad_slot: int,
+    resident=None,
 ) -> dict[str, np.ndarray]:
     """Host arrays for every filled input and table, for these (already padded) cells.
 
     Each cell feeds its own `len(ids)` rows (`per` for every cell of a batched step; a packed chunk's
     cells differ): its rows follow the previous cell's, `cu_seqlens` marks where each begins. Built
     with whole-array operations over every cell at once (the per-cell work is reading its lists), so
-    a step of 64 sequences costs about what a step of one does."""
+    a step of 64 sequences costs about what a step of one does.
+
+    With `resident` (a `runtime.tables.Resident` over these page tables), the slot map and the page
+    tables come from the rows it keeps between steps: only the rows whose pages changed are rebuilt
+    (its `dirty` runs), and each table is its host copy's first `len(cells)` rows, in the buffer's
+    dtype; every cell must hold at least one page."""
     b = len(cells)
     pos = np.fromiter((c.pos for c in cells), np.int64, b)
     lens = np.fromiter((len(c.ids) for c in cells), np.int64, b)
@@ -76,22 +82,30 @@ def stage(
         out[name] = pos + lens
     for name in fills.get("cu_seqlens", []):
         out[name] = starts.copy()
-    if fills.get("slot") or page_tables:
+    if resident is not None and (fills.get("slot") or page_tables):
+        resident.update(cells)
+        if fills.get("slot"):
+            slots = resident.slots(cell_of_row, rows)
+            for name in fills["slot"]:
+                out[name] = slots
+        for t in page_tables:
+            out[t.name] = resident.host[t.name][: b * t.width]
+    elif fills.get("slot") or page_tables:
         npages = np.fromiter((len(c.pages) for c in cells), np.int64, b)
         first = np.zeros(b + 1, np.int64)
         np.cumsum(npages, out=first[1:])
         flat = np.fromiter(itertools.chain.from_iterable(c.pages for c in cells), np.int64, int(first[-1]))
-    if fills.get("slot"):
-        slots = flat[first[cell_of_row] + rows // unit] * unit + rows % unit
-        for name in fills["slot"]:
-            out[name] = slots
-    for t in page_tables:
-        # a cell's entries: each of its pages' `per_page` entries in order, then its first entry repeated
-        ent = (flat[:, None] * t.per_page + np.arange(t.per_page, dtype=np.int64)).reshape(-1)
-        n = np.minimum(npages * t.per_page, t.width)
-        j = np.arange(t.width, dtype=np.int64)
-        at = first[:-1, None] * t.per_page + np.where(j[None, :] < n[:, None], j[None, :], 0)
-        out[t.name] = ent[at].reshape(-1)
+        if fills.get("slot"):
+            slots = flat[first[cell_of_row] + rows // unit] * unit + rows % unit
+            for name in fills["slot"]:
+                out[name] = slots
+        for t in page_tables:
+            # a cell's entries: each of its pages' `per_page` entries in order, then its first entry repeated
+            ent = (flat[:, None] * t.per_page + np.arange(t.per_page, dtype=np.int64)).reshape(-1)
+            n = np.minimum(npages * t.per_page, t.width)
+            j = np.arange(t.width, dtype=np.int64)
+            at = first[:-1, None] * t.per_page + np.where(j[None, :] < n[:, None], j[None, :], 0)
+            out[t.name] = ent[at].reshape(-1)
     for t in line_tables:
         slots = np.full(groups_max, pad_slot, np.int64)
         slots[:b] = [c.slot for c in cells]
