@@ -101,6 +101,7 @@ class Core:
         self.prefill_program = rt.protocol.chunk().program
         self.step_forward = rt.protocol.forward(1, engine.rows)
         # a packed prefill call: up to the chunk's rows, the chunk program's groups, its context bound
+        self._wrong_token = "wrong-token" in engine.faults  # checked on every update: once here
         self.bounds = Bounds(engine.chunk, rt.protocol.chunk().groups, engine.context or 1 << 62)
 
     # requests in and out
@@ -251,8 +252,9 @@ class Core:
 
     def launch(self, work: Work) -> Flight:
         """Run `work`'s step on the runtime from its requests' state; they are in flight until `commit`."""
-        for r in work.reqs:
-            assert id(r) not in self.in_flight, f"request {r.id} launched twice before its commit"
+        if not self.in_flight.isdisjoint(map(id, work.reqs)):
+            for r in work.reqs:
+                assert id(r) not in self.in_flight, f"request {r.id} launched twice before its commit"
         if work.kind == PREFILL:
             cells = [Cell(r.lease.pages, r.lease.slot, r.fed(r.pos, r.pos + n), r.pos) for r, n in zip(work.reqs, work.ns)]
             self._step(self.prefill_program, cells)
@@ -310,8 +312,7 @@ class Core:
     def commit(self, flight: Flight) -> None:
         """Apply what a launched step emitted: positions, answer tokens, checkpoints, finishes."""
         work = flight.work
-        for r in work.reqs:
-            self.in_flight.discard(id(r))
+        self.in_flight.difference_update(map(id, work.reqs))
         if work.kind == PREFILL:
             for req, n, cell in zip(work.reqs, work.ns, flight.cells[0]):
                 req.pos += n
@@ -321,7 +322,13 @@ class Core:
                 self._commit(req, new)
         else:
             rows = self.engine.rows
-            cells = [c for part in flight.cells for c in part]
+            cells = flight.cells[0] if len(flight.cells) == 1 else [c for part in flight.cells for c in part]
+            if rows == 1:  # one token a step: the loop below with its rounds' accounting left out
+                for req, cell in zip(work.reqs, cells):
+                    toks = cell.tokens
+                    req.pos += len(toks)
+                    self._commit(req, req.take(toks))
+                cells = ()
             for req, cell in zip(work.reqs, cells):
                 toks = cell.tokens
                 if rows > 1 and "reject-drafts" in self.engine.faults:
@@ -332,17 +339,18 @@ class Core:
                     self.counters.add("drafted_rows", rows - 1)
                     self.counters.add("accepted_rows", len(toks) - 1)
                 self._commit(req, req.take(toks))
-        late = [r for r in self._aborted if id(r) not in self.in_flight]
-        self._aborted = [r for r in self._aborted if id(r) in self.in_flight]
-        for req in late:
-            self.abort(req)
+        if self._aborted:
+            late = [r for r in self._aborted if id(r) not in self.in_flight]
+            self._aborted = [r for r in self._aborted if id(r) in self.in_flight]
+            for req in late:
+                self.abort(req)
 
     def _commit(self, req: Request, new: list[int]) -> None:
         e = self.engine
         self.counters.tokens += len(new)
         if req.reason is None:
             full = req.pos // e.unit
-            if not e.lined and full > req.page_mark and "no-checkpoint" not in e.faults:
+            if full > req.page_mark and not e.lined and "no-checkpoint" not in e.faults:
                 self.admission.checkpoint(req, full)
             if new:
                 self._send(req, Update(new))
@@ -390,7 +398,7 @@ class Core:
                     hide_last=s.hide_last, woken=req.woken)
 
     def _send(self, req: Request, update: Update) -> None:
-        if "wrong-token" in self.engine.faults and not req.spoiled:
+        if self._wrong_token and not req.spoiled:
             for i, t in enumerate(update.tokens):
                 if t != EOS:
                     update.tokens[i] = t ^ 1
