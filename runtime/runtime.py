@@ -22,7 +22,7 @@ from manifests.schema import Manifest
 from runtime.backend import Backend, KernelError, map_kernel_exceptions
 from runtime.backends import make_backend
 from runtime.protocol import Protocol
-from runtime.step import Cell, LineTable, PageTable, bucket, stage
+from runtime.step import _IDS, Cell, LineTable, PageTable, bucket, stage
 from runtime.tables import NoPages, Resident
 from runtime.weights import bind, bound_tensors, read_tensors
 
@@ -104,6 +104,7 @@ class Runtime:
             self.resident = Resident(self.unit, self.page_tables, self.groups_max,
                                      {t.name: np.dtype(self.buffers[t.name].dtype) for t in self.page_tables})
         self._widths = {t.name: t.width for t in self.page_tables}
+        self._forwards: dict[str, Any] = {}  # program -> its Forward (looked up once)
         self.pad: Cell | None = None
         # graphs: (program, bucket) -> a captured graph, or None where capture failed (run plainly)
         self.graphs = graphs
@@ -282,7 +283,9 @@ class Runtime:
         step's size)."""
         m = self.manifest
         prog = m.programs[program]
-        fwd = next(f for f in self.protocol.forwards if f.program == program)
+        fwd = self._forwards.get(program)
+        if fwd is None:
+            fwd = self._forwards[program] = next(f for f in self.protocol.forwards if f.program == program)
         if not cells:
             return cells
         per = len(cells[0].ids)
@@ -293,7 +296,7 @@ class Runtime:
             env = self._chunk_env(program, fwd, cells)
             padded, b = list(cells), n
         else:
-            if any(len(c.ids) != per for c in cells):
+            if len(set(map(len, map(_IDS, cells)))) != 1:
                 raise ValueError("every cell of a step feeds the same number of rows")
             if per != fwd.rows:
                 raise ValueError(f"program {program} takes {fwd.rows} row(s) per sequence, got {per}")

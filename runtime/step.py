@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import itertools
+import operator
 from dataclasses import dataclass, field
 
 import numpy as np
 
+_IDS, _POS, _PAGES = operator.attrgetter("ids"), operator.attrgetter("pos"), operator.attrgetter("pages")
 BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 
 
@@ -66,8 +68,8 @@ def stage(
     (its `dirty` runs), and each table is its host copy's first `len(cells)` rows, in the buffer's
     dtype; every cell must hold at least one page."""
     b = len(cells)
-    pos = np.fromiter((c.pos for c in cells), np.int64, b)
-    lens = np.fromiter((len(c.ids) for c in cells), np.int64, b)
+    pos = np.fromiter(map(_POS, cells), np.int64, b)  # map over attrgetter: the loop runs in C
+    lens = np.fromiter(map(len, map(_IDS, cells)), np.int64, b)
     total = int(lens.sum())
     starts = np.zeros(b + 1, np.int64)
     np.cumsum(lens, out=starts[1:])
@@ -75,7 +77,7 @@ def stage(
     rows = pos[cell_of_row] + (np.arange(total, dtype=np.int64) - starts[cell_of_row])
     out: dict[str, np.ndarray] = {}
     for name in fills.get("token", []):
-        out[name] = np.fromiter(itertools.chain.from_iterable(c.ids for c in cells), np.int64, total)
+        out[name] = np.fromiter(itertools.chain.from_iterable(map(_IDS, cells)), np.int64, total)
     for name in fills.get("position", []):
         out[name] = rows
     for name in fills.get("seq_len", []):

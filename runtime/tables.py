@@ -43,7 +43,7 @@ class Resident:
         """Bring rows 0..len(cells)-1 to these cells' pages (each cell holds at least one page);
         returns (and keeps in `dirty`) the runs [lo, hi) of rows rewritten."""
         held = self.held
-        changed = [g for g, c in enumerate(cells) if held[g] != c.pages]
+        changed = [g for g, (h, c) in enumerate(zip(held, cells)) if h != c.pages]
         if not changed:
             self.dirty = []
             return self.dirty
