@@ -259,7 +259,7 @@ class Core:
             cells = [Cell(r.lease.pages, r.lease.slot, r.fed(r.pos, r.pos + n), r.pos) for r, n in zip(work.reqs, work.ns)]
             self._step(self.prefill_program, cells)
             self.counters.add("prefill_calls")
-            self.in_flight.update(id(r) for r in work.reqs)
+            self.in_flight.update(map(id, work.reqs))
             return Flight(work, [cells])
         rt = self.engine.runtime
         batch = [r for r in work.reqs if r.stepping]
@@ -286,7 +286,7 @@ class Core:
                     if cell.tokens and cell.tokens[0] != EOS:
                         cell.tokens[0] ^= 1
             parts.append(cells)
-        self.in_flight.update(id(r) for r in batch)
+        self.in_flight.update(map(id, batch))
         return Flight(work, parts)
 
     def _step(self, program: str, cells: list[Cell]) -> None:
