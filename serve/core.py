@@ -221,7 +221,7 @@ class Core:
     def schedule(self) -> Plan:
         plan = Plan()
         e = self.engine
-        ready = [r for r in self.running if id(r) not in self.in_flight]
+        ready = [r for r in self.running if id(r) not in self.in_flight] if self.in_flight else list(self.running)
         prefilling = [r for r in ready if r.prefilling]
         if e.pack:
             # one call packing the oldest prompts' next rows (pack() stops rather than skipping)
@@ -238,7 +238,10 @@ class Core:
                 n = min(budget, req.fed_end - req.pos)
                 plan.prefill.append([(req, n)])
                 budget -= n
-        plan.step = [r for r in ready if r.stepping or (r.prefilling and self._ends_prefill(r, plan))]
+        if prefilling:
+            plan.step = [r for r in ready if r.stepping or (r.prefilling and self._ends_prefill(r, plan))]
+        else:
+            plan.step = [r for r in ready if r.stepping]
         return plan
 
     def _ends_prefill(self, req: Request, plan: Plan) -> bool:
