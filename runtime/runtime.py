@@ -315,14 +315,15 @@ class Runtime:
         pad_slot = self.pad.slot if self.pad is not None and self.pad.slot is not None else 0
         t0 = time.perf_counter()
         res = self.resident
+        uniform = fwd.rows is not None  # a batched step: every cell feeds `per` rows (checked above)
         try:
             host = stage(padded, per, self.unit, self.fills, self.page_tables, self.line_tables, self.groups_max,
-                         pad_slot, res)
+                         pad_slot, res, uniform)
         except NoPages:  # a cell with no pages (no page-table row): staged whole, the rows rebuilt next time
             res.invalidate()
             res = None
             host = stage(padded, per, self.unit, self.fills, self.page_tables, self.line_tables, self.groups_max,
-                         pad_slot)
+                         pad_slot, uniform=uniform)
         t1 = time.perf_counter()
         be = self.backend
         widths = self._widths if res is not None else {}

@@ -55,6 +55,7 @@ def stage(
     groups_max: int,
     pad_slot: int,
     resident=None,
+    uniform: bool = False,
 ) -> dict[str, np.ndarray]:
     """Host arrays for every filled input and table, for these (already padded) cells.
 
@@ -66,15 +67,26 @@ def stage(
     With `resident` (a `runtime.tables.Resident` over these page tables), the slot map and the page
     tables come from the rows it keeps between steps: only the rows whose pages changed are rebuilt
     (its `dirty` runs), and each table is its host copy's first `len(cells)` rows, in the buffer's
-    dtype; every cell must hold at least one page."""
+    dtype; every cell must hold at least one page. `uniform` says every cell feeds `per` rows (a
+    batched step, as the runtime has checked): the rows' layout is then known without reading the cells."""
     b = len(cells)
     pos = np.fromiter(map(_POS, cells), np.int64, b)  # map over attrgetter: the loop runs in C
-    lens = np.fromiter(map(len, map(_IDS, cells)), np.int64, b)
-    total = int(lens.sum())
-    starts = np.zeros(b + 1, np.int64)
-    np.cumsum(lens, out=starts[1:])
-    cell_of_row = np.repeat(np.arange(b, dtype=np.int64), lens)
-    rows = pos[cell_of_row] + (np.arange(total, dtype=np.int64) - starts[cell_of_row])
+    if uniform:
+        lens = np.full(b, per, np.int64)
+        total = b * per
+        starts = np.arange(0, total + 1, per, dtype=np.int64)
+        if per == 1:
+            cell_of_row, rows = np.arange(b, dtype=np.int64), pos
+        else:
+            cell_of_row = np.repeat(np.arange(b, dtype=np.int64), per)
+            rows = (pos[:, None] + np.arange(per, dtype=np.int64)).reshape(-1)
+    else:
+        lens = np.fromiter(map(len, map(_IDS, cells)), np.int64, b)
+        total = int(lens.sum())
+        starts = np.zeros(b + 1, np.int64)
+        np.cumsum(lens, out=starts[1:])
+        cell_of_row = np.repeat(np.arange(b, dtype=np.int64), lens)
+        rows = pos[cell_of_row] + (np.arange(total, dtype=np.int64) - starts[cell_of_row])
     out: dict[str, np.ndarray] = {}
     for name in fills.get("token", []):
         out[name] = np.fromiter(itertools.chain.from_iterable(map(_IDS, cells)), np.int64, total)

@@ -92,6 +92,26 @@ def test_stage_equals_the_per_cell_reference(case):
         assert got[k].dtype == want[k].dtype and np.array_equal(got[k], want[k]), k
 
 
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from([1, 2, 4, 16]), st.integers(1, 4), st.lists(st.tuples(st.integers(0, 80), st.integers(0, 3)), min_size=1, max_size=9),
+       st.data())
+def test_a_batched_step_staged_as_uniform_equals_the_reference(unit, per, shape, data):
+    """A batched step (every cell feeds `per` rows) staged with `uniform`, which lays the rows out
+    without reading each cell's length, gives the per-cell reference's arrays."""
+    cells = []
+    for pos, extra in shape:
+        need = (pos + per + unit - 1) // unit
+        pages = data.draw(st.lists(st.integers(0, 5000), min_size=need, max_size=need + extra))
+        cells.append(Cell(pages, 3, data.draw(st.lists(st.integers(0, 256), min_size=per, max_size=per)), pos))
+    tables = [PageTable("pt", data.draw(st.integers(1, 48)), data.draw(st.sampled_from([1, 2, 4])))]
+    lines = [LineTable("lt", 2, 3)]
+    want = reference_stage(cells, per, unit, FILLS, tables, lines, len(cells) + 1, 7)
+    got = stage(cells, per, unit, FILLS, tables, lines, len(cells) + 1, 7, uniform=True)
+    assert got.keys() == want.keys()
+    for k in want:
+        assert got[k].dtype == want[k].dtype and np.array_equal(got[k], want[k]), k
+
+
 @st.composite
 def runs_of_steps(draw):
     """A run of steps over one set of rows, as actions applied between the steps (the lists are
