@@ -49,7 +49,8 @@ _MEMCPY_DEFAULT = 4  # cudaMemcpyDefault: direction from the pointers (unified a
 # A step's uploads (tokens, positions, slots, lengths, changed page-table rows) are small: each goes
 # through a pinned staging ring, so its copy is only queued (from pageable memory the driver first
 # stages it itself, on the caller's time). When the ring is used up the stream is drained, after
-# which every queued copy out of it has landed and it is reused from the start.
+# which every queued copy out of it has landed and it is reused from the start. A small download (the
+# step's tokens) lands in pinned memory too and is copied out once the stream has drained.
 STAGING_BYTES = 1 << 20
 STAGED_MAX = 64 << 10  # an upload this size or under goes through the ring; a larger one (weights) directly
 
@@ -147,6 +148,7 @@ class GpuBackend(Backend):
         self._views: dict[tuple[int, int, str], object] = {}  # numba views of cupy arrays (see _nb)
         self._staging: np.ndarray | None = None  # the pinned staging ring (made at the first small upload)
         self._staged_at = 0  # where the ring's next upload goes
+        self._landing: np.ndarray | None = None  # pinned memory small downloads land in (made at the first)
         self._staging_lock = threading.Lock()
 
     # -- memory ---------------------------------------------------------------------------------
@@ -197,6 +199,15 @@ class GpuBackend(Backend):
             self.xfer.synchronize()
             return src.read(0, n) if isinstance(src, ChunkedArena) else np.array(src[:n])
         out = np.empty(n, src.dtype)
+        if 0 < out.nbytes <= STAGED_MAX:  # a step's tokens: into pinned memory, then copied out once landed
+            with self._staging_lock:
+                if self._landing is None:
+                    self._landing = _pinned_zeros(STAGED_MAX)
+                cp.cuda.runtime.memcpyAsync(self._landing.ctypes.data, src.data.ptr, out.nbytes, _MEMCPY_DEFAULT,
+                                            self.stream.ptr)
+                self.stream.synchronize()
+                out.view(np.uint8)[:] = self._landing[: out.nbytes]
+            return out
         if n:
             cp.cuda.runtime.memcpyAsync(out.ctypes.data, src.data.ptr, out.nbytes, _MEMCPY_DEFAULT, self.stream.ptr)
         self.stream.synchronize()
