@@ -30,6 +30,7 @@ from e2e.engine import Engine, step_lacking
 from e2e.policy import PolicyGate
 from e2e.session import ServerExited, Session, Unavailable, merge_flags, server_command, split_flags, unused_port
 from e2e.stats import Stats
+from kern.errors import KernError
 from verdicts.policy import POLICY_COUNTERS
 
 __all__ = ["Found", "Options", "Run", "Untold", "lanes", "run_target"]
@@ -358,12 +359,12 @@ def lanes(steps: list, at_once: bool = True) -> list[list]:
 _LEARN = threading.Lock()  # an engine's capabilities are asked once, by the first session to start
 
 
-class Untold(RuntimeError):
+class Untold(KernError, RuntimeError):
     """A server with /stats answered without the `kern` fields that say a request's tier, snapshot
     and wake: the gate cannot prove its tiers from the API, so the target fails."""
 
 
-class _DepFailed(Exception):
+class _DepFailed(KernError):
     """A step this lane needs did not complete (its lane recorded why): the lane stops quietly."""
 
 

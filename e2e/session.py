@@ -27,6 +27,7 @@ from typing import Any
 import httpx
 
 from e2e.log import Log, kv
+from kern.errors import KernError
 
 __all__ = ["STARTED", "ServerExited", "ServerError", "Session", "Unavailable", "free_port", "merge_flags", "tls", "unused_port",
            "kern_args", "own_kern", "project_env", "server_command", "split_flags", "stop_all"]
@@ -37,7 +38,7 @@ QUIET_LEVELS = ("warn", "warning", "error")  # `kern serve --log-level`s that wr
 PORT_IN_USE = ("address already in use", "errno 98", "errno 48", "only one usage of each socket address")
 
 
-class Unavailable(RuntimeError):
+class Unavailable(KernError, RuntimeError):
     """The session could not run for a reason outside the code under test (its port is taken, the gate
     is stopping); the gate reports the target skipped, not failed."""
 
@@ -68,7 +69,7 @@ def stop_all() -> int:
     return len(sessions)
 
 
-class ServerError(RuntimeError):
+class ServerError(KernError, RuntimeError):
     """A server that could not be brought up (timeout, never ready)."""
 
 

@@ -20,10 +20,12 @@ import threading
 import time
 from pathlib import Path
 
+from kern.errors import KernError
+
 __all__ = ["Child", "Zygote", "ZygoteGone"]
 
 
-class ZygoteGone(RuntimeError):
+class ZygoteGone(KernError, RuntimeError):
     """The zygote process is not running (it could not start, or it exited)."""
 
 

@@ -28,6 +28,11 @@ from runtime.weights import bind, bound_tensors, read_tensors
 
 
 class Runtime:
+    # the serving core's Device (serve/device.py) beside step, logits and the plans: one process loses no stage
+    epoch = 0
+    broken = None
+    while_waiting = None  # never called: a step here waits on nothing else
+
     def __init__(
         self,
         manifest: Manifest,
@@ -70,7 +75,7 @@ class Runtime:
         for prog in m.programs.values():
             if prog.once:
                 for call in prog.calls:
-                    self._call(call, env)
+                    self.run_call(call, env)
 
         # states: paged arenas hold `pages` pages, lined arenas `slots` slots
         self.paged = [s for s in sorted(m.states.values(), key=lambda s: s.name) if s.paged]
@@ -144,7 +149,7 @@ class Runtime:
                     live[name] = b.nbytes(env)
             widest = max(widest, sum(live.values()))
             for call in prog.calls:
-                self._call(call, env)
+                self.run_call(call, env)
             for name, at in readers.items():
                 if at[-1] == i:
                     be.synchronize()  # its last reader has run: free it
@@ -271,6 +276,14 @@ class Runtime:
 
     # -- running -----------------------------------------------------------------------------------
 
+    def hold_partial(self) -> bool:
+        """A partial prefill call never waits here (a pipeline holds one while full of items)."""
+        return False
+
+    def trouble(self) -> dict | None:
+        """Nothing for /health to report: one process has no stage to lose."""
+        return None
+
     def step(self, program: str, cells: list[Cell], arrive: dict | None = None, leave: dict | None = None) -> list[Cell]:
         """Run `program` over `cells`; fill each cell's `tokens`.
 
@@ -344,7 +357,7 @@ class Runtime:
                 self.resident.invalidate()
         t2 = time.perf_counter()
         m0 = be.mark()
-        self._run_calls(program, b, lambda: [self._call(call, env) for call in prog.calls], prog.graph)
+        self._run_calls(program, b, lambda: [self.run_call(call, env) for call in prog.calls], prog.graph)
         m1 = be.mark()
         t3 = time.perf_counter()
         for name in leave or ():
@@ -415,7 +428,8 @@ class Runtime:
             env[fwd.context] = ctx
         return env
 
-    def _call(self, call, env: dict[str, int]) -> None:
+    def run_call(self, call, env: dict[str, int]) -> None:
+        """One call of a program: its arguments bound (buffers, states, vars, expressions), its kernels launched."""
         m = self.manifest
         op = m.ops[call.op]
         vals: list[Any] = []

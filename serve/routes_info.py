@@ -20,8 +20,7 @@ router = APIRouter()
 @router.api_route("/health", methods=["GET", "HEAD"])
 async def health(request: HttpRequest):
     scheduler = ctx(request).scheduler
-    trouble = getattr(ctx(request).engine.runtime, "trouble", None)  # a pipeline head: a stage lost or silent
-    found = trouble() if trouble is not None else None
+    found = ctx(request).engine.runtime.trouble()  # a pipeline head: a stage lost or silent
     if found is not None:
         return JSONResponse(found, status_code=503)  # docs/pipeline.md
     if scheduler.ready.is_set() and scheduler.is_alive():
