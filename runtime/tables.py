@@ -18,10 +18,11 @@ import itertools
 
 import numpy as np
 
+from kern.errors import KernError
 from runtime.step import PageTable
 
 
-class NoPages(ValueError):
+class NoPages(KernError, ValueError):
     """A cell with no pages: it has no page-table row (the runtime stages such a step whole)."""
 
 
