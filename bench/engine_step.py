@@ -5,7 +5,8 @@
 
 `serve.engine.build` and `serve.core.Core` driven in this process (admit, schedule, launch, commit) for
 `--seqs` requests at once, no HTTP, as `bench/serve_load.py`'s "engine alone" is. Every forward step is
-split into: schedule (admit + schedule), stage (the runtime's host staging of fills and tables), upload,
+split into: schedule (admit, schedule, and the core's launch work outside the runtime: the cells, the
+runtime's checks and padding), stage (the runtime's host staging of fills and tables), upload,
 launch (issuing the calls or a graph replay), kernel (device time between two marks; the CPU runs
 kernels as issued), readback (the emitted tokens), and commit (positions, answers, checkpoints). Prefill
 calls are timed apart. Prints output tok/s and, as the ceiling measured in the same run, the tok/s the
