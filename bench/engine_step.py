@@ -100,10 +100,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile", default=None, help="write the last round's cProfile stats here")
     args = ap.parse_args(argv)
 
+    from kern.errors import KernError
     from serve.engine import Options, build
 
+    for flag, v in (("--seqs", args.seqs), ("--max-tokens", args.max_tokens), ("--prompt-tokens", args.prompt_tokens),
+                    ("--rounds", args.rounds)):
+        if v < 1:
+            ap.error(f"{flag} {v} must be >= 1")
     cap = 2 * args.seqs * (args.prompt_tokens + args.max_tokens + 64)
-    e = build(args.target, Options(backend=args.backend, max_seqs=args.seqs, graphs=not args.no_graphs, capacity=cap))
+    try:
+        e = build(args.target, Options(backend=args.backend, max_seqs=args.seqs, graphs=not args.no_graphs,
+                                       capacity=cap))
+    except KernError as exc:  # an unknown target, a backend that cannot load, flags it cannot serve
+        ap.error(str(exc))
     results = []
     for rnd in range(args.rounds):
         prof = cProfile.Profile() if args.profile and rnd == args.rounds - 1 else None
