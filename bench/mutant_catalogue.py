@@ -623,8 +623,8 @@ CATALOGUE: tuple[Mutant, ...] = (
            "vLLM V1: the persistent batch's block-table row left as it was when another request takes the row "
            "(a condense or swap that moves the request but not its block-table row)"),
     Mutant("resident-upload-first-run-only", "runtime/runtime.py",
-           "                for lo, hi in res.dirty:\n",
-           "                for lo, hi in res.dirty[:1]:\n",
+           "                for lo, hi in runs:\n",
+           "                for lo, hi in runs[:1]:\n",
            ("conc1_equals_run", "concurrent"), ("toy-paged",),
            "vLLM V1: the block table's host-to-device commit copying fewer rows than changed (a row count taken "
            "before the batch grew)"),

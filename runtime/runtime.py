@@ -346,7 +346,10 @@ class Runtime:
             if w is None:
                 be.upload(buf, arr.astype(buf.dtype, copy=False))
             else:  # a resident table: only the rows rewritten since the buffer last got them
-                for lo, hi in res.dirty:
+                runs = res.dirty
+                if len(runs) > 2:  # scattered rows: one copy from the first to the last (the rows
+                    runs = [(runs[0][0], runs[-1][1])]  # between hold what the buffer holds)
+                for lo, hi in runs:
                     be.upload(buf[lo * w : hi * w], arr[lo * w : hi * w])
         if self.resident is not None and res is None and self.page_tables:
             self.resident.invalidate()
