@@ -472,8 +472,8 @@ CATALOGUE: tuple[Mutant, ...] = (
            "request's cached count)"),
     # --- hangs (issue 25) ---
     Mutant("batched-step-left-in-flight", "serve/core.py",
-           "        for r in work.reqs:\n            self.in_flight.discard(id(r))\n",
-           "        for r in (work.reqs if work.kind == PREFILL else work.reqs[:1]):\n            self.in_flight.discard(id(r))\n",
+           "        self.in_flight.difference_update(map(id, work.reqs))\n",
+           "        self.in_flight.difference_update(map(id, work.reqs if work.kind == PREFILL else work.reqs[:1]))\n",
            ("concurrent",), ("toy-paged",),
            "vLLM/SGLang: a request left marked as scheduled after its step (only the batch's first cleared) is "
            "never scheduled again: it sits in running while the scheduler idles"),
@@ -615,4 +615,17 @@ CATALOGUE: tuple[Mutant, ...] = (
            '''    return ApiError(400, f"{json.dumps(v)[:60]} is not supported: {why}", None, code)''',
            ("params_ids",), ("toy-paged",),
            "vLLM: an unsupported sampling value refused with a message that names no parameter (param null)"),
+    # the engine step (issue 27): page tables and the slot map kept between steps (runtime/tables.py)
+    Mutant("resident-rows-never-rebuilt", "runtime/tables.py",
+           "        changed = [g for g, (h, c) in enumerate(zip(held, cells)) if h != c.pages]\n",
+           "        changed = [g for g, (h, c) in enumerate(zip(held, cells)) if h is None]\n",
+           ("conc1_equals_run", "concurrent"), ("toy-paged",),
+           "vLLM V1: the persistent batch's block-table row left as it was when another request takes the row "
+           "(a condense or swap that moves the request but not its block-table row)"),
+    Mutant("resident-upload-first-run-only", "runtime/runtime.py",
+           "                for lo, hi in runs:\n",
+           "                for lo, hi in runs[:1]:\n",
+           ("conc1_equals_run", "concurrent"), ("toy-paged",),
+           "vLLM V1: the block table's host-to-device commit copying fewer rows than changed (a row count taken "
+           "before the batch grew)"),
 )

@@ -214,7 +214,7 @@ class Core:
     def schedule(self) -> Plan:
         plan = Plan()
         e = self.engine
-        ready = [r for r in self.running if id(r) not in self.in_flight]
+        ready = [r for r in self.running if id(r) not in self.in_flight] if self.in_flight else list(self.running)
         prefilling = [r for r in ready if r.prefilling]
         if e.pack:
             # one call packing the oldest prompts' next rows (pack() stops rather than skipping)
@@ -230,7 +230,10 @@ class Core:
                 n = min(budget, req.fed_end - req.pos)
                 plan.prefill.append([(req, n)])
                 budget -= n
-        plan.step = [r for r in ready if r.stepping or (r.prefilling and self._ends_prefill(r, plan))]
+        if prefilling:
+            plan.step = [r for r in ready if r.stepping or (r.prefilling and self._ends_prefill(r, plan))]
+        else:
+            plan.step = [r for r in ready if r.stepping]
         return plan
 
     def _ends_prefill(self, req: Request, plan: Plan) -> bool:
@@ -244,13 +247,14 @@ class Core:
 
     def launch(self, work: Work) -> Flight:
         """Run `work`'s step on the runtime from its requests' state; they are in flight until `commit`."""
-        for r in work.reqs:
-            assert id(r) not in self.in_flight, f"request {r.id} launched twice before its commit"
+        if not self.in_flight.isdisjoint(map(id, work.reqs)):
+            for r in work.reqs:
+                assert id(r) not in self.in_flight, f"request {r.id} launched twice before its commit"
         if work.kind == PREFILL:
             cells = [Cell(r.lease.pages, r.lease.slot, r.fed(r.pos, r.pos + n), r.pos) for r, n in zip(work.reqs, work.ns)]
             self._step(self.prefill_program, cells)
             self.counters.add("prefill_calls")
-            self.in_flight.update(id(r) for r in work.reqs)
+            self.in_flight.update(map(id, work.reqs))
             return Flight(work, [cells])
         rt = self.device
         batch = [r for r in work.reqs if r.stepping]
@@ -263,7 +267,7 @@ class Core:
             cells = [Cell(r.lease.pages, r.lease.slot, [r.anchor] * rows, r.pos) for r in part]
             self._step(rt.protocol.forward(len(cells), rows).program, cells)
             parts.append(cells)
-        self.in_flight.update(id(r) for r in batch)
+        self.in_flight.update(map(id, batch))
         return Flight(work, parts)
 
     def _step(self, program: str, cells: list[Cell]) -> None:
@@ -279,8 +283,7 @@ class Core:
     def commit(self, flight: Flight) -> None:
         """Apply what a launched step emitted: positions, answer tokens, checkpoints, finishes."""
         work = flight.work
-        for r in work.reqs:
-            self.in_flight.discard(id(r))
+        self.in_flight.difference_update(map(id, work.reqs))
         if work.kind == PREFILL:
             for req, n, cell in zip(work.reqs, work.ns, flight.cells[0]):
                 req.pos += n
@@ -290,7 +293,7 @@ class Core:
                 self._commit(req, new)
         else:
             rows = self.engine.rows
-            cells = [c for part in flight.cells for c in part]
+            cells = flight.cells[0] if len(flight.cells) == 1 else [c for part in flight.cells for c in part]
             for req, cell in zip(work.reqs, cells):
                 toks = cell.tokens
                 req.pos += len(toks)
@@ -299,10 +302,11 @@ class Core:
                     self.counters.add("drafted_rows", rows - 1)
                     self.counters.add("accepted_rows", len(toks) - 1)
                 self._commit(req, req.take(toks))
-        late = [r for r in self._aborted if id(r) not in self.in_flight]
-        self._aborted = [r for r in self._aborted if id(r) in self.in_flight]
-        for req in late:
-            self.abort(req)
+        if self._aborted:
+            late = [r for r in self._aborted if id(r) not in self.in_flight]
+            self._aborted = [r for r in self._aborted if id(r) in self.in_flight]
+            for req in late:
+                self.abort(req)
 
     def _commit(self, req: Request, new: list[int]) -> None:
         e = self.engine
