@@ -13,7 +13,6 @@ per step that the serial pool pays about five times as often. Never gates CI.
 from __future__ import annotations
 
 import argparse
-import subprocess
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -25,7 +24,7 @@ REPO = Path(__file__).resolve().parents[1]
 PROMPT = "The lighthouse keeper had not seen a ship in eleven days, and the silence of the bay was"
 
 
-def start(target: str, backend: str, log: Path, capacity: int, env_extra: dict) -> tuple[subprocess.Popen, str]:
+def start(target: str, backend: str, log: Path, capacity: int, env_extra: dict) -> tuple[launch.Server, str]:
     return launch.start(target, ["--backend", backend, "--capacity", str(capacity)], log, timeout=120, env=env_extra)
 
 

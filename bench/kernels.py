@@ -111,7 +111,7 @@ def gpu_figures(rt: Runtime, m, step: list[Cell], args) -> None:
 
     def run_predict():
         for call in predict:
-            rt._call(call, env)
+            rt.run_call(call, env)
 
     from toy.kernels import cuda as gk
 

@@ -1,55 +1,38 @@
-"""The one way the benches start a `kern serve` of this checkout and stop it (`start`, `stop`)."""
+"""The benches' use of the gate's one launcher (`e2e/spawn.py`, `e2e.session.launch`): `start` a
+`kern serve` of this checkout on an ephemeral 127.0.0.1 port, `stop` it (its process group with it)."""
 
 from __future__ import annotations
 
-import os
-import re
-import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-SERVING = re.compile(r" serving .*\bport=(\d+)")
+sys.path.insert(0, str(REPO))  # the benches run as scripts: this checkout's e2e, whatever is installed
 
-__all__ = ["REPO", "start", "stop"]
+from e2e.session import ServerError, Session, launch  # noqa: E402
+from e2e.spawn import Processes, own_kern  # noqa: E402
+
+Server = Session
+
+__all__ = ["REPO", "Server", "start", "stop"]
 
 
 def start(target: str, flags: list[str] | tuple[str, ...], log: Path, timeout: float = 300.0,
-          env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str]:
-    """`kern serve TARGET --port 0 FLAGS...` (this checkout first on the path), its output to `log`; the
-    process and its URL once its `serving` line names the port. A server that exits or does not start in
-    `timeout` seconds ends the bench with its log's tail."""
-    path = os.environ.get("PYTHONPATH")
-    full = dict(os.environ, PYTHONPATH=str(REPO) + (os.pathsep + path if path else ""), **(env or {}))
-    cmd = [sys.executable, "-m", "serve", target, "--port", "0", *flags]
-    with open(log, "wb") as f:
-        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=REPO, env=full, start_new_session=True)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        m = SERVING.search(log.read_text(errors="replace"))
-        if m:
-            return proc, f"http://127.0.0.1:{m.group(1)}"
-        if proc.poll() is not None:
-            break
-        time.sleep(0.05)
-    stop(proc)
-    raise SystemExit(f"server `{' '.join(cmd)}` did not start:\n{log.read_text()[-2000:]}")
+          env: dict[str, str] | None = None) -> tuple[Session, str]:
+    """`kern serve TARGET --port 0 FLAGS...` (this checkout first on the path, `env` over it), its output to
+    `log`; the server and its URL once it is ready (its `serving` line names the port and /health answers
+    200: warm). A server that exits or does not start in `timeout` seconds ends the bench with its log's tail."""
+    cmd = [*own_kern(), "serve", target, "--port", "0", *flags]
+    try:
+        s = launch(target, cmd, log, spawner=Processes.project(env, cwd=REPO), env={}, header=False, health=True,
+                   load_timeout=timeout, term_timeout=30.0)
+    except ServerError as exc:
+        raise SystemExit(f"server `{' '.join(cmd)}` did not start: {exc}\n{log.read_text()[-2000:]}") from None
+    return s, s.url
 
 
-def stop(proc: subprocess.Popen, timeout: float = 30.0) -> int | None:
+def stop(server: Session, timeout: float = 30.0) -> int | None:
     """SIGTERM, then SIGKILL after `timeout`; whatever it started goes too (its process group: a
     pipeline's stages); the exit code."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    return proc.returncode
+    server.term_timeout = timeout
+    return server.stop()

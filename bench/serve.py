@@ -25,7 +25,6 @@ second, the ratio to unpacked, and checks the answers are identical.
 from __future__ import annotations
 
 import argparse
-import subprocess
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -37,7 +36,7 @@ REPO = Path(__file__).resolve().parents[1]
 PROMPT = "The lighthouse keeper had not seen a ship in eleven days, and the silence of the bay was"
 
 
-def start(target: str, backend: str, log: Path, extra: tuple[str, ...] = ()) -> tuple[subprocess.Popen, str]:
+def start(target: str, backend: str, log: Path, extra: tuple[str, ...] = ()) -> tuple[launch.Server, str]:
     return launch.start(target, ["--backend", backend, "--max-seqs", "64", *extra], log, timeout=120)
 
 

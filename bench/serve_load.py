@@ -25,7 +25,6 @@ import json
 import multiprocessing as mp
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -84,7 +83,7 @@ def capacity(streams: int, max_tokens: int, prompt_tokens: int) -> int:
 
 
 def start_server(target: str, backend: str, streams: int, log: Path, flags: list[str],
-                 tokens: int) -> tuple[subprocess.Popen, str]:
+                 tokens: int) -> tuple[launch.Server, str]:
     return launch.start(target, ["--backend", backend, "--max-seqs", str(streams), "--capacity", str(tokens),
                                  "--log-level", "info", *flags], log, timeout=600)
 

@@ -9,7 +9,6 @@ hit), `max_tokens` 1, streamed: the time to the first chunk that carries a token
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -20,11 +19,11 @@ import launch
 REPO = Path(__file__).resolve().parents[1]
 
 
-def start(target: str, flags: list[str], log: Path, timeout: float = 300) -> tuple[subprocess.Popen, str]:
+def start(target: str, flags: list[str], log: Path, timeout: float = 300) -> tuple[launch.Server, str]:
     return launch.start(target, flags, log, timeout=timeout)
 
 
-def stop(proc: subprocess.Popen) -> None:
+def stop(proc: launch.Server) -> None:
     launch.stop(proc, 60)  # the head, then its stages (its process group)
 
 

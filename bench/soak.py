@@ -20,7 +20,6 @@ import json
 import random
 import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import threading
@@ -71,7 +70,7 @@ class Oracle:
         return out[:max_tokens] if len(out) >= max_tokens else out + [EOS]
 
 
-def start(target: str, flags: list[str], log: Path) -> tuple[subprocess.Popen, str]:
+def start(target: str, flags: list[str], log: Path) -> tuple[launch.Server, str]:
     return launch.start(target, ["--backend", "cpu", "--host", "127.0.0.1", *flags], log, timeout=120)
 
 
@@ -314,13 +313,13 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         log = Path(args.log) if args.log else Path(tmp) / "server.log"
         flags = [*SERVER_FLAGS, "--capacity", str(args.capacity), "--host-gib", str(args.host_gib)]
-        proc, url = start(args.target, flags, log)
+        server, url = start(args.target, flags, log)
         rss: list[tuple[float, int]] = []
         try:
             Mix(url, oracle, tally, args.seed).completion()  # warm: kernels loaded
             t0 = time.monotonic()
             stop_at = t0 + args.seconds
-            rss.append((0.0, rss_kib(proc.pid)))
+            rss.append((0.0, rss_kib(server.pid)))
             def worker(k: int) -> None:
                 mix = Mix(url, oracle, tally, args.seed * 1000 + k)
                 while time.monotonic() < stop_at:
@@ -335,7 +334,7 @@ def main() -> None:
             next_print = time.monotonic() + 30
             while any(t.is_alive() for t in threads):
                 time.sleep(1.0)
-                rss.append((time.monotonic() - t0, rss_kib(proc.pid)))
+                rss.append((time.monotonic() - t0, rss_kib(server.pid)))
                 if time.monotonic() >= next_print:
                     next_print += 30
                     n = tally.n
@@ -352,14 +351,12 @@ def main() -> None:
                 if g["running"] + g["waiting"] >= 6:
                     break
                 time.sleep(0.05)
-            proc.send_signal(signal.SIGTERM)
+            server.proc.send_signal(signal.SIGTERM)
             for t in tail:
                 t.join(120)
-            rc = proc.wait(120)
+            rc = server.proc.wait(120)
         finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+            server.stop(kill=True)  # SIGKILL if it still runs, and its process group
         log_bytes = log.stat().st_size
         tracebacks = log.read_text(errors="replace").count("Traceback")
     warm = [r for t, r in rss if t >= args.seconds * 0.2] or [r for _, r in rss]

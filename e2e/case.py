@@ -32,6 +32,7 @@ from typing import Any, Callable
 
 from e2e.case_params import judge, judged, served_of
 from e2e.client import Answer, Rejected
+from e2e.scenarios.params import eos_of
 from verdicts import Same
 
 __all__ = ["Case", "ddmin", "kind_of", "replay", "shrink", "write"]
@@ -144,8 +145,7 @@ def _send(run, live, same: Same, params: list, q: dict[str, Any]) -> None:
         except Rejected as exc:
             outcome = exc
         if getattr(run.oracle, "exact", False) and judged(q["body"]):  # a float target's near-ties: the session's
-            eos = int(getattr(getattr(run.oracle, "module", None), "EOS", 256))
-            params.append((q["body"], judge(q["body"], q["path"], outcome, run.oracle, run.rows, eos)))
+            params.append((q["body"], judge(q["body"], q["path"], outcome, run.oracle, run.rows, eos_of(run))))
     elif kind == "hang_up":
         run.serial_ends("a stream hung up (its abort's timing)")
         live.client.hang_up(q["prompt"], q["chunks"], q["max_tokens"], ignore_eos=q["ignore_eos"])

@@ -26,6 +26,7 @@ import httpx
 from e2e.metrics import Ledger, Sent
 from e2e.session import Session, tls
 from e2e.watch import Hung, Watch
+from kern.errors import KernError
 
 __all__ = ["Answer", "Client", "Rejected", "Unanswerable", "hung_up", "never_sent"]
 
@@ -51,11 +52,11 @@ def never_sent(exc: BaseException) -> bool:
     return isinstance(exc, httpx.RemoteProtocolError) and "without sending a response" in str(exc)
 
 
-class Unanswerable(RuntimeError):
+class Unanswerable(KernError, RuntimeError):
     """A 200 whose body the gate cannot read as the contract's answer (no generated ids)."""
 
 
-class Rejected(RuntimeError):
+class Rejected(KernError, RuntimeError):
     """The server refused a request (an HTTP error status)."""
 
     def __init__(self, status: int, body: Any):

@@ -21,6 +21,8 @@ from typing import Any
 
 import httpx
 
+from kern.errors import KernError
+
 __all__ = ["CAPABILITIES", "CONTRACT", "Engine", "EngineError", "KERN_ONLY", "NEEDS", "PRESETS", "RUNS", "lacking",
            "step_lacking"]
 
@@ -73,7 +75,7 @@ PREFIXES: dict[str, tuple[str, ...]] = {"policy_": ("kern-policy",), "metrics_":
 """Per-session checks by prefix: policy_<session>, metrics_<session>."""
 
 
-class EngineError(ValueError):
+class EngineError(KernError, ValueError):
     """An engine declaration the gate cannot use: an unknown capability, another contract, a command
     without ``{port}``."""
 

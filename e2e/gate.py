@@ -1,8 +1,11 @@
 """One target through the gate: `kern test`, then each session's steps in order (SPEC §10).
 
-`Run` is the target's context: its options, oracles, checks, the sessions it started and what
-earlier steps found (cold answers, turn-2 ids and hits) for later ones. Any exception in a step
-ends the target with a gated ``error`` check; a server that exited says so with its exit code.
+`Run` is one lane's view of a target: its options, oracles and checks, the session it has open, and
+what its own sessions told and it reports. A lane's `Run` is its thread's alone: what a step gives
+later steps (cold answers, turn-2 ids and hits, ...) is its typed result (`e2e/results.py`), handed
+by the plan to the steps that depend on it, and the lanes' reports are folded into the target's run
+once every lane ended. Any exception in a step ends the target with a gated ``error`` check; a
+server that exited says so with its exit code.
 
 A target with `stages = N` (N > 1) has every server started with ``--stages N``: a pipeline head and
 N-1 stage processes, otherwise the same sessions and flags. `Run.served` records how every serial
@@ -13,14 +16,13 @@ all-serial session's hit counters, so a staged target's can be held to its singl
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import threading
 import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 from e2e import metrics
 from e2e.checks import Checks
@@ -28,12 +30,16 @@ from e2e.client import Answer, Client, Rejected
 from e2e.config import GateTarget
 from e2e.engine import Engine, step_lacking
 from e2e.policy import PolicyGate
+from e2e.results import Opened
 from e2e.session import ServerExited, Session, Unavailable, merge_flags, server_command, split_flags, unused_port
+from e2e.spawn import Processes, Spawner
 from e2e.stats import Stats
+from kern.errors import KernError
 from verdicts.policy import POLICY_COUNTERS
 
-__all__ = ["Found", "Options", "Run", "Untold", "lanes", "run_target"]
+__all__ = ["MissingResult", "Options", "Run", "Untold", "lanes", "run_target"]
 
+T = TypeVar("T")
 HIT_COUNTERS = POLICY_COUNTERS  # what a session's hits come to (resident/host hits and tokens, parks, ...)
 HOST_CHUNK = 98_307  # the host tier's piece size in the gate: 1.5 toy-paged pages and 3 bytes (odd), so
 # parks and wakes cross piece edges all the time, on the CPU as on the GPU (runtime/host_arena.py)
@@ -75,28 +81,15 @@ class Options:
         if self.engine is None:
             self.engine = Engine.own(self.kern)
 
-    def spawner(self, staged: bool = False) -> Any:
-        """What starts our own kern's commands: the hosts (a staged server starts processes of its
-        own, so it is forked from the zygote), else the zygote, else None (a fresh process each)."""
+    def spawner(self, staged: bool = False) -> Spawner:
+        """What starts the commands under test (`e2e/spawn.py`): an engine's, a fresh process each in the
+        gate's environment; our own kern's, the hosts (a staged server starts processes of its own, so
+        it is forked from the zygote), else the zygote, else a fresh process each (this checkout's)."""
+        if self.engine.external:
+            return Processes.engine()
         if self.hosts is not None and not staged:
             return self.hosts
-        return self.zygote
-
-
-@dataclass
-class Found:
-    """What earlier steps found, for later ones (in any lane): cold answers, first-turn requests,
-    the suffix and turn-2 answers, the host session's cold answers, the burst's acceptance."""
-    cold: list[Answer] = field(default_factory=list)
-    first_turns: dict[int, list[str]] = field(default_factory=dict)
-    suffix: list[int] = field(default_factory=list)
-    turn2: list[dict[str, Any]] = field(default_factory=list)
-    host_cold: list[list[int]] = field(default_factory=list)
-    burst: dict[str, Any] = field(default_factory=dict)
-
-
-def _found(name: str) -> property:
-    return property(lambda self: getattr(self.found, name), lambda self, v: setattr(self.found, name, v))
+        return self.zygote or Processes.project()
 
 
 @dataclass
@@ -110,6 +103,8 @@ class Live:
 
 @dataclass
 class Run:
+    """One lane's view of a target, used by that lane's thread alone (`run_target`); the target's own
+    run, once every lane ended, holds what they all reported (`fold`)."""
     target: GateTarget
     opts: Options
     oracle: Any
@@ -120,7 +115,7 @@ class Run:
     counters: dict[str, dict[str, Any]] = field(default_factory=dict)
     server_facts: dict[str, dict[str, Any]] = field(default_factory=dict)  # /stats facts per session
     live: Live | None = None
-    found: Found = field(default_factory=lambda: Found())  # what earlier steps found: shared by every lane
+    results: dict[type, Any] = field(default_factory=dict)  # what the step's deps gave (`got`): e2e/results.py
     snapshots: dict[str, str | None] = field(default_factory=dict)  # this lane's answers' snapshot news
     # what serial steps were answered, for the staged targets' comparison (e2e/stages.py)
     step: str = ""
@@ -133,18 +128,47 @@ class Run:
     times: dict[str, float] = field(default_factory=dict)  # where the target's time went: seconds by part
     cpu: dict[str, float] = field(default_factory=dict)  # CPU seconds (user + sys) of each session's server, forked ones
 
-    cold = _found("cold")
-    first_turns = _found("first_turns")
-    suffix = _found("suffix")
-    turn2 = _found("turn2")
-    host_cold = _found("host_cold")
-    burst = _found("burst")
-
     def lane(self) -> "Run":
-        """A view of this run for one lane (`run_target`): its own open session, step, checks, served
-        answers and snapshots; the target, options, oracles, facts, counters and `found` shared."""
-        return dataclasses.replace(self, live=None, checks=self.checks.fork(), snapshots={}, step="",
-                                   serial=True, served=[])
+        """A fresh view of this run's target for one lane (`run_target`): the same target, options and
+        oracles (read only), its own checks, and nothing else of this run's."""
+        return Run(self.target, self.opts, self.oracle, self.runner, self.checks.fork(), self.echo)
+
+    def got(self, kind: type[T]) -> T:
+        """The result of type `kind` a step this one depends on gave (`e2e/results.py`)."""
+        found = self.results.get(kind)
+        if found is None:
+            raise MissingResult(f"step {self.step or '?'} reads {kind.__name__}, which no step it depends on "
+                                "gave (its Step's deps in e2e/scenarios/__init__.py)")
+        return found
+
+    def opened(self, name: str) -> Opened:
+        """What session `name`'s server told as it started (for the lanes whose flags read it)."""
+        return Opened(name, dict(self.facts.get(name) or {}), dict(self.server_facts.get(name) or {}),
+                      tuple(self.stage_page_bytes.get(name, ())))
+
+    def take(self, opened: Opened | None) -> None:
+        """Another lane's first session's start, as this lane's own record of it."""
+        if opened is None:
+            return
+        self.facts.setdefault(opened.session, dict(opened.facts))
+        self.server_facts.setdefault(opened.session, dict(opened.server_facts))
+        if opened.stage_page_bytes:
+            self.stage_page_bytes.setdefault(opened.session, list(opened.stage_page_bytes))
+
+    def fold(self, lane: "Run") -> None:
+        """Take in what a lane reported once it ended: its checks, answers, facts, counters, scripts,
+        hits, times and CPU (a session's are only in its lane; times and CPU add up)."""
+        self.checks.extend(lane.checks)
+        self.served.extend(lane.served)
+        for mine, theirs in ((self.facts, lane.facts), (self.counters, lane.counters),
+                             (self.server_facts, lane.server_facts), (self.stage_page_bytes, lane.stage_page_bytes),
+                             (self.scripts, lane.scripts), (self.session_hits, lane.session_hits)):
+            for k, v in theirs.items():
+                mine.setdefault(k, v)
+        for mine, theirs in ((self.times, lane.times), (self.cpu, lane.cpu)):
+            for k, v in theirs.items():
+                mine[k] = round(mine.get(k, 0.0) + v, 2)
+        self.unserial |= lane.unserial
 
     @property
     def dir(self) -> Path:
@@ -199,7 +223,7 @@ class Run:
         cmd, port = self.command(name, flags)
         e = o.engine
         s = Session(name, cmd, port, self.dir / f"server-{name}.log", load_timeout=o.load_timeout,
-                    zygote=None if e.external else o.spawner(staged=self.target.stages > 1),
+                    spawner=o.spawner(staged=self.target.stages > 1),
                     weight=DEFAULT_WEIGHT if name == "default" else 1, health=e.external)
         try:
             facts = s.start()
@@ -358,21 +382,29 @@ def lanes(steps: list, at_once: bool = True) -> list[list]:
 _LEARN = threading.Lock()  # an engine's capabilities are asked once, by the first session to start
 
 
-class Untold(RuntimeError):
+class MissingResult(KernError, LookupError):
+    """A step read a result (`Run.got`) that none of the steps it depends on gives."""
+
+
+class Untold(KernError, RuntimeError):
     """A server with /stats answered without the `kern` fields that say a request's tier, snapshot
     and wake: the gate cannot prove its tiers from the API, so the target fails."""
 
 
-class _DepFailed(Exception):
+class _DepFailed(KernError):
     """A step this lane needs did not complete (its lane recorded why): the lane stops quietly."""
 
 
 @dataclass
 class _Plan:
-    """What the lanes of one target share: each step's completion, the first session's start (the
-    facts every other session's flags read), and whether the target is stopping."""
+    """What the lanes of one target share: each step's completion and typed result, the first
+    session's start (the facts every other session's flags read), and whether the target is stopping.
+    A result and the start are written once, before the event that tells they are there is set."""
     names: set[str]
     base_lane: int | None
+    needs: dict[str, tuple[str, ...]] = field(default_factory=dict)  # each step's deps, direct and through them
+    results: dict[str, Any] = field(default_factory=dict)  # each completed step's result (e2e/results.py)
+    base: Opened | None = None  # the first session's start
     ended: dict[str, threading.Event] = field(default_factory=dict)
     completed: set[str] = field(default_factory=set)
     based: threading.Event = field(default_factory=threading.Event)
@@ -389,8 +421,15 @@ class _Plan:
                 if d not in self.completed:
                     raise _DepFailed(d)
 
-    def end(self, name: str, ok: bool, why: str = "", lacks: list[str] | None = None) -> None:
+    def given(self, name: str) -> dict[type, Any]:
+        """The results step `name` may read: those its deps (direct and through them) gave, by type."""
+        found = (self.results.get(d) for d in self.needs.get(name, ()))
+        return {type(r): r for r in found if r is not None}
+
+    def end(self, name: str, ok: bool, why: str = "", lacks: list[str] | None = None, result: Any = None) -> None:
         if ok:
+            if result is not None:
+                self.results[name] = result
             self.completed.add(name)
         else:
             self.why.setdefault(name, why)
@@ -416,7 +455,7 @@ def run_target(run: Run, steps: list, at_once: bool = True) -> str | None:
     answers come back in lane order, whatever order the lanes finish in."""
     split = lanes(steps, at_once)
     first = next((i for i, lane in enumerate(split) if any(st.session for st in lane)), None)
-    plan = _Plan({st.name for st in steps}, first)
+    plan = _Plan({st.name for st in steps}, first, _needs(steps))
     plan.ended = {st.name: threading.Event() for st in steps}
     if first is None:
         plan.based.set()
@@ -434,14 +473,26 @@ def run_target(run: Run, steps: list, at_once: bool = True) -> str | None:
         plan.stopping = True
         raise
     for v in views:
-        run.checks.extend(v.checks)
-        run.served.extend(v.served)
+        run.fold(v)
     if plan.unavailable is not None:
         return plan.unavailable
     if plan.errors:
         run.checks.add("error", False, "; ".join(plan.errors)[:2000])
     _unjudged(run, steps, plan)
     return None
+
+
+def _needs(steps: list) -> dict[str, tuple[str, ...]]:
+    """Each step's deps in the plan, direct and through them, in plan order."""
+    names = [st.name for st in steps]
+    direct = {st.name: {d for d in st.deps if d in names} for st in steps}
+    out: dict[str, tuple[str, ...]] = {}
+    for st in steps:  # plan order: a dep's own needs are known before the step's
+        seen = set(direct[st.name])
+        for d in direct[st.name]:
+            seen.update(out.get(d, ()))
+        out[st.name] = tuple(n for n in names if n in seen)
+    return out
 
 
 def _unjudged(run: Run, steps: list, plan: _Plan) -> None:
@@ -491,37 +542,11 @@ def _run_lane(run: Run, steps: list, plan: _Plan, index: int) -> None:
     try:
         if index != plan.base_lane and any(st.facts for st in steps):
             plan.based.wait()  # every session's flags read the first session's facts
+            run.take(plan.base)
         for step in steps:
             if plan.stopping:
                 raise _DepFailed("the target is stopping")
-            deps = tuple(d for d in step.deps if d in plan.names)
-            lacks = _step_lacks(run, step, plan, deps)
-            if lacks:  # docs/engine-contract.md: its checks are skipped, never run half-way or failed
-                for name in step.checks:
-                    run.checks.skip(name, lacks)
-                plan.end(step.name, False, f"the engine lacks {', '.join(lacks)}", lacks)
-                done += 1
-                continue
-            if step.session is not None and (run.live is None or run.live.session.name != step.session):
-                if not step.early:
-                    plan.wait(deps)  # its flags may read what they find (answer lengths, ...)
-                _busy(run, lane_key, f"starting the {step.session} session's server")
-                try:
-                    _switch(run, step, spent)
-                finally:
-                    if index == plan.base_lane:
-                        plan.based.set()
-            plan.wait(deps)
-            t0 = time.monotonic()
-            _busy(run, lane_key, f"step {step.name}")
-            run.step, run.serial = step.name, step.serial
-            if not step.serial and step.session is not None:
-                run.unserial.add(step.session)
-            step.run(run)
-            if run.live is not None and run.live.policy is not None and run.live.policy.active:
-                run.live.policy.compare(step.name, run.live.client.stats())
-            spent(step.session or step.name, t0)
-            plan.end(step.name, True)
+            _one_step(run, step, plan, index == plan.base_lane, lane_key, spent)
             done += 1
         t0 = time.monotonic()
         name = run.live.session.name if run.live is not None else None
@@ -551,6 +576,43 @@ def _run_lane(run: Run, steps: list, plan: _Plan, index: int) -> None:
             plan.based.set()
         for i, step in enumerate(steps[done:]):
             plan.end(step.name, False, why if i == 0 else f"{steps[done].name} before it in its session failed")
+
+
+def _one_step(run: Run, step, plan: _Plan, base: bool, key: str, spent) -> None:
+    """One step of a lane: skipped if the engine lacks what it needs; else its session opened (its flags
+    given what its deps gave; on the `base` lane, the start told to the others), its deps waited for,
+    run, and its result handed to the plan for the steps that depend on it."""
+    deps = tuple(d for d in step.deps if d in plan.names)
+    lacks = _step_lacks(run, step, plan, deps)
+    if lacks:  # docs/engine-contract.md: its checks are skipped, never run half-way or failed
+        for name in step.checks:
+            run.checks.skip(name, lacks)
+        plan.end(step.name, False, f"the engine lacks {', '.join(lacks)}", lacks)
+        return
+    run.step, run.results = step.name, {}
+    if step.session is not None and (run.live is None or run.live.session.name != step.session):
+        if not step.early:
+            plan.wait(deps)  # its flags may read what they find (answer lengths, ...)
+            run.results = plan.given(step.name)
+        _busy(run, key, f"starting the {step.session} session's server")
+        try:
+            _switch(run, step, spent)
+            if base and plan.base is None:
+                plan.base = run.opened(step.session)
+        finally:
+            if base:
+                plan.based.set()
+    plan.wait(deps)
+    t0 = time.monotonic()
+    _busy(run, key, f"step {step.name}")
+    run.serial, run.results = step.serial, plan.given(step.name)
+    if not step.serial and step.session is not None:
+        run.unserial.add(step.session)
+    result = step.run(run)
+    if run.live is not None and run.live.policy is not None and run.live.policy.active:
+        run.live.policy.compare(step.name, run.live.client.stats())
+    spent(step.session or step.name, t0)
+    plan.end(step.name, True, result=result)
 
 
 def _switch(run: Run, step, spent) -> None:

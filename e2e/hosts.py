@@ -11,6 +11,12 @@ A staged target's server starts stage processes of its own, so the gate forks th
 instead (`e2e/cli.py`). If a host dies, its commands are reported killed (-9) and new ones go to the
 others; when none is left, `spawn` raises `ZygoteGone` (the session reports a server that could not
 start).
+
+The seam: `Hosts` is one of `e2e.spawn`'s spawners (`Hosts.start`), and the only code that starts
+`oracle.host` processes. A host process patches `threading.Thread.start` (every thread a command
+starts runs in that command's context: `serve.hosted.inherit_context`) and `sys.stdout`/`sys.stderr`
+(each command's output to its own log) process-wide: in the host process, never in the gate's. A
+gate without hosts (`--hosts 0`, the CPU's default) runs none of it.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from e2e.spawn import kern_args
 from e2e.zygote import Child, Zygote, ZygoteGone
 
 __all__ = ["Host", "Hosts"]
@@ -29,6 +36,7 @@ class Host(Zygote):
     """One `python -m oracle.host` process, spoken to as a zygote is."""
 
     hosted = True
+    how = " (a thread of one of the gate's hosts)"
     module = "oracle.host"
 
     def close(self) -> None:
@@ -44,9 +52,11 @@ class Host(Zygote):
 
 
 class Hosts:
-    """`n` hosts started at once; `spawn` picks the one whose running commands weigh least."""
+    """`n` hosts started at once; `spawn` picks the one whose running commands weigh least. An
+    `e2e.spawn.Spawner` (`start`): the one way the gate runs a command in a host's thread."""
 
     hosted = True
+    how = Host.how
 
     def __init__(self, n: int, env: dict[str, str], backend: str, config: Path | None = None,
                  warm: list[str] | tuple[str, ...] = (), log_dir: Path | None = None, ready_timeout: float = 600.0):
@@ -110,6 +120,10 @@ class Hosts:
                     continue  # that host died just now: the next one
                 self.weights.setdefault(host, {})[child.pid] = weight
                 return child
+
+    def start(self, cmd: list[str], log: Path, env: dict[str, str] | None = None, weight: int = 1) -> Child:
+        """The `e2e.spawn.Spawner` seam: `cmd` is this checkout's `kern` (`own_kern()` and its arguments)."""
+        return self.spawn(kern_args(cmd), log, env=env, weight=weight)
 
     def slowest(self) -> str:
         """The last host to be ready, its warm by part: "imports 1.2, device 0.9, targets 2.1 s"."""

@@ -10,8 +10,7 @@ from typing import Callable
 from e2e.checks import Checks
 from e2e.config import ConfigError, GateTarget, load_targets
 from e2e.gate import Options, Run
-from e2e.scenarios.kern_test import forked
-from e2e.session import own_kern
+from e2e.spawn import own_kern, run_command
 from oracle.cache import Cache, CommandRun, KernRun, kern_run_identity
 from oracle.probe import Prober
 from oracle.reference import PACKAGED_MODEL, Reference
@@ -31,7 +30,7 @@ def oracles_for(t: GateTarget, reference: Path | None, out: Path, backend: str, 
     ident = kern_run_identity(t.manifest, t.weights, backend)
     # a float target's divergences may be near-ties: the probe gives the runtime's logits at that step,
     # made in one of the gate's hosts when it has them (then this process makes no device context)
-    spawn = None if hosts is None else (lambda argv, log: forked(hosts, [*own_kern(), *argv], log, timeout))
+    spawn = None if hosts is None else (lambda argv, log: run_command(hosts, [*own_kern(), *argv], log, timeout))
     prober = Prober(t.manifest, t.weights, backend, out / t.name / "probes", ident, spawn) if t.floats else None
     runner = KernRun(t.manifest, t.weights, backend, Cache(out / t.name / "oracle.json", ident), prober=prober)
     if reference is None:

@@ -18,7 +18,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -27,9 +26,11 @@ from typing import Any
 import httpx
 
 from e2e.log import Log, kv
+from e2e.spawn import Processes, SpawnError, Spawner, kern_args, own_kern, project_env
+from kern.errors import KernError
 
-__all__ = ["STARTED", "ServerExited", "ServerError", "Session", "Unavailable", "free_port", "merge_flags", "tls", "unused_port",
-           "kern_args", "own_kern", "project_env", "server_command", "split_flags", "stop_all"]
+__all__ = ["STARTED", "ServerExited", "ServerError", "Session", "Unavailable", "free_port", "launch", "merge_flags", "tls",
+           "unused_port", "kern_args", "own_kern", "project_env", "server_command", "split_flags", "stop_all"]
 
 EXIT_MEANINGS = {101: "scheduler crashed", -9: "killed", -15: "terminated"}
 SERVER_LOG = "kern_serve=debug,kern_runtime=info"  # the RUST_LOG of a gated server
@@ -37,7 +38,7 @@ QUIET_LEVELS = ("warn", "warning", "error")  # `kern serve --log-level`s that wr
 PORT_IN_USE = ("address already in use", "errno 98", "errno 48", "only one usage of each socket address")
 
 
-class Unavailable(RuntimeError):
+class Unavailable(KernError, RuntimeError):
     """The session could not run for a reason outside the code under test (its port is taken, the gate
     is stopping); the gate reports the target skipped, not failed."""
 
@@ -68,7 +69,7 @@ def stop_all() -> int:
     return len(sessions)
 
 
-class ServerError(RuntimeError):
+class ServerError(KernError, RuntimeError):
     """A server that could not be brought up (timeout, never ready)."""
 
 
@@ -155,25 +156,38 @@ def merge_flags(*layers: list[tuple[str, list[str]]]) -> list[str]:
 
 
 class Session:
-    """One server process: `start` waits for ready, `stop` sends SIGTERM (kill after `term_timeout`)."""
+    """One server: `start` has its `spawner` start `cmd` (a fresh process by default: `e2e/spawn.py`)
+    and waits for ready, `stop` sends SIGTERM (kill after `term_timeout`) and takes its process group.
+
+    `health`: ready when ``GET /health`` answers 200 (an engine under the contract, told its port; or,
+    with port 0, once the ``serving`` line names it). `env` is laid over the spawner's environment
+    (default: our server's debug lines, ``RUST_LOG``; nothing for an engine under the contract).
+    `header`: the log's first line is the command (``$ ...``) and where it runs."""
 
     def __init__(self, name: str, cmd: list[str], port: int, log_path: str | Path,
                  host: str = "127.0.0.1", load_timeout: float = 600.0, term_timeout: float = 60.0,
-                 zygote=None, weight: int = 1, health: bool = False):
+                 spawner: Spawner | None = None, weight: int = 1, health: bool = False,
+                 env: dict[str, str] | None = None, header: bool = True):
         self.name = name
-        self.health = health  # an engine under the contract: ready when GET /health answers 200
+        self.health = health
         self.weight = weight  # how much it loads the host it runs in (hosts: e2e/hosts.py)
         self.cmd = cmd
-        self.zygote = zygote  # an `e2e.zygote.Zygote` forks the server (cmd is then `own_kern()`'s)
+        self.spawner: Spawner = spawner or (Processes.engine() if health else Processes.project())
+        self.env = env if env is not None else ({} if health else {"RUST_LOG": SERVER_LOG})
+        self.header = header
         self.port = port
         self.host = host
         self.url = f"http://{host}:{port}"
         self.log = Log(log_path)
         self.load_timeout = load_timeout
         self.term_timeout = term_timeout
-        self.proc: subprocess.Popen | None = None
+        self.proc: Any = None  # the spawner's `e2e.spawn.Proc`
         self.facts: dict[str, Any] = {}
         self.exit_code: int | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return None if self.proc is None else self.proc.pid
 
     def start(self) -> dict[str, Any]:
         """Start the server and wait until it is ready; the facts it told (plus ``load_s``). Ready is told
@@ -181,16 +195,13 @@ class Session:
         HTTP (its facts from /stats); otherwise its ready and ``serving`` log lines, and HTTP."""
         self.log.path.parent.mkdir(parents=True, exist_ok=True)
         quiet = self.quiet()
-        if (quiet or self.health) and self.port == 0:  # no `serving` line will name its port: the gate picks one
+        if quiet and self.port == 0:  # no `serving` line will name its port: the gate picks one
             self.port = unused_port()
             self.url = f"http://{self.host}:{self.port}"
-            if quiet:
-                self.cmd = _with_port(self.cmd, self.port)
+            self.cmd = _with_port(self.cmd, self.port)
         t0 = time.monotonic()
         self._launch()
-        probe, wait, what = ((self._ready_health, 0.1, "GET /health not 200 (docs/engine-contract.md: readiness)")
-                             if self.health else (self._ready_quiet, 0.05, "not answering") if quiet
-                             else (self._ready_logged, 0.02, "not ready"))
+        probe, wait, what = self._probe(quiet)
         while True:
             try:
                 self.check()
@@ -209,36 +220,36 @@ class Session:
                                   + self.log.tail())
             time.sleep(wait)
 
+    def _probe(self, quiet: bool):
+        """How readiness is told: (the probe, seconds between tries, what a timeout says)."""
+        if self.health and self.port != 0:
+            return self._ready_health, 0.1, "GET /health not 200 (docs/engine-contract.md: readiness)"
+        if quiet:
+            return self._ready_quiet, 0.05, "not answering"
+        if self.health:
+            return self._ready_logged_health, 0.05, "not ready (GET /health not 200)"
+        return self._ready_logged, 0.02, "not ready"
+
     def _launch(self) -> None:
-        """The process (or a zygote's child, or a host's thread), its output to the session's log."""
-        # as the Rust kern gate driver starts servers: the debug lines the checks read (` parked `,
-        # ` admitted `, ` not kept `) are written; either server (ours reads it, see `kern serve --log-level`)
-        # an engine under the contract gets the gate's environment as it is (not this checkout on its path)
-        env = dict(os.environ, PYTHONUNBUFFERED="1") if self.health else dict(project_env(), RUST_LOG=SERVER_LOG)
+        """The command, started by the session's spawner, its output to the session's log."""
         with STARTED.lock:
             if STARTED.closed:
                 raise Unavailable("the gate is stopping")
             with open(self.log.path, "wb") as f:
-                how = ""
-                if self.zygote is not None:
-                    how = " (a thread of one of the gate's hosts)" if self.zygote.hosted else " (forked by the gate's zygote)"
-                f.write(("$ " + " ".join(self.cmd) + how + "\n").encode())
-                f.flush()
-                if self.zygote is not None:
-                    from e2e.zygote import ZygoteGone
-
-                    try:
-                        self.proc = self.zygote.spawn(kern_args(self.cmd), self.log.path, env={"RUST_LOG": SERVER_LOG},
-                                                      weight=self.weight)
-                    except ZygoteGone as exc:
-                        raise ServerError(f"server {self.name}: {exc}") from exc
-                else:
-                    self.proc = subprocess.Popen(self.cmd, stdout=f, stderr=subprocess.STDOUT,
-                                                 stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+                if self.header:
+                    f.write(("$ " + " ".join(self.cmd) + self.spawner.how + "\n").encode())
+            try:
+                self.proc = self.spawner.start(self.cmd, self.log.path, env=self.env, weight=self.weight)
+            except SpawnError as exc:
+                raise ServerError(f"server {self.name}: {exc}") from exc
             STARTED.sessions.add(self)
 
     def _ready_health(self) -> dict[str, Any] | None:
         return {} if self._healthy() else None
+
+    def _ready_logged_health(self) -> dict[str, Any] | None:
+        facts = self._ready_logged()
+        return facts if facts is not None and self._healthy() else None
 
     def _ready_quiet(self) -> dict[str, Any] | None:
         return self._api_facts() if self._answers() else None
@@ -349,26 +360,17 @@ class Session:
         self.stop()
 
 
-def project_env() -> dict[str, str]:
-    """The environment of a child `kern`: this checkout first on the path, so it runs the code gated."""
-    root = str(Path(__file__).resolve().parent.parent)
-    path = os.environ.get("PYTHONPATH")
-    return dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=root + (os.pathsep + path if path else ""))
-
-
-def own_kern() -> list[str]:
-    """The command that runs this checkout's `kern` (what `--kern` defaults to)."""
-    return [sys.executable, "-m", "oracle.cli"]
-
-
-def kern_args(cmd: list[str]) -> list[str]:
-    """`cmd`'s arguments after `own_kern()`: what a zygote is asked to run."""
-    base = own_kern()
-    if cmd[:len(base)] != base:
-        raise ValueError(f"not this checkout's kern: {cmd[:len(base)]}")
-    return cmd[len(base):]
-
-
 def server_command(kern: list[str] | None, config: Path, target: str, port: int, flags: list[str]) -> list[str]:
     base = kern or own_kern()
     return [*base, "--config", str(config), "serve", target, "--port", str(port), *flags]
+
+
+def launch(name: str, cmd: list[str], log_path: str | Path, **kw) -> Session:
+    """A started, ready `Session` (its arguments: `Session`'s); stopped again if it never got ready."""
+    s = Session(name, cmd, 0 if "port" not in kw else kw.pop("port"), log_path, **kw)
+    try:
+        s.start()
+    except BaseException:
+        s.stop(kill=True)
+        raise
+    return s

@@ -26,6 +26,8 @@ from typing import Any, Callable
 
 import httpx
 
+from kern.errors import KernError
+
 __all__ = ["Hung", "Watch", "WATCH_AFTER_S", "STALL_S", "STILL_S"]
 
 WATCH_AFTER_S = 2.0  # a request answered sooner is never watched (most are)
@@ -34,7 +36,7 @@ STILL_S = 5.0  # the step counter unchanged this long while the scheduler answer
 STALL_S = 180.0  # /stats unanswered this long while the request waits: the server stopped answering
 
 
-class Hung(RuntimeError):
+class Hung(KernError, RuntimeError):
     """A request the server holds without progress: its scheduler is idle and the request unanswered."""
 
 

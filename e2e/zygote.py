@@ -20,10 +20,12 @@ import threading
 import time
 from pathlib import Path
 
+from e2e.spawn import SpawnError, kern_args
+
 __all__ = ["Child", "Zygote", "ZygoteGone"]
 
 
-class ZygoteGone(RuntimeError):
+class ZygoteGone(SpawnError):
     """The zygote process is not running (it could not start, or it exited)."""
 
 
@@ -88,6 +90,7 @@ class Zygote:
     """One `python -m oracle.zygote` process; `spawn` is thread-safe (targets gated at once share it)."""
 
     hosted = False  # its children are processes (a `Host`'s are threads)
+    how = " (forked by the gate's zygote)"  # what a session's log header says of where it runs
     module = "oracle.zygote"
     log: Path | None = None  # where its own stderr goes, when somewhere (a host's: e2e/hosts.py)
 
@@ -188,6 +191,10 @@ class Zygote:
         if "pid" not in reply:
             raise ZygoteGone(f"the zygote refused a spawn: {reply.get('error', reply)}")
         return Child(self, int(reply["pid"]))
+
+    def start(self, cmd: list[str], log: Path, env: dict[str, str] | None = None, weight: int = 1) -> Child:
+        """The `e2e.spawn.Spawner` seam: `cmd` is this checkout's `kern` (`own_kern()` and its arguments)."""
+        return self.spawn(kern_args(cmd), log, env=env, weight=weight)
 
     def signal(self, pid: int, sig: int) -> None:
         """Ask the zygote to deliver `sig` to its child `pid` (a host's command: `Host`)."""

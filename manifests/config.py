@@ -13,6 +13,8 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kern.errors import KernError
+
 PACKAGED = Path(__file__).parent / "toy.toml"
 # toy-layers through pipeline stages: kept out of toy.toml, whose readers include the Rust kern gate
 # driver, which denies the unknown `stages` key (and with it the whole file)
@@ -22,7 +24,7 @@ TARGET_KEYS = {"manifest", "reference", "weights", "tokenizer", "kernels", "stag
 TOP_KEYS = {"targets", "gpu", "capacity", "kernels", "test", "run"}
 
 
-class ConfigError(ValueError):
+class ConfigError(KernError, ValueError):
     """A config that cannot be read, or a target it does not name."""
 
 

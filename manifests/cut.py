@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
+from kern.errors import KernError
 from manifests import expr
 from manifests.load import parse
 from manifests.schema import Call, Manifest, ManifestError
@@ -36,7 +37,7 @@ M64 = (1 << 64) - 1
 REFUSALS = ("only a workspace travels", "passes through", "touched by stages", "before the last stage")
 
 
-class CutError(ValueError):
+class CutError(KernError, ValueError):
     """A cut that cannot be made, and why."""
 
 

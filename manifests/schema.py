@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from kern.errors import KernError
+
 DTYPES = {"i32": 4, "i64": 8, "u8": 1, "f32": 4, "bf16": 2, "u64": 8}
 KINDS = ("input", "output", "inout", "weight", "source", "workspace", "carry")
 INPUT_FILLS = ("token", "position", "slot", "seq_len", "cu_seqlens")
@@ -17,7 +19,7 @@ AXES = ("rows", "groups")
 SCALARS = ("i32", "i64", "f32", "u8")
 
 
-class ManifestError(ValueError):
+class ManifestError(KernError, ValueError):
     """A manifest that does not parse or verify; `problems` names every field that is wrong."""
 
     def __init__(self, source: str, problems: list[str]):

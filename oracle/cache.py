@@ -22,7 +22,7 @@ from typing import Any, Iterable
 __all__ = ["RUNTIME_LOCK", "THREADSAFE_LAYERS", "runtime_lock", "threading_layer", "Cache", "CommandRun", "KernRun", "SOURCE_DIRS", "identity", "kern_run_identity", "key", "reference_identity"]
 
 ROOT = Path(__file__).resolve().parent.parent
-SOURCE_DIRS = ("runtime", "toy", "manifests", "oracle")
+SOURCE_DIRS = ("runtime", "toy", "manifests", "oracle", "kern")  # kern: the EOS the runtime stops at
 
 
 def key(ids: Iterable[int], steps: int, rows: int) -> str:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from kern.tokens import BYTES
 from manifests import ManifestError, load
 from manifests.config import ConfigError, resolve
 from runtime.backend import KernelError
@@ -143,7 +144,7 @@ def run(ctx, target, stages_dir, prompt, prompt_ids, steps, rows, chunk, backend
         click.echo(json.dumps({"target": name, **extra, "prompt_ids": ids, "ids": g.ids, "text": text, "rows": rows,
                                "rounds": g.rounds, "drafted": g.drafted, "accepted": g.accepted, "load": rt.load_report}))
         return
-    click.echo(bytes(t for t in ids if t < 256).decode("utf-8", "replace") + text)
+    click.echo(bytes(t for t in ids if t < BYTES).decode("utf-8", "replace") + text)
     click.echo(f"generated ids: {g.ids}", err=True)
 
 

@@ -25,6 +25,7 @@ from typing import Callable, Iterable
 
 import numpy as np
 
+from kern.errors import KernError
 from oracle.cache import runtime_lock
 
 __all__ = ["ProbeError", "Prober", "read", "write"]
@@ -32,7 +33,7 @@ __all__ = ["ProbeError", "Prober", "read", "write"]
 TAGS = ("chunk", "decode0")
 
 
-class ProbeError(RuntimeError):
+class ProbeError(KernError, RuntimeError):
     """A probe that could not be made or read."""
 
 

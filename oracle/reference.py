@@ -27,6 +27,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from kern.errors import KernError
 from oracle.cache import Cache
 from verdicts import evidence
 
@@ -35,7 +36,7 @@ __all__ = ["Reference", "ReferenceError", "load_model"]
 PACKAGED_MODEL = Path(__file__).resolve().parent.parent / "toy" / "model.py"
 
 
-class ReferenceError(ValueError):
+class ReferenceError(KernError, ValueError):
     """A reference module that cannot be loaded or lacks `generate`."""
 
 

@@ -13,10 +13,12 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+from kern.errors import KernError
+
 __all__ = ["Denied", "PoolError"]
 
 
-class PoolError(Exception):
+class PoolError(KernError):
     """A caller bug: the pool was asked something its handles forbid."""
 
 

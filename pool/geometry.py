@@ -9,12 +9,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from kern.errors import KernError
+
 __all__ = ["Geometry", "GeometryError", "chunk_size", "chunks_for"]
 
 MIB = 1 << 20
 
 
-class GeometryError(ValueError):
+class GeometryError(KernError, ValueError):
     """The tables disagree with the states (a provider bug)."""
 
 

@@ -392,6 +392,8 @@ class Prefix:
         last = self._last
         if last is not None and key.data is last.key.data and self._grow(key, store):
             return
+        if self._grow_found(key, store):
+            return
         node = self._node_for(key.data, n * WIDTH)
         e = node.entry
         if e is not None:
@@ -455,6 +457,35 @@ class Prefix:
         # _stamp: resident already, so its item is in the device heap
         last.used = self._clock
         old.release()
+        return True
+
+    def _grow_found(self, key: Tokens, store: Any) -> bool:
+        """`_grow`'s case for a key packed afresh (a server packs each checkpoint's key anew, and its
+        sequences interleave, so `_last` is usually another sequence's): the entry one page shorter is
+        found by walking the tree along the key, which also shows the key extends it; then it grows in
+        place as in `_grow`, its node taking the new key's buffer (equal bytes over the old edge)."""
+        unit, n = self.unit, key.n
+        if n <= unit or n % unit or store.has_slot:
+            return False
+        data, want = key.data, (n - unit) * WIDTH
+        node, at = self._root, 0
+        while at < want:
+            node = node.children.get(data[at:at + WIDTH])
+            if node is None or not data.startswith(node.edge, at, want):
+                return False  # no node ends exactly one page short of the key: no entry there
+            at = node.hi
+        last = node.entry
+        if (last is None or node.children or last.slot or last.device is None or last.host is not None
+                or last.key.n * WIDTH != want):
+            return False
+        node.set_edge(data, node.lo, n * WIDTH)
+        node.depth = n
+        old = last.device
+        last.key = key
+        last.device = store
+        last.used = self._clock  # resident already, so its item is in the device heap (as in _grow)
+        old.release()
+        self._last = last
         return True
 
     def lookup(self, tokens) -> Hit | None:

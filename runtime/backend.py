@@ -12,10 +12,11 @@ from typing import Any, Callable
 
 import numpy as np
 
+from kern.errors import KernError
 from runtime.host_arena import ChunkedArena, spans
 
 
-class KernelError(RuntimeError):
+class KernelError(KernError, RuntimeError):
     """A kernel failed to compile or run; the message names the op and entry."""
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from kern.errors import KernError
 from manifests import load
 from manifests.schema import Manifest
 from runtime.backend import Backend
@@ -23,7 +24,7 @@ from runtime.step import Cell
 from runtime.weights import bound_tensors, read_tensors
 
 
-class StagesError(ValueError):
+class StagesError(KernError, ValueError):
     """A stage directory that is not one whole cut: no stages, a missing stage, mixed cuts."""
 
 

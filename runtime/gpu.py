@@ -46,6 +46,13 @@ except ImportError as exc:  # the CUDA simulator needs no cupy; the backend does
     cp = None
 
 _MEMCPY_DEFAULT = 4  # cudaMemcpyDefault: direction from the pointers (unified addressing)
+# A step's uploads (tokens, positions, slots, lengths, changed page-table rows) are small: each goes
+# through a pinned staging ring, so its copy is only queued (from pageable memory the driver first
+# stages it itself, on the caller's time). When the ring is used up the stream is drained, after
+# which every queued copy out of it has landed and it is reused from the start. A small download (the
+# step's tokens) lands in pinned memory too and is copied out once the stream has drained.
+STAGING_BYTES = 1 << 20
+STAGED_MAX = 64 << 10  # an upload this size or under goes through the ring; a larger one (weights) directly
 
 # numba-cuda loads a kernel's module into the context at its first launch, and that is not safe for
 # two threads at once ("key already in dictionary"): several runtimes in one process (the servers of
@@ -139,6 +146,10 @@ class GpuBackend(Backend):
         self.xfer = cp.cuda.Stream(non_blocking=True)  # host-tier copies, both directions
         self.nb_stream = self.cuda.external_stream(self.stream.ptr)
         self._views: dict[tuple[int, int, str], object] = {}  # numba views of cupy arrays (see _nb)
+        self._staging: np.ndarray | None = None  # the pinned staging ring (made at the first small upload)
+        self._staged_at = 0  # where the ring's next upload goes
+        self._landing: np.ndarray | None = None  # pinned memory small downloads land in (made at the first)
+        self._staging_lock = threading.Lock()
 
     # -- memory ---------------------------------------------------------------------------------
 
@@ -166,15 +177,37 @@ class GpuBackend(Backend):
             else:
                 dst[: src.size] = src
             return
-        if src.size:
+        n = src.nbytes
+        if 0 < n <= STAGED_MAX:
+            with self._staging_lock:
+                if self._staging is None:
+                    self._staging = _pinned_zeros(STAGING_BYTES)
+                at = self._staged_at
+                if at + n > STAGING_BYTES:
+                    self.stream.synchronize()  # every copy out of the ring has landed: start it over
+                    at = 0
+                self._staging[at : at + n] = src.reshape(-1).view(np.uint8)
+                cp.cuda.runtime.memcpyAsync(dst.data.ptr, self._staging.ctypes.data + at, n, _MEMCPY_DEFAULT,
+                                            self.stream.ptr)
+                self._staged_at = (at + n + 255) & ~255
+        elif n:
             # from pageable memory the call returns once `src` is staged, so it may be freed after
-            cp.cuda.runtime.memcpyAsync(dst.data.ptr, src.ctypes.data, src.nbytes, _MEMCPY_DEFAULT, self.stream.ptr)
+            cp.cuda.runtime.memcpyAsync(dst.data.ptr, src.ctypes.data, n, _MEMCPY_DEFAULT, self.stream.ptr)
 
     def download(self, src, n: int) -> np.ndarray:
         if _is_host(src):
             self.xfer.synchronize()
             return src.read(0, n) if isinstance(src, ChunkedArena) else np.array(src[:n])
         out = np.empty(n, src.dtype)
+        if 0 < out.nbytes <= STAGED_MAX:  # a step's tokens: into pinned memory, then copied out once landed
+            with self._staging_lock:
+                if self._landing is None:
+                    self._landing = _pinned_zeros(STAGED_MAX)
+                cp.cuda.runtime.memcpyAsync(self._landing.ctypes.data, src.data.ptr, out.nbytes, _MEMCPY_DEFAULT,
+                                            self.stream.ptr)
+                self.stream.synchronize()
+                out.view(np.uint8)[:] = self._landing[: out.nbytes]
+            return out
         if n:
             cp.cuda.runtime.memcpyAsync(out.ctypes.data, src.data.ptr, out.nbytes, _MEMCPY_DEFAULT, self.stream.ptr)
         self.stream.synchronize()

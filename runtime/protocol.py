@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kern.errors import KernError
 from manifests.schema import Manifest
 
 
-class ProtocolError(ValueError):
+class ProtocolError(KernError, ValueError):
     """The manifest's programs cannot be driven as asked (a missing forward, a bad --rows)."""
 
 

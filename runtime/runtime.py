@@ -22,11 +22,17 @@ from manifests.schema import Manifest
 from runtime.backend import Backend, KernelError, map_kernel_exceptions
 from runtime.backends import make_backend
 from runtime.protocol import Protocol
-from runtime.step import Cell, LineTable, PageTable, bucket, stage
+from runtime.step import _IDS, Cell, LineTable, PageTable, bucket, stage
+from runtime.tables import NoPages, Resident
 from runtime.weights import bind, bound_tensors, read_tensors
 
 
 class Runtime:
+    # the serving core's Device (serve/device.py) beside step, logits and the plans: one process loses no stage
+    epoch = 0
+    broken = None
+    while_waiting = None  # never called: a step here waits on nothing else
+
     def __init__(
         self,
         manifest: Manifest,
@@ -69,7 +75,7 @@ class Runtime:
         for prog in m.programs.values():
             if prog.once:
                 for call in prog.calls:
-                    self._call(call, env)
+                    self.run_call(call, env)
 
         # states: paged arenas hold `pages` pages, lined arenas `slots` slots
         self.paged = [s for s in sorted(m.states.values(), key=lambda s: s.name) if s.paged]
@@ -95,6 +101,15 @@ class Runtime:
             LineTable(b.name, b.shape[0], m.states[b.domain.index_into].bytes_per_seq // b.domain.stride)
             for b in derive.line_tables(m)
         ]
+        # the page tables and slot map kept between steps (runtime/tables.py), unless a kernel writes a table
+        written = {a.value for prog in m.programs.values() for call in prog.calls
+                   for a, prm in zip(call.args, m.ops[call.op].params) if a.kind == "buf" and prm.writes}
+        self.resident: Resident | None = None
+        if (self.page_tables or self.fills.get("slot")) and not written & {t.name for t in self.page_tables}:
+            self.resident = Resident(self.unit, self.page_tables, self.groups_max,
+                                     {t.name: np.dtype(self.buffers[t.name].dtype) for t in self.page_tables})
+        self._widths = {t.name: t.width for t in self.page_tables}
+        self._forwards: dict[str, Any] = {}  # program -> its Forward (looked up once)
         self.pad: Cell | None = None
         # graphs: (program, bucket) -> a captured graph, or None where capture failed (run plainly)
         self.graphs = graphs
@@ -134,7 +149,7 @@ class Runtime:
                     live[name] = b.nbytes(env)
             widest = max(widest, sum(live.values()))
             for call in prog.calls:
-                self._call(call, env)
+                self.run_call(call, env)
             for name, at in readers.items():
                 if at[-1] == i:
                     be.synchronize()  # its last reader has run: free it
@@ -261,6 +276,14 @@ class Runtime:
 
     # -- running -----------------------------------------------------------------------------------
 
+    def hold_partial(self) -> bool:
+        """A partial prefill call never waits here (a pipeline holds one while full of items)."""
+        return False
+
+    def trouble(self) -> dict | None:
+        """Nothing for /health to report: one process has no stage to lose."""
+        return None
+
     def step(self, program: str, cells: list[Cell], arrive: dict | None = None, leave: dict | None = None) -> list[Cell]:
         """Run `program` over `cells`; fill each cell's `tokens`.
 
@@ -273,7 +296,9 @@ class Runtime:
         step's size)."""
         m = self.manifest
         prog = m.programs[program]
-        fwd = next(f for f in self.protocol.forwards if f.program == program)
+        fwd = self._forwards.get(program)
+        if fwd is None:
+            fwd = self._forwards[program] = next(f for f in self.protocol.forwards if f.program == program)
         if not cells:
             return cells
         per = len(cells[0].ids)
@@ -284,7 +309,7 @@ class Runtime:
             env = self._chunk_env(program, fwd, cells)
             padded, b = list(cells), n
         else:
-            if any(len(c.ids) != per for c in cells):
+            if len(set(map(len, map(_IDS, cells)))) != 1:
                 raise ValueError("every cell of a step feeds the same number of rows")
             if per != fwd.rows:
                 raise ValueError(f"program {program} takes {fwd.rows} row(s) per sequence, got {per}")
@@ -302,18 +327,40 @@ class Runtime:
         self.last_env = env
         pad_slot = self.pad.slot if self.pad is not None and self.pad.slot is not None else 0
         t0 = time.perf_counter()
-        host = stage(padded, per, self.unit, self.fills, self.page_tables, self.line_tables, self.groups_max, pad_slot)
+        res = self.resident
+        uniform = fwd.rows is not None  # a batched step: every cell feeds `per` rows (checked above)
+        try:
+            host = stage(padded, per, self.unit, self.fills, self.page_tables, self.line_tables, self.groups_max,
+                         pad_slot, res, uniform)
+        except NoPages:  # a cell with no pages (no page-table row): staged whole, the rows rebuilt next time
+            res.invalidate()
+            res = None
+            host = stage(padded, per, self.unit, self.fills, self.page_tables, self.line_tables, self.groups_max,
+                         pad_slot, uniform=uniform)
         t1 = time.perf_counter()
         be = self.backend
+        widths = self._widths if res is not None else {}
         for name, arr in host.items():
             buf = self.buffers[name]
-            be.upload(buf, arr.astype(buf.dtype, copy=False))
+            w = widths.get(name)
+            if w is None:
+                be.upload(buf, arr.astype(buf.dtype, copy=False))
+            else:  # a resident table: only the rows rewritten since the buffer last got them
+                runs = res.dirty
+                if len(runs) > 2:  # scattered rows: one copy from the first to the last (the rows
+                    runs = [(runs[0][0], runs[-1][1])]  # between hold what the buffer holds)
+                for lo, hi in runs:
+                    be.upload(buf[lo * w : hi * w], arr[lo * w : hi * w])
+        if self.resident is not None and res is None and self.page_tables:
+            self.resident.invalidate()
         for name, arr in (arrive or {}).items():
             buf = self.buffers[name]
             be.upload(buf, np.asarray(arr).reshape(-1).view(buf.dtype))
+            if name in self._widths and self.resident is not None:
+                self.resident.invalidate()
         t2 = time.perf_counter()
         m0 = be.mark()
-        self._run_calls(program, b, lambda: [self._call(call, env) for call in prog.calls], prog.graph)
+        self._run_calls(program, b, lambda: [self.run_call(call, env) for call in prog.calls], prog.graph)
         m1 = be.mark()
         t3 = time.perf_counter()
         for name in leave or ():
@@ -321,9 +368,17 @@ class Runtime:
         if fwd.emits:
             k = fwd.width
             toks = be.download(self.buffers[fwd.emits], b * k)
-            counts = be.download(self.buffers[fwd.count], b) if fwd.count else np.ones(b, np.int64)
-            for g, c in enumerate(cells):
-                c.tokens = [int(t) for t in toks[g * k : g * k + int(counts[g])]]
+            got = toks.tolist()
+            if fwd.count:
+                counts = be.download(self.buffers[fwd.count], b).tolist()
+                for g, c in enumerate(cells):
+                    c.tokens = got[g * k : g * k + counts[g]]
+            elif k == 1:
+                for c, t in zip(cells, got):
+                    c.tokens = [t]
+            else:
+                for g, c in enumerate(cells):
+                    c.tokens = got[g * k : g * k + 1]
         else:
             for c in cells:
                 c.tokens = []
@@ -376,7 +431,8 @@ class Runtime:
             env[fwd.context] = ctx
         return env
 
-    def _call(self, call, env: dict[str, int]) -> None:
+    def run_call(self, call, env: dict[str, int]) -> None:
+        """One call of a program: its arguments bound (buffers, states, vars, expressions), its kernels launched."""
         m = self.manifest
         op = m.ops[call.op]
         vals: list[Any] = []

@@ -11,6 +11,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable
 
+from kern.errors import KernError
+from kern.tokens import EOS
 from manifests.derive import page_tables, page_unit, reach
 from manifests.schema import Manifest
 from runtime.chain import Chain
@@ -18,10 +20,8 @@ from runtime.protocol import ProtocolError
 from runtime.runtime import Runtime
 from runtime.step import Cell
 
-EOS = 256
 
-
-class RequestError(ValueError):
+class RequestError(KernError, ValueError):
     """A request the target cannot run: ids outside the vocabulary, over the reach, a bad chunk."""
 
 

@@ -12,12 +12,13 @@ import hashlib
 
 import numpy as np
 
+from kern.errors import KernError
 from manifests.schema import Manifest
 
 _DT = {"i64": np.int64, "i32": np.int32, "u8": np.uint8, "f32": np.float32}
 
 
-class WeightsError(ValueError):
+class WeightsError(KernError, ValueError):
     """A weight that cannot be bound: a missing file or tensor, or a size or dtype that disagrees."""
 
 

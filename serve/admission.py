@@ -1,6 +1,9 @@
 """Room for one request (SPEC §6 "Room"): look the prefix up, ask the pool once for the whole
 request; on Busy release the hit, evict once, look up again and ask again; on Remapping land the plan
 and ask again. A resident hit restores into the lease, a parked hit is woken straight into it.
+
+`lookup`, `checkpoint`, `on_remapping`, `too_long`, `restore_copy` and `parker` are hook points: each
+does the correct thing, and `serve/faults.py` replaces one (at start) for a fault that stands for a bug.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ WAIT = "wait"
 
 
 class Admission:
+    WAIT = WAIT  # the verdict that leaves a request waiting (what a hook may answer)
+
     def __init__(self, engine: Engine, counters: Counters, log=logs.event) -> None:
         self.engine = engine
         self.counters = counters
@@ -36,32 +41,27 @@ class Admission:
             # no prefill call could ever seat its last chunk: waiting would be forever
             return (400, f"this prompt's prefill reaches {fed} tokens; the manifest's context bound is "
                     f"{e.context}", "context_length_exceeded", None)
-        hit = self._lookup(req.ids)
+        hit = self.lookup(req.ids)
         while True:
             got = self._ask(req, hit)
             if isinstance(got, Lease):
                 break
             if got == Denied.Remapping:
-                if "no-remap" not in e.faults:
-                    self.land()
+                got = self.on_remapping()
+                if got is None:
                     continue
-                got = Denied.Busy  # the fault: the plan is never landed, the request waits as on Busy
             if hit is not None:
                 hit.release()
                 hit = None
             if got == Denied.Busy:
                 if not self.evict():
                     return WAIT
-                hit = self._lookup(req.ids)
+                hit = self.lookup(req.ids)
                 continue
             if got == Denied.ExceedsPool:
                 return (400, f"this request needs room for {req.room} tokens, which no layout of the pool "
                         f"holds with a sequence slot", "kv_budget_exceeded", None)
-            if "pad-in-limit" in e.faults and req.room <= e.pages * e.unit:
-                return WAIT  # the fault's limit says it fits once room frees: it never does
-            limit = got.limit if got.limit is not None else e.max_request_tokens
-            return (400, f"this request needs room for {req.room} tokens (prompt + max_tokens + rows - 1); "
-                    f"one sequence holds at most {limit}", "context_length_exceeded", None)
+            return self.too_long(req, got)
         req.lease = got
         self.counters.queried += len(req.ids)  # /metrics' prefix-cache queries: once per admitted request
         if hit is not None:
@@ -89,12 +89,32 @@ class Admission:
             req.anchor = req.emitted[-1]
         return None
 
-    def _lookup(self, ids: list[int]):
-        hit = self.engine.prefix.lookup(ids)
-        if hit is not None and hit.tier is Tier.HOST and "drop-wake" in self.engine.faults:
-            hit.release()
-            return None
-        return hit
+    # hook points (serve/faults.py replaces one for a fault)
+
+    def lookup(self, ids: list[int]):
+        """The index's longest hit for `ids` (resident or parked), or None."""
+        return self.engine.prefix.lookup(ids)
+
+    def on_remapping(self) -> Denied | None:
+        """The pool wants its pending remap landed before it leases: land it (None: ask again)."""
+        self.land()
+        return None
+
+    def too_long(self, req: Request, got: Denied) -> tuple[int, str, str, str | None] | str:
+        """The answer to a request one sequence cannot hold: a 400 naming the limit."""
+        limit = got.limit if got.limit is not None else self.engine.max_request_tokens
+        return (400, f"this request needs room for {req.room} tokens (prompt + max_tokens + rows - 1); "
+                f"one sequence holds at most {limit}", "context_length_exceeded", None)
+
+    def restore_copy(self, copies) -> None:
+        """Copy a resident hit's partial page and line into the lease."""
+        self.engine.runtime.copy(copies)
+
+    def parker(self):
+        """How an evicted snapshot is parked (None: dropped): to the host tier when there is one."""
+        return self._park if self.engine.host is not None else None
+
+    # the rest
 
     def _ask(self, req: Request, hit) -> Lease | Denied:
         e, rt = self.engine, self.engine.runtime
@@ -108,8 +128,7 @@ class Admission:
             if isinstance(got, Denied):
                 return got
             lease, copies = got
-            if "skip-restore-copy" not in e.faults:
-                rt.copy(copies)
+            self.restore_copy(copies)
             return lease
         got = e.host.restore(hit.store, e.pool, hit.len, req.room)
         if isinstance(got, Denied):
@@ -137,9 +156,7 @@ class Admission:
 
     def evict(self) -> bool:
         """Park (or drop) the coldest resident snapshot; False when nothing is resident."""
-        e = self.engine
-        park = self._park if e.host is not None and "no-park" not in e.faults else None
-        ev = e.prefix.evict(park)
+        ev = self.engine.prefix.evict(self.parker())
         if ev is None:
             return False
         if ev.parked:

@@ -67,7 +67,10 @@ def bind(host: str, port: int):
     import socket
 
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # proto named: asyncio sets TCP_NODELAY only on sockets whose proto is IPPROTO_TCP (a proto of 0,
+    # socket.socket's default, left Nagle on: every answer written in two parts waited 40 ms for the
+    # client's delayed ACK). serve/guard.py sets it on each connection as well.
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does: TIME_WAIT is no obstacle
         sock.bind((host, port))

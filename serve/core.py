@@ -18,6 +18,10 @@ Commit applies the checkpoint policy (SPEC §7): a paged manifest checkpoints th
 completed unless the step ends the request; a lined one retires its lease into one snapshot at stop
 or length, kept only when nothing the client never receives was folded (a lone stop token on a stop
 is fine).
+
+The core steps `self.device` (the engine's runtime, a `serve.device.Device`). `release_aborted`,
+`retire` and `tell` are hook points: each does the correct thing, and `serve/faults.py` replaces one (at
+start, with the device wrapped for the step-level faults) for a fault that stands for a bug.
 """
 
 from __future__ import annotations
@@ -31,14 +35,10 @@ from runtime.step import Cell
 from serve import logs
 from serve.admission import WAIT, Admission
 from serve.engine import Engine
-from serve.faults import runner_up
 from serve.pack import Bounds, Waiting, pack
-from serve.request import EOS, Done, Request, Status, Update
+from serve.request import Done, Request, Status, Update
 from serve.stats import Counters
 
-SLOW_STEP_S = 0.02  # the slow-steps fault's extra time per step
-WEDGE_S = 600.0  # the wedge-step fault's step (bounded, so a hosted server's thread ends some day)
-LONG_STEP_S = 12.0  # the long-first-step fault's extra time, once: longer than the watch's first poll and STILL_S together
 QUEUE_SHOWN = 32  # request names /stats lists per queue (the gate names a stuck request from them)
 
 __all__ = ["Core", "Flight", "Plan", "Work", "snapshot_holdings"]
@@ -90,13 +90,10 @@ class Core:
         self.cut_off = 0  # requests cut off by a drain's deadline
         self.in_flight: set[int] = set()  # id() of requests in a launched, uncommitted step
         self._aborted: list[Request] = []  # aborts that arrived while their request was in flight
-        self._leaked: list = []
-        self._first_step_done = False
         self.step_since: float | None = None  # monotonic start of the runtime step in progress (read off-thread)
-        self._long_done = False  # the long-first-step fault's one long step was taken
         self.lost: tuple | None = None  # a pipeline stage was lost for good: the error every request gets
         self.losses = self.requeued = self.lost_answered = 0  # state lost; requests requeued; answered an error
-        rt = engine.runtime
+        self.device = rt = engine.runtime  # what the steps run on (serve/faults.py may wrap it)
         self.emits = rt.protocol.prefill_emits
         self.prefill_program = rt.protocol.chunk().program
         self.step_forward = rt.protocol.forward(1, engine.rows)
@@ -134,10 +131,7 @@ class Core:
             self.waiting.remove(req)
         elif req.status is Status.RUNNING:
             self.running.remove(req)
-            if "leak-lease" in self.engine.faults:
-                self._leaked.append(req.lease)
-            else:
-                req.lease.release()
+            self.release_aborted(req.lease)
             req.lease = None
         else:
             return
@@ -220,13 +214,12 @@ class Core:
     def schedule(self) -> Plan:
         plan = Plan()
         e = self.engine
-        ready = [r for r in self.running if id(r) not in self.in_flight]
+        ready = [r for r in self.running if id(r) not in self.in_flight] if self.in_flight else list(self.running)
         prefilling = [r for r in ready if r.prefilling]
         if e.pack:
             # one call packing the oldest prompts' next rows (pack() stops rather than skipping)
             got = pack([Waiting(r.pos, r.fed_end - r.pos) for r in prefilling], self.bounds)
-            hold = getattr(e.runtime, "hold_partial", None)
-            if got and sum(n for _, n in got) < e.chunk and hold is not None and hold():
+            if got and sum(n for _, n in got) < e.chunk and self.device.hold_partial():
                 got = []  # a pipeline full of items: a partial call waits for more rows or an answer
             plan.prefill = [[(prefilling[i], n) for i, n in got]] if got else []
         else:
@@ -237,7 +230,10 @@ class Core:
                 n = min(budget, req.fed_end - req.pos)
                 plan.prefill.append([(req, n)])
                 budget -= n
-        plan.step = [r for r in ready if r.stepping or (r.prefilling and self._ends_prefill(r, plan))]
+        if prefilling:
+            plan.step = [r for r in ready if r.stepping or (r.prefilling and self._ends_prefill(r, plan))]
+        else:
+            plan.step = [r for r in ready if r.stepping]
         return plan
 
     def _ends_prefill(self, req: Request, plan: Plan) -> bool:
@@ -251,15 +247,16 @@ class Core:
 
     def launch(self, work: Work) -> Flight:
         """Run `work`'s step on the runtime from its requests' state; they are in flight until `commit`."""
-        for r in work.reqs:
-            assert id(r) not in self.in_flight, f"request {r.id} launched twice before its commit"
+        if not self.in_flight.isdisjoint(map(id, work.reqs)):
+            for r in work.reqs:
+                assert id(r) not in self.in_flight, f"request {r.id} launched twice before its commit"
         if work.kind == PREFILL:
             cells = [Cell(r.lease.pages, r.lease.slot, r.fed(r.pos, r.pos + n), r.pos) for r, n in zip(work.reqs, work.ns)]
             self._step(self.prefill_program, cells)
             self.counters.add("prefill_calls")
-            self.in_flight.update(id(r) for r in work.reqs)
+            self.in_flight.update(map(id, work.reqs))
             return Flight(work, [cells])
-        rt = self.engine.runtime
+        rt = self.device
         batch = [r for r in work.reqs if r.stepping]
         work.reqs = batch
         rows = self.engine.rows
@@ -269,49 +266,24 @@ class Core:
             part = batch[at : at + groups]
             cells = [Cell(r.lease.pages, r.lease.slot, [r.anchor] * rows, r.pos) for r in part]
             self._step(rt.protocol.forward(len(cells), rows).program, cells)
-            if "flip-near-ties" in self.engine.faults and rows == 1:
-                # the bug this fault stands for: a kernel whose order of addition moves logits by
-                # more than a near-tie's width, on every step
-                logits = rt.logits(len(cells))
-                for g, cell in enumerate(cells):
-                    alt = runner_up(logits[g]) if logits is not None else None
-                    if alt is not None and cell.tokens and cell.tokens[0] != EOS:
-                        cell.tokens[0] = alt
-            if "wrong-token-batched" in self.engine.faults and len(cells) > 1:
-                # the bug this fault stands for: a batch's rows bound wrongly, so every sequence but
-                # the first gets its neighbour's row; here its first token off
-                for cell in cells[1:]:
-                    if cell.tokens and cell.tokens[0] != EOS:
-                        cell.tokens[0] ^= 1
             parts.append(cells)
-        self.in_flight.update(id(r) for r in batch)
+        self.in_flight.update(map(id, batch))
         return Flight(work, parts)
 
     def _step(self, program: str, cells: list[Cell]) -> None:
         t0 = time.perf_counter()
         self.step_since = time.monotonic()
-        if "wedge-step" in self.engine.faults and self.counters["requests"] >= 2:
-            time.sleep(WEDGE_S)  # the bug this fault stands for: a step that never returns
-        if "long-first-step" in self.engine.faults and self.counters["requests"] >= 1 and not self._long_done:
-            self._long_done = True
-            time.sleep(LONG_STEP_S)  # not a bug: a first-use compile, a loaded box
-        self.engine.runtime.step(program, cells)
-        if "slow-steps" in self.engine.faults:
-            time.sleep(SLOW_STEP_S)
+        self.device.step(program, cells)
         self.step_since = None
         self.counters.step_s += time.perf_counter() - t0
         self.counters.add("steps")
-        if "raise-in-scheduler" in self.engine.faults and self._first_step_done:
-            raise RuntimeError("fault injected: raise-in-scheduler")
-        self._first_step_done = True
 
     # commit
 
     def commit(self, flight: Flight) -> None:
         """Apply what a launched step emitted: positions, answer tokens, checkpoints, finishes."""
         work = flight.work
-        for r in work.reqs:
-            self.in_flight.discard(id(r))
+        self.in_flight.difference_update(map(id, work.reqs))
         if work.kind == PREFILL:
             for req, n, cell in zip(work.reqs, work.ns, flight.cells[0]):
                 req.pos += n
@@ -321,28 +293,27 @@ class Core:
                 self._commit(req, new)
         else:
             rows = self.engine.rows
-            cells = [c for part in flight.cells for c in part]
+            cells = flight.cells[0] if len(flight.cells) == 1 else [c for part in flight.cells for c in part]
             for req, cell in zip(work.reqs, cells):
                 toks = cell.tokens
-                if rows > 1 and "reject-drafts" in self.engine.faults:
-                    toks = toks[:1]  # count treated as 1: the drafted rows are thrown away
                 req.pos += len(toks)
                 if rows > 1:
                     self.counters.add("rounds")
                     self.counters.add("drafted_rows", rows - 1)
                     self.counters.add("accepted_rows", len(toks) - 1)
                 self._commit(req, req.take(toks))
-        late = [r for r in self._aborted if id(r) not in self.in_flight]
-        self._aborted = [r for r in self._aborted if id(r) in self.in_flight]
-        for req in late:
-            self.abort(req)
+        if self._aborted:
+            late = [r for r in self._aborted if id(r) not in self.in_flight]
+            self._aborted = [r for r in self._aborted if id(r) in self.in_flight]
+            for req in late:
+                self.abort(req)
 
     def _commit(self, req: Request, new: list[int]) -> None:
         e = self.engine
         self.counters.tokens += len(new)
         if req.reason is None:
             full = req.pos // e.unit
-            if not e.lined and full > req.page_mark and "no-checkpoint" not in e.faults:
+            if not e.lined and full > req.page_mark:
                 self.admission.checkpoint(req, full)
             if new:
                 self._send(req, Update(new))
@@ -364,20 +335,7 @@ class Core:
             answer = len(req.out) - (req.reason == "stop")
             known = len(req.ids) + answer
             kept = req.pos <= known or (req.pos == known + 1 and req.reason == "stop")
-            snapshot = "kept" if kept else "not kept"
-            if "no-checkpoint" in e.faults:
-                lease.release()
-            elif kept:
-                e.prefix.insert(req.fed(0, req.pos), e.pool.retire(lease, req.pos))
-            elif "keep-overshoot" in e.faults:
-                # the bug this fault stands for: the answer's key over a state that folded more
-                n = known + (req.reason == "stop")
-                e.prefix.insert((req.ids + req.out)[:n], e.pool.retire(lease, n))
-                snapshot = "kept"
-            else:
-                lease.release()
-                self.counters.add("not_kept")
-                logs.event("not kept", "DEBUG", request=req.id, tokens=req.pos, answer=known)
+            snapshot = self.retire(req, lease, known, kept)
         else:
             lease.release()
         logs.event("finished", "DEBUG", request=req.id, reason=req.reason, prompt=len(req.ids),
@@ -390,17 +348,33 @@ class Core:
                     hide_last=s.hide_last, woken=req.woken)
 
     def _send(self, req: Request, update: Update) -> None:
-        if "wrong-token" in self.engine.faults and not req.spoiled:
-            for i, t in enumerate(update.tokens):
-                if t != EOS:
-                    update.tokens[i] = t ^ 1
-                    req.spoiled = True
-                    break
         try:
-            req.send(update)
+            self.tell(req, update)
         except RuntimeError:
             # the handler's loop is gone (shutdown): nobody is listening
             pass
+
+    # hook points (serve/faults.py replaces one for a fault)
+
+    def release_aborted(self, lease) -> None:
+        """An aborted request's lease goes back to the pool."""
+        lease.release()
+
+    def retire(self, req: Request, lease, known: int, kept: bool) -> str:
+        """A lined request's lease at its finish: retired into a snapshot under the tokens it folded
+        when `kept` (the keep rule), else released. Returns the snapshot verdict."""
+        e = self.engine
+        if kept:
+            e.prefix.insert(req.fed(0, req.pos), e.pool.retire(lease, req.pos))
+            return "kept"
+        lease.release()
+        self.counters.add("not_kept")
+        logs.event("not kept", "DEBUG", request=req.id, tokens=req.pos, answer=known)
+        return "not kept"
+
+    def tell(self, req: Request, update: Update) -> None:
+        """Send `update` to the request's client as it is."""
+        req.send(update)
 
     # views
 
@@ -417,7 +391,8 @@ class Core:
 
     def stats(self) -> dict:
         c = self.counters
-        timing = getattr(self.engine.runtime, "timing", None)  # a pipeline head's runtime keeps none
+        rt = self.device
+        timing = rt.timing  # None: a pipeline head's runtime keeps none
         return {
             "facts": self.engine.facts(),
             "counters": dict(c.values),
@@ -427,9 +402,9 @@ class Core:
                       "waiting": [r.id for r in list(self.waiting)[:QUEUE_SHOWN]]},
             "timing": {"steps": c["steps"], "step_s": c.step_s, "loop_s": c.loop_s, "tokens": c.tokens,
                        **(timing.as_dict() if timing is not None else {})},
-            **({"pipeline": {"epoch": self.engine.runtime.epoch, "losses": self.losses, "requeued": self.requeued,
+            **({"pipeline": {"epoch": rt.epoch, "losses": self.losses, "requeued": self.requeued,
                              "answered_error": self.lost_answered}}
-               if hasattr(self.engine.runtime, "epoch") else {}),
+               if rt.broken is not None else {}),
         }
 
 

@@ -7,10 +7,12 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+from kern.errors import KernError
 from manifests import derive, load
 from manifests.config import resolve
 from pool import Geometry, Host, Lease, Pool, Prefix, chunk_size, chunks_for
 from runtime.runtime import Runtime
+from serve.device import Device
 from serve.faults import Faults
 from serve.startup import Phases
 
@@ -20,7 +22,7 @@ GIB = 1 << 30
 CPU_CAPACITY = 16384
 
 
-class EngineError(ValueError):
+class EngineError(KernError, ValueError):
     """Flags the target cannot be served with (a bad --rows, a pool too small for the pad, ...)."""
 
 
@@ -46,7 +48,7 @@ class Options:
 class Engine:
     model: str
     manifest_path: str
-    runtime: Runtime
+    runtime: Device  # the single-process Runtime, a pipeline head's Pipeline, or a test's double
     pool: Pool
     pad: Lease
     host: Host | None

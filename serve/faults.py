@@ -1,8 +1,30 @@
-"""Deliberate misbehaviour, so each gate can be shown to catch it (`kern serve --fault NAME`)."""
+"""Deliberate misbehaviour, so each gate can be shown to catch it (`kern serve --fault NAME`).
+
+The faults live here and only here: the serving code has no branch on a fault's name. They are bound
+once, at start, by `Faults.bind(core)` (the scheduler calls it on the core it serves with):
+
+- the step-level faults wrap the core's device in a `FaultyDevice` (a `serve.device.Device` around the
+  real one) that sleeps, raises or spoils tokens around each step;
+- the pool- and admission-level faults replace one named hook point of the core or its admission, each
+  of which does the correct thing by default (`Core.release_aborted`, `Core.retire`, `Core.tell`,
+  `Admission.checkpoint`, `Admission.on_remapping`, `Admission.too_long`, `Admission.lookup`,
+  `Admission.restore_copy`, `Admission.parker`);
+- the HTTP side asks `Faults.request_limit(engine)` and `Faults.tells_tier` (bound when the flags are
+  read) what limit to validate against and whether a reply tells its tier.
+"""
 
 from __future__ import annotations
 
-__all__ = ["FAULTS", "Faults"]
+import time
+
+from kern.tokens import EOS
+from pool import Denied, Tier
+
+__all__ = ["FAULTS", "Faults", "FaultyDevice", "runner_up"]
+
+SLOW_STEP_S = 0.02  # the slow-steps fault's extra time per step
+WEDGE_S = 600.0  # the wedge-step fault's step (bounded, so a hosted server's thread ends some day)
+LONG_STEP_S = 12.0  # the long-first-step fault's extra time, once: longer than the watch's first poll and STILL_S together
 
 FAULTS = {
     "wrong-token": "one answer token off (the first non-stop token of every answer, xor 1)",
@@ -53,15 +75,244 @@ def runner_up(bits, ulps: int = 4) -> int | None:
 
 
 class Faults:
+    """The faults asked for (validated against FAULTS) and what they bind: `bind(core)` once at start,
+    and for the HTTP side `request_limit(engine)` and `tells_tier`."""
+
     def __init__(self, names=()) -> None:
         unknown = sorted(set(names) - set(FAULTS))
         if unknown:
             raise ValueError(f"unknown fault(s) {', '.join(unknown)}; known: {', '.join(FAULTS)}")
         self.names = frozenset(names)
+        self.tells_tier = "untold-tier" not in self.names  # a reply tells its request's cache tier
+        self._pad_in_limit = "pad-in-limit" in self.names
 
-    def __contains__(self, name: str) -> bool:
-        assert name in FAULTS, f"{name=}"
-        return name in self.names
+    def request_limit(self, engine) -> int:
+        """The one-sequence limit a request is validated against: the pool's (pad-in-limit: the whole
+        pool's tokens, the pad's page counted in)."""
+        return engine.pages * engine.unit if self._pad_in_limit else engine.max_request_tokens
+
+    def bind(self, core):
+        """Bind the faults to `core` (once, before it serves): the step-level ones wrap its device, the
+        others replace their hook point. Returns the core."""
+        steps = [n for n in STEP_FAULTS if n in self.names]
+        if steps:
+            core.device = FaultyDevice(core.device, steps, core.counters, core.prefill_program, core.engine.rows)
+        for name in HOOK_FAULTS:  # in this order: no-checkpoint's retire replaces keep-overshoot's
+            if name in self.names:
+                HOOK_FAULTS[name](core)
+        return core
 
     def __repr__(self) -> str:
         return f"Faults({sorted(self.names)})"
+
+
+# -- the step-level faults: a Device around the real one ------------------------------------------
+
+
+class FaultyDevice:
+    """A `serve.device.Device` that misbehaves as the step-level faults say, around the real one: each
+    fault runs before the real step, or after it over the cells it filled."""
+
+    def __init__(self, inner, names, counters, prefill_program: str, rows: int) -> None:
+        self.inner = inner
+        # the real device's own objects, which it never replaces (its epoch and while_waiting: below)
+        self.protocol, self.timing, self.broken = inner.protocol, inner.timing, inner.broken
+        self.names = tuple(names)
+        self.counters = counters  # the core's: the request count some faults wait for
+        self.prefill_program = prefill_program
+        self.rows = rows
+        self.steps = 0
+        self.long_done = False
+        self._before = [BEFORE[n] for n in BEFORE if n in names]
+        self._after = [AFTER[n] for n in AFTER if n in names]
+
+    def step(self, program: str, cells: list) -> list:
+        for fault in self._before:
+            fault(self)
+        out = self.inner.step(program, cells)
+        self.steps += 1
+        for fault in self._after:
+            fault(self, program != self.prefill_program, cells)
+        return out
+
+    # the rest of the Device: the real one's
+    @property
+    def epoch(self) -> int:
+        return self.inner.epoch
+
+    @property
+    def while_waiting(self):
+        return self.inner.while_waiting
+
+    @while_waiting.setter
+    def while_waiting(self, fn) -> None:
+        self.inner.while_waiting = fn
+
+    def logits(self, groups: int):
+        return self.inner.logits(groups)
+
+    def copy(self, copies) -> None:
+        self.inner.copy(copies)
+
+    def park(self, copies) -> None:
+        self.inner.park(copies)
+
+    def wake(self, copies) -> None:
+        self.inner.wake(copies)
+
+    def land(self, remap) -> None:
+        self.inner.land(remap)
+
+    def zero_slot(self, slot: int) -> None:
+        self.inner.zero_slot(slot)
+
+    def hold_partial(self) -> bool:
+        return self.inner.hold_partial()
+
+    def trouble(self) -> dict | None:
+        return self.inner.trouble()
+
+
+def _wedge_step(dev: FaultyDevice) -> None:
+    if dev.counters["requests"] >= 2:
+        time.sleep(WEDGE_S)  # the bug this fault stands for: a step that never returns
+
+
+def _long_first_step(dev: FaultyDevice) -> None:
+    if dev.counters["requests"] >= 1 and not dev.long_done:
+        dev.long_done = True
+        time.sleep(LONG_STEP_S)  # not a bug: a first-use compile, a loaded box
+
+
+def _slow_steps(dev: FaultyDevice, forward: bool, cells: list) -> None:
+    time.sleep(SLOW_STEP_S)
+
+
+def _raise_in_scheduler(dev: FaultyDevice, forward: bool, cells: list) -> None:
+    if dev.steps > 1:
+        raise RuntimeError("fault injected: raise-in-scheduler")
+
+
+def _flip_near_ties(dev: FaultyDevice, forward: bool, cells: list) -> None:
+    # the bug this fault stands for: a kernel whose order of addition moves logits by more than a
+    # near-tie's width, on every step
+    if not forward or dev.rows != 1:
+        return
+    logits = dev.inner.logits(len(cells))
+    for g, cell in enumerate(cells):
+        alt = runner_up(logits[g]) if logits is not None else None
+        if alt is not None and cell.tokens and cell.tokens[0] != EOS:
+            cell.tokens[0] = alt
+
+
+def _wrong_token_batched(dev: FaultyDevice, forward: bool, cells: list) -> None:
+    # the bug this fault stands for: a batch's rows bound wrongly, so every sequence but the first
+    # gets its neighbour's row; here its first token off
+    if forward and len(cells) > 1:
+        for cell in cells[1:]:
+            if cell.tokens and cell.tokens[0] != EOS:
+                cell.tokens[0] ^= 1
+
+
+def _reject_drafts(dev: FaultyDevice, forward: bool, cells: list) -> None:
+    if forward and dev.rows > 1:
+        for cell in cells:
+            cell.tokens = cell.tokens[:1]  # count treated as 1: the drafted rows are thrown away
+
+
+BEFORE = {"wedge-step": _wedge_step, "long-first-step": _long_first_step}
+AFTER = {"slow-steps": _slow_steps, "raise-in-scheduler": _raise_in_scheduler, "flip-near-ties": _flip_near_ties,
+         "wrong-token-batched": _wrong_token_batched, "reject-drafts": _reject_drafts}
+STEP_FAULTS = (*BEFORE, *AFTER)
+
+
+# -- the pool- and admission-level faults: each replaces one hook point -----------------------------
+
+
+def _leak_lease(core) -> None:
+    leaked: list = []
+    core.release_aborted = leaked.append  # an aborted request's lease is held for ever
+
+
+def _keep_overshoot(core) -> None:
+    keep = core.retire
+
+    def retire(req, lease, known: int, kept: bool) -> str:
+        if kept:
+            return keep(req, lease, known, kept)
+        # the bug this fault stands for: the answer's key over a state that folded more
+        n = known + (req.reason == "stop")
+        core.engine.prefix.insert((req.ids + req.out)[:n], core.engine.pool.retire(lease, n))
+        return "kept"
+
+    core.retire = retire
+
+
+def _no_checkpoint(core) -> None:
+    def retire(req, lease, known: int, kept: bool) -> str:
+        lease.release()  # nothing inserted, nothing counted
+        return "kept" if kept else "not kept"
+
+    core.retire = retire
+    core.admission.checkpoint = lambda req, full: None
+
+
+def _wrong_token(core) -> None:
+    tell, spoiled = core.tell, set()
+
+    def spoil(req, update) -> None:
+        if req.id not in spoiled:
+            for i, t in enumerate(update.tokens):
+                if t != EOS:
+                    update.tokens[i] = t ^ 1
+                    spoiled.add(req.id)
+                    break
+        tell(req, update)
+
+    core.tell = spoil
+
+
+def _no_park(core) -> None:
+    core.admission.parker = lambda: None  # evicted snapshots are dropped
+
+
+def _drop_wake(core) -> None:
+    adm = core.admission
+    lookup = adm.lookup
+
+    def no_host_hits(ids):
+        hit = lookup(ids)
+        if hit is not None and hit.tier is Tier.HOST:
+            hit.release()
+            return None
+        return hit
+
+    adm.lookup = no_host_hits
+
+
+def _no_remap(core) -> None:
+    core.admission.on_remapping = lambda: Denied.Busy  # the plan is never landed: the request waits as on Busy
+
+
+def _skip_restore_copy(core) -> None:
+    core.admission.restore_copy = lambda copies: None
+
+
+def _pad_in_limit(core) -> None:
+    adm = core.admission
+    too_long = adm.too_long
+
+    def waits(req, got):
+        if req.room <= adm.engine.pages * adm.engine.unit:
+            return adm.WAIT  # the fault's limit says it fits once room frees: it never does
+        return too_long(req, got)
+
+    adm.too_long = waits
+
+
+HOOK_FAULTS = {
+    "leak-lease": _leak_lease, "keep-overshoot": _keep_overshoot, "no-checkpoint": _no_checkpoint,
+    "wrong-token": _wrong_token, "no-park": _no_park, "drop-wake": _drop_wake, "no-remap": _no_remap,
+    "skip-restore-copy": _skip_restore_copy, "pad-in-limit": _pad_in_limit,
+}
+FRONT_FAULTS = ("untold-tier", "pad-in-limit")  # read by the HTTP side through Faults (pad-in-limit: both)

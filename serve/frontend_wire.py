@@ -64,6 +64,5 @@ def dead_error(code: int | None) -> tuple[int, str, str, None]:
 def health_of(scheduler, engine) -> dict:
     """/health's facts (any thread): a pipeline's trouble (a stage lost or silent, else None), and
     whether the scheduler is ready, alive and warm."""
-    trouble = getattr(engine.runtime, "trouble", None)
-    return {"trouble": trouble() if trouble is not None else None, "ready": scheduler.ready.is_set(),
+    return {"trouble": engine.runtime.trouble(), "ready": scheduler.ready.is_set(),
             "alive": scheduler.is_alive(), "warm": scheduler.warm.is_set()}

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from fastapi import Request as HttpRequest
 from fastapi.responses import JSONResponse
 
+from kern.errors import KernError
 from serve import bodies, logs
 from serve.engine import Engine
 from serve.guard import Limits
@@ -37,7 +38,7 @@ VERSION = _version()
 POLL_S = 0.25
 
 
-class Disconnected(Exception):
+class Disconnected(KernError):
     """The client hung up."""
 
 

@@ -95,10 +95,29 @@ class _Protocol:
 
 
 class _Runtime:
-    """The runtime's side of admission and checkpoints, moving nothing."""
+    """The runtime's side of admission and checkpoints, moving nothing: a `serve.device.Device` whose
+    steps emit nothing (the replay runs no step) and whose plans are no-ops."""
 
     def __init__(self, emits: bool) -> None:
         self.protocol = _Protocol(emits)
+        self.timing = None
+        self.epoch = 0
+        self.broken = None
+        self.while_waiting = None
+
+    def step(self, program: str, cells: list) -> list:
+        for c in cells:
+            c.tokens = []
+        return cells
+
+    def logits(self, groups: int) -> None:
+        return None
+
+    def hold_partial(self) -> bool:
+        return False
+
+    def trouble(self) -> None:
+        return None
 
     def copy(self, copies) -> None:
         pass
@@ -125,7 +144,6 @@ class _Engine:
     host: object
     prefix: Prefix
     unit: int
-    faults: frozenset = frozenset()
     context: int | None = None  # no context bound past the pool's own
 
     @property

@@ -16,11 +16,12 @@ import sys
 import click
 import httpx
 
+from kern.tokens import BYTES
 from serve.traces import Req, request_tokens, scale
 
 __all__ = ["check_server"]
 
-VOCAB = 256  # the toy's byte tokens; 256 is its EOS
+VOCAB = BYTES  # draw the toy's byte tokens (EOS is the id past them)
 COMPARED = ("prefix_hit_tokens", "resident_hits", "resident_hit_tokens", "host_hits", "host_hit_tokens", "parks",
             "evictions", "host_evictions")
 

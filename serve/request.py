@@ -10,7 +10,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from runtime.sequence import EOS  # the runtime's: one constant for where an answer ends
+from kern.tokens import BYTES, EOS  # the one definition of where an answer ends
 
 __all__ = ["EOS", "Done", "Request", "Status", "Stops", "Update"]
 
@@ -108,7 +108,7 @@ class Stops:
         return self._match(self._dec.decode(b"", final=True))
 
     def _text(self, t: int) -> bool:
-        if self._dec is None or t >= 256:
+        if self._dec is None or t >= BYTES:
             return False
         return self._match(self._dec.decode(bytes((t,))))
 
@@ -150,7 +150,6 @@ class Request:
     page_mark: int = 0  # whole pages already checkpointed (paged manifests)
     t_arrive: float = 0.0
     t_admit: float = 0.0
-    spoiled: bool = False  # the wrong-token fault spoiled one of its tokens
     ignore_eos: bool = False  # EOS does not end the answer (only max_tokens does)
     stops: Stops | None = None  # stop strings / stop token ids (None: EOS and max_tokens alone end it)
 

@@ -47,7 +47,7 @@ def _submit(c: Served, ask: Ask) -> tuple[Request, asyncio.Queue]:
             logs.event("sampling ignored", "WARN", param=name, decoding="greedy")
     engine = c.engine
     pool_tokens = engine.pages * engine.unit
-    limit = pool_tokens if "pad-in-limit" in engine.faults else engine.max_request_tokens
+    limit = engine.faults.request_limit(engine)  # the pool's one-sequence limit (serve/faults.py may say otherwise)
     validate.room(ask, engine.rows, engine.reach, pool_tokens, limit)
     outbox = c.outbox
     if outbox is None or outbox.loop is not asyncio.get_running_loop():
@@ -78,7 +78,7 @@ async def answer(request: HttpRequest, ask: Ask):
         watcher.cancel()
         return reject(c, failure(first.done))
     reply = Reply(req, ask, c.model)
-    reply.untold_tier = "untold-tier" in c.engine.faults
+    reply.untold_tier = not c.engine.faults.tells_tier
     track = c.meter.track(req.t_arrive, len(ask.ids), req, ask.max_tokens)
     if ask.stream:
         return StreamingResponse(stream(request, q, req, reply, first, track, watcher),

@@ -46,7 +46,7 @@ class Scheduler(threading.Thread):
     def __init__(self, engine: Engine, stats_every: float = 5.0) -> None:
         super().__init__(name="scheduler", daemon=True)
         self.engine = engine
-        self.core = Core(engine)
+        self.core = engine.faults.bind(Core(engine))  # the faults asked for, bound once (serve/faults.py)
         self.counters = self.core.counters
         self.inbox: queue.Queue = queue.Queue()
         self.window = Window(self.counters, stats_every)
@@ -55,8 +55,7 @@ class Scheduler(threading.Thread):
         self.busy_since: float | None = None  # monotonic start of this iteration's work; None: waiting for work
         self._names = 0
         self._kept: collections.deque = collections.deque()  # what `_queries` left for the next drain
-        if hasattr(engine.runtime, "while_waiting"):
-            engine.runtime.while_waiting = self._queries  # a pipeline's waits answer /stats
+        engine.runtime.while_waiting = self._queries  # a pipeline's waits answer /stats
         self._names_lock = threading.Lock()
 
     # views of the core (read on this thread, or through `query`)
@@ -143,7 +142,7 @@ class Scheduler(threading.Thread):
 
     def _loop(self) -> None:
         core = self.core
-        pipe = self.engine.runtime if hasattr(self.engine.runtime, "broken") else None
+        pipe = self.engine.runtime if self.engine.runtime.broken is not None else None  # a device that can lose a stage
         while True:
             halted = pipe is not None and (not pipe.whole.is_set() or core.lost is not None)
             if not core.running or halted:

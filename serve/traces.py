@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kern.errors import KernError
 from pool import Tokens
 
 __all__ = ["BLOCK", "Req", "TraceError", "block_tokens", "packed_fresh", "packed_prompt", "read", "scale"]
@@ -24,7 +25,7 @@ FRESH = 1 << 31  # output tokens are numbered from here: never in any prompt
 _OFFSETS = np.arange(BLOCK, dtype=np.uint32)
 
 
-class TraceError(ValueError):
+class TraceError(KernError, ValueError):
     """A trace file that cannot be read (names the line and what was wrong)."""
 
 

@@ -11,7 +11,8 @@ import json
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from serve.request import EOS
+from kern.errors import KernError
+from kern.tokens import BYTES, EOS
 
 __all__ = ["PARAMS", "ApiError", "Ask", "Param", "chat", "completion", "detokenize", "parse", "room", "table_markdown",
            "tokenize"]
@@ -20,7 +21,7 @@ MAX_TOKENS_LIMIT = 1 << 31
 DEFAULT_MAX_TOKENS = 16
 
 
-class ApiError(Exception):
+class ApiError(KernError):
     """A request the server refuses; carries the HTTP status and the OpenAI error fields."""
 
     def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
@@ -551,7 +552,7 @@ def detokenize(body: dict, served: str) -> str:
 
 
 def text_of(ids: list[int]) -> str:
-    return bytes(t for t in ids if t < 256).decode("utf-8", "replace")
+    return bytes(t for t in ids if t < BYTES).decode("utf-8", "replace")
 
 
 def room(ask: Ask, rows: int, reach: int, pool_tokens: int, max_request: int) -> None:

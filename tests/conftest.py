@@ -11,10 +11,7 @@ again); `KERN_TEST_FRESH_SERVERS=1`, or another backend, starts `python -m serve
 from __future__ import annotations
 
 import os
-import re
-import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,21 +26,26 @@ import pytest
 os.environ.setdefault("NUMBA_NUM_THREADS", "1")
 
 REPO = Path(__file__).resolve().parents[1]
-SERVING = re.compile(r" serving .*\bport=(\d+)")
 BACKEND = os.environ.get("KERN_TEST_BACKEND", "cpu")
 
 
 @dataclass
 class ServerProcess:
-    """A running server: its process, base URL and log file."""
+    """A running server: its session (`e2e.session.Session`: the one launcher, `e2e/spawn.py`), base URL
+    and log file."""
 
-    proc: subprocess.Popen  # or an `e2e.zygote.Child` (the same poll, wait, send_signal, kill)
-    log_path: Path
-    port: int = 0
+    session: object  # an `e2e.session.Session`
+
+    def __getattr__(self, name: str):
+        """`proc` (or an `e2e.zygote.Child`: the same poll, wait, send_signal, kill), `port`, `url`,
+        `pid`: the session's."""
+        if name == "session":
+            raise AttributeError(name)
+        return getattr(self.session, name)
 
     @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+    def log_path(self) -> Path:
+        return self.session.log.path
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -67,11 +69,13 @@ class ServerProcess:
             return None
 
     def stop(self, timeout: float = 20.0) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            if self.wait_exit(timeout) is None:
-                self.proc.kill()
-        return self.proc.wait()
+        """SIGTERM, SIGKILL after `timeout`, then its process group (`Session.stop`); the exit code."""
+        self.session.term_timeout = timeout
+        return self.session.stop()
+
+    def kill(self) -> int | None:
+        """SIGKILL, and its process group with it (a test's teardown)."""
+        return self.session.stop(kill=True)
 
 
 class _Zygotes:
@@ -107,9 +111,13 @@ class _Lent:
     def __init__(self, zygote) -> None:
         self.zygote = zygote
         self.warm_s = zygote.warm_s
+        self.how = zygote.how
 
     def spawn(self, *args, **kw):
         return self.zygote.spawn(*args, **kw)
+
+    def start(self, *args, **kw):
+        return self.zygote.start(*args, **kw)
 
     def close(self) -> None:
         pass
@@ -131,42 +139,20 @@ def _gates_borrow_the_workers_zygote(monkeypatch):
 
 
 def start_server(target: str, *flags: str, log_path: Path, backend: str = BACKEND, timeout: float = 120.0) -> ServerProcess:
-    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    # debug: tests read the debug lines (` admitted `, ` finished `); a test's own --log-level comes later and wins
-    args = [target, "--backend", backend, "--port", "0", "--log-level", "debug", *flags]
-    zygote = ZYGOTES.get(backend)
-    if zygote is not None:  # forked: the same `kern serve` process, without paying imports and kernels again
-        log_path.write_bytes(b"")
-        proc = zygote.spawn(["serve", *args], log_path)
-    else:
-        log = open(log_path, "wb")
-        proc = subprocess.Popen([sys.executable, "-m", "serve", *args], stdout=log, stderr=subprocess.STDOUT,
-                                cwd=REPO, env=env)
-        log.close()
-    server = ServerProcess(proc, log_path)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited {proc.returncode} before serving:\n{server.log()[-3000:]}")
-        m = SERVING.search(server.log())
-        if m:
-            server.port = int(m.group(1))
-            break
-        time.sleep(0.05)
-    else:
-        proc.kill()
-        raise RuntimeError(f"server did not start within {timeout}s:\n{server.log()[-3000:]}")
-    import httpx
+    """`kern serve TARGET --port 0` of this checkout, ready once its `serving` line names the port and
+    /health answers 200; started the gate's way (`e2e.session.launch`), by this worker's zygote or fresh."""
+    from e2e.session import ServerError, launch
+    from e2e.spawn import Processes, own_kern
 
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(server.url + "/health", timeout=5).status_code == 200:
-                return server
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.05)
-    proc.kill()
-    raise RuntimeError(f"server never became healthy:\n{server.log()[-3000:]}")
+    # debug: tests read the debug lines (` admitted `, ` finished `); a test's own --log-level comes later and wins
+    cmd = [*own_kern(), "serve", target, "--backend", backend, "--port", "0", "--log-level", "debug", *flags]
+    spawner = ZYGOTES.get(backend) or Processes.project(cwd=REPO)
+    try:
+        s = launch(log_path.stem, cmd, log_path, spawner=spawner, health=True, env={}, header=False,
+                   load_timeout=timeout)
+    except ServerError as exc:
+        raise RuntimeError(f"{exc}\n{log_path.read_text(errors='replace')[-3000:]}") from None
+    return ServerProcess(s)
 
 
 @pytest.fixture
@@ -181,9 +167,7 @@ def kern_server(tmp_path):
 
     yield start
     for s in started:
-        if s.proc.poll() is None:
-            s.proc.kill()
-            s.proc.wait()
+        s.kill()
 
 
 # -- helpers for the server tests (import them: `from conftest import PROMPTS, ask, oracle`) -------

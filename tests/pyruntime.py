@@ -54,7 +54,11 @@ class PyRuntime:
         self.host_pages: dict[int, list] = {}
         self.host_lines: dict[int, list[int]] = {}
         self.steps = 0
-        self.timing = SimpleNamespace(as_dict=lambda: {})
+        # the rest of serve.device.Device: one process keeps no step timing and loses no stage
+        self.timing = None
+        self.epoch = 0
+        self.broken = None
+        self.while_waiting = None
         self._sums: dict[tuple[int, int], int] = {}
 
     # plans
@@ -95,6 +99,15 @@ class PyRuntime:
     def zero_slot(self, slot: int) -> None:
         self.lines[slot] = [0, 0]
 
+    def hold_partial(self) -> bool:
+        return False
+
+    def trouble(self) -> None:
+        return None
+
+    def logits(self, groups: int) -> None:
+        return None  # integer tokens: no logits to read
+
     # steps
 
     def _slot_sum(self, t: int, p: int) -> int:
@@ -132,7 +145,7 @@ class PyRuntime:
     def _next(self, s: int, c: int) -> int:
         return tm.next_of((s + c) & MASK if self.lined else s)
 
-    def step(self, program: str, cells) -> None:
+    def step(self, program: str, cells) -> list:
         self.steps += 1
         for cell in cells:
             if program == "prefill":
@@ -160,6 +173,7 @@ class PyRuntime:
             if self.lined:
                 self._fold(cell, c0, fed[:count], p0)
             cell.tokens = out[:count]
+        return cells
 
 
 def engine(manifest_name: str, capacity: int, host_bytes: int, max_seqs: int, rows: int | None = None,

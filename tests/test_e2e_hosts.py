@@ -32,7 +32,7 @@ def host():
 
 def _session(host, tmp_path, name: str, *flags: str) -> Session:
     cmd = server_command(None, PACKAGED, "toy-paged", 0, [*FLAGS, *flags])
-    return Session(name, cmd, 0, tmp_path / f"{name}.log", zygote=host)
+    return Session(name, cmd, 0, tmp_path / f"{name}.log", spawner=host)
 
 
 def _complete(s: Session, prompt: str = "Hi", n: int = 4) -> httpx.Response:
@@ -150,7 +150,7 @@ def test_hosts_place_by_weight_and_close_stops_everything(tmp_path):
     try:
         for i, w in enumerate((3, 1, 1, 1)):
             s = Session(f"s{i}", server_command(None, PACKAGED, "toy-paged", 0, FLAGS), 0, tmp_path / f"s{i}.log",
-                        zygote=hs, weight=w)
+                        spawner=hs, weight=w)
             s.start()
             started.append(s)
         heavy = started[0].proc.zygote
@@ -177,7 +177,7 @@ def test_a_server_whose_host_died_says_so(tmp_path):
     still alive."""
     hs = Hosts(2, project_env(), "cpu", PACKAGED, [], log_dir=tmp_path / "hosts")
     try:
-        s = Session("doomed", server_command(None, PACKAGED, "toy-paged", 0, FLAGS), 0, tmp_path / "d.log", zygote=hs)
+        s = Session("doomed", server_command(None, PACKAGED, "toy-paged", 0, FLAGS), 0, tmp_path / "d.log", spawner=hs)
         s.start()
         host = s.proc.zygote
         os.kill(host.proc.pid, signal.SIGKILL)
@@ -187,7 +187,7 @@ def test_a_server_whose_host_died_says_so(tmp_path):
         assert f"its host (pid {host.proc.pid}) exited with code -9" in str(exc.value)
         assert str(host.log) in str(exc.value)
         s.stop()
-        t = Session("next", server_command(None, PACKAGED, "toy-paged", 0, FLAGS), 0, tmp_path / "n.log", zygote=hs)
+        t = Session("next", server_command(None, PACKAGED, "toy-paged", 0, FLAGS), 0, tmp_path / "n.log", spawner=hs)
         t.start()
         assert t.proc.zygote is not host and _complete(t).status_code == 200
         assert t.stop() == 0

@@ -126,3 +126,73 @@ def test_the_packaged_steps_declare_what_their_sessions_read():
     assert early
     for s in early:
         assert s.flags is not None and isinstance(s.flags(None), list) and s.flags(None)
+
+
+def test_a_result_reaches_the_steps_that_depend_on_it_and_no_other(tmp_path):
+    """Typed step results (e2e/results.py): a step's result is handed to the steps depending on it,
+    directly or through another, whatever lane they run in; a step that does not depend on it and
+    reads it fails with an error naming the step and the result, and never sees it."""
+    from dataclasses import dataclass
+
+    from e2e.gate import MissingResult
+
+    @dataclass(frozen=True)
+    class Given:
+        n: int
+
+    seen: dict[str, object] = {}
+
+    def give(r):
+        return Given(7)
+
+    def read(r):
+        try:
+            seen[r.step] = r.got(Given).n
+        except MissingResult as exc:
+            seen[r.step] = str(exc)
+            raise
+        r.checks.add(r.step, True, "read")
+
+    steps = [Step("a", None, ("a",), (), give, facts=False),
+             Step("b", None, ("b",), ("a",), read, facts=False),
+             Step("c", None, ("c",), ("b",), read, facts=False),  # through b
+             Step("d", None, ("d",), (), read, facts=False)]  # no dependency on a
+    for at_once in (True, False):
+        seen.clear()
+        r = _run(tmp_path)
+        assert run_target(r, steps, at_once) is None
+        assert seen["b"] == 7 and seen["c"] == 7, seen
+        assert "step d reads Given, which no step it depends on gave" in seen["d"], seen
+        errors = [c for c in r.checks.list if c["name"] == "error"]
+        assert len(errors) == 1 and "MissingResult" in errors[0]["note"], errors
+
+
+def test_the_lanes_share_nothing_but_the_plan(tmp_path):
+    """Each lane writes only its own view (facts, counters, times): what the target reports is the
+    lanes' folded in plan order once they all ended, never a dict two lanes wrote at once."""
+    def body(r):
+        r.counters[r.step] = {"n": 1}
+        r.times[r.step] = 0.5
+        r.checks.add(r.step, True, "ran")
+
+    steps = [Step(f"s{i}", None, (f"s{i}",), (), body, facts=False) for i in range(6)]
+    r = _run(tmp_path)
+    views: list = []
+    real = Run.lane
+
+    def lane(self):
+        v = real(self)
+        views.append(v)
+        return v
+
+    Run.lane = lane
+    try:
+        assert run_target(r, steps) is None
+    finally:
+        Run.lane = real
+    assert len(views) == 6
+    for v in views:
+        assert v.counters is not r.counters and v.times is not r.times and v.facts is not r.facts
+        assert len(v.counters) == 1
+    assert list(r.counters) == [s.name for s in steps]
+    assert r.times == {s.name: 0.5 for s in steps}

@@ -182,7 +182,7 @@ def test_cache_round_trip_and_identity(tmp_path):
 
 def _tree(tmp_path: Path) -> Path:
     root = tmp_path / "repo"
-    for d in ("runtime", "toy", "manifests", "oracle"):
+    for d in ("runtime", "toy", "manifests", "oracle", "kern"):
         (root / d).mkdir(parents=True)
         (root / d / "a.py").write_text(f"# {d}\n")
     (root / "m.json").write_text(json.dumps({"modules": {"toy": {"sha256": "aa"}}}))
@@ -202,13 +202,16 @@ def test_kern_run_identity_changes_with_each_input(tmp_path):
     (root / "runtime" / "b.py").write_text("")  # a new file counts too
     assert ident() != changed_source
     before = ident()
+    (root / "kern" / "a.py").write_text("# changed\n")  # kern/tokens.py's EOS ends the runtime's answers
+    assert ident() != before
+    before = ident()
     (root / "w.safetensors").write_bytes(b"\1" * 16)
     assert ident() != before
     before = ident()
     (root / "m.json").write_text(json.dumps({"modules": {"toy": {"sha256": "bb"}}}))
     assert ident() != before
     before = ident()
-    (root / "elsewhere.py").write_text("x = 1\n")  # outside the four source dirs: irrelevant
+    (root / "elsewhere.py").write_text("x = 1\n")  # outside the source dirs: irrelevant
     assert ident() == before
 
 

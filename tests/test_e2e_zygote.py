@@ -48,7 +48,7 @@ def test_a_forked_server_serves_and_drains_on_sigterm(zygote, tmp_path):
     """A session forked by the zygote reads its port from the log, answers, and exits 0 on SIGTERM; it
     ignores SIGPIPE as a fresh Python does (else a client's hang-up mid-answer kills it: exit -13)."""
     cmd = server_command(None, PACKAGED, "toy-paged", 0, ["--backend", "cpu", "--capacity", "1024"])
-    s = Session("z", cmd, 0, tmp_path / "server.log", zygote=zygote)
+    s = Session("z", cmd, 0, tmp_path / "server.log", spawner=zygote)
     facts = s.start()
     # the ready line's start split counts from the fork: within the gate's own wait for it, and the parts
     # (imports, manifest, device, pool, runtime, scheduler) add up to it
@@ -70,7 +70,7 @@ def test_closing_the_zygote_kills_what_it_still_runs(tmp_path):
     """A child left running when the gate closes its zygote does not outlive it."""
     z = Zygote(project_env(), PACKAGED, [])
     cmd = server_command(None, PACKAGED, "toy-paged", 0, ["--backend", "cpu", "--capacity", "1024"])
-    s = Session("left", cmd, 0, tmp_path / "server.log", zygote=z)
+    s = Session("left", cmd, 0, tmp_path / "server.log", spawner=z)
     s.start()
     pid = s.proc.pid
     z.close()

@@ -1,16 +1,19 @@
 """The packages' imports, read from the source (every `import`, at module level, inside a function, or
 under `TYPE_CHECKING`): no import circle between any two modules, and every import between packages
-points the way docs/architecture.md draws it. The checks are shown to fail on a tree built to break them.
+points the way docs/architecture.md draws it; that page's table of arrows is `ALLOWED`, package for
+package. The checks are shown to fail on a tree (or a page) built to break them.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("toy", "manifests", "runtime", "pool", "serve", "oracle", "verdicts", "e2e")
+PACKAGES = ("kern", "toy", "manifests", "runtime", "pool", "serve", "oracle", "verdicts", "e2e")
 ALLOWED = {
+    "kern": set(),  # leaves only (kern.errors: the root exception), so any package may import them
     "toy": set(),
     "manifests": set(),
     "runtime": {"manifests"},
@@ -131,6 +134,53 @@ def test_the_checks_catch_a_circle_and_an_upward_import(tmp_path):
     edges = graph(tmp_path, ("low", "high"))
     assert circles(edges) == [["low.a", "low.b"]]
     assert upward(edges, {"low": set(), "high": {"low"}}) == ["low.d -> high.c"]
+
+
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
+HEADER = "| package | owns | imports |"
+
+
+def drawn(text: str, packages=PACKAGES) -> dict[str, set[str]]:
+    """docs/architecture.md's table of packages: each row's package -> the packages its `imports`
+    cell names in backticks (other words there are notes)."""
+    lines = text.splitlines()
+    if HEADER not in lines:
+        raise ValueError(f"no table headed {HEADER!r}")
+    rows = {}
+    for line in lines[lines.index(HEADER) + 2:]:
+        if not line.startswith("|"):
+            break
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        rows[cells[0].strip("`").rstrip("/")] = {w for w in re.findall(r"`([^`]+)`", cells[-1]) if w in packages}
+    return rows
+
+
+def drift(text: str, allowed=ALLOWED, packages=PACKAGES) -> list[str]:
+    """Where the page's table and `allowed` differ: a package with no row, a row for no package, an
+    arrow drawn and not allowed, or allowed and not drawn."""
+    rows = drawn(text, packages)
+    out = [f"{p}: no row" for p in packages if p not in rows]
+    out += [f"{p}: a row for no package" for p in rows if p not in packages and p != "tests"]
+    for p in packages:
+        if p in rows:
+            out += [f"{p} -> {q}: drawn, not allowed" for q in sorted(rows[p] - allowed.get(p, set()))]
+            out += [f"{p} -> {q}: allowed, not drawn" for q in sorted(allowed.get(p, set()) - rows[p])]
+    return out
+
+
+def test_the_architecture_page_draws_the_allowed_imports():
+    assert set(ALLOWED) == set(PACKAGES)
+    assert drift(ARCHITECTURE.read_text()) == []
+
+
+def test_the_drawing_check_catches_a_missing_row_and_a_wrong_arrow():
+    text = ARCHITECTURE.read_text()
+    pool_row = next(line for line in text.splitlines() if line.startswith("| `pool/` |"))
+    e2e_row = next(line for line in text.splitlines() if line.startswith("| `e2e/` |"))
+    broken = text.replace(pool_row + "\n", "").replace(e2e_row, e2e_row.replace("`oracle`, ", "`serve`, "))
+    assert drift(broken) == ["pool: no row", "e2e -> serve: drawn, not allowed", "e2e -> oracle: allowed, not drawn"]
+    added = text.replace(pool_row, pool_row + "\n| `extra/` | x | nothing |")
+    assert drift(added) == ["extra: a row for no package"]
 
 
 LONGEST = 80  # lines a function of serve/ or e2e/ may take, its docstring included

@@ -47,13 +47,13 @@ def clean():
 
 def hooked(rt, after):
     """Make `after(label, rt)` run after every call of every program the runtime runs."""
-    inner = rt._call
+    inner = rt.run_call
 
     def call(c, env):
         if after(c.label, rt, c) is not False:
             inner(c, env)
 
-    rt._call = call
+    rt.run_call = call
 
 
 def act(rt, rows):

@@ -4,15 +4,26 @@ nothing), and the checks it names exist."""
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 from pathlib import Path
 
 from e2e.scenarios import CHECKS
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "bench"))
 
-from mutant_catalogue import CATALOGUE  # noqa: E402
+
+def _catalogue():
+    """bench/mutant_catalogue.py loaded by its path: bench/ on sys.path would let bench/serve.py shadow
+    the serve package for every test after this one in the same process."""
+    spec = importlib.util.spec_from_file_location("mutant_catalogue", ROOT / "bench" / "mutant_catalogue.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # its dataclasses look their module up
+    spec.loader.exec_module(mod)
+    return mod.CATALOGUE
+
+
+CATALOGUE = _catalogue()
 
 
 def test_every_mutant_plants_exactly_once_and_names_real_checks():

@@ -30,10 +30,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _serve(*args: str) -> subprocess.Popen:
-    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return subprocess.Popen([sys.executable, "-m", "serve", *args, "--backend", "cpu"], cwd=REPO, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+def _serve(log: Path, *args: str) -> subprocess.Popen:
+    """`python -m serve ARGS --backend cpu`, started by the one launcher's fresh processes (e2e/spawn.py):
+    its own process group, its stdout and stderr in `log`."""
+    from e2e.spawn import Processes
+
+    return Processes.project(cwd=REPO).start([sys.executable, "-m", "serve", *args, "--backend", "cpu"], log)
 
 
 @pytest.fixture
@@ -43,7 +45,7 @@ def procs():
     for p in started:
         if p.poll() is None:
             os.killpg(p.pid, signal.SIGKILL)
-        p.communicate()
+        p.wait()
 
 
 def test_a_stage_that_never_connects_ends_the_head_naming_it(tmp_path, procs):
@@ -59,7 +61,8 @@ def test_a_stage_that_never_connects_ends_the_head_naming_it(tmp_path, procs):
         (cut / p.name).write_bytes(p.read_bytes())
     addr = f"tcp://127.0.0.1:{_free_port()}"
     t0 = time.monotonic()
-    head = _serve(str(cut), "--pp-listen", addr, "--port", "0", "--stage-connect-timeout", f"{LIMIT:g}")
+    log = tmp_path / "head.log"
+    head = _serve(log, str(cut), "--pp-listen", addr, "--port", "0", "--stage-connect-timeout", f"{LIMIT:g}")
     procs.append(head)
     ctx = zmq.Context()
     try:  # stage 1: its control socket, and its hello (sent as soon as the head has bound the address)
@@ -67,12 +70,13 @@ def test_a_stage_that_never_connects_ends_the_head_naming_it(tmp_path, procs):
         ctl.send(Message("hello", {"stage": 1, "stages": 3, "cut": "any", "pages": 64, "page_bytes": 1,
                                    "host_pages": 0, "up": "tcp://127.0.0.1:1", "pid": os.getpid(), "lined": False}))
         try:
-            _, err = head.communicate(timeout=LIMIT + 60)
+            head.wait(timeout=LIMIT + 60)
         except subprocess.TimeoutExpired:
             pytest.fail(f"the head still waits {LIMIT + 60:g} s after it started (--stage-connect-timeout {LIMIT:g})")
     finally:
         ctx.destroy(linger=0)
     took = time.monotonic() - t0
+    err = log.read_text(errors="replace")
     assert head.returncode == 3, err[-3000:]
     assert took >= LIMIT, took  # the limit ended it, not something else
     assert " pp stage connected stage=1 stages=3" in err, err[-3000:]

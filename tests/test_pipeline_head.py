@@ -14,13 +14,18 @@ from serve.pipeline.transport import Message
 
 
 class FakeRuntime:
-    """Stage 0: records what ran on it, in order."""
+    """Stage 0: records what ran on it, in order (a whole `serve.device.Device`)."""
 
     unit, reach, lined, host_page_bytes = 16, 1024, False, 100
 
     def __init__(self) -> None:
         self.log: list = []
         self.manifest = SimpleNamespace(buffers={})
+        self.protocol = SimpleNamespace(prefill_emits=True, forwards=[])
+        self.timing = None
+        self.epoch = 0
+        self.broken = None
+        self.while_waiting = None
 
     def copy(self, c):
         self.log.append(("copy", c.pages))
@@ -31,8 +36,24 @@ class FakeRuntime:
     def wake(self, c):
         self.log.append(("wake", c.pages))
 
+    def land(self, remap):
+        self.log.append(("land", list(remap.made)))
+
+    def zero_slot(self, slot):
+        self.log.append(("zero", slot))
+
     def step(self, program, cells, arrive=None, leave=None):
         self.log.append(("step", program))
+        return cells
+
+    def logits(self, groups):
+        return None
+
+    def hold_partial(self):
+        return False
+
+    def trouble(self):
+        return None
 
 
 class FakeWork:
@@ -73,6 +94,26 @@ def test_plans_ride_the_next_item_and_run_here_at_once():
     assert down.sent[0].head["plans"] == [["copy", [[1, 2]], None], ["park", [[3, 7]], None]]
     p.step("prefill", [Cell([1], None, [7], 2)])
     assert down.sent[1].head["plans"] == [] and [m.head["item"] for m in down.sent] == [0, 1]
+
+
+def test_every_plan_method_is_replayed_by_name_on_the_stages():
+    """Each of the Device's plan methods called on the head runs on stage 0 at once and travels as its
+    own name: a stage replaying the item's plans (serve/pipeline/work.py) makes the same calls, in order."""
+    from serve.device import Device
+    from serve.pipeline.work import PLANS, apply_plans
+
+    p, _, down = _pipe()
+    calls = {"copy": Copies([(1, 2)], (3, 4)), "park": Copies([(5, 6)], None), "wake": Copies([(6, 7)], None),
+             "land": SimpleNamespace(made=[("page", 9), ("slot", 1)]), "zero_slot": 2}
+    assert set(calls) == set(PLANS) <= set(vars(Device)), "a plan method the Device does not name"
+    for method, arg in calls.items():
+        getattr(p, method)(arg)
+    p.step("prefill", [Cell([1], None, [5], 0)])
+    stage = FakeRuntime()
+    apply_plans(stage, p.host_page_bytes, down.sent[0].head["plans"])
+    assert [m for m, *_ in down.sent[0].head["plans"]] == list(calls)
+    assert stage.log == p.local.log[:-1] == [("copy", [(1, 2)]), ("park", [(5, 600)]), ("wake", [(600, 7)]),
+                                             ("land", [("page", 9), ("slot", 1)]), ("zero", 2)]
 
 
 def test_tokens_wait_for_their_own_item_and_in_flight_is_bounded():

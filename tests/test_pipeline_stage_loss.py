@@ -315,6 +315,7 @@ def test_a_stage_started_by_hand_is_replaced_by_hand(kern_server, tmp_path):
     import sys
 
     from conftest import REPO
+    from e2e.spawn import Processes
     from manifests import load
     from manifests.config import resolve
     from serve.pipeline.plan import write_stages
@@ -326,13 +327,12 @@ def test_a_stage_started_by_hand_is_replaced_by_hand(kern_server, tmp_path):
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         addr = f"tcp://127.0.0.1:{sock.getsockname()[1]}"
-    env = dict(os.environ, PYTHONPATH=str(REPO))
+    spawner = Processes.project(cwd=REPO)  # the one launcher's fresh processes (e2e/spawn.py)
     procs = []
 
     def by_hand(i: int) -> subprocess.Popen:
-        log = open(tmp_path / f"stage-{i}.log", "wb")
-        p = subprocess.Popen([sys.executable, "-m", "serve", str(stage_json), "--pp-head", addr, "--pp-timeout", "20",
-                              "--backend", "cpu"], stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=env)
+        p = spawner.start([sys.executable, "-m", "serve", str(stage_json), "--pp-head", addr, "--pp-timeout", "20",
+                           "--backend", "cpu"], tmp_path / f"stage-{i}.log")
         procs.append(p)
         return p
 

@@ -111,3 +111,57 @@ def test_a_300_token_prompt_at_every_chunk_size(shape, chunk):
     want = model.generate(LONG, 16, m.raw)
     for rows in (1, 4) if shape in SPEC_SHAPES else (1,):
         assert run(shape, LONG, 16, rows, chunk).ids == want
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_batches_that_change_every_step_answer_as_the_model(data):
+    """Decode steps over batches whose members, order and pages change from step to step (a
+    sequence's page list grows in place as it needs a page, others join, leave and are reordered,
+    or neighbours swap rows here and there):
+    the page tables and slot map kept between steps (runtime/tables.py) stay each row's own, so
+    every sequence's ids are the model's."""
+    from runtime.runtime import Runtime
+
+    m, w = target("toy-paged")
+    rt = Runtime(m, w, pages=96, max_seqs=16)
+    rt.set_pad(0, None)
+    unit = rt.unit
+    free = data.draw(st.permutations(range(1, 96)))
+    n = data.draw(st.integers(2, 12))
+    prompts = [data.draw(st.lists(st.integers(0, 255), min_size=1, max_size=40)) for _ in range(n)]
+    cells, pos, anchor, out = [], [], [], [[] for _ in prompts]
+    for p in prompts:
+        pages = [free.pop() for _ in range(-(-len(p) // unit))]
+        if len(p) > 1:
+            rt.step("prefill", [Cell(pages, None, p[:-1], 0)])
+        cells.append(pages)
+        pos.append(len(p) - 1)
+        anchor.append(p[-1])
+    live = list(range(n))
+    batch: list[int] = []
+    while live:
+        batch = [i for i in batch if i in live]
+        if len(batch) >= 2 and data.draw(st.booleans()):
+            # the batch before with pairs of neighbours swapped: rows rewritten here and there
+            for at in range(0, len(batch) - 1, 2):
+                if data.draw(st.booleans()):
+                    batch[at], batch[at + 1] = batch[at + 1], batch[at]
+        else:
+            batch = data.draw(st.lists(st.sampled_from(live), min_size=1, unique=True))
+        for i in batch:
+            if pos[i] + 1 > len(cells[i]) * unit:
+                cells[i].append(free.pop())  # the same list, one page longer
+        step = [Cell(cells[i], None, [anchor[i]], pos[i]) for i in batch]
+        rt.step("decode", step)
+        for i, c in zip(batch, step):
+            t = c.tokens[0]
+            pos[i] += 1
+            if t == model.EOS or len(out[i]) >= 24:
+                live.remove(i)
+            else:
+                out[i].append(t)
+                anchor[i] = t
+    for p, got in zip(prompts, out):
+        assert got == model.generate(p, 24, m.raw)[: len(got)]
+        assert len(got) == 24 or len(model.generate(p, 24, m.raw)) == len(got)

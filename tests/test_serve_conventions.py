@@ -131,3 +131,53 @@ def test_the_openai_client_reads_the_usage_chunk(server):
     assert last.usage.model_dump(exclude_none=True) == whole.usage.model_dump(exclude_none=True)
     assert all(c.choices and c.usage is None for c in chunks[:-1])
     assert "".join(c.choices[0].delta.content or "" for c in chunks[:-1]) == whole.choices[0].message.content
+
+
+# -- no Nagle stall ----------------------------------------------------------------------------------
+
+
+def test_the_listening_socket_is_tcp_so_connections_get_no_delay():
+    """asyncio sets TCP_NODELAY only on connections of a socket whose proto is IPPROTO_TCP; the
+    listening socket says so (socket.socket's default proto 0 left Nagle on)."""
+    import socket
+
+    from serve.cli import bind
+
+    sock = bind("127.0.0.1", 0)
+    try:
+        assert sock.proto == socket.IPPROTO_TCP
+    finally:
+        sock.close()
+
+
+def test_an_answer_is_not_held_for_the_clients_delayed_ack(server):
+    """A response goes out as its head and then its body; with Nagle's algorithm on, the body waits
+    for the client's delayed ACK of the head (40 ms on Linux) on every request. Property: the median
+    of 21 kept-alive round trips of /health and of an 8-token completion stays under 20 ms, half the
+    stall (seen: 44 and 48 ms with Nagle on, 0.2 and 2.5 ms off)."""
+    import socket
+    import time
+
+    body = json.dumps({"prompt": LONG[:8], "max_tokens": 8}).encode()
+    asks = {"health": b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n",
+            "completion": (f"POST /v1/completions HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\n"
+                           f"content-length: {len(body)}\r\n\r\n").encode() + body}
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as s:
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # the client sends each ask in one write
+        for name, ask in asks.items():
+            took = []
+            for _ in range(21):
+                t = time.perf_counter()
+                s.sendall(ask)
+                got = b""
+                while b"\r\n\r\n" not in got or len(got.split(b"\r\n\r\n", 1)[1]) < _length(got):
+                    got += s.recv(65536)
+                took.append(time.perf_counter() - t)
+                assert got.startswith(b"HTTP/1.1 200 "), got[:200]
+            median = sorted(took)[10]
+            assert median < 0.020, f"{name}: median round trip {median * 1e3:.1f} ms"
+
+
+def _length(raw: bytes) -> int:
+    head = raw.split(b"\r\n\r\n", 1)[0].decode().lower()
+    return int(re.search(r"content-length: (\d+)", head).group(1))

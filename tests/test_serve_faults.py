@@ -117,20 +117,42 @@ def test_keep_overshoot_misbehaves(kern_server):
     assert json.dumps(server.stats())  # still serving
 
 
-def test_every_fault_is_listed_under_help_and_consulted():
+def test_every_fault_is_listed_under_help_and_bound_only_by_serve_faults():
+    """Each fault is described under --help; `serve/faults.py` binds each one (the core's device wrapped,
+    a hook point of the core or its admission replaced, or what the HTTP side asks changed); and no
+    other file of serve/ names one: the serving code has no fault branch."""
+    import ast
     from pathlib import Path
 
     from click.testing import CliRunner
 
+    from pyruntime import engine
     from serve.cli import serve_command
-    from serve.faults import FAULTS
+    from serve.core import Core
+    from serve.faults import FAULTS, Faults
 
     out = "".join(CliRunner().invoke(serve_command, ["--help"]).output.split())  # click wraps at hyphens
     serve = Path(__file__).resolve().parent.parent / "serve"
-    src = "".join(p.read_text() for p in serve.glob("*.py") if p.name != "faults.py")
+    named = {f"{p.relative_to(serve)}: {node.value}" for p in serve.rglob("*.py") if p.name != "faults.py"
+             for node in ast.walk(ast.parse(p.read_text()))
+             if isinstance(node, ast.Constant) and node.value in FAULTS}
+    assert not named, f"fault names outside serve/faults.py: {sorted(named)}"
+    e, _ = engine("toy-paged", 64 * 16, 0, 4)
+    plain = _bound(Core(e), e)
     for name in FAULTS:
         assert f"{name}:" in out, name  # the catalogue's description, not only the choice list
-        assert f'"{name}" in' in src or f'"{name}" not in' in src, f"{name} is never consulted"
+        e.faults = Faults([name])
+        assert _bound(e.faults.bind(Core(e)), e) != plain, f"{name} binds nothing"
+
+
+def _bound(core, e) -> dict:
+    """What a fault may bind: the core's device, the hook points replaced on the core and its admission
+    (an instance attribute over the class's method), what the HTTP side asks."""
+    return {"device": type(core.device).__name__,
+            "core": sorted(set(vars(core)) & {"release_aborted", "retire", "tell"}),
+            "admission": sorted(set(vars(core.admission)) & {"lookup", "checkpoint", "on_remapping", "too_long",
+                                                             "restore_copy", "parker"}),
+            "limit": e.faults.request_limit(e), "tier": e.faults.tells_tier}
 
 
 def test_stats_live_answers_while_a_step_never_returns(kern_server):

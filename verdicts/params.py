@@ -27,14 +27,16 @@ from __future__ import annotations
 import codecs
 from dataclasses import dataclass
 
+from kern.tokens import BYTES
+
 from .same import Oracle
 
 __all__ = ["Expected", "continuation", "decoded_path", "expect", "text_of"]
 
 
 def text_of(ids: list[int]) -> str:
-    """Byte tokens as text (UTF-8, replacement characters for bad bytes); EOS and ids >= 256 have none."""
-    return bytes(t for t in ids if 0 <= t < 256).decode("utf-8", "replace")
+    """Byte tokens as text (UTF-8, replacement characters for bad bytes); EOS and ids >= BYTES have none."""
+    return bytes(t for t in ids if 0 <= t < BYTES).decode("utf-8", "replace")
 
 
 @dataclass(frozen=True)
@@ -73,7 +75,7 @@ def expect(emitted: list[int], max_tokens: int, eos: int, stop: tuple[str, ...] 
             finish, reason, hide = "stop", t, not include
             break
         if stop:
-            text = codecs.getincrementaldecoder("utf-8")("replace").decode(bytes(x for x in ids if x < 256))
+            text = codecs.getincrementaldecoder("utf-8")("replace").decode(bytes(x for x in ids if x < BYTES))
             found = _first_string(text, stop)
             if found is not None:
                 finish, reason, cut = "stop", found[0], found

@@ -39,6 +39,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from kern.errors import KernError
+from kern.tokens import EOS
+
 __all__ = ["POLICY_COUNTERS", "Policy", "Prediction", "Unmodelled"]
 
 _FREE_RUN = re.compile(b"\x00+")  # a run of free host grains
@@ -46,7 +49,7 @@ POLICY_COUNTERS = ("resident_hits", "resident_hit_tokens", "host_hits", "host_hi
             "parks", "wakes", "wake_tokens", "evictions", "host_evictions", "not_kept")
 
 
-class Unmodelled(Exception):
+class Unmodelled(KernError):
     """The policy would take a path this oracle does not model (a slot remap, a wait for room)."""
 
 
@@ -378,7 +381,7 @@ class Policy:
         if got is None:
             raise Unmodelled("the request would wait for room with nothing resident to evict")
         lease, pred = got
-        fed = ids + list(path["answer"]) + ([256] if path["reason"] == "stop" else [])
+        fed = ids + list(path["answer"]) + ([EOS] if path["reason"] == "stop" else [])
         end = len(ids) if self.emits else len(ids) - 1
         pos = pred.cached
         chunks = []

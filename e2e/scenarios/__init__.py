@@ -23,9 +23,9 @@ class Step:
     name: str
     session: str | None
     checks: tuple[str, ...]
-    deps: tuple[str, ...]
-    run: Callable
-    flags: Callable | None = None
+    deps: tuple[str, ...]  # the steps it needs first: their typed results (e2e/results.py), and theirs, reach it
+    run: Callable  # run(r) -> its typed result for the steps depending on it (e2e/results.py), or None
+    flags: Callable | None = None  # flags(r): its session's server flags (they may read its deps' results)
     applies: Callable[[GateTarget], bool] = lambda t: True
     serial: bool = True  # one request at a time: the policy oracle predicts it exactly
     facts: bool = True  # reads the first session's facts (rows, page, ...): its lane waits for that start

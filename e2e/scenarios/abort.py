@@ -16,6 +16,7 @@ from __future__ import annotations
 import time
 
 from e2e.prompts import PROMPTS, variant
+from e2e.results import Cold
 from verdicts import Same
 
 CHUNKS = 3
@@ -69,7 +70,8 @@ def run(r) -> None:
         reason = ended(live.session.log, rid)
     a = r.answer(PROMPTS[0])
     same = Same(r.oracle, r.rows)
-    same.add("prompt 1", r.cold[0].prompt_ids, a.ids, r.cold[0].ids)
+    cold = r.got(Cold).answers[0]
+    same.add("prompt 1", cold.prompt_ids, a.ids, cold.ids)
     idle = live.stats.idle()
     if ours:  # /stats counts the requests that ended by abort: the hung-up one, and only it
         n = idle.get("aborted", 0) - aborted

@@ -14,6 +14,7 @@ conversation woken twice, and a turn whose earlier snapshot had been dropped.
 from __future__ import annotations
 
 from e2e.prompts import PROMPTS
+from e2e.results import Cold, Turn2
 from verdicts import Same
 
 CONVERSATIONS = 4
@@ -29,8 +30,8 @@ TOKENS = 64
 def _room_pages(r, order=ORDER) -> int:
     """Pages of the largest request the scenario sends (a conversation's last turn, bounded)."""
     turns = max(order.count(i) for i in range(CONVERSATIONS)) + (order is ORDER)
-    longest = max(len(a.prompt_ids) for a in r.cold[:CONVERSATIONS])
-    tokens = longest + turns * (TOKENS + 1 + len(r.suffix)) + r.rows - 1
+    longest = max(len(a.prompt_ids) for a in r.got(Cold).answers[:CONVERSATIONS])
+    tokens = longest + turns * (TOKENS + 1 + len(r.got(Turn2).suffix)) + r.rows - 1
     return -(-tokens // r.page)
 
 
@@ -55,8 +56,9 @@ def run(r) -> None:
         same.add(f"conversation {i + 1} turn 1", ids, a.ids, r.oracle.run(ids, TOKENS, r.rows))
         convo.append(ids + a.fed)
         tiers[i].append((a.tier, a.cached))
+    suffix = list(r.got(Turn2).suffix)
     for n, i in enumerate(ORDER):
-        ids = convo[i] + r.suffix
+        ids = convo[i] + suffix
         a = r.answer(ids, TOKENS)
         same.add(f"conversation {i + 1} turn {len(tiers[i]) + 1}", ids, a.ids, r.oracle.run(ids, TOKENS, r.rows))
         convo[i] = ids + a.fed
@@ -95,8 +97,9 @@ def drop(r) -> None:
     live = r.need("drop")
     same = Same(r.oracle, r.rows)
     convo: dict[int, list[int]] = {}
+    suffix = list(r.got(Turn2).suffix)
     for i in DROP_TURNS:
-        ids = convo[i] + r.suffix if i in convo else PROMPTS[i]
+        ids = convo[i] + suffix if i in convo else PROMPTS[i]
         a = r.answer(ids, TOKENS)
         ids = r.prompt_ids(a, ids)
         same.add(f"conversation {i + 1}", ids, a.ids, r.oracle.run(ids, TOKENS, r.rows))

@@ -8,26 +8,27 @@ from __future__ import annotations
 import json
 
 from e2e.prompts import PROMPTS
-from e2e.scenarios.kern_test import forked
-from e2e.session import own_kern
+from e2e.results import Cold
+from e2e.spawn import Processes, own_kern, run_command
 from verdicts import Same, oracle_gate
 
 
-def run(r) -> None:
+def run(r) -> Cold:
     same = Same(r.oracle, r.rows)
+    cold = []
     prefetch = getattr(r.oracle, "prefetch", None)
     for p in PROMPTS if prefetch is not None else ():  # the reference works ahead while the server answers
         prefetch(list(p.encode()), r.m, r.rows)
     for i, p in enumerate(PROMPTS):
         a = r.answer(p)
         a.prompt_ids = r.prompt_ids(a, p)
-        r.cold.append(a)
-        r.first_turns[i] = [a.request]
+        cold.append(a)
         want = r.oracle.run(a.prompt_ids, r.m, r.rows)
         same.add(f"prompt {i + 1}", a.prompt_ids, a.ids, want)
     gate = oracle_gate(r.target.ranks, r.oracle.available)
     ok = same.ok if gate else gate
     r.checks.add("conc1_equals_run", ok, f"{same} (oracle: {r.oracle.kind})", same.excused)
+    return Cold(tuple(cold))
 
 
 def run_equals_reference(r) -> None:
@@ -52,7 +53,7 @@ def _forked_runs(r, prompts: list[list[int]], rows: int) -> str:
     Whatever it did not answer the runner runs here. A note for the check: how the runs were made."""
     runner, z = r.runner, r.opts.spawner()
     cache = getattr(runner, "cache", None)
-    if z is None or cache is None or not hasattr(runner, "manifest_path"):
+    if isinstance(z, Processes) or cache is None or not hasattr(runner, "manifest_path"):
         return ""
     todo = [ids for ids in prompts if cache.get(ids, r.m, rows) is None]
     if not todo:
@@ -62,7 +63,7 @@ def _forked_runs(r, prompts: list[list[int]], rows: int) -> str:
     file.write_text("".join(json.dumps(ids) + "\n" for ids in todo))
     cmd = [*own_kern(), "run", str(runner.manifest_path), *[a for w in runner.weights for a in ("--weights", w)],
            "--prompts-file", str(file), "--steps", str(r.m), "--rows", str(rows), "--backend", runner.backend, "--json"]
-    out, code = forked(z, cmd, r.dir / "kern-run.log", r.opts.kern_test_timeout)
+    out, code = run_command(z, cmd, r.dir / "kern-run.log", r.opts.kern_test_timeout)
     got = 0
     for line in out.splitlines():
         try:

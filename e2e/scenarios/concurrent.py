@@ -10,11 +10,12 @@ import time
 
 from e2e.client import Answer
 from e2e.prompts import PROMPTS
+from e2e.results import Burst, Cold
 from e2e.stats import acceptance
 from verdicts import Same, acceptance_holds, accept_rate
 
 
-def run(r) -> None:
+def run(r) -> Burst:
     live = r.need("default")
     r.serial_ends("the concurrent phase (recency and counters depend on timing)")
     if r.rows > 1:
@@ -34,7 +35,8 @@ def run(r) -> None:
     same = Same(r.oracle, r.rows)
     for i, a in enumerate(answers):
         if isinstance(a, Answer):
-            same.add(f"prompt {i + 1}", r.cold[i].prompt_ids, a.ids, r.cold[i].ids)
+            cold = r.got(Cold).answers[i]
+            same.add(f"prompt {i + 1}", cold.prompt_ids, a.ids, cold.ids)
     live.stats.flush()
     after = live.stats.read()
     r.counters["default"] = _plain(after)
@@ -46,20 +48,20 @@ def run(r) -> None:
         serial = accept_rate(stats[:windows])
         busiest = max(stats[windows:], key=lambda w: w.get("steps", 0), default={})
         burst, per_round = busiest.get("accept_pct"), busiest.get("accepted")
-    r.burst = {"serial": serial, "burst": burst, "accepted": per_round}
     ok = finished == len(PROMPTS) and (same.ok or not r.oracle.exact)
     note = f"{finished}/{len(PROMPTS)} finished in {dt:.1f}s; {same}"
     if errors:
         note += "; " + "; ".join(errors)
     r.checks.add("concurrent", ok, note, same.excused)
+    return Burst(serial, burst, per_round)
 
 
 def spec_acceptance(r) -> None:
-    b = r.burst
+    b = r.got(Burst)
     bounds = getattr(r.oracle, "accept_pct", None)
-    ok = acceptance_holds(b.get("serial"), b.get("burst"), bounds)
-    r.checks.add("spec_acceptance", ok, f"serial {b.get('serial')}%, burst {b.get('burst')}% "
-                 f"({b.get('accepted')} tokens/round); bounds {bounds}")
+    ok = acceptance_holds(b.serial, b.burst, bounds)
+    r.checks.add("spec_acceptance", ok, f"serial {b.serial}%, burst {b.burst}% "
+                 f"({b.accepted} tokens/round); bounds {bounds}")
 
 
 def _plain(stats: dict) -> dict:

@@ -8,6 +8,7 @@ C = (4·⌈(P + 16)/page⌉ + 1)·page, P = the longest conc1 prompt + M + len(s
 from __future__ import annotations
 
 from e2e.prompts import PROMPTS, variant
+from e2e.results import Cold, HostCold, Turn2
 from e2e.scenarios.concurrent import _plain
 from verdicts import Same
 
@@ -17,7 +18,7 @@ FILL_MAX = 48
 
 
 def capacity(r) -> int:
-    p = max(len(a.prompt_ids) for a in r.cold) + r.m + len(r.suffix) + 1
+    p = max(len(a.prompt_ids) for a in r.got(Cold).answers) + r.m + len(r.got(Turn2).suffix) + 1
     page = r.page
     return (PER * -(-(p + 16) // page) + 1) * page
 
@@ -26,20 +27,22 @@ def flags(r) -> list[str]:
     return ["--capacity", str(capacity(r)), "--host-gib", "2", "--max-seqs", str(PER)]
 
 
-def cold(r) -> None:
+def cold(r) -> HostCold:
     same = Same(r.oracle, r.rows)
-    r.host_cold = []
-    for i, t in enumerate(r.turn2):
-        a = r.answer(t["ids"])
-        r.host_cold.append(a.ids)
-        same.add(f"turn 2 of prompt {i + 1}", t["ids"], t["warm_ids"], a.ids)
+    got = []
+    for i, t in enumerate(r.got(Turn2).turns):
+        a = r.answer(list(t.ids))
+        got.append(tuple(a.ids))
+        same.add(f"turn 2 of prompt {i + 1}", list(t.ids), list(t.warm_ids), a.ids)
     r.checks.add("turn2_warm_equals_cold", same.ok if r.oracle.available else None,
                  f"warm (default session) vs cold (fresh server): {same}", same.excused)
+    return HostCold(tuple(got))
 
 
 def park_wake(r) -> None:
     live = r.need("host")
-    want = {t["cached"] for t in r.turn2 if t["cached"]}
+    turns, cold_ids, first = r.got(Turn2).turns, r.got(HostCold).ids, r.got(Cold).answers
+    want = {t.cached for t in turns if t.cached}
     fill = Same(r.oracle, r.rows)
     n = 0
     parked: set[int] = set()
@@ -50,14 +53,14 @@ def park_wake(r) -> None:
         if a.woken:
             woken.append(a.request)
         if n < FILL_MIN:
-            fill.add(f"fill {n}", r.cold[n].prompt_ids, a.ids, r.cold[n].ids)
+            fill.add(f"fill {n}", first[n].prompt_ids, a.ids, first[n].ids)
         n += 1
         if n >= FILL_MIN:
             parked = live.stats.read()["parked_lengths"]
     same = Same(r.oracle, r.rows)
-    for i, t in enumerate(r.turn2):
-        a = r.answer(t["ids"])
-        same.add(f"turn 2 of prompt {i + 1}", t["ids"], a.ids, r.host_cold[i])
+    for i, t in enumerate(turns):
+        a = r.answer(list(t.ids))
+        same.add(f"turn 2 of prompt {i + 1}", list(t.ids), a.ids, list(cold_ids[i]))
         if a.woken:
             woken.append(a.request)
     live.stats.flush()

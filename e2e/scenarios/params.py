@@ -30,6 +30,7 @@ from typing import Any
 
 from e2e.client import Answer, Rejected
 from e2e.prompts import PROMPTS
+from kern.tokens import EOS
 from verdicts import Same
 from verdicts.params import Expected, continuation, decoded_path, expect, text_of
 
@@ -42,7 +43,8 @@ def seed_of(r) -> str:
 
 
 def eos_of(r) -> int:
-    return int(getattr(getattr(r.oracle, "module", None), "EOS", 256))
+    """The EOS of the target's reference model (the toy's when it names none)."""
+    return int(getattr(getattr(r.oracle, "module", None), "EOS", EOS))
 
 
 class Judge:

@@ -4,6 +4,7 @@ with one row; rows1_vs_spec reports how many equal the multi-row answers."""
 from __future__ import annotations
 
 from e2e.prompts import PROMPTS
+from e2e.results import Cold
 from verdicts import Same
 
 ASKED = 4
@@ -20,7 +21,7 @@ def run(r) -> None:
     for i in range(ASKED):
         a = r.answer(PROMPTS[i])
         ids = r.prompt_ids(a, PROMPTS[i])
-        same_spec += a.ids == r.cold[i].ids
+        same_spec += a.ids == r.got(Cold).answers[i].ids
         want = r.oracle.run(ids, r.m, 1)
         if want is not None:
             answered += 1

@@ -4,6 +4,7 @@ remaps; answers identical, and turn 2 hits exactly as in the default session."""
 from __future__ import annotations
 
 from e2e.prompts import PROMPTS, variant
+from e2e.results import Cold, Turn2
 from e2e.scenarios.concurrent import _plain
 from verdicts import Same
 
@@ -20,13 +21,14 @@ def run(r) -> None:
     for n in range(total):
         a = r.answer(variant(n))
         if n < len(PROMPTS):
-            fill.add(f"prompt {n + 1}", r.cold[n].prompt_ids, a.ids, r.cold[n].ids)
+            cold = r.got(Cold).answers[n]
+            fill.add(f"prompt {n + 1}", cold.prompt_ids, a.ids, cold.ids)
     same = Same(r.oracle, r.rows)
     hits = []
-    for i, t in enumerate(r.turn2):
-        a = r.answer(t["ids"])
-        same.add(f"turn 2 of prompt {i + 1}", t["ids"], a.ids, t["warm_ids"])
-        hits.append((a.cached, t["cached"]))
+    for i, t in enumerate(r.got(Turn2).turns):
+        a = r.answer(list(t.ids))
+        same.add(f"turn 2 of prompt {i + 1}", list(t.ids), a.ids, list(t.warm_ids))
+        hits.append((a.cached, t.cached))
     live.stats.flush()
     c = live.stats.read()
     r.counters["slots"] = _plain(c)

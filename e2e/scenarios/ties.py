@@ -26,6 +26,7 @@ adjacent host runs one after the other, so a later park's slot fits only where t
 from __future__ import annotations
 
 from e2e.prompts import PROMPTS, variant
+from e2e.results import Turn2
 from e2e.scenarios import churn
 from verdicts import Same
 
@@ -85,6 +86,11 @@ class _Run:
             self.problems.append(f"{label}: not parked after {FILLS} fills")
 
 
+def _suffix(r) -> list[int]:
+    """The suffix's ids, as turn2 found the server tokenizes it."""
+    return list(r.got(Turn2).suffix)
+
+
 def _parting(tail: list[int], token: int) -> list[int]:
     """`tail`, led by another token than `token` (so a prompt parts there)."""
     return tail if tail[0] != token else [token ^ 1] + tail
@@ -93,7 +99,7 @@ def _parting(tail: list[int], token: int) -> list[int]:
 def _long(r, head: list[int], token: int) -> list[int]:
     """`head` and a tail of less than a page parting from `token`, the first whose reference answer
     runs at least two pages (so decode steps checkpoint the pages after `head` one by one)."""
-    tail = _parting(r.suffix, token)
+    tail = _parting(_suffix(r), token)
     options = [head + tail[:n] for n in range(1, min(len(tail), r.page))]
     for ids in options:
         want = r.oracle.run(ids, churn.TOKENS, r.rows)
@@ -136,18 +142,18 @@ def run(r) -> None:
         t.fill_until(f"entries {k} and {ky}", lambda p: k in p and ky in p)
         t.ask(f"fed[:{k}] again", fed[:k], 2)
         at = k + page // 2
-        tail = _parting(r.suffix[::-1], yfed[at])
+        tail = _parting(_suffix(r)[::-1], yfed[at])
         t.ask("the tie", yfed[:at] + tail)
     else:
         ids, a = t.ask("turn 1", PROMPTS[0])
-        ids, b = t.ask("turn 2", ids + a.fed + r.suffix)
+        ids, b = t.ask("turn 2", ids + a.fed + _suffix(r))
         second = ids + b.fed
-        ids, c = t.ask("turn 3", second + r.suffix)
+        ids, c = t.ask("turn 3", second + _suffix(r))
         l1, l2 = b.cached, c.cached
         t.squeeze("one page short")
         if not t.parked() & {l1, l2}:
             t.problems.append(f"neither snapshot {l1} nor {l2} parked")
-        t.ask("turn 2, another suffix", second + _parting(r.suffix[::-1], r.suffix[0]))
+        t.ask("turn 2, another suffix", second + _parting(_suffix(r)[::-1], _suffix(r)[0]))
     ok = t.same.ok and not t.problems
     note = f"tier:cached {t.tiers}; answers {t.same}" + "".join(f"; {p}" for p in t.problems)
     r.checks.add("index_ties", ok, note, t.same.excused)
@@ -169,7 +175,7 @@ def frag(r) -> None:
             t.ask(f"fill {t.n}", variant(FIRST_FILL + t.n))
             t.n += 1
             continue
-        ids = convo[i] + r.suffix if i in convo else PROMPTS[i]
+        ids = convo[i] + _suffix(r) if i in convo else PROMPTS[i]
         ids, a = t.ask(f"conversation {i + 1}", ids)
         convo[i] = ids + a.fed
     c = t.live.stats.read()

@@ -8,6 +8,7 @@ or be 0 with its own first turns not kept.
 from __future__ import annotations
 
 from e2e.prompts import SUFFIX
+from e2e.results import Cold, Repeated, Turn, Turn2
 from verdicts import Same, turn2_hit
 
 TURNS = 4
@@ -27,31 +28,33 @@ def unkept(r) -> set[str]:
     return said | {str(ln["request"]) for ln in live.session.log.lines("not kept") if "request" in ln}
 
 
-def run(r) -> None:
-    r.suffix = r.need("default").client.tokenize(SUFFIX)
-    r.turn2 = []
+def run(r) -> Turn2:
+    suffix = r.need("default").client.tokenize(SUFFIX)
+    turns = []
     for i in range(TURNS):
-        cold = r.cold[i]
-        ids = cold.prompt_ids + cold.fed + r.suffix
+        cold = r.got(Cold).answers[i]
+        ids = cold.prompt_ids + cold.fed + suffix
         a = r.answer(ids)
-        r.turn2.append({"ids": ids, "warm_ids": a.ids, "cached": a.cached, "prompt_len": len(cold.prompt_ids)})
+        turns.append(Turn(tuple(ids), tuple(a.ids), a.cached, len(cold.prompt_ids)))
     lost = unkept(r)
-    entries = [(t["cached"], t["prompt_len"], r.first_turns[i]) for i, t in enumerate(r.turn2)]
+    first_turns = r.got(Repeated).first_turns
+    entries = [(t.cached, t.prompt_len, list(first_turns[i])) for i, t in enumerate(turns)]
     f = floor(r.page, r.stateful)
     ok = turn2_hit(entries, f, lost)
-    cached = [t["cached"] for t in r.turn2]
+    cached = [t.cached for t in turns]
     mine = sorted({q for _, _, reqs in entries for q in reqs} & lost)
-    note = f"cached {cached} (floor {[f(t['prompt_len']) for t in r.turn2]})"
+    note = f"cached {cached} (floor {[f(t.prompt_len) for t in turns]})"
     if mine:
         note += f"; not kept: {', '.join(mine)}"
     r.checks.add("turn2_hit", ok, note)
     same = Same(r.oracle, r.rows)
     answered = 0
-    for i, t in enumerate(r.turn2):
-        want = r.oracle.run(t["ids"], r.m, r.rows)
+    for i, t in enumerate(turns):
+        want = r.oracle.run(list(t.ids), r.m, r.rows)
         if want is None:
             continue
         answered += 1
-        same.add(f"turn 2 of prompt {i + 1}", t["ids"], t["warm_ids"], want)
+        same.add(f"turn 2 of prompt {i + 1}", list(t.ids), list(t.warm_ids), want)
     if answered:
         r.checks.add("turn2_warm_equals_run", same.ok, str(same), same.excused)
+    return Turn2(tuple(suffix), tuple(turns))

@@ -13,6 +13,7 @@ import httpx
 
 from e2e.client import Rejected
 from e2e.prompts import PROMPTS
+from e2e.results import Turn2
 from e2e.watch import Hung
 from verdicts import Same
 
@@ -20,7 +21,7 @@ TURN2_TIMEOUT = 60.0
 
 
 def capacity(r) -> int:
-    room = len(r.turn2[0]["ids"]) + r.m + r.rows - 1
+    room = len(r.got(Turn2).turns[0].ids) + r.m + r.rows - 1
     return (-(-room // r.page) + 1) * r.page
 
 
@@ -31,9 +32,9 @@ def flags(r) -> list[str]:
 def run(r) -> None:
     live = r.need("wake_room")
     first = r.answer(PROMPTS[0])
-    ids = r.prompt_ids(first, PROMPTS[0]) + first.fed + r.suffix
+    ids = r.prompt_ids(first, PROMPTS[0]) + first.fed + list(r.got(Turn2).suffix)
     problems = []
-    if ids != r.turn2[0]["ids"]:
+    if ids != list(r.got(Turn2).turns[0].ids):
         problems.append("the first turn answered otherwise than in the default session")
     same = Same(r.oracle, r.rows)
     try:

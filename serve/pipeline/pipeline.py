@@ -25,21 +25,22 @@ import queue
 import threading
 import time
 
-from pool import Copies
+from kern.errors import KernError
 from serve import logs
 from serve.pipeline.liveness import HeadWatch
 from serve.pipeline.transport import Message, Wire
-from serve.pipeline.work import cells_to, encode_copies
+from serve.pipeline.work import apply_plans, cells_to, encode_plan
 
 __all__ = ["Pipeline", "StageLost"]
 
 
-class StageLost(RuntimeError):
+class StageLost(KernError, RuntimeError):
     """The pipeline lost a stage: the step that raised it, and every item in flight, are void."""
 
 
 class Pipeline:
-    """Runtime-like: `step`, `copy`, `park`, `wake`, `land`, `zero_slot`, `protocol`, over stages."""
+    """The serving core's `Device` (serve/device.py) over stages: `step`, the pool's plans, `protocol`,
+    and what a pipeline adds: `hold_partial`, `trouble`, `epoch`, `broken`, `while_waiting`."""
 
     def __init__(self, work, protocol, down: Wire, watch: HeadWatch, stages: int, timeout: float,
                  host_page_bytes: int) -> None:
@@ -78,6 +79,7 @@ class Pipeline:
         self._lock = threading.Lock()
         self._since: collections.deque[float] = collections.deque()  # when each item in flight was sent
         self.while_waiting = None  # called every 0.1 s while an answer is awaited (the scheduler's queries)
+        self.timing = None  # the step timing is the stages' own: the head keeps none
 
     # losing a stage (lose: any thread; the rest: the scheduler's)
 
@@ -150,29 +152,29 @@ class Pipeline:
                     "item_waiting_s": round(time.monotonic() - since[0], 1)}
         return None
 
-    # the pool's plans: here now, on the other stages before the next item
+    # the pool's plans: here now, on the other stages before the next item, each by its Device method
 
     def copy(self, copies) -> None:
-        self.local.copy(copies)
-        self.plans.append(["copy", *encode_copies(copies)])
+        self._plan("copy", copies)
 
     def park(self, copies) -> None:
-        hp = self.host_page_bytes
-        self.local.park(Copies([(d, h * hp) for d, h in copies.pages], None))
-        self.plans.append(["park", *encode_copies(copies)])
+        self._plan("park", copies)
 
     def wake(self, copies) -> None:
-        hp = self.host_page_bytes
-        self.local.wake(Copies([(h * hp, d) for h, d in copies.pages], None))
-        self.plans.append(["wake", *encode_copies(copies)])
+        self._plan("wake", copies)
 
     def land(self, remap) -> None:
-        self.local.land(remap)
-        self.plans.append(["land", [[str(getattr(k, "value", k)), int(i)] for k, i in remap.made]])
+        self._plan("land", remap)
 
     def zero_slot(self, slot: int) -> None:
-        self.local.zero_slot(slot)
-        self.plans.append(["zero", int(slot)])
+        self._plan("zero_slot", slot)
+
+    def _plan(self, method: str, arg) -> None:
+        """`method(arg)` on stage 0 now, and the same call on every other stage before the next item's
+        calls: the plan travels as the method's name and its argument (serve/pipeline/work.py)."""
+        plan = encode_plan(method, arg)
+        apply_plans(self.local, self.host_page_bytes, [plan])
+        self.plans.append(plan)
 
     # steps
 
@@ -206,6 +208,10 @@ class Pipeline:
         for c, toks in zip(cells, pending):
             c.tokens = toks
         return cells
+
+    def logits(self, groups: int) -> None:
+        """The logits are the last stage's: the head has none to read."""
+        return None
 
     def hold_partial(self, wait_s: float = 0.005) -> bool:
         """Whether a partial prefill item should wait: yes while `stages` items are in flight (a

@@ -9,10 +9,12 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from kern.errors import KernError
+
 __all__ = ["PlanError", "balanced", "pipeline_paths", "parse_at"]
 
 
-class PlanError(ValueError):
+class PlanError(KernError, ValueError):
     """A pipeline that cannot be made as asked (bad --at, more stages than boundaries, ...)."""
 
 

@@ -20,10 +20,12 @@ import msgpack
 import numpy as np
 import zmq
 
+from kern.errors import KernError
+
 __all__ = ["Message", "PeerGone", "Wire", "ZmqWire", "encode", "decode"]
 
 
-class PeerGone(ConnectionError):
+class PeerGone(KernError, ConnectionError):
     """The other side's connection closed: a pipeline has no use for half of itself."""
 
 

@@ -1,13 +1,16 @@
 """What one stage does with an item, on its own runtime: the pool's plans first, then the calls.
 
-Plans travel as plain lists (msgpack-able), in the order the head's pool made them:
+A plan travels as the name of the `serve.device.Device` method that carries it out and that method's
+argument as plain lists (msgpack-able), in the order the head's pool made them. The head runs each
+plan on stage 0 through the same `apply_plans` every other stage runs on its item (nano-vllm's model
+runner replays its own method names across ranks the same way):
 
     ["copy", pages, slot]   device page (src, dst) pairs and a slot pair or None
     ["park", pages, slot]   (device page, host page) pairs; a host page is an index, each stage
                             maps it to its own bytes (its host page is every paged state's page)
     ["wake", pages, slot]   (host page, device page) pairs
     ["land", made]          a remap's (kind, id) objects made, which the runtime zeroes
-    ["zero", slot]          a fresh sequence's slot
+    ["zero_slot", slot]     a fresh sequence's slot
 
 An item's arrays are the buffers crossing into this stage (`arriving`); the stage answers the
 buffers crossing out (`leaving`), or, the last stage, each cell's tokens.
@@ -20,13 +23,59 @@ import numpy as np
 from pool import Copies
 from runtime.step import Cell
 
-__all__ = ["StageWork", "arriving", "encode_copies", "cells_of", "cells_to"]
+__all__ = ["PLANS", "StageWork", "apply_plans", "arriving", "encode_plan", "cells_of", "cells_to"]
 
 
 def encode_copies(copies) -> tuple[list, list | None]:
     pages = [[int(a), int(b)] for a, b in copies.pages]
     slot = [int(copies.slot[0]), int(copies.slot[1])] if copies.slot is not None else None
     return pages, slot
+
+
+class _Made:
+    __slots__ = ("made",)
+
+    def __init__(self, made) -> None:
+        self.made = made
+
+
+def _copies(hp: int, pages, slot) -> Copies:
+    return Copies([tuple(p) for p in pages], tuple(slot) if slot else None)
+
+
+def _to_host(hp: int, pages, slot) -> Copies:
+    return Copies([(d, h * hp) for d, h in pages], None)
+
+
+def _from_host(hp: int, pages, slot) -> Copies:
+    return Copies([(h * hp, d) for h, d in pages], None)
+
+
+def _made(hp: int, made) -> _Made:
+    return _Made([tuple(x) for x in made])
+
+
+PLANS = {  # a Device plan method: (its argument as it travels, that argument again on a stage of host page hp bytes)
+    "copy": (encode_copies, _copies),
+    "park": (encode_copies, _to_host),
+    "wake": (encode_copies, _from_host),
+    "land": (lambda remap: ([[str(getattr(k, "value", k)), int(i)] for k, i in remap.made],), _made),
+    "zero_slot": (lambda slot: (int(slot),), lambda hp, slot: int(slot)),
+}
+
+
+def encode_plan(method: str, arg) -> list:
+    """The call `device.<method>(arg)` of one of the pool's plans, as it travels."""
+    return [method, *PLANS[method][0](arg)]
+
+
+def apply_plans(device, host_page_bytes: int, plans: list) -> None:
+    """Carry out `plans` on `device`, each by the Device method it names (a host page being
+    `host_page_bytes` bytes of this stage's host tier)."""
+    for method, *args in plans:
+        if method not in PLANS:
+            raise ValueError(f"unknown plan {method!r}")
+        getattr(device, method)(PLANS[method][1](host_page_bytes, *args))
 
 
 def cells_to(cells: list[Cell]) -> list:
@@ -61,22 +110,7 @@ class StageWork:
         self.host_page_bytes = runtime.host_page_bytes
 
     def apply(self, plans: list) -> None:
-        rt = self.runtime
-        hp = self.host_page_bytes
-        for plan in plans:
-            kind = plan[0]
-            if kind == "copy":
-                rt.copy(Copies([tuple(p) for p in plan[1]], tuple(plan[2]) if plan[2] else None))
-            elif kind == "park":
-                rt.park(Copies([(d, h * hp) for d, h in plan[1]], None))
-            elif kind == "wake":
-                rt.wake(Copies([(h * hp, d) for h, d in plan[1]], None))
-            elif kind == "land":
-                rt.land(_Made([tuple(x) for x in plan[1]]))
-            elif kind == "zero":
-                rt.zero_slot(plan[1])
-            else:
-                raise ValueError(f"unknown plan {kind!r}")
+        apply_plans(self.runtime, self.host_page_bytes, plans)
 
     def run(self, program: str, cells: list[Cell], arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         missing = [n for n in self.arriving if n in _reads(self.runtime.manifest, program) and n not in arrays]
@@ -88,13 +122,6 @@ class StageWork:
         leave: dict[str, np.ndarray] = dict.fromkeys(self.send)
         self.runtime.step(program, cells, arrive=arrays, leave=leave)
         return leave
-
-
-class _Made:
-    __slots__ = ("made",)
-
-    def __init__(self, made) -> None:
-        self.made = made
 
 
 def _reads(manifest, program: str) -> set[str]:

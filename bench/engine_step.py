@@ -1,0 +1,151 @@
+"""The engine alone, one step at a time: where a decode step's time goes, beside its ceiling.
+
+    python bench/engine_step.py [--target toy-paged] [--seqs 64] [--max-tokens 256] [--backend cpu|gpu]
+                                [--prompt-tokens 32] [--rounds 2] [--no-graphs] [--profile FILE]
+
+`serve.engine.build` and `serve.core.Core` driven in this process (admit, schedule, launch, commit) for
+`--seqs` requests at once, no HTTP, as `bench/serve_load.py`'s "engine alone" is. Every forward step is
+split into: schedule (admit, schedule, and the core's launch work outside the runtime: the cells, the
+runtime's checks and padding), stage (the runtime's host staging of fills and tables), upload,
+launch (issuing the calls or a graph replay), kernel (device time between two marks; the CPU runs
+kernels as issued), readback (the emitted tokens), and commit (positions, answers, checkpoints). Prefill
+calls are timed apart. Prints output tok/s and, as the ceiling measured in the same run, the tok/s the
+kernels alone would give (decode tokens / decode kernel time) with their ratio, and the staging share
+of the step (stage + upload over the whole step). Best round of `--rounds` (each a fresh Core) for tok/s,
+and each part's least over the rounds (a shared machine's noise only adds time). With
+`--profile FILE`, the last round runs under cProfile and its stats are written to FILE.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+PARTS = ("schedule", "stage", "upload", "launch", "kernel", "readback", "commit")
+
+
+def prompt(i: int, n: int) -> list[int]:
+    """Request i's prompt: n byte ids, distinct in its first page from every other request's."""
+    head = f"{i:06d}:".encode()
+    return list((head + bytes((i * 7 + k * 13) % 251 for k in range(n)))[:n])
+
+
+def one_round(e, rnd: int, seqs: int, max_tokens: int, prompt_tokens: int) -> dict:
+    from serve.core import FORWARD, Core
+    from serve.request import Request
+
+    core = Core(e)
+    got = [0]
+
+    def sink(u):
+        got[0] += len(u.tokens)
+
+    for i in range(seqs):
+        core.submit(Request(f"r{rnd}-{i}", prompt(rnd * 100000 + i, prompt_tokens), max_tokens, e.rows, sink,
+                            ignore_eos=True))
+    rt = e.runtime
+    spent = dict.fromkeys(PARTS, 0.0)
+    prefill_s = 0.0
+    steps = 0
+    decode_tokens = 0
+    t_start = time.perf_counter()
+    while core.waiting or core.running:
+        t0 = time.perf_counter()
+        core.admit()
+        plan = core.schedule()
+        t1 = time.perf_counter()
+        spent["schedule"] += t1 - t0
+        for work in plan.works:
+            if work.kind != FORWARD:
+                a = time.perf_counter()
+                core.commit(core.launch(work))
+                prefill_s += time.perf_counter() - a
+                continue
+            before = {k: getattr(rt.timing, k) for k in ("stage", "upload", "launch", "kernel", "readback")}
+            before_tokens = got[0]
+            a = time.perf_counter()
+            flight = core.launch(work)
+            b = time.perf_counter()
+            core.commit(flight)
+            c = time.perf_counter()
+            for k, v in before.items():
+                spent[k] += getattr(rt.timing, k) - v
+            spent["commit"] += c - b
+            steps += 1
+            decode_tokens += got[0] - before_tokens
+            # what launch spent outside the runtime's own parts (cells, in-flight bookkeeping)
+            spent["schedule"] += (b - a) - sum(getattr(rt.timing, k) - v for k, v in before.items()
+                                               if k != "kernel")
+    getattr(rt, "synchronize", lambda: None)()
+    wall = time.perf_counter() - t_start
+    return {"wall": wall, "tokens": got[0], "steps": steps, "decode_tokens": decode_tokens, "prefill_s": prefill_s,
+            **spent}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--target", default="toy-paged")
+    ap.add_argument("--seqs", type=int, default=64)
+    ap.add_argument("--max-tokens", type=int, default=256)
+    ap.add_argument("--prompt-tokens", type=int, default=32)
+    ap.add_argument("--backend", default="cpu")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--no-graphs", action="store_true")
+    ap.add_argument("--profile", default=None, help="write the last round's cProfile stats here")
+    args = ap.parse_args(argv)
+
+    from kern.errors import KernError
+    from serve.engine import Options, build
+
+    for flag, v in (("--seqs", args.seqs), ("--max-tokens", args.max_tokens), ("--prompt-tokens", args.prompt_tokens),
+                    ("--rounds", args.rounds)):
+        if v < 1:
+            ap.error(f"{flag} {v} must be >= 1")
+    cap = 2 * args.seqs * (args.prompt_tokens + args.max_tokens + 64)
+    try:
+        e = build(args.target, Options(backend=args.backend, max_seqs=args.seqs, graphs=not args.no_graphs,
+                                       capacity=cap))
+    except KernError as exc:  # an unknown target, a backend that cannot load, flags it cannot serve
+        ap.error(str(exc))
+    results = []
+    for rnd in range(args.rounds):
+        prof = cProfile.Profile() if args.profile and rnd == args.rounds - 1 else None
+        if prof:
+            prof.enable()
+        results.append(one_round(e, rnd, args.seqs, args.max_tokens, args.prompt_tokens))
+        if prof:
+            prof.disable()
+            prof.dump_stats(args.profile)
+    # a shared machine's noise only ever adds time: each part's least over the rounds, the best round's tok/s
+    best = max(results, key=lambda r: r["tokens"] / r["wall"])
+    r = {**best, **{k: min(x[k] for x in results) for k in PARTS}}
+    n = max(r["steps"], 1)
+    # the step's wall time: the kernel runs inside launch (CPU) or overlaps launch and readback (GPU)
+    step_s = sum(r[k] for k in PARTS if k != "kernel")
+    ms = {k: 1000 * r[k] / n for k in PARTS}
+    tok_s = r["tokens"] / r["wall"]
+    ceiling = r["decode_tokens"] / r["kernel"] if r["kernel"] else float("inf")
+    print(f"engine alone: {args.target} backend={args.backend} seqs={args.seqs} max_tokens={args.max_tokens} "
+          f"prompt={args.prompt_tokens} graphs={not args.no_graphs}")
+    print(f"  best of {args.rounds} rounds: {r['tokens']} tokens in {r['wall']:.3f} s: {tok_s:,.0f} tok/s; {r['steps']} decode steps, "
+          f"prefill {1000 * r['prefill_s']:.1f} ms in all")
+    print("  per decode step (ms, each part's least over the rounds): " + "  ".join(f"{k} {ms[k]:.3f}" for k in PARTS)
+          + f"  | step {1000 * step_s / n:.3f}")
+    print("  (kernel is not added to the step: on the CPU it runs inside launch, on a GPU it overlaps launch and readback)")
+    stage_share = (r["stage"] + r["upload"]) / step_s if step_s else 0.0
+    commit_share = r["commit"] / step_s if step_s else 0.0
+    print(f"  staging share {stage_share:.1%}  commit share {commit_share:.1%}  outside the kernel "
+          f"{1000 * (step_s - r['kernel']) / n:.3f} ms a step")
+    print(f"  ceiling (decode tokens / kernel time): {ceiling:,.0f} tok/s; decode tok/s "
+          f"{r['decode_tokens'] / step_s:,.0f} = {r['decode_tokens'] / step_s / ceiling:.2f} x ceiling")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

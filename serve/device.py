@@ -1,0 +1,55 @@
+"""`Device`: everything the serving core drives on `engine.runtime`, named once.
+
+The single-process runtime (`runtime/runtime.py`), the pipeline head (`serve/pipeline/pipeline.py`),
+the fault wrapper (`serve/faults.py`), the replay's plan-only runtime (`serve/replay.py`) and every test
+double implement it. The protocol is structural: `runtime` imports nothing of `serve`, it only has
+these members. Each implementation states every member, with a plain default where it has nothing
+to say (a runtime that cannot lose a stage has `broken` None, `trouble()` None, `epoch` 0), so the core
+calls them directly and never probes with `getattr`. `tests/test_device.py` holds every
+implementation to this list, member by member and signature by signature.
+
+    step(program, cells)   run one program (a prefill chunk, a decode step or a round) over the cells
+                           and fill each cell's `tokens`; returns the cells
+    logits(groups)         the last step's logits (bf16 bits, a row per group), or None
+    copy / park / wake     carry out the pool's copy plans: device to device, to host, from host
+    land(remap)            carry out a pool remap (zero what it made)
+    zero_slot(slot)        a fresh sequence's line
+    hold_partial()         whether a partial prefill call should wait (a pipeline full of items)
+    trouble()              what /health says of the device: None when it is whole
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable, Protocol
+
+from runtime.protocol import Protocol as Programs
+from runtime.step import Cell
+
+__all__ = ["Device"]
+
+
+class Device(Protocol):
+    protocol: Programs  # the manifest's programs as a serving loop drives them (what emits, chunk, forwards)
+    timing: Any  # where step time goes (`runtime.runtime.StepTiming`, with `as_dict()`), or None: kept nowhere
+    epoch: int  # bumped each time the device lost state (a pipeline stage); 0 for one that cannot
+    broken: threading.Event | None  # set on a loss not taken yet; None: this device cannot lose state
+    while_waiting: Callable[[], None] | None  # called while a step waits on something else (the scheduler's queries)
+
+    def step(self, program: str, cells: list[Cell]) -> list[Cell]: ...
+
+    def logits(self, groups: int) -> Any: ...
+
+    def copy(self, copies) -> None: ...
+
+    def park(self, copies) -> None: ...
+
+    def wake(self, copies) -> None: ...
+
+    def land(self, remap) -> None: ...
+
+    def zero_slot(self, slot: int) -> None: ...
+
+    def hold_partial(self) -> bool: ...
+
+    def trouble(self) -> dict | None: ...
