@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import secrets
 import shutil
 import sys
 import tempfile
@@ -43,8 +44,12 @@ def start_core(build, start_scheduler, sock=None) -> tuple[RemoteEngine, RemoteS
     """Fork the engine core (`build()` gives (engine, pipeline head or None) there, or exits;
     `start_scheduler(engine)` starts its scheduler and logs the ready line) and wait until it is
     ready. A core that ends first (a target that cannot be served) ends this process with its code."""
-    tmp = tempfile.mkdtemp(prefix="kern-core-")
-    addrs = (f"ipc://{tmp}/in", f"ipc://{tmp}/out")
+    if sys.platform.startswith("linux"):  # the abstract namespace: no file to leave behind
+        tmp, name = None, f"@kern-core-{os.getpid()}-{secrets.token_hex(6)}"
+    else:
+        tmp = tempfile.mkdtemp(prefix="kern-core-")
+        name = f"{tmp}/sock"
+    addrs = (f"ipc://{name}-in", f"ipc://{name}-out")
     sys.stdout.flush()
     sys.stderr.flush()
     pid = os.fork()
@@ -79,7 +84,7 @@ class RemoteScheduler:
 
     on_loop = True  # updates are handed to a request's `send` on the event loop: it may be a queue's put
 
-    def __init__(self, pid: int, addrs: tuple[str, str], tmp: str) -> None:
+    def __init__(self, pid: int, addrs: tuple[str, str], tmp: str | None) -> None:
         self.pid, self.tmp = pid, tmp
         self.ctx = zmq.Context()
         self.push, self.pull = self.ctx.socket(zmq.PUSH), self.ctx.socket(zmq.PULL)
@@ -145,7 +150,8 @@ class RemoteScheduler:
         self.ended.wait(timeout)
         if self.receiver is not None:
             self.receiver.join(2)
-        shutil.rmtree(self.tmp, ignore_errors=True)
+        if self.tmp is not None:
+            shutil.rmtree(self.tmp, ignore_errors=True)
 
     def watch(self, on_death) -> None:
         """Call `on_death()` (any thread) if the core ends without being told to stop."""
@@ -170,7 +176,8 @@ class RemoteScheduler:
                     self.receiver.start()
                     return msg[1]
         self.ended.wait()
-        shutil.rmtree(self.tmp, ignore_errors=True)
+        if self.tmp is not None:
+            shutil.rmtree(self.tmp, ignore_errors=True)
         sys.exit(self.code if self.code and self.code > 0 else 1)
 
     # the threads

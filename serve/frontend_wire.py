@@ -1,14 +1,14 @@
 """The messages between the HTTP front end and the engine core process (`--frontend-process`), as
-msgpack over two ZeroMQ PUSH/PULL sockets (one each way, `ipc://` in a private directory).
+msgpack over two ZeroMQ PUSH/PULL sockets (one each way, `ipc://` in Linux's abstract namespace: no file).
 
-Front end to core (`IN_*`):
+Front end to core:
     ["s", id, prompt ids, max_tokens, ignore_eos, t_arrive, stop strings, stop ids, include_stop]
     ["a", id]                  the client hung up: abort it
     ["q", qid, what]           a question (`QUESTIONS`), answered by an ["q", qid, ok, value]
     ["d", seconds]             drain: refuse new requests, cut the rest off `seconds` from now
     ["x"]                      stop
 
-Core to front end (`OUT_*`):
+Core to front end:
     ["r", facts]               the scheduler is ready (the engine's facts and the sizes the routes use)
     ["u", [entry, ...]]        every request's new tokens since the last message (about one step):
                                entry = [id, tokens, done or None, admitted or None]; `admitted`
