@@ -19,7 +19,6 @@ import threading
 import time
 
 import httpx
-import pytest
 
 from conftest import assert_nothing_leaked
 
