@@ -385,8 +385,8 @@ CATALOGUE: tuple[Mutant, ...] = (
            "what was never written)"),
     # --- more counters ---
     Mutant("itl-counts-the-first-token", "serve/metrics.py",
-           "            for _ in range(n - 1):\n                m.itl.observe(0.0)\n",
-           "            for _ in range(n):\n                m.itl.observe(0.0)\n",
+           "            m.itl.observe_n(0.0, n - 1)\n",
+           "            m.itl.observe_n(0.0, n)\n",
            ("metrics_default",), ("toy-paged",),
            "vLLM: inter-token latency observed for the first token too (its count is generation tokens, not "
            "generation tokens less requests)"),
