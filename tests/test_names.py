@@ -173,7 +173,9 @@ def _files(root: Path, packages, outside=()) -> dict[Path, str]:
     """Every source file -> the room it belongs to (its top-level package, or the file itself outside)."""
     out = {p: pkg for pkg in packages for p in sorted((root / pkg).rglob("*.py"))}
     out.update({p: str(p.relative_to(root)) for d in outside for p in sorted((root / d).rglob("*.py"))})
-    return out
+    # a folder named _x or .x inside (bench/_tmp: scratch that git ignores) is not the project's code
+    return {p: room for p, room in out.items()
+            if not any(part.startswith(("_", ".")) for part in p.relative_to(root).parts[:-1])}
 
 
 def _defines(tree: ast.AST, path: Path) -> set[str]:
