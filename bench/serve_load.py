@@ -2,7 +2,10 @@
 HTTP as a ratio of what the same engine does with no HTTP at all (its ceiling here).
 
     python bench/serve_load.py [--target toy-paged] [--streams 64] [--max-tokens 256] [--backend cpu|gpu]
-                               [--workers 4] [--prompt-tokens 32] [--serve-flag=--no-graphs ...]
+                               [--workers 4] [--prompt-tokens 32] [--rounds 4] [--serve-flag=--no-graphs ...]
+
+Both sides run the same closed loop: `--streams` requests in flight, each replaced by the next as it
+ends, `--rounds` requests per stream (one round alone is mostly the ramp-up of 64 prefills and the tail).
 
 - **engine alone**: `serve.engine.build` and `serve.core.Core` driven in this process (admit, schedule,
   launch, commit) for `--streams` requests at once, nothing else: the ceiling the server's HTTP side
@@ -44,9 +47,10 @@ def prompt(i: int, n: int) -> list[int]:
 
 
 def engine_alone(target: str, backend: str, streams: int, max_tokens: int, prompt_tokens: int,
-                 flags: list[str]) -> tuple[float, float]:
+                 flags: list[str], rounds: int = 1) -> tuple[float, float]:
     """(tokens per second, CPU microseconds per token) of the engine and scheduler core alone, the
-    best of two rounds."""
+    best of two tries: `streams` requests in flight, each replaced by the next as it ends, until
+    `rounds` x `streams` have been answered (the HTTP clients' closed loop, without HTTP)."""
     from serve.core import Core
     from serve.engine import Options, build
     from serve.request import Request
@@ -57,18 +61,27 @@ def engine_alone(target: str, backend: str, streams: int, max_tokens: int, promp
     best, cpu = 0.0, 0.0
     for rnd in range(2):
         core = Core(e)
-        got = [0]
+        got, ended = [0], [0]
 
-        def sink(u, got=got):
+        def sink(u, got=got, ended=ended):
             got[0] += len(u.tokens)
+            ended[0] += u.done is not None
 
-        for i in range(streams):
-            core.submit(Request(f"r{rnd}-{i}", prompt(rnd * 100000 + i, prompt_tokens), max_tokens, e.rows, sink,
-                                ignore_eos=True))
+        sent = 0
+
+        def top_up() -> None:
+            nonlocal sent
+            while sent < rounds * streams and sent - ended[0] < streams:
+                core.submit(Request(f"r{rnd}-{sent}", prompt(rnd * 100000 + sent, prompt_tokens), max_tokens, e.rows,
+                                    sink, ignore_eos=True))
+                sent += 1
+
+        top_up()
         t0, c0 = time.perf_counter(), time.process_time()
         while core.waiting or core.running:
             core.admit()
             core.run(core.schedule())
+            top_up()
         getattr(e.runtime, "synchronize", lambda: None)()
         wall = time.perf_counter() - t0
         if got[0] / wall > best:
@@ -88,25 +101,29 @@ def start_server(target: str, backend: str, streams: int, log: Path, flags: list
                                  "--log-level", "info", *flags], log, timeout=600)
 
 
-def _worker(url: str, first: int, count: int, max_tokens: int, prompt_tokens: int, stream: bool, go, out) -> None:
-    """One client process: `count` requests at once over one keep-alive client; each request's
-    (tokens, ttft_s, [gap per token, ...])."""
+def _worker(url: str, first: int, count: int, max_tokens: int, prompt_tokens: int, stream: bool, go, out,
+            rounds: int = 1) -> None:
+    """One client process: `count` streams at once over one keep-alive client, each sending `rounds`
+    requests one after another; each request's (tokens, ttft_s, [gap per token, ...])."""
     import httpx
 
     client = httpx.Client(base_url=url, timeout=600, limits=httpx.Limits(max_connections=count,
                                                                           max_keepalive_connections=count))
-    results = [None] * count
+    results = []
 
-    def one(j: int) -> None:
-        body = {"prompt": prompt(first + j, prompt_tokens), "max_tokens": max_tokens, "temperature": 0,
+    def streamed(j: int) -> None:
+        for r in range(rounds):
+            results.append(one(first + j + r * 10_000))
+
+    def one(i: int) -> tuple:
+        body = {"prompt": prompt(i, prompt_tokens), "max_tokens": max_tokens, "temperature": 0,
                 "ignore_eos": True, "return_token_ids": True, "stream": stream}
         t0 = time.perf_counter()
         if not stream:
             r = client.post("/v1/completions", json=body)
             r.raise_for_status()
             n = len(r.json()["choices"][0]["token_ids"])
-            results[j] = (n, None, [])  # no first token to time: the answer comes whole
-            return
+            return n, None, []  # no first token to time: the answer comes whole
         n, ttft, gaps, last = 0, None, [], t0
         with client.stream("POST", "/v1/completions", json=body) as r:
             r.raise_for_status()
@@ -122,10 +139,10 @@ def _worker(url: str, first: int, count: int, max_tokens: int, prompt_tokens: in
                         gaps += [(now - last) / k] * k
                     last = now
                     n += k
-        results[j] = (n, ttft or 0.0, gaps)
+        return n, ttft or 0.0, gaps
 
     go.wait()
-    threads = [threading.Thread(target=one, args=(j,)) for j in range(count)]
+    threads = [threading.Thread(target=streamed, args=(j,)) for j in range(count)]
     for t in threads:
         t.start()
     for t in threads:
@@ -135,13 +152,13 @@ def _worker(url: str, first: int, count: int, max_tokens: int, prompt_tokens: in
 
 
 def http_load(url: str, streams: int, workers: int, max_tokens: int, prompt_tokens: int, stream: bool,
-              base: int) -> dict:
+              base: int, rounds: int = 1) -> dict:
     ctx = mp.get_context("spawn")
     go, out = ctx.Event(), ctx.Queue()
     per = [streams // workers + (1 if w < streams % workers else 0) for w in range(workers)]
     procs, first = [], base
     for n in per:
-        p = ctx.Process(target=_worker, args=(url, first, n, max_tokens, prompt_tokens, stream, go, out))
+        p = ctx.Process(target=_worker, args=(url, first, n, max_tokens, prompt_tokens, stream, go, out, rounds))
         p.start()
         procs.append(p)
         first += n
@@ -193,10 +210,12 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--prompt-tokens", type=int, default=32)
     ap.add_argument("--workers", type=int, default=max(1, min(8, (os.cpu_count() or 2) // 2)))
+    ap.add_argument("--rounds", type=int, default=4, help="requests each stream sends one after another (the "
+                    "engine alone keeps the same number in flight): one round is mostly ramp-up and tail")
     ap.add_argument("--serve-flag", action="append", default=[], help="an extra kern serve flag (repeatable)")
     args = ap.parse_args()
     ceiling, alone_cpu = engine_alone(args.target, args.backend, args.streams, args.max_tokens, args.prompt_tokens,
-                              args.serve_flag)
+                                      args.serve_flag, args.rounds)
     rows = [("engine alone", ceiling, 1.0, "-", "-", "-", "-", f"{alone_cpu:.0f}")]
     with tempfile.TemporaryDirectory() as tmp:
         proc, url = start_server(args.target, args.backend, args.streams, Path(tmp) / "serve.log", args.serve_flag,
@@ -206,7 +225,7 @@ def main() -> None:
             for k, stream in enumerate((False, True)):
                 before = cpu_s(proc.pid)
                 r = http_load(url, args.streams, args.workers, args.max_tokens, args.prompt_tokens, stream,
-                              (k + 1) * 1_000_000)
+                              (k + 1) * 1_000_000, args.rounds)
                 after = cpu_s(proc.pid)
                 cpu = "/".join(f"{(a - b) / r['tokens'] * 1e6:.0f}" for a, b in zip(after, before))
                 rows.append(("HTTP streaming" if stream else "HTTP", r["tok_s"], r["tok_s"] / ceiling,
@@ -214,8 +233,8 @@ def main() -> None:
                              f"{r['itl_p50']:.2f}" if stream else "-", f"{r['itl_p99']:.2f}" if stream else "-", cpu))
         finally:
             launch.stop(proc, 30)
-    print(f"{args.target}, backend {args.backend}, {args.streams} streams x {args.max_tokens} tokens "
-          f"({args.prompt_tokens}-token prompts), {args.workers} client processes")
+    print(f"{args.target}, backend {args.backend}, {args.streams} streams x {args.rounds} requests x "
+          f"{args.max_tokens} tokens ({args.prompt_tokens}-token prompts), {args.workers} client processes")
     print(tabulate([(m, f"{t:,.0f}", f"{x:.2f}", *rest) for m, t, x, *rest in rows],
                    headers=("path", "output tok/s", "x engine alone", "TTFT p50 ms", "TTFT p99 ms",
                             "ITL p50 ms", "ITL p99 ms", "server CPU us/token"), tablefmt="github"))
