@@ -125,7 +125,7 @@ def bind(host: str, port: int):
 @click.option("--sampling", default="refuse", show_default=True, type=click.Choice(["refuse", "greedy-warn"]), help="A non-greedy sampling value (temperature > 0, top_p < 1, penalties, ...): refuse it with a 400 naming it, or serve it greedily with one WARN line per parameter name (docs/api.md).")
 @click.option("--metrics-prefix", "metrics_prefix", default="kern", show_default=True, type=click.Choice(["kern", "vllm"]), help="Name the /metrics that mirror vLLM's `vllm:` with vLLM's labels (model_name, engine), so a vLLM Grafana dashboard works unchanged (docs/grafana/); kern's own stay `kern:` (docs/metrics.md).")
 @click.option("--fault", "faults", multiple=True, type=click.Choice(sorted(FAULTS)), help=f"Misbehave on purpose, for testing the gate (repeatable). {_FAULT_HELP}.")
-@click.option("--frontend-process/--no-frontend-process", "frontend_process", default=None, help="Run the engine core (the scheduler thread, the runtime, the pool) in a process of its own, forked before the load, and the HTTP front end (replies, SSE, /metrics' histograms) in this one, so they do not share one interpreter lock; they speak msgpack over ZeroMQ (docs/serve.md). Default: off, or on when KERN_FRONTEND_PROCESS=1. Not in a pipeline stage (--pp-head) or a warm host's command (served in process).")
+@click.option("--frontend-process/--no-frontend-process", "frontend_process", default=None, help="Run the engine core (the scheduler thread, the runtime, the pool) in a process of its own, forked before the load, and the HTTP front end (replies, SSE, /metrics' histograms) in this one, so they do not share one interpreter lock; they speak msgpack over ZeroMQ (docs/serve.md). Default: on for a GPU (--backend gpu, or auto where an NVIDIA driver is loaded), else off unless KERN_FRONTEND_PROCESS=1. Not in a pipeline stage (--pp-head) or a warm host's command (served in process).")
 @click.option("--log-level", "log_level", default=None, type=click.Choice(["debug", "info", "warn", "error"]),
               help="Write log lines at this level or above (default: info, or the kern_serve level RUST_LOG names, as the Rust kern gate driver sets it; the gates read debug lines: e2e sets RUST_LOG=kern_serve=debug too).")
 @click.pass_context
@@ -203,7 +203,7 @@ def serve_command(ctx, target, port, host, capacity, host_gib, max_seqs, chunk, 
             engine.model = served_model_name
         return engine, head
 
-    engine, head, scheduler = _start(load, frontend_process, stats_every, phases, sock)
+    engine, head, scheduler = _start(load, _default_split(frontend_process, backend), stats_every, phases, sock)
     code = run(engine, host, port, api_key, stats_every, limits, protect_stats, sock, sampling=sampling, phases=phases,
                metrics_prefix=metrics_prefix, scheduler=scheduler)
     if head is not None:
@@ -220,6 +220,21 @@ def _start(load, frontend_process: bool | None, stats_every: float, phases, sock
 
     engine, scheduler = start_core(load, lambda e: start_scheduler(e, stats_every, phases), sock)
     return engine, None, scheduler
+
+
+def _default_split(flag: bool | None, backend: str) -> bool | None:
+    """--frontend-process unless told: on for a GPU (`--backend gpu`, or `auto` on a machine with an
+    NVIDIA driver loaded), where the engine steps faster than one interpreter lock can also serve
+    HTTP (docs/results-measured.md: streaming 0.17 -> 0.6 of the engine alone on an H200); else None
+    (KERN_FRONTEND_PROCESS decides, off by default: on two CPU cores the split costs more than it
+    frees). The hint for `auto` never touches CUDA before the fork; the core picks the backend."""
+    if flag is not None:
+        return flag
+    from pathlib import Path
+
+    if backend == "gpu" or (backend == "auto" and Path("/proc/driver/nvidia/version").exists()):
+        return True
+    return None
 
 
 def _split(flag: bool | None) -> bool:
