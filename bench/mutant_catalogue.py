@@ -243,8 +243,8 @@ CATALOGUE: tuple[Mutant, ...] = (
            ("metrics_default",), ("toy-paged",),
            "vLLM: request_success_total's finished_reason label wrong (length finishes counted as stop)"),
     Mutant("generation-tokens-miss-first", "serve/metrics.py",
-           "        m.generation_tokens.inc(n)\n",
-           "        m.generation_tokens.inc(n if self.last is not None else n - 1)\n",
+           "        pending.generated += n\n",
+           "        pending.generated += n if self.last is not None else n - 1\n",
            ("metrics_default",), ("toy-paged",),
            "vLLM: generation tokens off by one per request (the token produced by prefill not counted)"),
     Mutant("queries-count-uncached-only", "serve/admission.py",
@@ -385,8 +385,8 @@ CATALOGUE: tuple[Mutant, ...] = (
            "what was never written)"),
     # --- more counters ---
     Mutant("itl-counts-the-first-token", "serve/metrics.py",
-           "            m.itl.observe_n(0.0, n - 1)\n",
-           "            m.itl.observe_n(0.0, n)\n",
+           "            pending.observe(0.0, n - 1)\n",
+           "            pending.observe(0.0, n)\n",
            ("metrics_default",), ("toy-paged",),
            "vLLM: inter-token latency observed for the first token too (its count is generation tokens, not "
            "generation tokens less requests)"),

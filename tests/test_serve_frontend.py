@@ -182,19 +182,3 @@ def test_a_lagging_stream_sends_the_queued_tokens_as_one_chunk():
     assert _merged(q, Update([8])) == (Update([8]), None)
     q.put_nowait(Update([10]))
     assert _merged(q, Update([9]), fold=False) == (Update([9]), Update([10]))  # continuous_usage_stats: a chunk each
-
-
-def test_n_observations_at_once_are_n_observations():
-    from prometheus_client import CollectorRegistry, generate_latest
-
-    from serve.metrics import ITL_BUCKETS, _Histogram
-
-    def exposition(feed) -> bytes:
-        r = CollectorRegistry()
-        h = _Histogram("x", "x", ["model_name"], registry=r, buckets=ITL_BUCKETS).labels("m")
-        feed(h)
-        return generate_latest(r)
-
-    for amount, n in ((0.0, 3), (0.03, 5), (0.3, 1), (100.0, 2), (0.2, 0)):
-        assert exposition(lambda h: h.observe_n(amount, n)) == exposition(
-            lambda h: [h.observe(amount) for _ in range(n)]), (amount, n)

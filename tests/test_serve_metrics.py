@@ -167,3 +167,41 @@ def test_two_apps_in_one_process_do_not_share_metrics():
 def test_token_buckets_are_vllms_1_2_5():
     assert buckets_1_2_5(8192) == [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000]
     assert buckets_1_2_5(1) == [1]
+
+
+# -- the per-token observations gathered per scrape ---------------------------------------------------
+
+
+def _exposed(m, stats) -> dict:
+    return {(s.name, s.labels.get("le")): s.value for f in text_string_to_metric_families(m.render(stats).decode())
+            for s in f.samples if "inter_token" in s.name or s.name.startswith("kern:generation_tokens")}
+
+
+def test_pending_observations_expose_as_the_metrics_fed_one_by_one():
+    """Property: inter-token latencies and generation tokens gathered in `Pending` and handed over when
+    /metrics renders expose exactly what Prometheus's `observe` (once per token) and `inc` made (the
+    same bucket for a value on a bound, the same sum), across several scrapes."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from serve.metrics import ITL_BUCKETS, Metrics
+
+    values = st.one_of(st.sampled_from(list(ITL_BUCKETS)), st.floats(0, 30, allow_nan=False))
+
+    @settings(max_examples=60, deadline=None)
+    @given(st.lists(st.lists(st.tuples(values, st.integers(0, 9)), max_size=12), min_size=1, max_size=3))
+    def check(scrapes):
+        gathered, direct = Metrics("m", 64), Metrics("m", 64)
+        for updates in scrapes:
+            for amount, n in updates:
+                gathered.pending.observe(amount, n)
+                gathered.pending.generated += n
+                for _ in range(n):
+                    direct.itl.observe(amount)
+                direct.generation_tokens.inc(n)
+            got, want = _exposed(gathered, None), _exposed(direct, None)  # None: no scheduler part
+            assert got.keys() == want.keys()
+            for k in want:
+                assert got[k] == pytest.approx(want[k], rel=1e-9, abs=1e-12), k
+
+    check()
