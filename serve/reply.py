@@ -44,7 +44,7 @@ class Reply:
             self.done = update.done
             if update.done.hide_last and toks:
                 toks = toks[:-1]  # a stop token id's text is left out (vLLM)
-        got = self.decoder.decode(bytes(t for t in toks if t != EOS), final=last)
+        got = self.decoder.decode(bytes([t for t in toks if t != EOS] if EOS in toks else toks), final=last)
         self._pieces.append(got)
         pending = self._pending + got
         if not last:

@@ -93,7 +93,9 @@ def test_a_streams_first_chunk_tells_its_hit(kern_server):
         chunks = [json.loads(ln[6:]) for ln in r.iter_lines() if ln.startswith("data: {")]
     head, last = chunks[0]["kern"], chunks[-1]["kern"]
     cached = last["cached_tokens"] if "cached_tokens" in last else chunks[-1]["usage"]["prompt_tokens_details"]["cached_tokens"]
-    assert len(chunks) > 1 and all("kern" not in c for c in chunks[1:-1]), chunks
+    # a stream that falls behind has its queued tokens folded into one chunk (docs/api.md), so on a busy
+    # machine the whole answer may come as one chunk: then it is both the first and the last
+    assert chunks and all("kern" not in c for c in chunks[1:-1]), chunks
     assert head == {"request_id": last["request_id"], "cache_tier": "device", "cached_tokens": cached,
                     "woken": False} and cached > 0, (head, last)
     assert (last["cache_tier"], last["woken"]) == ("device", False)
