@@ -344,14 +344,24 @@ def test_growth_in_place_equals_the_general_path():
             fast.insert(packed.prefix(n), K(n, holders=holders))
             slow.insert(seq[:n], K(n, holders=holders))
         probe = [r.next(3) for _ in range(1 + r.next(30))]
-        a, b = fast.lookup(probe), slow.lookup(probe)
-        assert (a and (a.len, a.tier, a.key)) == (b and (b.len, b.tier, b.key)), probe
-        for h in (a, b):
-            if h:
-                h.release()
+        _same_lookup(fast, slow, probe)
         if r.next(4) == 0:
             assert fast.evict(accept) == slow.evict(accept)
         assert fast.items() == slow.items()
+    _drain_equal(fast, slow, holders)
+
+
+def _same_lookup(fast, slow, probe) -> None:
+    """Both indexes find the same hit (length, tier, key) for `probe`; the hits are released."""
+    a, b = fast.lookup(probe), slow.lookup(probe)
+    assert (a and (a.len, a.tier, a.key)) == (b and (b.len, b.tier, b.key)), probe
+    for h in (a, b):
+        if h:
+            h.release()
+
+
+def _drain_equal(fast, slow, holders) -> None:
+    """Both indexes evict the same entries in the same order to the end, and every holder is let go."""
     while True:
         x, y = fast.evict(), slow.evict()
         assert x == y
@@ -400,19 +410,8 @@ def test_interleaved_sequences_grown_in_place_equal_the_general_path():
             slow.insert(seqs[i][:n], K(n, holders=holders))
             if r.next(6) == 0:
                 probe = seqs[r.next(len(seqs))][: 1 + r.next(6 * UNIT)] + [r.next(3)]
-                a, b = fast.lookup(probe), slow.lookup(probe)
-                assert (a and (a.len, a.tier, a.key)) == (b and (b.len, b.tier, b.key)), probe
-                for h in (a, b):
-                    if h:
-                        h.release()
+                _same_lookup(fast, slow, probe)
             if r.next(7) == 0:
                 assert fast.evict(accept) == slow.evict(accept)
             assert fast.items() == slow.items()
-    while True:
-        x, y = fast.evict(), slow.evict()
-        assert x == y
-        if x is None:
-            break
-    fast.clear()
-    slow.clear()
-    assert holders[0] == 0
+    _drain_equal(fast, slow, holders)
