@@ -207,3 +207,15 @@ def test_the_length_check_catches_a_long_function(tmp_path):
     (tmp_path / "serve").mkdir()
     (tmp_path / "serve" / "x.py").write_text("def f():\n" + "    x = 1\n" * 80 + "\n\ndef g():\n    pass\n")
     assert long_functions(tmp_path, ("serve",)) == ["serve/x.py:1 f: 81 lines"]
+
+
+def test_every_package_is_installed():
+    """pyproject's package list names every top-level package (a package left out imports from a
+    checkout's root, where the tests run, but not from the console scripts of a fresh install)."""
+    import fnmatch
+    import tomllib
+
+    include = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]["include"]
+    packages = set(PACKAGES) | {p.parent.name for p in ROOT.glob("*/__init__.py")}
+    missing = sorted(p for p in packages if not any(fnmatch.fnmatch(p, pat) for pat in include))
+    assert missing == []
