@@ -9,8 +9,10 @@ the front end does (Linux's parent-death signal, and a check of its parent every
 the scheduler thread ends it with 101, which the front end answers and exits with.
 
 Three threads: the main one receives (requests, aborts, questions, drain, stop); the scheduler's
-commits hand each request's update to `Outgoing`, whose thread sends everything gathered since its
-last send as one message (under load: one message per step, every sequence's new tokens in it).
+commits gather each request's update in the bridge, and the scheduler thread itself sends them as one
+message after each iteration of its loop (one message per step, every sequence's new tokens in it:
+handing each update to another thread cost the core a lock and an interpreter-lock handoff per step);
+`Outgoing`'s thread sends the rest (answers to questions, ready, bye), the socket shared under a lock.
 """
 
 from __future__ import annotations
@@ -34,13 +36,15 @@ PR_SET_PDEATHSIG = 1
 
 
 class Outgoing:
-    """What the core sends, gathered from any thread and sent by one (a ZeroMQ socket is not
-    thread-safe): consecutive updates as one ["u", ...] message, everything else as it came."""
+    """What the core sends from other threads than the scheduler's (answers to questions, ready, bye),
+    gathered from any thread and sent by one; the socket (not thread-safe) is used under `sending`,
+    which the scheduler thread's `send_now` of each iteration's updates takes too."""
 
     def __init__(self, sock) -> None:
         self.sock = sock
         self.lock = threading.Lock()
         self.items: list = []
+        self.sending = threading.Lock()  # one thread at a time on the socket (the scheduler's `send_now`)
         self.wake = threading.Event()
         self.closing = False
         self.thread = threading.Thread(target=self._run, name="core-out", daemon=True)
@@ -52,6 +56,11 @@ class Outgoing:
             first = len(self.items) == 1
         if first:
             self.wake.set()
+
+    def send_now(self, data: bytes) -> None:
+        """Send `data` from the calling thread (the scheduler's, after an iteration)."""
+        with self.sending:
+            self.sock.send(data)
 
     def close(self) -> None:
         """Send what is left, then end the thread."""
@@ -65,17 +74,8 @@ class Outgoing:
             self.wake.clear()
             with self.lock:
                 items, self.items = self.items, []
-            batch: list = []
             for item in items:
-                if item[0] == "u":
-                    batch.append(item[1])
-                    continue
-                if batch:
-                    self.sock.send(pack(["u", batch]))
-                    batch = []
-                self.sock.send(pack(item))
-            if batch:
-                self.sock.send(pack(["u", batch]))
+                self.send_now(pack(item))
             if self.closing and not self.items:
                 return
 
@@ -96,6 +96,13 @@ class Bridge:
         self.engine = engine
         self.out = out
         self.reqs: dict[str, Request] = {}
+        self.updates: list = []  # the updates since the last `flush` (appended and sent on the scheduler thread)
+
+    def flush(self) -> None:
+        """Send the updates gathered since the last call as one message (the scheduler's `after_step`)."""
+        if self.updates:
+            updates, self.updates = self.updates, []
+            self.out.send_now(pack(["u", updates]))
 
     def sink(self, rid: str):
         told = [False]
@@ -109,7 +116,7 @@ class Bridge:
                     adm = [req.cached, req.tier, req.woken, req.t_admit]
             if update.done is not None:
                 self.reqs.pop(rid, None)
-            self.out.put(("u", [rid, update.tokens, pack_done(update.done), adm]))
+            self.updates.append([rid, update.tokens, pack_done(update.done), adm])
 
         return send
 
@@ -180,7 +187,9 @@ def core_main(addrs: tuple[str, str], build, start_scheduler) -> None:
         scheduler = start_scheduler(engine)
         out = Outgoing(outs)
         out.put(["r", facts_of(engine)])
-        _receive(inp, Bridge(scheduler, engine, out), parent)
+        bridge = Bridge(scheduler, engine, out)
+        scheduler.after_step = bridge.flush
+        _receive(inp, bridge, parent)
         scheduler.join(30)
         out.put(["b", scheduler.cut_off])
         out.close()

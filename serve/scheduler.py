@@ -27,6 +27,7 @@ import queue
 import threading
 import time
 import traceback
+from collections.abc import Callable
 
 from serve import hosted, logs
 from serve.core import Core, Plan, snapshot_holdings
@@ -57,6 +58,8 @@ class Scheduler(threading.Thread):
         self._kept: collections.deque = collections.deque()  # what `_queries` left for the next drain
         engine.runtime.while_waiting = self._queries  # a pipeline's waits answer /stats
         self._names_lock = threading.Lock()
+        self.after_step: Callable[[], None] | None = None  # called on this thread after each iteration's work
+        # and before it may wait: `--frontend-process` sends what the iteration's commits told in one message
 
     # views of the core (read on this thread, or through `query`)
 
@@ -144,6 +147,8 @@ class Scheduler(threading.Thread):
         core = self.core
         pipe = self.engine.runtime if self.engine.runtime.broken is not None else None  # a device that can lose a stage
         while True:
+            if self.after_step is not None:
+                self.after_step()
             halted = pipe is not None and (not pipe.whole.is_set() or core.lost is not None)
             if not core.running or halted:
                 self.busy_since = None  # the drain may block: waiting for work (or for the stages)
@@ -156,6 +161,8 @@ class Scheduler(threading.Thread):
             if core.cut_at is not None and time.monotonic() >= core.cut_at:
                 core.cut()
             if core.done:
+                if self.after_step is not None:
+                    self.after_step()
                 return
             try:
                 core.admit()
