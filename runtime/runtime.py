@@ -284,8 +284,9 @@ class Runtime:
         """Nothing for /health to report: one process has no stage to lose."""
         return None
 
-    def step(self, program: str, cells: list[Cell], arrive: dict | None = None, leave: dict | None = None) -> list[Cell]:
-        """Run `program` over `cells`; fill each cell's `tokens`.
+    def step(self, program: str, cells: list[Cell], arrive: dict | None = None,
+             leave: dict | None = None) -> list[list[int]]:
+        """Run `program` over `cells`; returns each cell's emitted tokens (also left in its `tokens`).
 
         A batched program's cells each feed its `rows` rows, padded to a bucket. A chunk program
         (prefill) takes up to its `groups` cells unpadded, each with its own rows: a packed call
@@ -300,7 +301,7 @@ class Runtime:
         if fwd is None:
             fwd = self._forwards[program] = next(f for f in self.protocol.forwards if f.program == program)
         if not cells:
-            return cells
+            return []
         per = len(cells[0].ids)
         n = len(cells)
         if fwd.rows is None:
@@ -385,7 +386,7 @@ class Runtime:
         t4 = time.perf_counter()
         self.timing.add(fwd.rows is not None, stage=t1 - t0, upload=t2 - t1, launch=t3 - t2, readback=t4 - t3,
                         kernel=be.elapsed_ms(m0, m1) / 1000.0)
-        return cells
+        return [c.tokens for c in cells]
 
     def _run_calls(self, program: str, b: int, run: Callable[[], Any], graph: bool) -> None:
         """Run a step's calls: plainly, or for a `graph: true` program as a captured graph per bucket.

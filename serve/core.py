@@ -70,10 +70,11 @@ class Plan:
 
 @dataclass(slots=True)
 class Flight:
-    """A launched step awaiting its commit: the work and the cells the runtime filled."""
+    """A launched step awaiting its commit: the work and what the device's steps returned."""
 
     work: Work
-    cells: list[list[Cell]]  # per program call: a prefill has one, a forward one per group-sized part
+    tokens: list[list[list[int]]]  # per program call (a prefill has one, a forward one per group-sized
+    # part), each cell's emitted tokens
 
 
 class Core:
@@ -252,10 +253,10 @@ class Core:
                 assert id(r) not in self.in_flight, f"request {r.id} launched twice before its commit"
         if work.kind == PREFILL:
             cells = [Cell(r.lease.pages, r.lease.slot, r.fed(r.pos, r.pos + n), r.pos) for r, n in zip(work.reqs, work.ns)]
-            self._step(self.prefill_program, cells)
+            tokens = self._step(self.prefill_program, cells)
             self.counters.add("prefill_calls")
             self.in_flight.update(map(id, work.reqs))
-            return Flight(work, [cells])
+            return Flight(work, [tokens])
         rt = self.device
         batch = [r for r in work.reqs if r.stepping]
         work.reqs = batch
@@ -265,18 +266,18 @@ class Core:
         for at in range(0, len(batch), groups):
             part = batch[at : at + groups]
             cells = [Cell(r.lease.pages, r.lease.slot, [r.anchor] * rows, r.pos) for r in part]
-            self._step(rt.protocol.forward(len(cells), rows).program, cells)
-            parts.append(cells)
+            parts.append(self._step(rt.protocol.forward(len(cells), rows).program, cells))
         self.in_flight.update(map(id, batch))
         return Flight(work, parts)
 
-    def _step(self, program: str, cells: list[Cell]) -> None:
+    def _step(self, program: str, cells: list[Cell]) -> list[list[int]]:
         t0 = time.perf_counter()
         self.step_since = time.monotonic()
-        self.device.step(program, cells)
+        tokens = self.device.step(program, cells)
         self.step_since = None
         self.counters.step_s += time.perf_counter() - t0
         self.counters.add("steps")
+        return tokens
 
     # commit
 
@@ -285,17 +286,16 @@ class Core:
         work = flight.work
         self.in_flight.difference_update(map(id, work.reqs))
         if work.kind == PREFILL:
-            for req, n, cell in zip(work.reqs, work.ns, flight.cells[0]):
+            for req, n, emitted in zip(work.reqs, work.ns, flight.tokens[0]):
                 req.pos += n
                 self.counters.add("prefill_tokens", n)
                 # a resumed request's prefill ends where its anchor was already emitted: nothing new
-                new = req.take(cell.tokens[:1]) if self.emits and req.pos == req.fed_end and not req.emitted else []
+                new = req.take(emitted[:1]) if self.emits and req.pos == req.fed_end and not req.emitted else []
                 self._commit(req, new)
         else:
             rows = self.engine.rows
-            cells = flight.cells[0] if len(flight.cells) == 1 else [c for part in flight.cells for c in part]
-            for req, cell in zip(work.reqs, cells):
-                toks = cell.tokens
+            tokens = flight.tokens[0] if len(flight.tokens) == 1 else [t for part in flight.tokens for t in part]
+            for req, toks in zip(work.reqs, tokens):
                 req.pos += len(toks)
                 if rows > 1:
                     self.counters.add("rounds")

@@ -8,8 +8,10 @@ to say (a runtime that cannot lose a stage has `broken` None, `trouble()` None, 
 calls them directly and never probes with `getattr`. `tests/test_device.py` holds every
 implementation to this list, member by member and signature by signature.
 
-    step(program, cells)   run one program (a prefill chunk, a decode step or a round) over the cells
-                           and fill each cell's `tokens`; returns the cells
+    step(program, cells)   run one program (a prefill chunk, a decode step or a round) over the cells;
+                           returns each cell's emitted tokens, in the cells' order (a list per cell,
+                           empty where the program emits none; a pipeline's fill in when its item
+                           comes back)
     logits(groups)         the last step's logits (bf16 bits, a row per group), or None
     copy / park / wake     carry out the pool's copy plans: device to device, to host, from host
     land(remap)            carry out a pool remap (zero what it made)
@@ -36,7 +38,7 @@ class Device(Protocol):
     broken: threading.Event | None  # set on a loss not taken yet; None: this device cannot lose state
     while_waiting: Callable[[], None] | None  # called while a step waits on something else (the scheduler's queries)
 
-    def step(self, program: str, cells: list[Cell]) -> list[Cell]: ...
+    def step(self, program: str, cells: list[Cell]) -> list[list[int]]: ...
 
     def logits(self, groups: int) -> Any: ...
 

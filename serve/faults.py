@@ -111,7 +111,7 @@ class Faults:
 
 class FaultyDevice:
     """A `serve.device.Device` that misbehaves as the step-level faults say, around the real one: each
-    fault runs before the real step, or after it over the cells it filled."""
+    fault runs before the real step, or after it over the tokens it returned (one list per cell)."""
 
     def __init__(self, inner, names, counters, prefill_program: str, rows: int) -> None:
         self.inner = inner
@@ -129,11 +129,11 @@ class FaultyDevice:
     def step(self, program: str, cells: list) -> list:
         for fault in self._before:
             fault(self)
-        out = self.inner.step(program, cells)
+        tokens = self.inner.step(program, cells)
         self.steps += 1
         for fault in self._after:
-            fault(self, program != self.prefill_program, cells)
-        return out
+            tokens = fault(self, program != self.prefill_program, tokens) or tokens
+        return tokens
 
     # the rest of the Device: the real one's
     @property
@@ -184,40 +184,40 @@ def _long_first_step(dev: FaultyDevice) -> None:
         time.sleep(LONG_STEP_S)  # not a bug: a first-use compile, a loaded box
 
 
-def _slow_steps(dev: FaultyDevice, forward: bool, cells: list) -> None:
+def _slow_steps(dev: FaultyDevice, forward: bool, tokens: list) -> None:
     time.sleep(SLOW_STEP_S)
 
 
-def _raise_in_scheduler(dev: FaultyDevice, forward: bool, cells: list) -> None:
+def _raise_in_scheduler(dev: FaultyDevice, forward: bool, tokens: list) -> None:
     if dev.steps > 1:
         raise RuntimeError("fault injected: raise-in-scheduler")
 
 
-def _flip_near_ties(dev: FaultyDevice, forward: bool, cells: list) -> None:
+def _flip_near_ties(dev: FaultyDevice, forward: bool, tokens: list) -> None:
     # the bug this fault stands for: a kernel whose order of addition moves logits by more than a
     # near-tie's width, on every step
     if not forward or dev.rows != 1:
         return
-    logits = dev.inner.logits(len(cells))
-    for g, cell in enumerate(cells):
+    logits = dev.inner.logits(len(tokens))
+    for g, toks in enumerate(tokens):
         alt = runner_up(logits[g]) if logits is not None else None
-        if alt is not None and cell.tokens and cell.tokens[0] != EOS:
-            cell.tokens[0] = alt
+        if alt is not None and toks and toks[0] != EOS:
+            toks[0] = alt
 
 
-def _wrong_token_batched(dev: FaultyDevice, forward: bool, cells: list) -> None:
+def _wrong_token_batched(dev: FaultyDevice, forward: bool, tokens: list) -> None:
     # the bug this fault stands for: a batch's rows bound wrongly, so every sequence but the first
     # gets its neighbour's row; here its first token off
-    if forward and len(cells) > 1:
-        for cell in cells[1:]:
-            if cell.tokens and cell.tokens[0] != EOS:
-                cell.tokens[0] ^= 1
+    if forward and len(tokens) > 1:
+        for toks in tokens[1:]:
+            if toks and toks[0] != EOS:
+                toks[0] ^= 1
 
 
-def _reject_drafts(dev: FaultyDevice, forward: bool, cells: list) -> None:
+def _reject_drafts(dev: FaultyDevice, forward: bool, tokens: list) -> list | None:
     if forward and dev.rows > 1:
-        for cell in cells:
-            cell.tokens = cell.tokens[:1]  # count treated as 1: the drafted rows are thrown away
+        return [toks[:1] for toks in tokens]  # count treated as 1: the drafted rows are thrown away
+    return None
 
 
 BEFORE = {"wedge-step": _wedge_step, "long-first-step": _long_first_step}

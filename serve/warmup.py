@@ -34,8 +34,7 @@ def warm_up(engine, say=logs.event) -> float:
     for i, f in enumerate(todo, 1):
         t = time.monotonic()
         cell = Cell(list(engine.pad.pages[:1]), engine.pad.slot, [0] * (f.rows or 1), 0)
-        engine.runtime.step(f.program, [cell])
-        len(cell.tokens)  # a pipeline's come from its last stage: wait for them
+        len(engine.runtime.step(f.program, [cell])[0])  # a pipeline's come from its last stage: wait for them
         say("warming", step=f"{i}/{len(todo)}", program=f.program, seconds=round(time.monotonic() - t, 3))
     took = time.monotonic() - t0
     say("warm", programs=len(todo), warm_s=round(took, 3))

@@ -173,7 +173,7 @@ class PyRuntime:
             if self.lined:
                 self._fold(cell, c0, fed[:count], p0)
             cell.tokens = out[:count]
-        return cells
+        return [c.tokens for c in cells]
 
 
 def engine(manifest_name: str, capacity: int, host_bytes: int, max_seqs: int, rows: int | None = None,

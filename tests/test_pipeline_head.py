@@ -44,7 +44,7 @@ class FakeRuntime:
 
     def step(self, program, cells, arrive=None, leave=None):
         self.log.append(("step", program))
-        return cells
+        return [[] for _ in cells]
 
     def logits(self, groups):
         return None
@@ -125,10 +125,10 @@ def test_tokens_wait_for_their_own_item_and_in_flight_is_bounded():
     _answer(watch, 1, [[22]])
     c = p.step("decode", [Cell([1], None, [9], 2)])[0]  # a third item: the oldest answer is taken first
     assert list(p.in_flight) == [1, 2]
-    assert b.tokens == [22] and list(p.in_flight) == [2]  # reading b waited for item 1 only
-    assert a.tokens == [11]
+    assert b == [22] and list(p.in_flight) == [2]  # reading b waited for item 1 only
+    assert a == [11]
     _answer(watch, 2, [[33]])
-    assert c.tokens[:1] == [33] and not p.in_flight
+    assert c[:1] == [33] and not p.in_flight
 
 
 def test_a_partial_item_is_held_only_while_the_pipeline_is_full():

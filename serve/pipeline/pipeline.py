@@ -205,9 +205,7 @@ class Pipeline:
         emits = self._emits.get(program)
         pending = [Pending(self, n, self.epoch) if emits else [] for _ in cells]
         self._pending[n] = pending if emits else []
-        for c, toks in zip(cells, pending):
-            c.tokens = toks
-        return cells
+        return pending
 
     def logits(self, groups: int) -> None:
         """The logits are the last stage's: the head has none to read."""
