@@ -340,14 +340,13 @@ def run(engine, host: str, port: int, api_key: str | None, stats_every: float = 
         # uvicorn re-raises the signal it drained on; let that land here, harmlessly, so we exit 0
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: None)
-    if hasattr(scheduler, "watch"):  # a core process that dies: its requests answered, then stop
-        scheduler.watch(lambda: setattr(server, "should_exit", True))
+    scheduler.watch(lambda: setattr(server, "should_exit", True))  # a core process that dies: answered, then stop
     try:
         server.run(sockets=[sock])
     finally:
         for logger, f in filters:
             logger.removeFilter(f)
-    died = getattr(scheduler, "died", None)
+    died = scheduler.died
     if not server.started or died:
         return died or EXIT_START_FAILED
     scheduler.stop()

@@ -61,6 +61,13 @@ class Scheduler(threading.Thread):
         self.after_step: Callable[[], None] | None = None  # called on this thread after each iteration's work
         # and before it may wait: `--frontend-process` sends what the iteration's commits told in one message
 
+    # what `serve.cli.run` asks of any scheduler (`serve.frontend.RemoteScheduler` too)
+
+    died: int | None = None  # the exit code a separate core process ended with; in process a crash ends it all
+
+    def watch(self, on_death) -> None:
+        """Nothing to watch here: a crash of this thread ends the process (`hosted.crashed`)."""
+
     # views of the core (read on this thread, or through `query`)
 
     @property
