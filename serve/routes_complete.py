@@ -55,7 +55,7 @@ def _submit(c: Served, ask: Ask) -> tuple[Request, asyncio.Queue]:
     q: asyncio.Queue[Update] = asyncio.Queue()
     stops = Stops(list(ask.stop), list(ask.stop_ids), ask.include_stop) if ask.stop or ask.stop_ids else None
     # a scheduler in another process hands updates over on this loop (serve/frontend.py): straight in
-    send = q.put_nowait if getattr(c.scheduler, "on_loop", False) else lambda u: outbox.put(q, u)
+    send = q.put_nowait if c.scheduler.on_loop else lambda u: outbox.put(q, u)
     req = Request(c.scheduler.name(), ask.ids, ask.max_tokens, engine.rows, send,
                   t_arrive=time.monotonic(), ignore_eos=ask.ignore_eos, stops=stops)
     c.scheduler.submit(req)

@@ -3,15 +3,11 @@ model list, tokenize and detokenize, /stats, /stats/live and /metrics."""
 
 from __future__ import annotations
 
-import asyncio
-
 from fastapi import APIRouter, Request as HttpRequest
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from serve.frontend_wire import health_of
 from serve.http import CAPABILITIES, VERSION, Served, auth, auth_stats, body_of, ctx
-from serve.metrics import snapshot
 
 __all__ = ["router"]
 
@@ -32,20 +28,9 @@ async def health(request: HttpRequest):
 
 async def ask(c: Served, what: str):
     """A question of `serve.frontend_wire.QUESTIONS`: of the engine core's process when it has one
-    (--frontend-process), else answered here (/stats and /metrics' snapshot on the scheduler thread)."""
-    s = c.scheduler
-    remote = getattr(s, "ask", None)
-    if remote is not None:
-        return await remote(what)
-    if what == "stats":
-        return await asyncio.wrap_future(s.query(s.stats))
-    if what == "snapshot":
-        return await asyncio.wrap_future(s.query(lambda: snapshot(s)))
-    if what == "live":
-        # answered here, not on the scheduler's thread: says whether it is busy, and in a step, when
-        # /stats (which waits for it) does not answer
-        return s.live()
-    return health_of(s, c.engine)
+    (--frontend-process, `serve.frontend.RemoteScheduler.ask`), else of the scheduler thread here
+    (`serve.scheduler.Scheduler.ask`)."""
+    return await c.scheduler.ask(what)
 
 
 @router.get("/version")

@@ -64,6 +64,24 @@ class Scheduler(threading.Thread):
     # what `serve.cli.run` asks of any scheduler (`serve.frontend.RemoteScheduler` too)
 
     died: int | None = None  # the exit code a separate core process ended with; in process a crash ends it all
+    on_loop = False  # updates reach a request's `send` on this thread, not the event loop's
+
+    async def ask(self, what: str):
+        """A question of `serve.frontend_wire.QUESTIONS`, answered in this process: /stats and
+        /metrics' snapshot on this thread; /stats/live and /health on the caller's (they answer
+        while a step is in progress, when /stats waits for it)."""
+        import asyncio
+
+        from serve.frontend_wire import health_of
+        from serve.metrics import snapshot
+
+        if what == "stats":
+            return await asyncio.wrap_future(self.query(self.stats))
+        if what == "snapshot":
+            return await asyncio.wrap_future(self.query(lambda: snapshot(self)))
+        if what == "live":
+            return self.live()
+        return health_of(self, self.engine)
 
     def watch(self, on_death) -> None:
         """Nothing to watch here: a crash of this thread ends the process (`hosted.crashed`)."""
