@@ -88,14 +88,16 @@ def test_a_streams_first_chunk_tells_its_hit(kern_server):
     server = kern_server("toy-paged")
     ids = list(PROMPTS[0].encode())
     first = ask(server, ids, 16)
-    body = {"prompt": ids + first["ids"] + list(SUFFIX.encode()), "max_tokens": 16, "stream": True}
+    # usage on every chunk: a chunk a step, never a lagging stream's queued tokens folded into one
+    # (docs/api.md), which on a busy machine could make the first chunk the last
+    body = {"prompt": ids + first["ids"] + list(SUFFIX.encode()), "max_tokens": 16, "stream": True,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
     with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=60) as r:
         chunks = [json.loads(ln[6:]) for ln in r.iter_lines() if ln.startswith("data: {")]
+    chunks = [c for c in chunks if c["choices"]]  # the usage chunk after the last has none
     head, last = chunks[0]["kern"], chunks[-1]["kern"]
-    cached = last["cached_tokens"] if "cached_tokens" in last else chunks[-1]["usage"]["prompt_tokens_details"]["cached_tokens"]
-    # a stream that falls behind has its queued tokens folded into one chunk (docs/api.md), so on a busy
-    # machine the whole answer may come as one chunk: then it is both the first and the last
-    assert chunks and all("kern" not in c for c in chunks[1:-1]), chunks
+    cached = chunks[-1]["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert len(chunks) > 1 and all("kern" not in c for c in chunks[1:-1]), chunks
     assert head == {"request_id": last["request_id"], "cache_tier": "device", "cached_tokens": cached,
                     "woken": False} and cached > 0, (head, last)
     assert (last["cache_tier"], last["woken"]) == ("device", False)
