@@ -432,8 +432,15 @@ class Prefix:
             while up is not None and up.depth > want:
                 up = up.parent
             old = up.entry if up is not None and up.depth == want else None
-            if old is not None and not old.slot and old.device is not None and old.host is None:
+            if old is not None and self._outgrown(old):
                 self._remove(old)
+
+    @staticmethod
+    def _outgrown(e: _Entry) -> bool:
+        """The growth rule's test (kern-pool §1.9), in one place for its three paths (the general one
+        above, `_grow`, `_grow_found`): the entry a page shorter than a new stateless whole-page key
+        gives way to it when it is stateless, resident and has no host copy."""
+        return not e.slot and e.device is not None and e.host is None
 
     def _grow(self, key: Tokens, store: Any) -> bool:
         """The common case of a sequence checkpointed every page, done in place: `key` is the last
@@ -444,7 +451,7 @@ class Prefix:
         its heap item, whose tick stays a lower bound of its own."""
         last, unit = self._last, self.unit
         if (last is None or last.node is None or key.data is not last.key.data or key.n != last.key.n + unit
-                or key.n % unit or store.has_slot or last.slot or last.device is None or last.host is not None):
+                or key.n % unit or store.has_slot or not self._outgrown(last)):
             return False
         node = last.node
         if node.children or node.buf is not key.data or node.hi != last.key.n * WIDTH:
@@ -475,8 +482,7 @@ class Prefix:
                 return False  # no node ends exactly one page short of the key: no entry there
             at = node.hi
         last = node.entry
-        if (last is None or node.children or last.slot or last.device is None or last.host is not None
-                or last.key.n * WIDTH != want):
+        if last is None or node.children or not self._outgrown(last) or last.key.n * WIDTH != want:
             return False
         node.set_edge(data, node.lo, n * WIDTH)
         node.depth = n
