@@ -35,6 +35,7 @@ class Resident:
         self.pages = np.zeros((rows, 8), np.int64)  # row g's pages, left-aligned
         self.host = {t.name: np.zeros(rows * t.width, dtypes[t.name]) for t in tables}
         self.dirty: list[tuple[int, int]] = []  # the last update's rewritten runs of rows [lo, hi)
+        self._steps = np.arange(max((t.per_page for t in tables), default=1), dtype=np.int64)
 
     def invalidate(self) -> None:
         """The buffers were written another way: every row is rebuilt (and uploaded) at its next use."""
@@ -49,7 +50,9 @@ class Resident:
             self.dirty = []
             return self.dirty
         try:
-            self._rebuild(cells, changed)
+            rebuild = [g for g in changed if not self._grew(g, cells[g].pages)]
+            if rebuild:
+                self._rebuild(cells, rebuild)
         except BaseException:
             self.invalidate()
             raise
@@ -61,6 +64,24 @@ class Resident:
                 runs.append((g, g + 1))
         self.dirty = runs
         return runs
+
+    def _grew(self, g: int, pages: list[int]) -> bool:
+        """The common change, done in place: row g holds the same sequence one page longer (a decode
+        step crossed a page boundary), so only that page's entries are written, over what was the
+        first entry repeated. False (nothing written) for any other change."""
+        held = self.held[g]
+        k = len(pages) - 1
+        if held is None or len(held) != k or k >= self.pages.shape[1] or pages[:k] != held:
+            return False
+        page = pages[k]
+        self.pages[g, k] = page
+        for t in self.tables:
+            lo = k * t.per_page
+            if lo < t.width:  # past the width the row holds only its first pages
+                hi = min(lo + t.per_page, t.width)
+                self.host[t.name][g * t.width + lo : g * t.width + hi] = page * t.per_page + self._steps[: hi - lo]
+        held.append(page)
+        return True
 
     def _rebuild(self, cells, changed: list[int]) -> None:
         held = self.held

@@ -182,6 +182,8 @@ def test_resident_rebuilds_nothing_when_no_pages_changed():
     assert res.update(cells) == [(0, 2)]
     assert res.update([Cell(list(c.pages), 0, [2], c.pos + 1) for c in cells]) == []
     cells[1].pages.append(7)
-    assert res.update(cells) == [(1, 2)]
+    assert res.update(cells) == [(1, 2)]  # grown in place: one page's entries written
+    assert res.update(cells) == []  # and then held as it is
+    assert res.host["bt"][8:11].tolist() == [4, 7, 4]  # row 1: its pages, then its first entry repeated
     res.invalidate()
     assert res.update(cells) == [(0, 2)]
