@@ -203,7 +203,7 @@ def serve_command(ctx, target, port, host, capacity, host_gib, max_seqs, chunk, 
             engine.model = served_model_name
         return engine, head
 
-    engine, head, scheduler = _start(load, _default_split(frontend_process, backend), stats_every, phases, sock)
+    engine, head, scheduler = _start(load, _split(frontend_process, backend), stats_every, phases, sock)
     code = run(engine, host, port, api_key, stats_every, limits, protect_stats, sock, sampling=sampling, phases=phases,
                metrics_prefix=metrics_prefix, scheduler=scheduler)
     if head is not None:
@@ -211,10 +211,10 @@ def serve_command(ctx, target, port, host, capacity, host_gib, max_seqs, chunk, 
     sys.exit(code)
 
 
-def _start(load, frontend_process: bool | None, stats_every: float, phases, sock):
+def _start(load, split: bool, stats_every: float, phases, sock):
     """(engine, pipeline head or None, None) loaded here, or with --frontend-process (engine's facts,
     None, the core process's `RemoteScheduler`): the core forked, loaded and its scheduler started."""
-    if not _split(frontend_process):
+    if not split:
         return (*load(), None)
     from serve.frontend import start_core
 
@@ -222,29 +222,25 @@ def _start(load, frontend_process: bool | None, stats_every: float, phases, sock
     return engine, None, scheduler
 
 
-def _default_split(flag: bool | None, backend: str) -> bool | None:
-    """--frontend-process unless told: on for a GPU (`--backend gpu`, or `auto` on a machine with an
-    NVIDIA driver loaded), where the engine steps faster than one interpreter lock can also serve
-    HTTP (docs/results-measured.md: streaming 0.17 -> 0.6 of the engine alone on an H200); else None
-    (KERN_FRONTEND_PROCESS decides, off by default: on two CPU cores the split costs more than it
-    frees). The hint for `auto` never touches CUDA before the fork; the core picks the backend."""
-    if flag is not None:
-        return flag
+def _split(flag: bool | None, backend: str) -> bool:
+    """Whether the engine core runs in a process of its own: never in a warm host's command (a thread
+    of a shared process); else --frontend-process or --no-frontend-process when given; else on for a
+    GPU (`--backend gpu`, or `auto` on a machine with an NVIDIA driver loaded), where the engine steps
+    faster than one interpreter lock can also serve HTTP (docs/results-measured.md: streaming 0.17 ->
+    0.6 of the engine alone on an H200); else the environment's KERN_FRONTEND_PROCESS, off by default
+    (on two CPU cores the split costs more than it frees). The hint for `auto` never touches CUDA
+    before the fork; the core picks the backend."""
     from pathlib import Path
 
-    if backend == "gpu" or (backend == "auto" and Path("/proc/driver/nvidia/version").exists()):
-        return True
-    return None
-
-
-def _split(flag: bool | None) -> bool:
-    """Whether the engine core runs in a process of its own (--frontend-process, else the environment's
-    KERN_FRONTEND_PROCESS); never in a warm host's command (a thread of a shared process)."""
     from serve import hosted
 
-    if flag is None:
-        flag = (hosted.getenv("KERN_FRONTEND_PROCESS") or "").strip().lower() in ("1", "true", "yes", "on")
-    return bool(flag) and hosted.COMMAND.get() is None
+    if hosted.COMMAND.get() is not None:
+        return False
+    if flag is not None:
+        return flag
+    if backend == "gpu" or (backend == "auto" and Path("/proc/driver/nvidia/version").exists()):
+        return True
+    return (hosted.getenv("KERN_FRONTEND_PROCESS") or "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def _engine(target, opts, phases, stages, at, pp_listen, pp_timeout, stage_connect, pp_restart):

@@ -26,7 +26,7 @@ import threading
 import zmq
 
 from serve import logs
-from serve.frontend_wire import health_of, pack, pack_done, unpack
+from serve.frontend_wire import pack, pack_done, unpack
 from serve.request import Request, Stops, Update
 
 __all__ = ["Outgoing", "core_main", "facts_of"]
@@ -141,20 +141,8 @@ class Bridge:
             self.scheduler.stop()
 
     def question(self, qid: int, what: str) -> None:
-        s = self.scheduler
-        if what == "live":
-            return self.out.put(["q", qid, True, s.live()])
-        if what == "health":
-            return self.out.put(["q", qid, True, health_of(s, self.engine)])
-        if what == "stats":
-            fut = s.query(s.stats)
-        elif what == "snapshot":
-            from serve.metrics import snapshot
-
-            fut = s.query(lambda: snapshot(s))
-        else:
-            return self.out.put(["q", qid, False, f"unknown question {what!r}"])
-        fut.add_done_callback(lambda f: self.out.put(
+        """Answer the front end's question `qid` (the scheduler's `question`) when its answer is ready."""
+        self.scheduler.question(what).add_done_callback(lambda f: self.out.put(
             ["q", qid, True, f.result()] if f.exception() is None else ["q", qid, False, str(f.exception())]))
 
 

@@ -21,6 +21,7 @@ EXIT_AFTER_S later, once the answers are out.
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import concurrent.futures
 import queue
@@ -32,6 +33,8 @@ from collections.abc import Callable
 from serve import hosted, logs
 from serve.core import Core, Plan, snapshot_holdings
 from serve.engine import Engine
+from serve.frontend_wire import health_of
+from serve.metrics import snapshot
 from serve.pipeline.liveness import die
 from serve.pipeline.pipeline import StageLost
 from serve.request import Request
@@ -66,22 +69,26 @@ class Scheduler(threading.Thread):
     died: int | None = None  # the exit code a separate core process ended with; in process a crash ends it all
     on_loop = False  # updates reach a request's `send` on this thread, not the event loop's
 
-    async def ask(self, what: str):
-        """A question of `serve.frontend_wire.QUESTIONS`, answered in this process: /stats and
-        /metrics' snapshot on this thread; /stats/live and /health on the caller's (they answer
-        while a step is in progress, when /stats waits for it)."""
-        import asyncio
-
-        from serve.frontend_wire import health_of
-        from serve.metrics import snapshot
-
+    def question(self, what: str) -> concurrent.futures.Future:
+        """The answer to a question of `serve.frontend_wire.QUESTIONS`: /stats and /metrics' snapshot
+        on this thread; /stats/live and /health at once on the caller's (they answer while a step is
+        in progress, when /stats waits for it)."""
         if what == "stats":
-            return await asyncio.wrap_future(self.query(self.stats))
+            return self.query(self.stats)
         if what == "snapshot":
-            return await asyncio.wrap_future(self.query(lambda: snapshot(self)))
+            return self.query(lambda: snapshot(self))
+        fut: concurrent.futures.Future = concurrent.futures.Future()
         if what == "live":
-            return self.live()
-        return health_of(self, self.engine)
+            fut.set_result(self.live())
+        elif what == "health":
+            fut.set_result(health_of(self, self.engine))
+        else:
+            fut.set_exception(ValueError(f"unknown question {what!r}"))
+        return fut
+
+    async def ask(self, what: str):
+        """`question`, awaited (the routes' call; `serve.frontend.RemoteScheduler.ask` asks the core)."""
+        return await asyncio.wrap_future(self.question(what))
 
     def watch(self, on_death) -> None:
         """Nothing to watch here: a crash of this thread ends the process (`hosted.crashed`)."""
