@@ -2,7 +2,8 @@
 HTTP as a ratio of what the same engine does with no HTTP at all (its ceiling here).
 
     python bench/serve_load.py [--target toy-paged] [--streams 64] [--max-tokens 256] [--backend cpu|gpu]
-                               [--workers 4] [--prompt-tokens 32] [--rounds 4] [--serve-flag=--no-graphs ...]
+                               [--workers 4] [--prompt-tokens 32] [--rounds 4] [--repeats 3]
+                               [--serve-flag=--no-graphs ...]
 
 Both sides run the same closed loop: `--streams` requests in flight, each replaced by the next as it
 ends, `--rounds` requests per stream (one round alone is mostly the ramp-up of 64 prefills and the tail).
@@ -18,7 +19,10 @@ ends, `--rounds` requests per stream (one round alone is mostly the ramp-up of 6
   the server's CPU time per output token (its process, then its children: with
   `--serve-flag=--frontend-process` the HTTP front end, then the engine core).
 
-Prints one table. Never gates CI.
+The machine's speed drifts within a minute (on the H200 box the engine alone swung 92k-160k tok/s
+over consecutive one-second runs), so every measurement is made `--repeats` times, interleaved (engine
+alone, HTTP, streaming, ...; the engine alone once more at the end), and the table gives the medians,
+each path's range beside it, and the ratios of the medians. Prints one table. Never gates CI.
 """
 
 from __future__ import annotations
@@ -46,35 +50,40 @@ def prompt(i: int, n: int) -> list[int]:
     return list((head + bytes((i * 7 + k * 13) % 251 for k in range(n)))[:n])
 
 
-def engine_alone(target: str, backend: str, streams: int, max_tokens: int, prompt_tokens: int,
-                 flags: list[str], rounds: int = 1) -> tuple[float, float]:
-    """(tokens per second, CPU microseconds per token) of the engine and scheduler core alone, the
-    best of two tries: `streams` requests in flight, each replaced by the next as it ends, until
+class Alone:
+    """The engine and scheduler core alone (`serve.engine.build` and `serve.core.Core` driven in this
+    process): `run()` keeps `streams` requests in flight, each replaced by the next as it ends, until
     `rounds` x `streams` have been answered (the HTTP clients' closed loop, without HTTP)."""
-    from serve.core import Core
-    from serve.engine import Options, build
-    from serve.request import Request
 
-    opts = Options(backend=backend, max_seqs=streams, graphs="--no-graphs" not in flags,
-                   capacity=capacity(streams, max_tokens, prompt_tokens))
-    e = build(target, opts)
-    best, cpu = 0.0, 0.0
-    for rnd in range(2):
+    def __init__(self, target: str, backend: str, streams: int, max_tokens: int, prompt_tokens: int,
+                 flags: list[str], rounds: int = 1) -> None:
+        from serve.engine import Options, build
+
+        opts = Options(backend=backend, max_seqs=streams, graphs="--no-graphs" not in flags,
+                       capacity=capacity(streams, max_tokens, prompt_tokens))
+        self.e = build(target, opts)
+        self.streams, self.max_tokens, self.prompt_tokens, self.rounds = streams, max_tokens, prompt_tokens, rounds
+        self.runs = 0
+
+    def run(self) -> tuple[float, float, dict]:
+        """One closed loop: (tokens per second, CPU microseconds per token, the core's counters)."""
+        from serve.core import Core
+        from serve.request import Request
+
+        e, rnd = self.e, self.runs
+        self.runs += 1
         core = Core(e)
-        got, ended = [0], [0]
+        got, ended, sent = [0], [0], [0]
 
-        def sink(u, got=got, ended=ended):
+        def sink(u) -> None:
             got[0] += len(u.tokens)
             ended[0] += u.done is not None
 
-        sent = 0
-
         def top_up() -> None:
-            nonlocal sent
-            while sent < rounds * streams and sent - ended[0] < streams:
-                core.submit(Request(f"r{rnd}-{sent}", prompt(rnd * 100000 + sent, prompt_tokens), max_tokens, e.rows,
-                                    sink, ignore_eos=True))
-                sent += 1
+            while sent[0] < self.rounds * self.streams and sent[0] - ended[0] < self.streams:
+                core.submit(Request(f"r{rnd}-{sent[0]}", prompt(rnd * 100_000 + sent[0], self.prompt_tokens),
+                                    self.max_tokens, e.rows, sink, ignore_eos=True))
+                sent[0] += 1
 
         top_up()
         t0, c0 = time.perf_counter(), time.process_time()
@@ -84,9 +93,25 @@ def engine_alone(target: str, backend: str, streams: int, max_tokens: int, promp
             top_up()
         getattr(e.runtime, "synchronize", lambda: None)()
         wall = time.perf_counter() - t0
-        if got[0] / wall > best:
-            best, cpu = got[0] / wall, (time.process_time() - c0) / got[0] * 1e6
-    return best, cpu
+        counted = {**core.counters.values, "tokens": core.counters.tokens}
+        return got[0] / wall, (time.process_time() - c0) / got[0] * 1e6, counted
+
+
+def shape(before: dict, after: dict) -> str:
+    """How the run's steps were made, from the core's counters: forward steps (all steps less the
+    prefill calls) and output tokens per forward step, then prefill calls (the engine alone packs a
+    round's prompts together; requests arriving one by one over HTTP may each take a call)."""
+    d = {k: after.get(k, 0) - before.get(k, 0) for k in ("steps", "prefill_calls", "tokens")}
+    forward = d["steps"] - d["prefill_calls"]
+    return f"{forward:,} x {d['tokens'] / max(forward, 1):.1f} + {d['prefill_calls']:,}"
+
+
+def counters_of(url: str) -> dict:
+    """The server's counters and output tokens so far (GET /stats)."""
+    import httpx
+
+    got = httpx.get(url + "/stats", timeout=60).json()
+    return {**got["counters"], "tokens": got["timing"]["tokens"]}
 
 
 def capacity(streams: int, max_tokens: int, prompt_tokens: int) -> int:
@@ -142,12 +167,13 @@ def _worker(url: str, first: int, count: int, max_tokens: int, prompt_tokens: in
         return n, ttft or 0.0, gaps
 
     go.wait()
+    c0 = time.process_time()
     threads = [threading.Thread(target=streamed, args=(j,)) for j in range(count)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    out.put(results)
+    out.put((results, time.process_time() - c0))
     client.close()
 
 
@@ -165,8 +191,10 @@ def http_load(url: str, streams: int, workers: int, max_tokens: int, prompt_toke
     time.sleep(1.0)  # every worker imported and waiting
     t0 = time.perf_counter()
     go.set()
-    results = [r for _ in procs for r in out.get()]
+    got = [out.get() for _ in procs]
     wall = time.perf_counter() - t0
+    results = [r for rs, _ in got for r in rs]
+    busiest = max(c for _, c in got) / wall  # the busiest client process's share of one core
     for p in procs:
         p.join()
     tokens = sum(r[0] for r in results)
@@ -178,7 +206,8 @@ def http_load(url: str, streams: int, workers: int, max_tokens: int, prompt_toke
 
     return {"tok_s": tokens / wall, "tokens": tokens, "ttft_p50": pct(ttft, 0.5), "ttft_p99": pct(ttft, 0.99),
             "itl_p50": pct(gaps, 0.5), "itl_p99": pct(gaps, 0.99), "wall": wall,
-            "mean_ttft": statistics.mean(ttft) * 1000 if ttft else float("nan")}
+            "mean_ttft": statistics.mean(ttft) * 1000 if ttft else float("nan"), "client_busy": busiest,
+            "ttfts": ttft, "gaps": gaps}
 
 
 def cpu_s(pid: int) -> tuple[float, float]:
@@ -201,8 +230,6 @@ def cpu_s(pid: int) -> tuple[float, float]:
 
 
 def main() -> None:
-    from tabulate import tabulate
-
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", default="toy-paged")
     ap.add_argument("--backend", default="cpu", choices=["cpu", "gpu"])
@@ -213,35 +240,79 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=4, help="requests each stream sends one after another (the "
                     "engine alone keeps the same number in flight): one round is mostly ramp-up and tail")
     ap.add_argument("--serve-flag", action="append", default=[], help="an extra kern serve flag (repeatable)")
+    ap.add_argument("--repeats", type=int, default=3, help="each measurement this many times, interleaved (engine "
+                    "alone, HTTP, streaming, ...; the engine alone once more at the end): the table gives medians")
     args = ap.parse_args()
-    ceiling, alone_cpu = engine_alone(args.target, args.backend, args.streams, args.max_tokens, args.prompt_tokens,
-                                      args.serve_flag, args.rounds)
-    rows = [("engine alone", ceiling, 1.0, "-", "-", "-", "-", f"{alone_cpu:.0f}")]
+    alone = Alone(args.target, args.backend, args.streams, args.max_tokens, args.prompt_tokens, args.serve_flag,
+                  args.rounds)
+    alone.run()  # warm: the first run pays for first calls
+    runs: dict[str, list] = {"engine alone": [], "HTTP": [], "HTTP streaming": []}
     with tempfile.TemporaryDirectory() as tmp:
         proc, url = start_server(args.target, args.backend, args.streams, Path(tmp) / "serve.log", args.serve_flag,
                                  capacity(args.streams, args.max_tokens, args.prompt_tokens))
         try:
             http_load(url, min(4, args.streams), 1, 4, args.prompt_tokens, False, 10_000_000)  # warm
-            for k, stream in enumerate((False, True)):
-                before = cpu_s(proc.pid)
-                r = http_load(url, args.streams, args.workers, args.max_tokens, args.prompt_tokens, stream,
-                              (k + 1) * 1_000_000, args.rounds)
-                after = cpu_s(proc.pid)
-                cpu = "/".join(f"{(a - b) / r['tokens'] * 1e6:.0f}" for a, b in zip(after, before))
-                rows.append(("HTTP streaming" if stream else "HTTP", r["tok_s"], r["tok_s"] / ceiling,
-                             f"{r['ttft_p50']:.1f}" if stream else "-", f"{r['ttft_p99']:.1f}" if stream else "-",
-                             f"{r['itl_p50']:.2f}" if stream else "-", f"{r['itl_p99']:.2f}" if stream else "-", cpu))
+            for rep in range(args.repeats):
+                runs["engine alone"].append(alone.run())
+                for k, stream in enumerate((False, True)):
+                    before, counted = cpu_s(proc.pid), counters_of(url)
+                    r = http_load(url, args.streams, args.workers, args.max_tokens, args.prompt_tokens, stream,
+                                  (1 + 2 * rep + k) * 1_000_000, args.rounds)
+                    after = cpu_s(proc.pid)
+                    r["cpu"] = [(a - b) / r["tokens"] * 1e6 for a, b in zip(after, before)]
+                    r["counters"] = (counted, counters_of(url))
+                    runs["HTTP streaming" if stream else "HTTP"].append(r)
+                print(f"repeat {rep + 1}/{args.repeats}: " + ", ".join(
+                    f"{m} {(v[-1][0] if m == 'engine alone' else v[-1]['tok_s']):,.0f}" for m, v in runs.items()),
+                    file=sys.stderr, flush=True)
+            runs["engine alone"].append(alone.run())
         finally:
             launch.stop(proc, 30)
-    print(f"{args.target}, backend {args.backend}, {args.streams} streams x {args.rounds} requests x "
-          f"{args.max_tokens} tokens ({args.prompt_tokens}-token prompts), {args.workers} client processes")
-    print(tabulate([(m, f"{t:,.0f}", f"{x:.2f}", *rest) for m, t, x, *rest in rows],
-                   headers=("path", "output tok/s", "x engine alone", "TTFT p50 ms", "TTFT p99 ms",
-                            "ITL p50 ms", "ITL p99 ms", "server CPU us/token"), tablefmt="github"))
-    print("server CPU us/token: the server process's CPU time (user + system) per output token over the run, "
-          "then its children's (with --frontend-process: the engine core's); a process held by one "
-          "interpreter lock serves at most about 1e6 / its figure tokens a second")
+    print(table(runs, args))
 
+
+def table(runs: dict[str, list], args) -> str:
+    """The medians of the interleaved runs, each path's range beside it, as one table and its notes."""
+    from tabulate import tabulate
+
+    def pct(xs: list[float], q: float) -> str:
+        xs = sorted(xs)
+        return f"{xs[min(len(xs) - 1, int(q * len(xs)))] * 1000:.2f}" if xs else "-"
+
+    alone = runs["engine alone"]
+    ceiling = statistics.median(t for t, _, _ in alone)
+    summed = {k: sum(c.get(k, 0) for _, _, c in alone) for k in ("steps", "prefill_calls", "tokens")}
+    rows = [("engine alone", ceiling, 1.0, f"{min(t for t, _, _ in alone):,.0f}-{max(t for t, _, _ in alone):,.0f}",
+             "-", "-", "-", "-", f"{statistics.median(c for _, c, _ in alone):.0f}", shape({}, summed), "-")]
+    for path in ("HTTP", "HTTP streaming"):
+        rs = runs[path]
+        if not rs:
+            continue
+        tok = statistics.median(r["tok_s"] for r in rs)
+        stream = path.endswith("streaming")
+        ttfts = [t for r in rs for t in r["ttfts"]]
+        gaps = [g for r in rs for g in r["gaps"]]
+        cpu = "/".join(f"{statistics.median(r['cpu'][i] for r in rs):.0f}" for i in range(2))
+        before = {k: sum(r["counters"][0].get(k, 0) for r in rs) for k in ("steps", "prefill_calls", "tokens")}
+        after = {k: sum(r["counters"][1].get(k, 0) for r in rs) for k in ("steps", "prefill_calls", "tokens")}
+        rows.append((path, tok, tok / ceiling, f"{min(r['tok_s'] for r in rs):,.0f}-{max(r['tok_s'] for r in rs):,.0f}",
+                     pct(ttfts, 0.5) if stream else "-", pct(ttfts, 0.99) if stream else "-",
+                     pct(gaps, 0.5) if stream else "-", pct(gaps, 0.99) if stream else "-", cpu, shape(before, after),
+                     f"{max(r['client_busy'] for r in rs):.0%}"))
+    head = (f"{args.target}, backend {args.backend}, {args.streams} streams x {args.rounds} requests x "
+            f"{args.max_tokens} tokens ({args.prompt_tokens}-token prompts), {args.workers} client processes, "
+            f"medians of {args.repeats} interleaved runs ({len(alone)} of the engine alone)")
+    body = tabulate([(m, f"{t:,.0f}", f"{x:.2f}", *rest) for m, t, x, *rest in rows],
+                    headers=("path", "output tok/s", "x engine alone", "range", "TTFT p50 ms", "TTFT p99 ms",
+                             "ITL p50 ms", "ITL p99 ms", "server CPU us/token", "forward steps x tokens + prefill calls",
+                             "busiest client"), tablefmt="github")
+    notes = ("server CPU us/token: the server process's CPU time (user + system) per output token over a run, then "
+             "its children's (with --frontend-process: the engine core's); a process held by one interpreter lock "
+             "serves at most about 1e6 / its figure tokens a second. Forward steps x tokens: every run's together "
+             "(tokens a step below the streams: requests were out of the engine, between a finish and the next "
+             "arrival). Busiest client: the busiest client process's CPU time over a run's wall time (near 100%: "
+             "the clients, not the server, are the bound)")
+    return f"{head}\n{body}\n{notes}"
 
 if __name__ == "__main__":
     main()
