@@ -106,12 +106,32 @@ def shape(before: dict, after: dict) -> str:
     return f"{forward:,} x {d['tokens'] / max(forward, 1):.1f} + {d['prefill_calls']:,}"
 
 
+PHASES = ("time_to_first_token_seconds", "request_queue_time_seconds", "request_prefill_time_seconds")
+
+
 def counters_of(url: str) -> dict:
-    """The server's counters and output tokens so far (GET /stats)."""
+    """The server's counters and output tokens so far (GET /stats), and the sums and counts of its
+    first-token, queue and prefill histograms (GET /metrics)."""
     import httpx
 
     got = httpx.get(url + "/stats", timeout=60).json()
-    return {**got["counters"], "tokens": got["timing"]["tokens"]}
+    out = {**got["counters"], "tokens": got["timing"]["tokens"]}
+    for line in httpx.get(url + "/metrics", timeout=60).text.splitlines():
+        name, _, value = line.rpartition(" ")
+        name = name.split("{", 1)[0]
+        if name.endswith(("_sum", "_count")) and name.split(":", 1)[-1].rsplit("_", 1)[0] in PHASES:
+            out[name.split(":", 1)[-1]] = float(value)
+    return out
+
+
+def phases(before: dict, after: dict) -> str:
+    """The server's mean time to first token, then its queue and prefill parts (arrival to admission,
+    admission to the first token), in ms, over the requests between `before` and `after`."""
+    def mean(name: str) -> float:
+        n = after.get(name + "_count", 0) - before.get(name + "_count", 0)
+        return (after.get(name + "_sum", 0) - before.get(name + "_sum", 0)) / n * 1000 if n else float("nan")
+
+    return " / ".join(f"{mean(name):.1f}" for name in PHASES)
 
 
 def capacity(streams: int, max_tokens: int, prompt_tokens: int) -> int:
@@ -283,7 +303,7 @@ def table(runs: dict[str, list], args) -> str:
     ceiling = statistics.median(t for t, _, _ in alone)
     summed = {k: sum(c.get(k, 0) for _, _, c in alone) for k in ("steps", "prefill_calls", "tokens")}
     rows = [("engine alone", ceiling, 1.0, f"{min(t for t, _, _ in alone):,.0f}-{max(t for t, _, _ in alone):,.0f}",
-             "-", "-", "-", "-", f"{statistics.median(c for _, c, _ in alone):.0f}", shape({}, summed), "-")]
+             "-", "-", "-", "-", f"{statistics.median(c for _, c, _ in alone):.0f}", shape({}, summed), "-", "-")]
     for path in ("HTTP", "HTTP streaming"):
         rs = runs[path]
         if not rs:
@@ -295,9 +315,11 @@ def table(runs: dict[str, list], args) -> str:
         cpu = "/".join(f"{statistics.median(r['cpu'][i] for r in rs):.0f}" for i in range(2))
         before = {k: sum(r["counters"][0].get(k, 0) for r in rs) for k in ("steps", "prefill_calls", "tokens")}
         after = {k: sum(r["counters"][1].get(k, 0) for r in rs) for k in ("steps", "prefill_calls", "tokens")}
+        server = phases(*[{k: sum(r["counters"][i].get(k, 0) for r in rs) for k in r0} for i, r0 in
+                          enumerate(rs[0]["counters"])])
         rows.append((path, tok, tok / ceiling, f"{min(r['tok_s'] for r in rs):,.0f}-{max(r['tok_s'] for r in rs):,.0f}",
                      pct(ttfts, 0.5) if stream else "-", pct(ttfts, 0.99) if stream else "-",
-                     pct(gaps, 0.5) if stream else "-", pct(gaps, 0.99) if stream else "-", cpu, shape(before, after),
+                     pct(gaps, 0.5) if stream else "-", pct(gaps, 0.99) if stream else "-", cpu, shape(before, after), server,
                      f"{max(r['client_busy'] for r in rs):.0%}"))
     head = (f"{args.target}, backend {args.backend}, {args.streams} streams x {args.rounds} requests x "
             f"{args.max_tokens} tokens ({args.prompt_tokens}-token prompts), {args.workers} client processes, "
@@ -305,12 +327,14 @@ def table(runs: dict[str, list], args) -> str:
     body = tabulate([(m, f"{t:,.0f}", f"{x:.2f}", *rest) for m, t, x, *rest in rows],
                     headers=("path", "output tok/s", "x engine alone", "range", "TTFT p50 ms", "TTFT p99 ms",
                              "ITL p50 ms", "ITL p99 ms", "server CPU us/token", "forward steps x tokens + prefill calls",
-                             "busiest client"), tablefmt="github")
+                             "server TTFT / queue / prefill ms", "busiest client"), tablefmt="github")
     notes = ("server CPU us/token: the server process's CPU time (user + system) per output token over a run, then "
              "its children's (with --frontend-process: the engine core's); a process held by one interpreter lock "
              "serves at most about 1e6 / its figure tokens a second. Forward steps x tokens: every run's together "
              "(tokens a step below the streams: requests were out of the engine, between a finish and the next "
-             "arrival). Busiest client: the busiest client process's CPU time over a run's wall time (near 100%: "
+             "arrival). Server TTFT / queue / prefill: the server's own means (its /metrics histograms): arrival "
+             "(the body parsed) to the first token, and its parts arrival to admission and admission to the first "
+             "token. Busiest client: the busiest client process's CPU time over a run's wall time (near 100%: "
              "the clients, not the server, are the bound)")
     return f"{head}\n{body}\n{notes}"
 
