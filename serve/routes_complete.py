@@ -12,7 +12,7 @@ import threading
 import time
 
 from fastapi import APIRouter, Request as HttpRequest
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 
 from serve import logs, validate
 from serve.http import POLL_S, Disconnected, Served, body_of, ctx, cut, reject
@@ -107,9 +107,8 @@ async def answer(request: HttpRequest, ask: Ask):
     reply = Reply(req, ask, c.model)
     reply.untold_tier = not c.engine.faults.tells_tier
     if ask.stream:
-        return StreamingResponse(stream(request, q, req, reply, first, track, watcher),
-                                 media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Request-Id": req.id})
+        return EventStream(stream(request, q, req, reply, first, track, watcher),
+                           {"Cache-Control": "no-cache", "X-Request-Id": req.id})
     watcher.cancel()
     if first.done.reason is None:
         return reject(c, failure(first.done))
@@ -138,6 +137,30 @@ def cancelled(c: Served, req: Request) -> JSONResponse:
     c.scheduler.abort(req)
     c.cancelled += 1
     return reject(c, cut())
+
+
+class EventStream(Response):
+    """A stream's answer (text/event-stream), written from its events as they come. Starlette's
+    StreamingResponse, under uvicorn's h11 (ASGI spec 2.3), ran every stream as a task group with a
+    second task awaiting the client's disconnect: a task more per stream, and its first chunk a loop
+    turn later. Here the handler's `_watch` alone sees a hang-up (uvicorn drops what is sent after it)."""
+
+    media_type = "text/event-stream"
+
+    def __init__(self, events, headers: dict[str, str]) -> None:
+        self.events = events
+        self.status_code = 200
+        self.background = None
+        self.init_headers(headers)
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+            async for text in self.events:
+                await send({"type": "http.response.body", "body": text.encode(), "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        finally:
+            await self.events.aclose()  # its `finally` (the abort of an unfinished request) runs now
 
 
 def _sse(obj: dict) -> str:
