@@ -9,7 +9,9 @@ ZeroMQ (`serve/frontend_wire.py`), as vLLM V1's API server and engine core do.
 The routes are the in-process server's, unchanged: `RemoteEngine` and `RemoteScheduler` stand in for
 the `Engine` and the `Scheduler` with the surface the routes use (submit, abort, name, drain, stop,
 and `ask` for /stats, /stats/live, /metrics' snapshot and /health). The core's updates arrive one
-message per step and are handed to the requests' queues on the event loop, one wake-up for all.
+message per step, read on the event loop itself (the socket's descriptor is one of the loop's
+readers) and handed to the requests' queues there: no thread between them (a receiving thread took
+the interpreter lock from the loop and woke it once a message).
 
 If the core process ends without being told to stop (a crash of its scheduler thread: 101, or a
 kill), every open request is answered with a 503 `engine_core_dead` (a stream: its error event,
@@ -25,6 +27,7 @@ import shutil
 import sys
 import tempfile
 import threading
+import time
 
 import zmq
 
@@ -80,7 +83,8 @@ class RemoteEngine:
 
 class RemoteScheduler:
     """The scheduler as the routes use it, in another process. Every method but `stop` and `join`
-    runs on the event loop (which alone uses the sending socket); a thread receives."""
+    runs on the event loop, which alone uses the sockets while it runs (the receiving one is its
+    reader from the first request or question on); before it, `wait_ready` reads, after it `join`."""
 
     on_loop = True  # updates are handed to a request's `send` on the event loop: it may be a queue's put
 
@@ -102,7 +106,7 @@ class RemoteScheduler:
         self.cut_off = 0
         self.ended, self.said_bye = threading.Event(), threading.Event()
         self.on_death = None
-        self.receiver: threading.Thread | None = None
+        self.ready = False  # the core said it is ready
         threading.Thread(target=self._reap, name="core-reaper", daemon=True).start()
 
     # the handlers' side (the event loop)
@@ -112,7 +116,7 @@ class RemoteScheduler:
         return f"req-{n}"
 
     def submit(self, req: Request) -> None:
-        self.loop = asyncio.get_running_loop()
+        self._attach()
         if self.ended.is_set():
             req.send(Update([], Done(None, error=dead_error(self.code))))
             return
@@ -129,7 +133,7 @@ class RemoteScheduler:
         """A question of `serve.frontend_wire.QUESTIONS`, answered by the core; a 503 when it is gone."""
         if self.ended.is_set():
             raise ApiError(503, dead_error(self.code)[1], code="engine_core_dead", type="server_error")
-        self.loop = asyncio.get_running_loop()
+        self._attach()
         self._qid += 1
         fut = self.asks[self._qid] = self.loop.create_future()
         self.push.send(pack(["q", self._qid, what]))
@@ -147,9 +151,14 @@ class RemoteScheduler:
             self.push.send(pack(["x"]))
 
     def join(self, timeout: float | None = None) -> None:
-        self.ended.wait(timeout)
-        if self.receiver is not None:
-            self.receiver.join(2)
+        """After the loop: wait for the core's goodbye (its cut-off count) and its end."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.ready and not self.said_bye.is_set() and (deadline is None or time.monotonic() < deadline):
+            if self.pull.poll(POLL_MS):
+                self._take(self.pull.recv(), deliver=False)  # updates and answers have nobody to go to now
+            elif self.ended.is_set():
+                break
+        self.ended.wait(None if deadline is None else max(deadline - time.monotonic(), 0))
         if self.tmp is not None:
             shutil.rmtree(self.tmp, ignore_errors=True)
 
@@ -172,28 +181,37 @@ class RemoteScheduler:
             if self.pull.poll(POLL_MS):
                 msg = unpack(self.pull.recv())
                 if msg[0] == "r":
-                    self.receiver = threading.Thread(target=self._receive, name="core-in", daemon=True)
-                    self.receiver.start()
+                    self.ready = True
                     return msg[1]
         self.ended.wait()
         if self.tmp is not None:
             shutil.rmtree(self.tmp, ignore_errors=True)
         sys.exit(self.code if self.code and self.code > 0 else 1)
 
-    # the threads
+    # receiving
 
-    def _receive(self) -> None:
-        while True:
-            if not self.pull.poll(POLL_MS):
-                if self.ended.is_set():
-                    return
-                continue
-            msg = unpack(self.pull.recv())
-            if msg[0] == "b":
-                self.cut_off = msg[1]
-                self.said_bye.set()
-                return
-            self._hand(self._deliver, msg)
+    def _attach(self) -> None:
+        """Read the core's messages on this event loop from now on."""
+        loop = asyncio.get_running_loop()
+        if loop is not self.loop:
+            self.loop = loop
+            loop.add_reader(self.pull.getsockopt(zmq.FD), self._readable)
+            self._readable()  # what came before (the descriptor tells only of what arrives after)
+
+    def _readable(self) -> None:
+        """Every message waiting (ZeroMQ's descriptor is edge-triggered: read while its events say so)."""
+        while self.pull.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            self._take(self.pull.recv(zmq.NOBLOCK))
+
+    def _take(self, raw: bytes, deliver: bool = True) -> None:
+        msg = unpack(raw)
+        if msg[0] == "b":
+            self.cut_off = msg[1]
+            self.said_bye.set()
+        elif deliver:
+            self._deliver(msg)
+
+    # the reaper's thread
 
     def _hand(self, fn, *args) -> None:
         loop = self.loop
@@ -229,7 +247,7 @@ class RemoteScheduler:
         _, status = os.waitpid(self.pid, 0)
         self.code = os.waitstatus_to_exitcode(status)
         self.ended.set()
-        if self.stopped or self.receiver is None:
+        if self.stopped or not self.ready:
             return  # told to stop, or it never was ready (its own line said why)
         logs.event("engine core died", "ERROR", pid=self.pid, code=self.code, open=len(self.reqs))
         self._hand(self._fail_all)
