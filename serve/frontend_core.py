@@ -8,10 +8,14 @@ format. It ignores SIGTERM and SIGINT (the front end drains and then tells it to
 the front end does (Linux's parent-death signal, and a check of its parent every poll). A crash of
 the scheduler thread ends it with 101, which the front end answers and exits with.
 
-Three threads: the main one receives (requests, aborts, questions, drain, stop); the scheduler's
-commits gather each request's update in the bridge, and the scheduler thread itself sends them as one
-message after each iteration of its loop (one message per step, every sequence's new tokens in it:
-handing each update to another thread cost the core a lock and an interpreter-lock handoff per step);
+Three threads. The scheduler's commits gather each request's update in the bridge, and the scheduler
+thread itself sends them as one message after each iteration of its loop (one message per step,
+every sequence's new tokens in it: handing each update to another thread cost the core a lock and an
+interpreter-lock handoff per step), and then reads what the front end sent (requests, aborts,
+questions, drain, stop) before its next iteration: a request that waited for the main thread to win
+the interpreter lock from a busy scheduler waited up to its 5 ms switch interval. The main thread
+reads too, woken by the socket's descriptor, for when the scheduler waits for work or is inside a
+long step (a question about /health must be answered then); one of them at a time (`Bridge.pull`).
 `Outgoing`'s thread sends the rest (answers to questions, ready, bye), the socket shared under a lock.
 """
 
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import select
 import signal
 import sys
 import threading
@@ -91,18 +96,33 @@ def facts_of(engine) -> dict:
 class Bridge:
     """The front end's requests turned into the scheduler's, and their updates sent back."""
 
-    def __init__(self, scheduler, engine, out: Outgoing) -> None:
+    def __init__(self, scheduler, engine, out: Outgoing, inp=None) -> None:
         self.scheduler = scheduler
         self.engine = engine
         self.out = out
+        self.inp = inp  # the front end's socket, read by `pull` (from two threads, one at a time)
+        self.reading = threading.Lock()
         self.reqs: dict[str, Request] = {}
         self.updates: list = []  # the updates since the last `flush` (appended and sent on the scheduler thread)
 
     def flush(self) -> None:
-        """Send the updates gathered since the last call as one message (the scheduler's `after_step`)."""
+        """Send the updates gathered since the last call as one message (the scheduler's `after_step`),
+        then take what the front end sent meanwhile."""
         if self.updates:
             updates, self.updates = self.updates, []
             self.out.send_now(pack(["u", updates]))
+        self.pull(wait=False)
+
+    def pull(self, wait: bool = True) -> None:
+        """Handle every message waiting from the front end; without `wait`, nothing when the other
+        thread is at it. ZeroMQ's descriptor is edge-triggered: read while the socket's events say so."""
+        if self.inp is None or not self.reading.acquire(blocking=wait):
+            return
+        try:
+            while self.inp.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                self.handle(unpack(self.inp.recv(zmq.NOBLOCK)))
+        finally:
+            self.reading.release()
 
     def sink(self, rid: str):
         told = [False]
@@ -175,7 +195,7 @@ def core_main(addrs: tuple[str, str], build, start_scheduler) -> None:
         scheduler = start_scheduler(engine)
         out = Outgoing(outs)
         out.put(["r", facts_of(engine)])
-        bridge = Bridge(scheduler, engine, out)
+        bridge = Bridge(scheduler, engine, out, inp)
         scheduler.after_step = bridge.flush
         _receive(inp, bridge, parent)
         scheduler.join(30)
@@ -196,17 +216,13 @@ def core_main(addrs: tuple[str, str], build, start_scheduler) -> None:
 
 
 def _receive(inp, bridge: Bridge, parent: int) -> None:
-    """Hand the front end's messages to the bridge until the scheduler thread ends (after a stop)."""
-    poller = zmq.Poller()
-    poller.register(inp, zmq.POLLIN)
+    """Hand the front end's messages to the bridge until the scheduler thread ends (after a stop),
+    woken by the socket's descriptor (polled as a plain descriptor: the socket itself is used only
+    under `Bridge.pull`'s lock, which the scheduler thread takes too)."""
+    ready = select.poll()
+    ready.register(inp.getsockopt(zmq.FD), select.POLLIN)
     while bridge.scheduler.is_alive():
         if os.getppid() != parent:
             os._exit(1)  # the front end is gone
-        if not poller.poll(POLL_MS):
-            continue
-        while True:
-            try:
-                raw = inp.recv(zmq.NOBLOCK)
-            except zmq.Again:
-                break
-            bridge.handle(unpack(raw))
+        ready.poll(POLL_MS)
+        bridge.pull()
