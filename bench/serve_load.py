@@ -86,6 +86,7 @@ class Alone:
                 sent[0] += 1
 
         top_up()
+        rt0 = e.runtime.timing.as_dict()
         t0, c0 = time.perf_counter(), time.process_time()
         while core.waiting or core.running:
             core.admit()
@@ -93,17 +94,20 @@ class Alone:
             top_up()
         getattr(e.runtime, "synchronize", lambda: None)()
         wall = time.perf_counter() - t0
-        counted = {**core.counters.values, "tokens": core.counters.tokens}
+        counted = {**core.counters.values, "tokens": core.counters.tokens, "step_s": core.counters.step_s,
+                   **{k: v - rt0[k] for k, v in e.runtime.timing.as_dict().items()}}
         return got[0] / wall, (time.process_time() - c0) / got[0] * 1e6, counted
 
 
 def shape(before: dict, after: dict) -> str:
     """How the run's steps were made, from the core's counters: forward steps (all steps less the
     prefill calls) and output tokens per forward step, then prefill calls (the engine alone packs a
-    round's prompts together; requests arriving one by one over HTTP may each take a call)."""
-    d = {k: after.get(k, 0) - before.get(k, 0) for k in ("steps", "prefill_calls", "tokens")}
+    round's prompts together; requests arriving one by one over HTTP may each take a call), and the
+    mean time inside the runtime's step per call."""
+    d = {k: after.get(k, 0) - before.get(k, 0) for k in ("steps", "prefill_calls", "tokens", "step_s")}
     forward = d["steps"] - d["prefill_calls"]
-    return f"{forward:,} x {d['tokens'] / max(forward, 1):.1f} + {d['prefill_calls']:,}"
+    return (f"{forward:,} x {d['tokens'] / max(forward, 1):.1f} + {d['prefill_calls']:,}, "
+            f"{d['step_s'] / max(d['steps'], 1) * 1000:.3f} ms")
 
 
 PHASES = ("time_to_first_token_seconds", "request_queue_time_seconds", "request_prefill_time_seconds")
@@ -115,7 +119,8 @@ def counters_of(url: str) -> dict:
     import httpx
 
     got = httpx.get(url + "/stats", timeout=60).json()
-    out = {**got["counters"], "tokens": got["timing"]["tokens"]}
+    out = {**got["counters"], "tokens": got["timing"]["tokens"], "step_s": got["timing"]["step_s"],
+           **{k: v for k, v in got["timing"].items() if k.startswith("rt_")}}
     for line in httpx.get(url + "/metrics", timeout=60).text.splitlines():
         name, _, value = line.rpartition(" ")
         name = name.split("{", 1)[0]
@@ -301,7 +306,7 @@ def table(runs: dict[str, list], args) -> str:
 
     alone = runs["engine alone"]
     ceiling = statistics.median(t for t, _, _ in alone)
-    summed = {k: sum(c.get(k, 0) for _, _, c in alone) for k in ("steps", "prefill_calls", "tokens")}
+    summed = {k: sum(c.get(k, 0) for _, _, c in alone) for k in ("steps", "prefill_calls", "tokens", "step_s")}
     rows = [("engine alone", ceiling, 1.0, f"{min(t for t, _, _ in alone):,.0f}-{max(t for t, _, _ in alone):,.0f}",
              "-", "-", "-", "-", f"{statistics.median(c for _, c, _ in alone):.0f}", shape({}, summed), "-", "-")]
     for path in ("HTTP", "HTTP streaming"):
@@ -313,8 +318,9 @@ def table(runs: dict[str, list], args) -> str:
         ttfts = [t for r in rs for t in r["ttfts"]]
         gaps = [g for r in rs for g in r["gaps"]]
         cpu = "/".join(f"{statistics.median(r['cpu'][i] for r in rs):.0f}" for i in range(2))
-        before = {k: sum(r["counters"][0].get(k, 0) for r in rs) for k in ("steps", "prefill_calls", "tokens")}
-        after = {k: sum(r["counters"][1].get(k, 0) for r in rs) for k in ("steps", "prefill_calls", "tokens")}
+        keys = ("steps", "prefill_calls", "tokens", "step_s")
+        before = {k: sum(r["counters"][0].get(k, 0) for r in rs) for k in keys}
+        after = {k: sum(r["counters"][1].get(k, 0) for r in rs) for k in keys}
         server = phases(*[{k: sum(r["counters"][i].get(k, 0) for r in rs) for k in r0} for i, r0 in
                           enumerate(rs[0]["counters"])])
         rows.append((path, tok, tok / ceiling, f"{min(r['tok_s'] for r in rs):,.0f}-{max(r['tok_s'] for r in rs):,.0f}",
@@ -326,17 +332,34 @@ def table(runs: dict[str, list], args) -> str:
             f"medians of {args.repeats} interleaved runs ({len(alone)} of the engine alone)")
     body = tabulate([(m, f"{t:,.0f}", f"{x:.2f}", *rest) for m, t, x, *rest in rows],
                     headers=("path", "output tok/s", "x engine alone", "range", "TTFT p50 ms", "TTFT p99 ms",
-                             "ITL p50 ms", "ITL p99 ms", "server CPU us/token", "forward steps x tokens + prefill calls",
+                             "ITL p50 ms", "ITL p99 ms", "server CPU us/token", "forward steps x tokens + prefill calls, mean step",
                              "server TTFT / queue / prefill ms", "busiest client"), tablefmt="github")
     notes = ("server CPU us/token: the server process's CPU time (user + system) per output token over a run, then "
              "its children's (with --frontend-process: the engine core's); a process held by one interpreter lock "
-             "serves at most about 1e6 / its figure tokens a second. Forward steps x tokens: every run's together "
+             "serves at most about 1e6 / its figure tokens a second. Forward steps x tokens: every run's together, then the mean time inside the runtime's step (staging, kernels, copies) over every call "
              "(tokens a step below the streams: requests were out of the engine, between a finish and the next "
              "arrival). Server TTFT / queue / prefill: the server's own means (its /metrics histograms): arrival "
              "(the body parsed) to the first token, and its parts arrival to admission and admission to the first "
              "token. Busiest client: the busiest client process's CPU time over a run's wall time (near 100%: "
              "the clients, not the server, are the bound)")
-    return f"{head}\n{body}\n{notes}"
+    return f"{head}\n{body}\n{notes}\n\n{split(runs)}"
+
+
+SPLIT = ("stage", "upload", "launch", "kernel", "readback")
+
+
+def split(runs: dict[str, list]) -> str:
+    """Where the runtime's step went, per path: microseconds a step (every run's together) in host
+    staging, uploads, issuing the launches, the kernels (device time) and the readback."""
+    from tabulate import tabulate
+
+    rows = []
+    for path, rs in runs.items():
+        pairs = [({}, c) for _, _, c in rs] if path == "engine alone" else [r["counters"] for r in rs]
+        d = {k: sum(b.get(k, 0) - a.get(k, 0) for a, b in pairs) for k in ["rt_steps", *(f"rt_{x}" for x in SPLIT)]}
+        n = max(d["rt_steps"], 1)
+        rows.append((path, f"{d['rt_steps']:,.0f}", *(f"{d[f'rt_{x}'] / n * 1e6:.0f}" for x in SPLIT)))
+    return tabulate(rows, headers=("runtime step, us each", "steps", *SPLIT), tablefmt="github")
 
 if __name__ == "__main__":
     main()
