@@ -46,6 +46,10 @@ __all__ = ["Core", "Flight", "Plan", "Work", "snapshot_holdings"]
 PREFILL, FORWARD = "prefill", "forward"
 
 
+def _order(req: Request) -> int:
+    return req.order  # the admission order
+
+
 @dataclass(slots=True)
 class Work:
     """One runtime step: a prefill call feeding `ns[i]` tokens of each request `reqs[i]` (one request
@@ -94,6 +98,7 @@ class Core:
         self.step_since: float | None = None  # monotonic start of the runtime step in progress (read off-thread)
         self.lost: tuple | None = None  # a pipeline stage was lost for good: the error every request gets
         self.losses = self.requeued = self.lost_answered = 0  # state lost; requests requeued; answered an error
+        self.admitted = 0  # requests admitted so far (each one's `order`)
         self.device = rt = engine.runtime  # what the steps run on (serve/faults.py may wrap it)
         self.emits = rt.protocol.prefill_emits
         self.prefill_program = rt.protocol.chunk().program
@@ -131,7 +136,7 @@ class Core:
         if req.status is Status.WAITING:
             self.waiting.remove(req)
         elif req.status is Status.RUNNING:
-            self.running.remove(req)
+            self._leave(req)
             self.release_aborted(req.lease)
             req.lease = None
         else:
@@ -151,7 +156,7 @@ class Core:
         e = self.engine
         self.in_flight.clear()
         late, self._aborted = self._aborted, []
-        running, self.running = list(self.running), []
+        running, self.running = sorted(self.running, key=_order), []
         for req in running:
             if req.lease is not None:
                 req.lease.release()
@@ -201,6 +206,8 @@ class Core:
                 continue
             req.move(Status.RUNNING)
             req.t_admit = time.monotonic()
+            self.admitted += 1
+            req.order = self.admitted
             self.running.append(req)
             logs.event("admitted", "DEBUG", request=req.id, prompt=len(req.ids), max_tokens=req.max_tokens,
                        row=req.lease.slot if req.lease.slot is not None else req.lease.pages[0],
@@ -216,7 +223,7 @@ class Core:
         plan = Plan()
         e = self.engine
         ready = [r for r in self.running if id(r) not in self.in_flight] if self.in_flight else list(self.running)
-        prefilling = [r for r in ready if r.prefilling]
+        prefilling = sorted((r for r in ready if r.prefilling), key=_order)  # the oldest first
         if e.pack:
             # one call packing the oldest prompts' next rows (pack() stops rather than skipping)
             got = pack([Waiting(r.pos, r.fed_end - r.pos) for r in prefilling], self.bounds)
@@ -322,7 +329,7 @@ class Core:
 
     def _finish(self, req: Request) -> Done:
         e = self.engine
-        self.running.remove(req)
+        self._leave(req)
         req.move(Status.FINISHED)
         lease, req.lease = req.lease, None
         snapshot = "none"
@@ -346,6 +353,17 @@ class Core:
             return Done(req.reason, req.cached, req.tier, snapshot, woken=req.woken)
         return Done(req.reason, req.cached, req.tier, snapshot, stop_reason=s.reason, text_end=s.text_end,
                     hide_last=s.hide_last, woken=req.woken)
+
+    def _leave(self, req: Request) -> None:
+        """Take `req` out of the running list, the last one taking its place. A step's cells are the
+        running requests in this list's order, and the runtime keeps its page-table rows between
+        steps by position: a removal from the middle moved every later request up a row, so each
+        finish rewrote and uploaded them all (most of a step's staging at 64 streams over HTTP)."""
+        running = self.running
+        i = running.index(req)
+        last = running.pop()
+        if last is not req:
+            running[i] = last
 
     def _send(self, req: Request, update: Update) -> None:
         try:

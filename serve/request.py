@@ -150,6 +150,7 @@ class Request:
     page_mark: int = 0  # whole pages already checkpointed (paged manifests)
     t_arrive: float = 0.0
     t_admit: float = 0.0
+    order: int = 0  # the core's admission count when it was admitted (its running list is not in that order)
     ignore_eos: bool = False  # EOS does not end the answer (only max_tokens does)
     stops: Stops | None = None  # stop strings / stop token ids (None: EOS and max_tokens alone end it)
 
