@@ -2,7 +2,7 @@
 HTTP as a ratio of what the same engine does with no HTTP at all (its ceiling here).
 
     python bench/serve_load.py [--target toy-paged] [--streams 64] [--max-tokens 256] [--backend cpu|gpu]
-                               [--workers 4] [--prompt-tokens 32] [--rounds 4] [--repeats 3]
+                               [--workers 4] [--prompt-tokens 32] [--rounds 4] [--repeats 3] [--[no-]pin]
                                [--serve-flag=--no-graphs ...]
 
 Both sides run the same closed loop: `--streams` requests in flight, each replaced by the next as it
@@ -22,7 +22,10 @@ ends, `--rounds` requests per stream (one round alone is mostly the ramp-up of 6
 The machine's speed drifts within a minute (on the H200 box the engine alone swung 92k-160k tok/s
 over consecutive one-second runs), so every measurement is made `--repeats` times, interleaved (engine
 alone, HTTP, streaming, ...; the engine alone once more at the end), and the table gives the medians,
-each path's range beside it, and the ratios of the medians. Prints one table. Never gates CI.
+each path's range beside it, and the ratios of the medians. On a GPU machine the server's two
+processes get CPUs of their own (`--pin`): unpinned, they shared CPUs with the client processes now
+and then, and the same server measured 61k and 101k tok/s a minute apart (pinned: 100k-118k). Prints
+one table. Never gates CI.
 """
 
 from __future__ import annotations
@@ -235,6 +238,24 @@ def http_load(url: str, streams: int, workers: int, max_tokens: int, prompt_toke
             "ttfts": ttft, "gaps": gaps}
 
 
+def pin(pid: int) -> None:
+    """Process `pid` (every thread of it) on CPU 1, its first child (the engine core, with
+    --frontend-process) on CPU 0. Unpinned, the server's processes shared CPUs with the client
+    processes now and then, and the same server measured 61k and 101k tok/s a minute apart."""
+    def every_thread(p: int, cpus: set[int]) -> None:
+        for tid in os.listdir(f"/proc/{p}/task"):
+            os.sched_setaffinity(int(tid), cpus)
+
+    every_thread(pid, {1})
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            kids = [int(k) for k in f.read().split()]
+    except OSError:
+        kids = []
+    if kids:
+        every_thread(kids[0], {0})
+
+
 def cpu_s(pid: int) -> tuple[float, float]:
     """(CPU seconds, user + system) of process `pid` and of its children now (with --frontend-process:
     the front end and the engine core), from Linux's /proc; zeros elsewhere."""
@@ -267,7 +288,17 @@ def main() -> None:
     ap.add_argument("--serve-flag", action="append", default=[], help="an extra kern serve flag (repeatable)")
     ap.add_argument("--repeats", type=int, default=3, help="each measurement this many times, interleaved (engine "
                     "alone, HTTP, streaming, ...; the engine alone once more at the end): the table gives medians")
+    ap.add_argument("--pin", action=argparse.BooleanOptionalAction, default=None, help="the server's processes on "
+                    "CPUs of their own (the front end on CPU 1, its first child, the engine core, on CPU 0; this "
+                    "process and the clients on the rest). Default: on for --backend gpu on a machine of 8 or more "
+                    "CPUs (on the CPU backend the kernels' threads want every core)")
     args = ap.parse_args()
+    if args.pin is None:
+        args.pin = args.backend == "gpu" and (os.cpu_count() or 1) >= 8
+    if args.pin:
+        if (os.cpu_count() or 1) < 3 or not hasattr(os, "sched_setaffinity"):
+            ap.error(f"--pin needs Linux and 3 or more CPUs ({os.cpu_count()} here)")
+        os.sched_setaffinity(0, set(range(2, os.cpu_count())))  # the clients (and the engine alone) inherit it
     alone = Alone(args.target, args.backend, args.streams, args.max_tokens, args.prompt_tokens, args.serve_flag,
                   args.rounds)
     alone.run()  # warm: the first run pays for first calls
@@ -275,6 +306,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         proc, url = start_server(args.target, args.backend, args.streams, Path(tmp) / "serve.log", args.serve_flag,
                                  capacity(args.streams, args.max_tokens, args.prompt_tokens))
+        if args.pin:
+            pin(proc.pid)
         try:
             http_load(url, min(4, args.streams), 1, 4, args.prompt_tokens, False, 10_000_000)  # warm
             for rep in range(args.repeats):
