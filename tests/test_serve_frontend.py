@@ -6,7 +6,8 @@
 - a client that hangs up has its request aborted in the core (its ` finished ... reason=abort ` line,
   the core's counters, nothing leaked);
 - a core that dies answers every open request with an explicit error (a 503 `engine_core_dead`, a
-  stream's error event then [DONE]) and the server exits 101, without hanging.
+  stream's error event then [DONE]) and the server exits 101, without hanging;
+- the core reads the front end's messages from two threads, one at a time: each exactly once, in order.
 """
 
 from __future__ import annotations
@@ -182,3 +183,64 @@ def test_a_lagging_stream_sends_the_queued_tokens_as_one_chunk():
     assert _merged(q, Update([8])) == (Update([8]), None)
     q.put_nowait(Update([10]))
     assert _merged(q, Update([9]), fold=False) == (Update([9]), Update([10]))  # continuous_usage_stats: a chunk each
+
+
+def test_the_core_reads_every_message_once_in_order_from_two_threads():
+    """The engine core reads the front end's socket from two threads, one at a time
+    (serve/frontend_core.py): the scheduler thread after each iteration (`Bridge.flush`, never
+    waiting), the main thread when the socket's descriptor wakes it (`_receive`). Property: every
+    message sent is handled exactly once and in order, while both read and after the scheduler
+    thread stops reading (the descriptor is edge-triggered: a read that leaves a message behind
+    would leave it there for good)."""
+    import zmq
+
+    from serve.frontend_core import Bridge, _receive
+    from serve.frontend_wire import pack
+
+    class Scheduler:
+        def __init__(self) -> None:
+            self.alive = threading.Event()
+            self.alive.set()
+
+        def is_alive(self) -> bool:
+            return self.alive.is_set()
+
+    ctx = zmq.Context()
+    inp, push = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
+    inp.bind("inproc://core-in")
+    push.connect("inproc://core-in")
+    got: list[int] = []
+    scheduler = Scheduler()
+    bridge = Bridge(scheduler, None, None, inp)
+    bridge.handle = lambda msg: got.append(msg[1])
+    main = threading.Thread(target=_receive, args=(inp, bridge, os.getppid()), daemon=True)
+    main.start()
+    busy = threading.Event()
+    busy.set()
+
+    def scheduler_thread() -> None:
+        while busy.is_set():
+            bridge.pull(wait=False)
+
+    sched = threading.Thread(target=scheduler_thread, daemon=True)
+    sched.start()
+    n = 3000
+    try:
+        for i in range(n):
+            if i == n // 2:
+                busy.clear()  # the scheduler waits for work from here on: the main thread alone reads
+                sched.join(5)
+            push.send(pack(["a", i]))
+            if i % 97 == 0:
+                time.sleep(0.002)
+        deadline = time.monotonic() + 10
+        while len(got) < n and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert got == list(range(n)), (len(got), [i for i in range(n) if i not in set(got)][:5])
+    finally:
+        busy.clear()
+        scheduler.alive.clear()
+        main.join(5)
+        push.close(linger=0)
+        inp.close(linger=0)
+        ctx.term()
