@@ -4,6 +4,7 @@ token ids, usage and the kern object, as docs/api.md gives them)."""
 from __future__ import annotations
 
 import codecs
+import json
 import time
 
 from serve import validate
@@ -32,6 +33,7 @@ class Reply:
         self._pieces: list[str] = []  # the answer's text as decoded
         self._pending = ""  # decoded, not yet released to a stream
         self._sent = 0  # characters released
+        self._mid: tuple[str, str, str] | None = None  # a middle chunk's JSON around its text and ids
 
     def add(self, update: Update) -> str:
         """Take an update; return the text it releases (a stream chunk's). With stop strings the last
@@ -100,22 +102,45 @@ class Reply:
             choice["prompt_token_ids"] = list(self.ask.ids)
         return {**self._head(False), "choices": [choice], "usage": self._usage(), "kern": self._kern()}
 
+    def chunk_text(self, update: Update) -> str:
+        """`chunk(update)` as compact JSON. A chunk in the middle of a stream (not its first or last,
+        no usage on every chunk) is the same each time but for its text and token ids, so its JSON is
+        made from a prefix and a suffix cut once, not by serializing a fresh dict a token (a third of
+        a stream chunk's time in the front end)."""
+        if update.done is not None or not self.sent_kern or self.ask.continuous_usage or self.echo:
+            return json.dumps(self.chunk(update), separators=(",", ":"))
+        if self._mid is None:
+            probe = json.dumps({**self._head(True), "choices": [self._choice("\0", None, [0])]}, separators=(",", ":"))
+            text_at = probe.index('"\\u0000"')
+            ids_at = probe.rindex("[0]")
+            self._mid = (probe[:text_at], probe[text_at + 8 : ids_at + 1], probe[ids_at + 2 :])
+        before, between, after = self._mid
+        text = self.add(update)
+        return f"{before}{json.dumps(text)}{between}{','.join(map(str, update.tokens))}{after}"
+
+    def _choice(self, text: str, done: Done | None, tokens: list[int], role: bool = False) -> dict:
+        """A stream chunk's choice (its `prompt_token_ids`, on the first, added by `chunk`); `role`: the
+        chat delta's role too (the first chunk's)."""
+        last = done is not None
+        choice: dict = {"index": 0, "finish_reason": done.reason if last else None, "logprobs": None}
+        if self.ask.chat:
+            delta: dict = {"content": text}
+            if role:
+                delta["role"] = "assistant"
+            choice["delta"] = delta
+        else:
+            choice["text"] = text
+        choice["stop_reason"] = done.stop_reason if last else None
+        choice["token_ids"] = list(tokens)
+        return choice
+
     def chunk(self, update: Update) -> dict:
         text = self.add(update)
         if self.echo:
             text, self.echo = self.echo + text, ""
         last = update.done is not None
-        choice: dict = {"index": 0, "finish_reason": self.done.reason if last else None, "logprobs": None}
-        if self.ask.chat:
-            delta: dict = {"content": text}
-            if not self.sent_role:
-                delta["role"] = "assistant"
-                self.sent_role = True
-            choice["delta"] = delta
-        else:
-            choice["text"] = text
-        choice["stop_reason"] = self.done.stop_reason if last else None
-        choice["token_ids"] = list(update.tokens)
+        choice = self._choice(text, self.done if last else None, update.tokens, self.ask.chat and not self.sent_role)
+        self.sent_role = True
         if self.ask.return_token_ids and not self.sent_prompt:
             choice["prompt_token_ids"] = list(self.ask.ids)
             self.sent_prompt = True

@@ -199,7 +199,7 @@ def _queued(q: asyncio.Queue, update: Update, reply: Reply, track) -> tuple[list
             text += [_sse(failure(update.done).body()), "data: [DONE]\n\n"]
             return text, True
         update, after = _merged(q, update, fold=not reply.ask.continuous_usage)
-        text.append(_sse(reply.chunk(update)))
+        text.append(f"data: {reply.chunk_text(update)}\n\n")
         track.update(update)
         if update.done is not None:
             track.finish(update.done)

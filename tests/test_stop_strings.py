@@ -116,3 +116,32 @@ def test_stream_chunks_concatenate_to_the_whole_text(c, splits):
     assert "".join(chunks) == reply.text()
     _, want_reason, want_text = rule(data, stops, include)
     assert reply.text() == want_text and req.stops.reason == want_reason
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.one_of(ascii_answer, utf8_answer, any_bytes), splits=st.lists(st.integers(1, 9), min_size=1, max_size=20),
+       chat=st.booleans(), ids=st.booleans(), usage=st.sampled_from(["none", "end", "every"]), echo=st.booleans(),
+       model=st.text(min_size=1, max_size=12), named=st.one_of(st.none(), st.text(min_size=1, max_size=12)))
+def test_a_chunk_made_from_the_template_is_the_chunk(data, splits, chat, ids, usage, echo, model, named):
+    """`Reply.chunk_text` (the JSON of a stream's middle chunks cut from a template made once) parses to
+    what `Reply.chunk` builds for the same updates, for every chunk of a stream: completions and chat,
+    any text (a quote, a backslash, a character JSON escapes), any model and request name, with and
+    without token ids, usage at the end or on every chunk, echo."""
+    import json
+
+    def reply() -> Reply:
+        req = Request("req-0", [65, 66], 10_000, 1, send=lambda u: None)
+        ask = Ask(ids=[65, 66], max_tokens=10_000, stream=True, return_token_ids=ids, include_usage=usage != "none",
+                  chat=chat, continuous_usage=usage == "every", echo=echo and not chat, request_id=named)
+        return Reply(req, ask, model)
+
+    built, cut = reply(), reply()
+    cut.created = built.created  # made a moment apart: the same second
+    tokens = list(data)
+    at, i = 0, 0
+    while at < len(tokens):
+        n = splits[i % len(splits)]
+        i += 1
+        step, at = tokens[at:at + n], at + n
+        done = Done("length", 0, None) if at >= len(tokens) else None
+        assert json.loads(cut.chunk_text(Update(step, done))) == built.chunk(Update(step, done)), i
