@@ -397,8 +397,8 @@ CATALOGUE: tuple[Mutant, ...] = (
            "LMCache: CPU-tier hit tokens off by one (the last block's partial length)"),
     # --- metrics and tiers (issue 25, second pass) ---
     Mutant("stream-tokens-not-metered", "serve/routes_complete.py",
-           "        text.append(_sse(reply.chunk(update)))\n        track.update(update)\n",
-           "        text.append(_sse(reply.chunk(update)))\n",
+           "        text.append(f\"data: {reply.chunk_text(update)}\\n\\n\")\n        track.update(update)\n",
+           "        text.append(f\"data: {reply.chunk_text(update)}\\n\\n\")\n",
            ("metrics_params",), ("toy-paged",),
            "vLLM: token counters and time-to-first-token fed only on the non-streaming path (streamed requests "
            "never metered)"),
@@ -583,7 +583,7 @@ CATALOGUE: tuple[Mutant, ...] = (
            ("params_prompt",), ("toy-paged",),
            "vLLM/SGLang: truncate_prompt_tokens truncating on the wrong side (the first k tokens kept)"),
     Mutant("stream-stop-reason-missing", "serve/reply.py",
-           '''        choice["stop_reason"] = self.done.stop_reason if last else None''',
+           '''        choice["stop_reason"] = done.stop_reason if last else None''',
            '''        choice["stop_reason"] = None''',
            ("params_stop",), ("toy-paged",),
            "vLLM: stop_reason null in streamed responses (set only on the non-streaming path)"),
