@@ -306,9 +306,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         proc, url = start_server(args.target, args.backend, args.streams, Path(tmp) / "serve.log", args.serve_flag,
                                  capacity(args.streams, args.max_tokens, args.prompt_tokens))
-        if args.pin:
-            pin(proc.pid)
         try:
+            if args.pin:
+                pin(proc.pid)
             http_load(url, min(4, args.streams), 1, 4, args.prompt_tokens, False, 10_000_000)  # warm
             for rep in range(args.repeats):
                 runs["engine alone"].append(alone.run())
