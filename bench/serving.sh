@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Serving speed in one call, as issue 27's figures are taken on a GPU machine: the engine alone's
+# decode step split (bench/engine_step.py), the gate's time on the seven single-process targets, and
+# one `kern serve` under a closed loop of streams against the engine alone in the same run
+# (bench/serve_load.py, RUNS times). Each step's log goes under OUT; a short table is printed last.
+#
+#   bash bench/serving.sh [OUT]    # OUT defaults to $OUT, else /tmp/kern-serving
+#   BACKEND=gpu STREAMS=64 TOKENS=256 ROUNDS=4 REPEATS=3 RUNS=2 WORKERS=8 (the defaults)
+#
+# Nothing here installs anything: the caller puts kern's dependencies on the path first.
+set -uo pipefail
+OUT="${1:-${OUT:-/tmp/kern-serving}}"
+mkdir -p "$OUT"
+cd "$(dirname "$0")/.."
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+PY="${PYTHON:-python3}"
+BACKEND="${BACKEND:-gpu}" STREAMS="${STREAMS:-64}" TOKENS="${TOKENS:-256}" ROUNDS="${ROUNDS:-4}"
+REPEATS="${REPEATS:-3}" RUNS="${RUNS:-2}" WORKERS="${WORKERS:-8}"
+TARGETS=toy-paged,toy-stateful,toy-spec,toy-stateful-spec,toy-big,toy-float,toy-layers
+
+timeout 300 "$PY" bench/engine_step.py --backend "$BACKEND" --seqs "$STREAMS" --max-tokens "$TOKENS" --rounds 3 \
+  > "$OUT/engine-step.log" 2>&1
+timeout 300 "$PY" -m e2e.cli --backend "$BACKEND" --max-tokens "$TOKENS" --targets "$TARGETS" --out "$OUT/e2e" \
+  > "$OUT/gate.log" 2>&1
+echo "gate exit $?" >> "$OUT/gate.log"
+for i in $(seq 1 "$RUNS"); do
+  timeout 600 "$PY" bench/serve_load.py --backend "$BACKEND" --streams "$STREAMS" --max-tokens "$TOKENS" \
+    --workers "$WORKERS" --rounds "$ROUNDS" --repeats "$REPEATS" > "$OUT/serve-load-$i.log" 2>&1
+done
+
+"$PY" - "$OUT" <<'PY'
+import glob, re, sys
+out = sys.argv[1]
+step = open(f"{out}/engine-step.log").read()
+print("== the engine alone (bench/engine_step.py)")
+for line in step.splitlines():
+    if re.search(r"best of|per decode step|staging share", line):
+        print(" ", line.strip())
+print("== the gate, seven targets")
+gate = open(f"{out}/gate.log").read()
+print(" ", (re.findall(r"wall time: [0-9.]+ s", open(f"{out}/e2e/summary.md").read()) or ["no summary"])[0]
+      if glob.glob(f"{out}/e2e/summary.md") else "no summary", "|", gate.strip().splitlines()[-1])
+for path in sorted(glob.glob(f"{out}/serve-load-*.log")):
+    print(f"== {path.rsplit('/', 1)[1]}")
+    for line in open(path):
+        cells = [c.strip() for c in line.split("|")[1:-1]]
+        if len(cells) > 8 and cells[0] in ("engine alone", "HTTP", "HTTP streaming"):
+            print(f"  {cells[0]:15} {cells[1]:>9} tok/s  x{cells[2]:>5}  range {cells[3]:>17}  ITL p50 {cells[6]:>5}"
+                  f"  {cells[9]}")
+PY
