@@ -23,7 +23,7 @@ The machine's speed drifts within a minute (on the H200 box the engine alone swu
 over consecutive one-second runs), so every measurement is made `--repeats` times, interleaved (engine
 alone, HTTP, streaming, ...; the engine alone once more at the end), and the table gives the medians,
 each path's range beside it, and the ratios of the medians. On a GPU machine the server's two
-processes get CPUs of their own (`--pin`): unpinned, they shared CPUs with the client processes now
+processes get CPUs of their own (`--pin`), the engine alone the engine core's: unpinned, they shared CPUs with the client processes now
 and then, and the same server measured 61k and 101k tok/s a minute apart (pinned: 100k-118k). Prints
 one table. Never gates CI.
 """
@@ -66,10 +66,22 @@ class Alone:
                        capacity=capacity(streams, max_tokens, prompt_tokens))
         self.e = build(target, opts)
         self.streams, self.max_tokens, self.prompt_tokens, self.rounds = streams, max_tokens, prompt_tokens, rounds
+        self.cpu: int | None = None  # with --pin: the CPU the server's engine core gets, this run's too
         self.runs = 0
 
     def run(self) -> tuple[float, float, dict]:
-        """One closed loop: (tokens per second, CPU microseconds per token, the core's counters)."""
+        """One closed loop: (tokens per second, CPU microseconds per token, the core's counters), on
+        `cpu` alone when one is set (the server is idle meanwhile)."""
+        if self.cpu is None:
+            return self._run()
+        was = os.sched_getaffinity(0)
+        os.sched_setaffinity(0, {self.cpu})
+        try:
+            return self._run()
+        finally:
+            os.sched_setaffinity(0, was)
+
+    def _run(self) -> tuple[float, float, dict]:
         from serve.core import Core
         from serve.request import Request
 
@@ -289,8 +301,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3, help="each measurement this many times, interleaved (engine "
                     "alone, HTTP, streaming, ...; the engine alone once more at the end): the table gives medians")
     ap.add_argument("--pin", action=argparse.BooleanOptionalAction, default=None, help="the server's processes on "
-                    "CPUs of their own (the front end on CPU 1, its first child, the engine core, on CPU 0; this "
-                    "process and the clients on the rest). Default: on for --backend gpu on a machine of 8 or more "
+                    "CPUs of their own (the front end on CPU 1, its first child, the engine core, on CPU 0, where "
+                    "the engine alone runs too; this process and the clients on the rest). Default: on for --backend gpu on a machine of 8 or more "
                     "CPUs (on the CPU backend the kernels' threads want every core)")
     args = ap.parse_args()
     if args.pin is None:
@@ -301,6 +313,8 @@ def main() -> None:
         os.sched_setaffinity(0, set(range(2, os.cpu_count())))  # the clients (and the engine alone) inherit it
     alone = Alone(args.target, args.backend, args.streams, args.max_tokens, args.prompt_tokens, args.serve_flag,
                   args.rounds)
+    if args.pin:
+        alone.cpu = 0  # the engine core's CPU: the two engines measured on the same one
     alone.run()  # warm: the first run pays for first calls
     runs: dict[str, list] = {"engine alone": [], "HTTP": [], "HTTP streaming": []}
     with tempfile.TemporaryDirectory() as tmp:
