@@ -6,12 +6,7 @@
 #   bash bench/h200.sh [OUT]          # OUT defaults to $OUT, else /tmp/kern-h200
 #
 # Nothing here installs anything: the caller puts kern's dependencies on the path first.
-set -uo pipefail
-OUT="${1:-${OUT:-/tmp/kern-h200}}"
-mkdir -p "$OUT"
-cd "$(dirname "$0")/.."
-export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-PY="${PYTHON:-python3}"
+source "$(dirname "$0")/script_env.sh" /tmp/kern-h200 "$@"
 : > "$OUT/table.txt"
 
 step() {  # step NAME LIMIT_S CMD...: run CMD under a time limit, log it, add a row to the table

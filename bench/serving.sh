@@ -8,12 +8,7 @@
 #   BACKEND=gpu STREAMS=64 TOKENS=256 ROUNDS=4 REPEATS=3 RUNS=2 WORKERS=8 (the defaults)
 #
 # Nothing here installs anything: the caller puts kern's dependencies on the path first.
-set -uo pipefail
-OUT="${1:-${OUT:-/tmp/kern-serving}}"
-mkdir -p "$OUT"
-cd "$(dirname "$0")/.."
-export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-PY="${PYTHON:-python3}"
+source "$(dirname "$0")/script_env.sh" /tmp/kern-serving "$@"
 BACKEND="${BACKEND:-gpu}" STREAMS="${STREAMS:-64}" TOKENS="${TOKENS:-256}" ROUNDS="${ROUNDS:-4}"
 REPEATS="${REPEATS:-3}" RUNS="${RUNS:-2}" WORKERS="${WORKERS:-8}"
 TARGETS=toy-paged,toy-stateful,toy-spec,toy-stateful-spec,toy-big,toy-float,toy-layers
