@@ -353,9 +353,10 @@ def table(runs: dict[str, list], args) -> str:
 
     alone = runs["engine alone"]
     ceiling = statistics.median(t for t, _, _ in alone)
-    summed = {k: sum(c.get(k, 0) for _, _, c in alone) for k in ("steps", "prefill_calls", "tokens", "step_s")}
+    counted = totals(runs)
     rows = [("engine alone", ceiling, 1.0, f"{min(t for t, _, _ in alone):,.0f}-{max(t for t, _, _ in alone):,.0f}",
-             "-", "-", "-", "-", f"{statistics.median(c for _, c, _ in alone):.0f}", shape({}, summed), "-", "-")]
+             "-", "-", "-", "-", f"{statistics.median(c for _, c, _ in alone):.0f}", shape(*counted["engine alone"]),
+             "-", "-")]
     for path in ("HTTP", "HTTP streaming"):
         rs = runs[path]
         if not rs:
@@ -365,14 +366,9 @@ def table(runs: dict[str, list], args) -> str:
         ttfts = [t for r in rs for t in r["ttfts"]]
         gaps = [g for r in rs for g in r["gaps"]]
         cpu = "/".join(f"{statistics.median(r['cpu'][i] for r in rs):.0f}" for i in range(2))
-        keys = ("steps", "prefill_calls", "tokens", "step_s")
-        before = {k: sum(r["counters"][0].get(k, 0) for r in rs) for k in keys}
-        after = {k: sum(r["counters"][1].get(k, 0) for r in rs) for k in keys}
-        server = phases(*[{k: sum(r["counters"][i].get(k, 0) for r in rs) for k in r0} for i, r0 in
-                          enumerate(rs[0]["counters"])])
         rows.append((path, tok, tok / ceiling, f"{min(r['tok_s'] for r in rs):,.0f}-{max(r['tok_s'] for r in rs):,.0f}",
                      pct(ttfts, 0.5) if stream else "-", pct(ttfts, 0.99) if stream else "-",
-                     pct(gaps, 0.5) if stream else "-", pct(gaps, 0.99) if stream else "-", cpu, shape(before, after), server,
+                     pct(gaps, 0.5) if stream else "-", pct(gaps, 0.99) if stream else "-", cpu, shape(*counted[path]), phases(*counted[path]),
                      f"{max(r['client_busy'] for r in rs):.0%}"))
     head = (f"{args.target}, backend {args.backend}, {args.streams} streams x {args.rounds} requests x "
             f"{args.max_tokens} tokens ({args.prompt_tokens}-token prompts), {args.workers} client processes, "
@@ -389,21 +385,37 @@ def table(runs: dict[str, list], args) -> str:
              "(the body parsed) to the first token, and its parts arrival to admission and admission to the first "
              "token. Busiest client: the busiest client process's CPU time over a run's wall time (near 100%: "
              "the clients, not the server, are the bound)")
-    return f"{head}\n{body}\n{notes}\n\n{split(runs)}"
+    return f"{head}\n{body}\n{notes}\n\n{split(counted)}"
+
+
+def totals(runs: dict[str, list]) -> dict[str, tuple[dict, dict]]:
+    """Per path, every counter summed over its runs: (before, after), the engine alone's before empty
+    (its counters are its run's own; the server's are read before and after each run)."""
+    def summed(counts) -> dict:
+        out: dict = {}
+        for c in counts:
+            for k, v in c.items():
+                out[k] = out.get(k, 0) + v
+        return out
+
+    got = {"engine alone": ({}, summed(c for _, _, c in runs["engine alone"]))}
+    for path in ("HTTP", "HTTP streaming"):
+        if runs[path]:
+            got[path] = (summed(r["counters"][0] for r in runs[path]), summed(r["counters"][1] for r in runs[path]))
+    return got
 
 
 SPLIT = ("stage", "upload", "launch", "kernel", "readback")
 
 
-def split(runs: dict[str, list]) -> str:
-    """Where the runtime's step went, per path: microseconds a step (every run's together) in host
-    staging, uploads, issuing the launches, the kernels (device time) and the readback."""
+def split(counted: dict[str, tuple[dict, dict]]) -> str:
+    """Where the runtime's step went, per path (`totals`): microseconds a step (every run's together)
+    in host staging, uploads, issuing the launches, the kernels (device time) and the readback."""
     from tabulate import tabulate
 
     rows = []
-    for path, rs in runs.items():
-        pairs = [({}, c) for _, _, c in rs] if path == "engine alone" else [r["counters"] for r in rs]
-        d = {k: sum(b.get(k, 0) - a.get(k, 0) for a, b in pairs) for k in ["rt_steps", *(f"rt_{x}" for x in SPLIT)]}
+    for path, (before, after) in counted.items():
+        d = {k: after.get(k, 0) - before.get(k, 0) for k in ["rt_steps", *(f"rt_{x}" for x in SPLIT)]}
         n = max(d["rt_steps"], 1)
         rows.append((path, f"{d['rt_steps']:,.0f}", *(f"{d[f'rt_{x}'] / n * 1e6:.0f}" for x in SPLIT)))
     return tabulate(rows, headers=("runtime step, us each", "steps", *SPLIT), tablefmt="github")

@@ -107,7 +107,7 @@ class Reply:
         no usage on every chunk) is the same each time but for its text and token ids, so its JSON is
         made from a prefix and a suffix cut once, not by serializing a fresh dict a token (a third of
         a stream chunk's time in the front end)."""
-        if update.done is not None or not self.sent_kern or self.ask.continuous_usage or self.echo:
+        if update.done is not None or not self.sent_kern or self.ask.continuous_usage:  # echo rides on the first
             return json.dumps(self.chunk(update), separators=(",", ":"))
         if self._mid is None:
             probe = json.dumps({**self._head(True), "choices": [self._choice("\0", None, [0])]}, separators=(",", ":"))

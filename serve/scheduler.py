@@ -63,6 +63,7 @@ class Scheduler(threading.Thread):
         self._names_lock = threading.Lock()
         self.after_step: Callable[[], None] | None = None  # called on this thread after each iteration's work
         # and before it may wait: `--frontend-process` sends what the iteration's commits told in one message
+        # and takes what the front end sent meanwhile (serve/frontend_core.py's `Bridge.flush`)
 
     # what `serve.cli.run` asks of any scheduler (`serve.frontend.RemoteScheduler` too)
 
