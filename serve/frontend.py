@@ -87,6 +87,7 @@ class RemoteScheduler:
     reader from the first request or question on); before it, `wait_ready` reads, after it `join`."""
 
     on_loop = True  # updates are handed to a request's `send` on the event loop: it may be a queue's put
+    holds_whole = True  # a whole answer's tokens after its first come with its finish, timed by the core
 
     def __init__(self, pid: int, addrs: tuple[str, str], tmp: str | None) -> None:
         self.pid, self.tmp = pid, tmp
@@ -107,7 +108,12 @@ class RemoteScheduler:
         self.ended, self.said_bye = threading.Event(), threading.Event()
         self.on_death = None
         self.ready = False  # the core said it is ready
+        self.pending = None  # the app's `serve.metrics.Pending`: where the core's timings of held tokens go
         threading.Thread(target=self._reap, name="core-reaper", daemon=True).start()
+
+    def measure(self, meter) -> None:
+        """The app's metrics (`make_app`): the held tokens' timings the core sends are counted there."""
+        self.pending = meter.pending
 
     # the handlers' side (the event loop)
 
@@ -123,7 +129,8 @@ class RemoteScheduler:
         self.reqs[req.id] = req
         s = req.stops
         self.push.send(pack(["s", req.id, req.ids, req.max_tokens, req.ignore_eos, req.t_arrive,
-                             s.strings if s else [], sorted(s.ids) if s else [], s.include if s else False]))
+                             s.strings if s else [], sorted(s.ids) if s else [], s.include if s else False,
+                             req.whole]))
 
     def abort(self, req: Request) -> None:
         if not self.ended.is_set() and self.reqs.pop(req.id, None) is not None:
@@ -235,6 +242,11 @@ class RemoteScheduler:
                 if d is not None:
                     del reqs[rid]
                 req.send(Update(tokens, d))
+            if msg[2] is not None and self.pending is not None:
+                generated, pairs = msg[2]
+                self.pending.generated += generated
+                for seconds, n in pairs:
+                    self.pending.observe(seconds, n)
         elif msg[0] == "q":
             fut = self.asks.pop(msg[1], None)
             if fut is not None and not fut.done():

@@ -27,6 +27,7 @@ import select
 import signal
 import sys
 import threading
+import time
 
 import zmq
 
@@ -93,6 +94,66 @@ def facts_of(engine) -> dict:
             "max_seqs": engine.max_seqs, "chunk": engine.chunk}
 
 
+class Stamp:
+    """One iteration of the scheduler, its end's time set when the bridge flushes it."""
+
+    __slots__ = ("t",)
+
+    def __init__(self) -> None:
+        self.t: float | None = None
+
+
+class Timed:
+    """Whole answers' tokens after their first, timed in the core: the front end's inter-token latency
+    and generation tokens for tokens it is not sent one step at a time. `step(last, n)` counts an
+    update of n tokens whose previous update was in iteration `last`; at the iteration's end `close`
+    turns the counts into (seconds per token, tokens) pairs (one per distinct previous iteration and
+    n: usually one an iteration), `take` hands them over ([generated, [[seconds, tokens], ...]] or
+    None), due every `EVERY_S` or when an update goes anyway."""
+
+    EVERY_S = 0.05  # the longest the front end's /metrics lags the core's held tokens (a scrape: none)
+
+    __slots__ = ("stamp", "counts", "pairs", "generated", "sent_at", "every_s")
+
+    def __init__(self, every_s: float = EVERY_S) -> None:
+        self.every_s = every_s
+        self.stamp = Stamp()  # this iteration's
+        self.counts: dict[tuple[Stamp, int], int] = {}
+        self.pairs: list[list] = []
+        self.generated = 0
+        self.sent_at = 0.0
+
+    def step(self, last: Stamp, n: int) -> Stamp:
+        key = (last, n)
+        self.counts[key] = self.counts.get(key, 0) + 1
+        return self.stamp
+
+    def close(self, now: float) -> None:
+        """The iteration ends at `now`: its updates' gaps become pairs."""
+        if self.counts:
+            for (last, n), c in self.counts.items():
+                gap = now - last.t if last.t is not None else 0.0  # None: the same iteration (no gap)
+                self.pairs.append([gap / n, n * c])
+                self.generated += n * c
+            self.counts = {}
+        self.stamp.t = now
+        self.stamp = Stamp()
+
+    def pending(self) -> bool:
+        return bool(self.pairs)
+
+    def due(self, now: float) -> bool:
+        return bool(self.pairs) and now - self.sent_at >= self.every_s
+
+    def take(self, now: float) -> list | None:
+        self.sent_at = now
+        if not self.pairs:
+            return None
+        out = [self.generated, self.pairs]
+        self.pairs, self.generated = [], 0
+        return out
+
+
 class Bridge:
     """The front end's requests turned into the scheduler's, and their updates sent back."""
 
@@ -104,14 +165,26 @@ class Bridge:
         self.reading = threading.Lock()
         self.reqs: dict[str, Request] = {}
         self.updates: list = []  # the updates since the last `flush` (appended and sent on the scheduler thread)
+        # whole answers' tokens after their first, timed here (`Timed`) and held until their finish
+        self.timed = Timed()
 
     def flush(self) -> None:
         """Send the updates gathered since the last call as one message (the scheduler's `after_step`),
-        then take what the front end sent meanwhile."""
-        if self.updates:
+        with the held tokens' timings when there are updates or `Timed` says they are due; then take
+        what the front end sent meanwhile. An iteration that only stepped whole answers sends nothing."""
+        now = time.monotonic()
+        self.timed.close(now)
+        if self.updates or self.timed.due(now):
             updates, self.updates = self.updates, []
-            self.out.send_now(pack(["u", updates]))
+            self.out.send_now(pack(["u", updates, self.timed.take(now)]))
         self.pull(wait=False)
+
+    def send_timed(self) -> None:
+        """Send the held tokens' timings now (on the scheduler thread, before /metrics' snapshot is
+        taken: the scrape then counts every token committed before it)."""
+        now = time.monotonic()
+        if self.timed.pending():
+            self.out.send_now(pack(["u", [], self.timed.take(now)]))
 
     def pull(self, wait: bool = True) -> None:
         """Handle every message waiting from the front end; without `wait`, nothing when the other
@@ -124,8 +197,14 @@ class Bridge:
         finally:
             self.reading.release()
 
-    def sink(self, rid: str):
+    def sink(self, rid: str, whole: bool = False):
+        """Request `rid`'s `send`: its updates gathered for the next `flush`. A `whole` answer (not
+        streamed) has its first tokens sent at once (the front end times the first token) and the
+        rest held here, each update timed (`Timed.step`), until its finish carries them all."""
         told = [False]
+        last: list = [None]  # a whole answer's last update's `Stamp`: None before its first tokens
+        held: list[int] = []
+        timed = self.timed
 
         def send(update: Update) -> None:  # on the scheduler thread
             adm = None
@@ -134,19 +213,29 @@ class Bridge:
                 req = self.reqs.get(rid)
                 if req is not None:
                     adm = [req.cached, req.tier, req.woken, req.t_admit]
-            if update.done is not None:
+            tokens, done = update.tokens, update.done
+            if whole and (held or last[0] is not None and tokens):
+                if tokens:
+                    last[0] = timed.step(last[0], len(tokens))
+                    held.extend(tokens)
+                if done is None:
+                    return
+                tokens = held
+            elif whole and tokens:
+                last[0] = timed.stamp
+            if done is not None:
                 self.reqs.pop(rid, None)
-            self.updates.append([rid, update.tokens, pack_done(update.done), adm])
+            self.updates.append([rid, tokens, pack_done(done), adm])
 
         return send
 
     def handle(self, msg: list) -> None:
         kind = msg[0]
         if kind == "s":
-            _, rid, ids, max_tokens, ignore_eos, t_arrive, stop, stop_ids, include = msg
+            _, rid, ids, max_tokens, ignore_eos, t_arrive, stop, stop_ids, include, whole = msg
             stops = Stops(stop, stop_ids, include) if stop or stop_ids else None
-            req = Request(rid, ids, max_tokens, self.engine.rows, self.sink(rid), t_arrive=t_arrive,
-                          ignore_eos=ignore_eos, stops=stops)
+            req = Request(rid, ids, max_tokens, self.engine.rows, self.sink(rid, whole), t_arrive=t_arrive,
+                          ignore_eos=ignore_eos, stops=stops, whole=whole)
             self.reqs[rid] = req
             self.scheduler.submit(req)
         elif kind == "a":
@@ -161,7 +250,10 @@ class Bridge:
             self.scheduler.stop()
 
     def question(self, qid: int, what: str) -> None:
-        """Answer the front end's question `qid` (the scheduler's `question`) when its answer is ready."""
+        """Answer the front end's question `qid` (the scheduler's `question`) when its answer is ready;
+        /metrics' snapshot after the held tokens' timings are sent (both on the scheduler thread, in order)."""
+        if what == "snapshot":
+            self.scheduler.query(self.send_timed)
         self.scheduler.question(what).add_done_callback(lambda f: self.out.put(
             ["q", qid, True, f.result()] if f.exception() is None else ["q", qid, False, str(f.exception())]))
 

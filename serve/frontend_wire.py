@@ -2,7 +2,8 @@
 msgpack over two ZeroMQ PUSH/PULL sockets (one each way, `ipc://` in Linux's abstract namespace: no file).
 
 Front end to core:
-    ["s", id, prompt ids, max_tokens, ignore_eos, t_arrive, stop strings, stop ids, include_stop]
+    ["s", id, prompt ids, max_tokens, ignore_eos, t_arrive, stop strings, stop ids, include_stop, whole]
+                               whole: not streamed (its tokens after the first may be held, below)
     ["a", id]                  the client hung up: abort it
     ["q", qid, what]           a question (`QUESTIONS`), answered by an ["q", qid, ok, value]
     ["d", seconds]             drain: refuse new requests, cut the rest off `seconds` from now
@@ -10,9 +11,15 @@ Front end to core:
 
 Core to front end:
     ["r", facts]               the scheduler is ready (the engine's facts and the sizes the routes use)
-    ["u", [entry, ...]]        every request's new tokens since the last message (about one step):
+    ["u", [entry, ...], timed] every request's new tokens since the last message (about one step):
                                entry = [id, tokens, done or None, admitted or None]; `admitted`
-                               ([cached, tier, woken, t_admit]) rides on a request's first entry
+                               ([cached, tier, woken, t_admit]) rides on a request's first entry.
+                               A whole answer's first tokens go at once, the rest are held and
+                               come with its finish; `timed` ([generated, [[seconds, tokens], ...]]
+                               or None) counts the held tokens for /metrics (generation tokens, the
+                               inter-token latency, timed at the end of the step that made them).
+                               A step that only made held tokens sends no message (their `timed`
+                               goes at most 50 ms later, or before /metrics' snapshot)
     ["q", qid, ok, value]      an answer (ok false: value is the error's text)
     ["b", cut_off]             the scheduler stopped; `cut_off` requests were cut by the drain's deadline
 

@@ -305,6 +305,12 @@ class Track:
         self.generated += n
         self.last = now
 
+    def arrived(self, n: int) -> None:
+        """`n` tokens after the first whose timings and count the metrics already have (an engine
+        core that held a whole answer's tokens timed them, `serve.frontend_core.Timed`)."""
+        self.generated += n
+        self.last = time.monotonic()
+
     def finish(self, done: Done) -> None:
         if done.reason not in FINISHED:
             return

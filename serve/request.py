@@ -153,6 +153,8 @@ class Request:
     order: int = 0  # the core's admission count when it was admitted (its running list is not in that order)
     ignore_eos: bool = False  # EOS does not end the answer (only max_tokens does)
     stops: Stops | None = None  # stop strings / stop token ids (None: EOS and max_tokens alone end it)
+    whole: bool = False  # the client takes the answer whole (not streamed): an engine core in another
+    # process may hold its tokens after the first until its finish (serve/frontend_core.py)
 
     def move(self, to: Status) -> None:
         if to not in _MOVES[self.status]:

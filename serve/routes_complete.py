@@ -55,12 +55,12 @@ def _submit(c: Served, ask: Ask) -> tuple[Request, asyncio.Queue, Track]:
         outbox = c.outbox = Outbox(asyncio.get_running_loop())
     q: asyncio.Queue[Update] = asyncio.Queue()
     stops = Stops(list(ask.stop), list(ask.stop_ids), ask.include_stop) if ask.stop or ask.stop_ids else None
-    gather = None if ask.stream else Gather(q)
+    gather = None if ask.stream else Gather(q, getattr(c.scheduler, "holds_whole", False))
     deliver = q.put_nowait if gather is None else gather
     # a scheduler in another process hands updates over on this loop (serve/frontend.py): straight in
     send = deliver if c.scheduler.on_loop else lambda u: outbox.put(deliver, u)
     req = Request(c.scheduler.name(), ask.ids, ask.max_tokens, engine.rows, send,
-                  t_arrive=time.monotonic(), ignore_eos=ask.ignore_eos, stops=stops)
+                  t_arrive=time.monotonic(), ignore_eos=ask.ignore_eos, stops=stops, whole=not ask.stream)
     track = c.meter.track(req.t_arrive, len(ask.ids), req, ask.max_tokens)
     if gather is not None:
         gather.track = track
@@ -72,18 +72,24 @@ class Gather:
     """A non-streamed request's updates, taken on the event loop as they arrive (their tokens kept,
     their times told to its metrics) and handed to its handler as one, at the end: a finish, an error
     or a cut-off. The handler wakes once per request, not once per step (under load those wake-ups were
-    most of the front end's time)."""
+    most of the front end's time). With `held` (an engine core in another process, `holds_whole`) the
+    tokens after the first come with the finish, their timings already counted by the core: the track
+    only learns how many arrived."""
 
-    __slots__ = ("q", "track", "tokens")
+    __slots__ = ("q", "track", "tokens", "held")
 
-    def __init__(self, q: asyncio.Queue) -> None:
+    def __init__(self, q: asyncio.Queue, held: bool = False) -> None:
         self.q = q
         self.track: Track | None = None
         self.tokens: list[int] = []
+        self.held = held
 
     def __call__(self, update: Update) -> None:
         if update.tokens:
-            self.track.update(update)
+            if self.held and self.tokens:
+                self.track.arrived(len(update.tokens))
+            else:
+                self.track.update(update)
             self.tokens += update.tokens
         if update.done is not None:
             self.q.put_nowait(Update(self.tokens, update.done))

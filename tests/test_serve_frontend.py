@@ -244,3 +244,123 @@ def test_the_core_reads_every_message_once_in_order_from_two_threads():
         push.close(linger=0)
         inp.close(linger=0)
         ctx.term()
+
+
+def _bridge_run(plans: list[tuple[bool, list[int], bool]], every_s: float):
+    """Drive a `Bridge` (the engine core's side) with requests `plans` (whole?, tokens per update,
+    aborted?): one update per request an iteration, in turn, and `flush` after each iteration; the
+    messages it sent handed to a `RemoteScheduler`'s `_deliver` (the front end's side) with `Gather`
+    and `Track` as the routes make them. Returns (messages sent, per-iteration message counts, the
+    front end's requests: (gathered tokens or streamed updates, track), its `Pending`)."""
+    import asyncio
+
+    from serve.frontend import RemoteScheduler
+    from serve.frontend_core import Bridge, Timed
+    from serve.frontend_wire import unpack
+    from serve.metrics import Metrics
+    from serve.request import Done, Request, Update
+    from serve.routes_complete import Gather
+
+    sent: list[bytes] = []
+
+    class Out:
+        def send_now(self, data: bytes) -> None:
+            sent.append(data)
+
+    bridge = Bridge(None, None, Out())
+    bridge.timed = Timed(every_s)
+    meter = Metrics("toy-paged", 4096, "kern")
+    front = RemoteScheduler.__new__(RemoteScheduler)
+    front.reqs, front.pending = {}, meter.pending
+    sides, sinks = [], []
+    for i, (whole, counts, aborted) in enumerate(plans):
+        rid = f"req-{i}"
+        q: asyncio.Queue = asyncio.Queue()
+        streamed: list = []
+        track = meter.track(0.0, 3)
+        send = Gather(q, held=True) if whole else (lambda u, t=track, s=streamed: (t.update(u), s.append(u)))
+        if whole:
+            send.track = track
+        front.reqs[rid] = Request(rid, [1, 2, 3], 64, 1, send)
+        sides.append((q if whole else streamed, track))
+        sinks.append(bridge.sink(rid, whole))
+    per_iteration = []
+    step, token = 0, 100
+    while any(step < len(c) for _, c, _ in plans):
+        before = len(sent)
+        for sink, (whole, counts, aborted) in zip(sinks, plans):
+            if step < len(counts):
+                toks = list(range(token, token + counts[step]))
+                token += counts[step]
+                last = step == len(counts) - 1
+                sink(Update(toks, (Done(None, error=(400, "gone", "x", None)) if aborted else Done("length"))
+                            if last else None))
+        bridge.flush()
+        per_iteration.append(len(sent) - before)
+        for raw in sent[before:]:
+            front._deliver(unpack(raw))
+        step += 1
+    bridge.send_timed()
+    for raw in sent[sum(per_iteration):]:
+        front._deliver(unpack(raw))
+    return sent, per_iteration, sides, meter.pending
+
+
+def test_whole_answers_tokens_are_held_in_the_core_and_counted_once():
+    """Under --frontend-process the engine core holds a whole (not streamed) answer's tokens after its
+    first and sends them with its finish, timing them itself (serve/frontend_core.py `Timed`).
+    Properties, over any mix of whole and streamed requests, tokens per update (speculative steps
+    make several) and finishes (length or an abort): every request's tokens reach the front end once,
+    in order; a whole answer gets two entries at most (its first tokens, at once, and its finish); a
+    stream one per update, in the iteration that made it; an iteration that made only held tokens
+    sends no message (timings due later); the front end's generation tokens are every token and its
+    inter-token latency count every token after each request's first (what the gate holds /metrics
+    to); no held timing is left unsent after /metrics' snapshot (`send_timed`)."""
+    from hypothesis import given, settings, strategies as st
+
+    from serve.frontend_wire import unpack
+
+    plan = st.tuples(st.booleans(), st.lists(st.integers(1, 3), min_size=1, max_size=6), st.booleans())
+
+    @settings(max_examples=150, deadline=None)
+    @given(st.lists(plan, min_size=1, max_size=5))
+    def check(plans):
+        sent, per_iteration, sides, pending = _bridge_run(plans, every_s=3600.0)
+        entries: dict[int, list] = {}
+        for raw in sent:
+            msg = unpack(raw)
+            for rid, tokens, done, _ in msg[1]:
+                entries.setdefault(int(rid.split("-")[1]), []).append((tokens, done))
+        for i, (whole, counts, aborted) in enumerate(plans):
+            made = sum(counts)
+            got = [t for tokens, _ in entries[i] for t in tokens]
+            assert len(got) == made and got == sorted(got), (i, got)
+            side, track = sides[i]
+            if whole:
+                assert len(entries[i]) == (1 if len(counts) == 1 else 2)
+                assert entries[i][0][0] == got[:counts[0]]  # the first tokens alone, at once
+                answer = side.get_nowait()
+                assert answer.tokens == got and side.empty()
+            else:
+                assert len(entries[i]) == len(counts) and [len(t) for t, _ in entries[i]] == counts
+                assert [t for u in side for t in u.tokens] == got
+            assert track.generated == made
+        # iterations where every update was a whole answer's held middle sent nothing
+        for step, n in enumerate(per_iteration):
+            quiet = all(whole and 0 < step < len(c) - 1 or step >= len(c) for whole, c, _ in plans)
+            assert n == (0 if quiet else 1), (step, n)
+        total = sum(sum(c) for _, c, _ in plans)
+        assert pending.generated == total
+        assert sum(pending.counts) == total - len(plans)
+        assert min(pending.counts) >= 0 and pending.sum >= 0
+
+    check()
+
+
+def test_held_timings_go_within_their_interval():
+    """Held tokens' timings are sent at most `Timed.EVERY_S` after they were made even when no update
+    goes (a /metrics scrape's rate of generation tokens stays current): with a zero interval, every
+    iteration that made tokens sends a message."""
+    sent, per_iteration, _, pending = _bridge_run([(True, [1] * 8, False), (True, [2] * 5, False)], every_s=0.0)
+    assert per_iteration == [1] * 8
+    assert pending.generated == 18 and sum(pending.counts) == 16
