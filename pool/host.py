@@ -158,6 +158,10 @@ class Host:
         copies = Copies()
         tip: Node | None = None
         fresh = False
+        node = cp._tip
+        while node is not None:  # runs whose host twin a wake cut since are cut alike (`Node.match_twin`)
+            node.match_twin()
+            node = node.parent
         for node in cp._nodes():
             twin = None if fresh else node.live_twin()
             if twin is not None:

@@ -107,6 +107,18 @@ class Node:
             return twin
         return None
 
+    def match_twin(self) -> None:
+        """A wake cuts a host run where its woken part ends (`Host.restore`), and the device run twinned
+        to it no longer matched it run for run: its twin was lost and a later park copied its pages
+        again. Cut this run at the same place, each part twinned to its own host run."""
+        twin = self.twin
+        if twin is not None and twin.refs > 0 and twin.depth == self.depth and len(twin.pages) < len(self.pages):
+            k = len(self.pages) - len(twin.pages)
+            head = Node(self.pages[:k], self.parent, self.owner)
+            self.pages = self.pages[k:]
+            self.parent = head
+            head.twin = twin.parent
+
 
 def release_chain(node: Node | None) -> None:
     """Drop one hold on `node`; free every node whose last holder this was, walking up."""

@@ -47,6 +47,28 @@ def test_the_next_turn_copies_only_its_new_pages():
     assert p.used == 0 and h.used() == 0
 
 
+def test_a_wake_that_cuts_the_host_run_keeps_the_twins():
+    """A running sequence's checkpoint parked, then a shorter prompt woken from it (the wake cuts the
+    host run where its whole pages end), then the sequence's next checkpoint parked: only its new
+    page is copied, its first pages shared with their twins (a cut host run once lost its device
+    run's twin and every page was copied again: found by tests/test_core_machine.py)."""
+    p, h = Pool(PAGED4, 4, 16, 0), host(16)
+    a = p.lease(16)
+    cp1, _ = p.checkpoint(a, 12)
+    q1, c1 = h.park(cp1)
+    assert len(c1.pages) == 3 and h.used() == 12
+    cp1.release()  # the resident entry evicted; the lease runs on
+    woken, plan = h.restore(q1, p, 8, 12)  # another request's 8-token prefix hit: two whole pages
+    assert len(plan.pages) == 2
+    woken.release()
+    cp2, _ = p.checkpoint(a, 16)
+    q2, c2 = h.park(cp2)
+    assert c2.pages == [(a.pages[3], 12)] and q2.offsets() == [0, 4, 8, 12] and h.used() == 16
+    for x in (q1, q2, cp2, a):
+        x.release()
+    assert p.used == 0 and h.used() == 0
+
+
 def test_host_full_keeps_nothing():
     p, h = hybrid_pool4(), host(4)
     cp = p.retire(p.lease(12), 12)
