@@ -112,12 +112,13 @@ class Node:
         to it no longer matched it run for run: its twin was lost and a later park copied its pages
         again. Cut this run at the same place, each part twinned to its own host run."""
         twin = self.twin
-        if twin is not None and twin.refs > 0 and twin.depth == self.depth and len(twin.pages) < len(self.pages):
-            k = len(self.pages) - len(twin.pages)
-            head = Node(self.pages[:k], self.parent, self.owner)
-            self.pages = self.pages[k:]
-            self.parent = head
-            head.twin = twin.parent
+        if twin is None or twin.refs == 0 or twin.depth != self.depth or len(twin.pages) >= len(self.pages):
+            return
+        k = len(self.pages) - len(twin.pages)
+        head = Node(self.pages[:k], self.parent, self.owner)
+        self.pages = self.pages[k:]
+        self.parent = head
+        head.twin = twin.parent
 
 
 def release_chain(node: Node | None) -> None:
