@@ -13,6 +13,7 @@ import time
 
 from fastapi import APIRouter, Request as HttpRequest
 from fastapi.responses import JSONResponse, Response
+from starlette.routing import Route
 
 from serve import logs, validate
 from serve.http import POLL_S, Disconnected, Served, body_of, ctx, cut, reject
@@ -26,18 +27,20 @@ __all__ = ["router"]
 router = APIRouter()
 
 
-@router.post("/v1/completions")
 async def completions(request: HttpRequest):
     c = ctx(request)
     ask = await body_of(request, "completion", c.model, c.sampling, c.engine.rows, c.engine.reach)
     return await answer(request, ask)
 
 
-@router.post("/v1/chat/completions")
 async def chat(request: HttpRequest):
     c = ctx(request)
     ask = await body_of(request, "chat", c.model, c.sampling, c.engine.rows, c.engine.reach)
     return await answer(request, ask)
+
+
+router.routes += [Route("/v1/completions", completions, methods=["POST"]),
+                  Route("/v1/chat/completions", chat, methods=["POST"])]
 
 
 def _submit(c: Served, ask: Ask) -> tuple[Request, asyncio.Queue, Track]:
@@ -261,9 +264,12 @@ class Outbox:
 
 async def _watch(request: HttpRequest, q: asyncio.Queue) -> None:
     """Until cancelled: a client that hung up puts DISCONNECTED in its request's queue (checked every
-    POLL_S, off the path each token takes)."""
-    while not await request.is_disconnected():
+    POLL_S, off the path each token takes; first after POLL_S: a request answered sooner costs no
+    check, each a receive under a cancel scope)."""
+    while True:
         await asyncio.sleep(POLL_S)
+        if await request.is_disconnected():
+            break
     q.put_nowait(DISCONNECTED)
 
 
