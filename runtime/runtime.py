@@ -109,6 +109,7 @@ class Runtime:
             self.resident = Resident(self.unit, self.page_tables, self.groups_max,
                                      {t.name: np.dtype(self.buffers[t.name].dtype) for t in self.page_tables})
         self._widths = {t.name: t.width for t in self.page_tables}
+        self._staged: dict[str, tuple] = {}  # program -> what its steps stage (`_staging`)
         self._forwards: dict[str, Any] = {}  # program -> its Forward (looked up once)
         self.pad: Cell | None = None
         # graphs: (program, bucket) -> a captured graph, or None where capture failed (run plainly)
@@ -328,16 +329,15 @@ class Runtime:
         self.last_env = env
         pad_slot = self.pad.slot if self.pad is not None and self.pad.slot is not None else 0
         t0 = time.perf_counter()
-        res = self.resident
+        fills, tables, lines = self._staging(program)
+        res = self.resident if tables else None
         uniform = fwd.rows is not None  # a batched step: every cell feeds `per` rows (checked above)
         try:
-            host = stage(padded, per, self.unit, self.fills, self.page_tables, self.line_tables, self.groups_max,
-                         pad_slot, res, uniform)
+            host = stage(padded, per, self.unit, fills, tables, lines, self.groups_max, pad_slot, res, uniform)
         except NoPages:  # a cell with no pages (no page-table row): staged whole, the rows rebuilt next time
             res.invalidate()
             res = None
-            host = stage(padded, per, self.unit, self.fills, self.page_tables, self.line_tables, self.groups_max,
-                         pad_slot, uniform=uniform)
+            host = stage(padded, per, self.unit, fills, tables, lines, self.groups_max, pad_slot, uniform=uniform)
         t1 = time.perf_counter()
         be = self.backend
         widths = self._widths if res is not None else {}
@@ -352,7 +352,7 @@ class Runtime:
                     runs = [(runs[0][0], runs[-1][1])]  # between hold what the buffer holds)
                 for lo, hi in runs:
                     be.upload(buf[lo * w : hi * w], arr[lo * w : hi * w])
-        if self.resident is not None and res is None and self.page_tables:
+        if self.resident is not None and res is None and tables:  # a table written whole: the rows kept are stale
             self.resident.invalidate()
         for name, arr in (arrive or {}).items():
             buf = self.buffers[name]
@@ -387,6 +387,21 @@ class Runtime:
         self.timing.add(fwd.rows is not None, stage=t1 - t0, upload=t2 - t1, launch=t3 - t2, readback=t4 - t3,
                         kernel=be.elapsed_ms(m0, m1) / 1000.0)
         return [c.tokens for c in cells]
+
+    def _staging(self, program: str) -> tuple[dict[str, list[str]], list, list]:
+        """The fills, page tables and line tables `program`'s calls read: a step stages and uploads
+        only those. A prefill call that reads the slot map but no page table computes its slots from
+        its cell and leaves the page-table rows the decode batch keeps (`Resident`) alone: staged
+        through them, it took row 0 from the batch's first sequence, and the next decode step rebuilt
+        and uploaded it again (and uploaded a page table and lengths the call never read)."""
+        got = self._staged.get(program)
+        if got is None:
+            reads = {a.value for call in self.manifest.programs[program].calls for a in call.args if a.kind == "buf"}
+            fills = {kind: [n for n in names if n in reads] for kind, names in self.fills.items()}
+            got = self._staged[program] = ({k: v for k, v in fills.items() if v},
+                                           [t for t in self.page_tables if t.name in reads],
+                                           [t for t in self.line_tables if t.name in reads])
+        return got
 
     def _run_calls(self, program: str, b: int, run: Callable[[], Any], graph: bool) -> None:
         """Run a step's calls: plainly, or for a `graph: true` program as a captured graph per bucket.

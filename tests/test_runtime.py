@@ -165,3 +165,42 @@ def test_batches_that_change_every_step_answer_as_the_model(data):
     for p, got in zip(prompts, out):
         assert got == model.generate(p, 24, m.raw)[: len(got)]
         assert len(got) == 24 or len(model.generate(p, 24, m.raw)) == len(got)
+
+
+def test_a_prefill_call_between_decode_steps_leaves_the_batch_rows_alone():
+    """A prefill program that reads the slot map but no page table (toy-paged's) stages its slots from
+    its own cell (`Runtime._staging`): the page-table rows the decode batch keeps between steps
+    (runtime/tables.py) stay as they were, so the next decode step of the same batch rewrites no row
+    (staged through them, the call took row 0 and the decode step rebuilt and uploaded it again); and
+    every answer, the joining sequence's too, is still the model's."""
+    from runtime.runtime import Runtime
+
+    m, w = target("toy-paged")
+    rt = Runtime(m, w, pages=32, max_seqs=8)
+    rt.set_pad(0, None)
+    prompts = [list(b"lighthouse"), list(b"risotto"), list(b"hash map"), list(b"x"), list(b"late joiner")]
+    pages = [[1 + 2 * i, 2 + 2 * i] for i in range(len(prompts))]
+    state = []  # (index, position, anchor, answer)
+    for i, p in enumerate(prompts[:4]):
+        if len(p) > 1:
+            rt.step("prefill", [Cell(pages[i], None, p[:-1], 0)])
+        state.append([i, len(p) - 1, p[-1], []])
+
+    def decode(members):
+        step = [Cell(pages[i], None, [a], pos) for i, pos, a, _ in members]
+        rt.step("decode", step)
+        for s, c in zip(members, step):
+            s[1] += 1
+            s[2] = c.tokens[0]
+            s[3].append(c.tokens[0])
+
+    decode(state)
+    rt.step("prefill", [Cell(pages[4], None, prompts[4][:-1], 0)])
+    decode(state)
+    assert rt.resident.dirty == [], "the prefill call moved the batch's page-table rows"
+    state.append([4, len(prompts[4]) - 1, prompts[4][-1], []])
+    for _ in range(3):
+        decode(state)
+    for i, _, _, got in state:
+        want = model.generate(prompts[i], 8, m.raw)  # up to its EOS, which the steps emit and go past
+        assert got[: len(want)] == want[: len(got)] and (len(got) <= len(want) or got[len(want)] == model.EOS)
