@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import importlib
 import time
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Iterable
 
 import numpy as np
@@ -384,8 +384,14 @@ class Runtime:
             for c in cells:
                 c.tokens = []
         t4 = time.perf_counter()
-        self.timing.add(fwd.rows is not None, stage=t1 - t0, upload=t2 - t1, launch=t3 - t2, readback=t4 - t3,
-                        kernel=be.elapsed_ms(m0, m1) / 1000.0)
+        decode = fwd.rows is not None
+        if fwd.emits or leave:  # the step waited for its kernels: theirs and every earlier step's time is known
+            kernel = be.elapsed_ms(m0, m1) / 1000.0
+            self.timing.settle(be)
+        else:  # nothing read back (a non-emitting prefill call): not waited for, its kernels timed later
+            kernel = 0.0
+            self.timing.unsettled.append((m0, m1, decode))
+        self.timing.add(decode, stage=t1 - t0, upload=t2 - t1, launch=t3 - t2, readback=t4 - t3, kernel=kernel)
         return [c.tokens for c in cells]
 
     def _staging(self, program: str) -> tuple[dict[str, list[str]], list, list]:
@@ -492,6 +498,18 @@ class StepTiming:
     kernel: float = 0.0
     readback: float = 0.0
     decode_kernel: float = 0.0
+    unsettled: list = field(default_factory=list, repr=False)  # (start, end, decode) marks of steps not waited for
+
+    def settle(self, backend) -> None:
+        """Add the kernel time of the steps that were not waited for (a non-emitting prefill call
+        returns once its launches are issued: waiting only to time them cost every such call the
+        kernels' run and a synchronization); call once their work has finished."""
+        for start, end, decode in self.unsettled:
+            k = backend.elapsed_ms(start, end) / 1000.0
+            self.kernel += k
+            if decode:
+                self.decode_kernel += k
+        self.unsettled.clear()
 
     def add(self, decode: bool, **spent: float) -> None:
         self.steps += 1
@@ -502,7 +520,7 @@ class StepTiming:
             self.decode_kernel += spent["kernel"]
 
     def as_dict(self) -> dict[str, float]:
-        return {f"rt_{f.name}": getattr(self, f.name) for f in fields(self)}
+        return {f"rt_{f.name}": getattr(self, f.name) for f in fields(self) if f.name != "unsettled"}
 
 
 def _runs(pairs: Iterable[tuple[int, int]]) -> list[tuple[int, int, int]]:

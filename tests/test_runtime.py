@@ -204,3 +204,27 @@ def test_a_prefill_call_between_decode_steps_leaves_the_batch_rows_alone():
     for i, _, _, got in state:
         want = model.generate(prompts[i], 8, m.raw)  # up to its EOS, which the steps emit and go past
         assert got[: len(want)] == want[: len(got)] and (len(got) <= len(want) or got[len(want)] == model.EOS)
+
+
+def test_a_non_emitting_prefill_call_is_timed_without_waiting():
+    """A prefill call that reads nothing back (toy-paged's) returns once its launches are issued: its
+    kernels' time waits in `StepTiming.unsettled` and is added, once, when the next step that reads
+    back settles it (waiting to time it cost every such call a synchronization on a GPU)."""
+    from runtime.runtime import Runtime
+
+    m, w = target("toy-paged")
+    rt = Runtime(m, w, pages=8, max_seqs=4)
+    rt.set_pad(0, None)
+    timed: list = []
+    elapsed = rt.backend.elapsed_ms
+    rt.backend.elapsed_ms = lambda a, b: timed.append((a, b)) or elapsed(a, b)
+    p = list(b"lighthouse")
+    rt.step("prefill", [Cell([1], None, p[:5], 0)])
+    rt.step("prefill", [Cell([1], None, p[5:-1], 5)])
+    t = rt.timing
+    assert (timed, len(t.unsettled), t.kernel, t.steps) == ([], 2, 0.0, 2)
+    step = [Cell([1], None, [p[-1]], len(p) - 1)]
+    rt.step("decode", step)
+    assert len(timed) == 3 and not t.unsettled and t.kernel > t.decode_kernel > 0
+    assert t.kernel == pytest.approx(sum(elapsed(a, b) for a, b in timed) / 1000.0)
+    assert step[0].tokens == model.generate(p, 1, m.raw)
