@@ -2,7 +2,7 @@
 HTTP as a ratio of what the same engine does with no HTTP at all (its ceiling here).
 
     python bench/serve_load.py [--target toy-paged] [--streams 64] [--max-tokens 256] [--backend cpu|gpu]
-                               [--workers 4] [--prompt-tokens 32] [--rounds 4] [--repeats 3] [--[no-]pin]
+                               [--workers N] [--prompt-tokens 32] [--rounds 4] [--repeats 3] [--[no-]pin]
                                [--serve-flag=--no-graphs ...]
 
 Both sides run the same closed loop: `--streams` requests in flight, each replaced by the next as it
@@ -294,7 +294,10 @@ def main() -> None:
     ap.add_argument("--streams", type=int, default=64)
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--prompt-tokens", type=int, default=32)
-    ap.add_argument("--workers", type=int, default=max(1, min(8, (os.cpu_count() or 2) // 2)))
+    ap.add_argument("--workers", type=int, default=None, help="client processes. Default: with --pin, one for each "
+                    "CPU the clients get (all but the server's two, at most 16 and --streams: a client process "
+                    "answering fewer streams at the end of a wave sends their next requests sooner), else half "
+                    "the CPUs, at most 8")
     ap.add_argument("--rounds", type=int, default=4, help="requests each stream sends one after another (the "
                     "engine alone keeps the same number in flight): one round is mostly ramp-up and tail")
     ap.add_argument("--serve-flag", action="append", default=[], help="an extra kern serve flag (repeatable)")
@@ -307,6 +310,9 @@ def main() -> None:
     args = ap.parse_args()
     if args.pin is None:
         args.pin = args.backend == "gpu" and (os.cpu_count() or 1) >= 8
+    if args.workers is None:
+        cpus = os.cpu_count() or 2
+        args.workers = max(1, min(16, args.streams, cpus - 2)) if args.pin else max(1, min(8, cpus // 2))
     if args.pin:
         if (os.cpu_count() or 1) < 3 or not hasattr(os, "sched_setaffinity"):
             ap.error(f"--pin needs Linux and 3 or more CPUs ({os.cpu_count()} here)")

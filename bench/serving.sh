@@ -5,12 +5,13 @@
 # (bench/serve_load.py, RUNS times). Each step's log goes under OUT; a short table is printed last.
 #
 #   bash bench/serving.sh [OUT]    # OUT defaults to $OUT, else /tmp/kern-serving
-#   BACKEND=gpu STREAMS=64 TOKENS=256 ROUNDS=4 REPEATS=3 RUNS=2 WORKERS=8 (the defaults)
+#   BACKEND=gpu STREAMS=64 TOKENS=256 ROUNDS=4 REPEATS=3 RUNS=2 (the defaults); WORKERS=n client processes
+#   (default: serve_load's, one per CPU the clients get when pinned)
 #
 # Nothing here installs anything: the caller puts kern's dependencies on the path first.
 source "$(dirname "$0")/script_env.sh" /tmp/kern-serving "$@"
 BACKEND="${BACKEND:-gpu}" STREAMS="${STREAMS:-64}" TOKENS="${TOKENS:-256}" ROUNDS="${ROUNDS:-4}"
-REPEATS="${REPEATS:-3}" RUNS="${RUNS:-2}" WORKERS="${WORKERS:-8}"
+REPEATS="${REPEATS:-3}" RUNS="${RUNS:-2}"
 TARGETS=toy-paged,toy-stateful,toy-spec,toy-stateful-spec,toy-big,toy-float,toy-layers
 
 timeout 300 "$PY" bench/engine_step.py --backend "$BACKEND" --seqs "$STREAMS" --max-tokens "$TOKENS" --rounds 3 \
@@ -20,7 +21,7 @@ timeout 300 "$PY" -m e2e.cli --backend "$BACKEND" --max-tokens "$TOKENS" --targe
 echo "gate exit $?" >> "$OUT/gate.log"
 for i in $(seq 1 "$RUNS"); do
   timeout 600 "$PY" bench/serve_load.py --backend "$BACKEND" --streams "$STREAMS" --max-tokens "$TOKENS" \
-    --workers "$WORKERS" --rounds "$ROUNDS" --repeats "$REPEATS" > "$OUT/serve-load-$i.log" 2>&1
+    ${WORKERS:+--workers "$WORKERS"} --rounds "$ROUNDS" --repeats "$REPEATS" > "$OUT/serve-load-$i.log" 2>&1
 done
 
 "$PY" - "$OUT" <<'PY'
