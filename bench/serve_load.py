@@ -244,7 +244,7 @@ def http_load(url: str, streams: int, workers: int, max_tokens: int, prompt_toke
     def pct(xs, q):
         return xs[min(len(xs) - 1, int(q * len(xs)))] * 1000 if xs else float("nan")
 
-    return {"tok_s": tokens / wall, "tokens": tokens, "ttft_p50": pct(ttft, 0.5), "ttft_p99": pct(ttft, 0.99),
+    return {"tok_s": tokens / wall, "tokens": tokens, "t0": t0, "ttft_p50": pct(ttft, 0.5), "ttft_p99": pct(ttft, 0.99),
             "itl_p50": pct(gaps, 0.5), "itl_p99": pct(gaps, 0.99), "wall": wall,
             "mean_ttft": statistics.mean(ttft) * 1000 if ttft else float("nan"), "client_busy": busiest,
             "ttfts": ttft, "gaps": gaps}

@@ -1,0 +1,170 @@
+"""Where a served closed loop loses to the engine alone, iteration by iteration: the scheduler's
+iterations traced (when each began and ended, its prefill calls, its forward batch, the requests
+running and waiting) for the engine alone and for one `kern serve` under HTTP load, summed per run.
+
+    python bench/serve_timeline.py [--target toy-paged] [--backend cpu|gpu] [--streams 64]
+                                   [--max-tokens 256] [--prompt-tokens 32] [--rounds 4] [--workers N]
+                                   [--[no-]pin] [--out DIR]
+
+The same closed loop as bench/serve_load.py (its `Alone`, its clients, its pinning): `--streams`
+requests in flight, each replaced by the next as it ends, `--rounds` each. The server is this
+checkout's `kern serve` started through this file, which wraps `serve.core.Core.run` to note each
+iteration (the engine core process inherits the wrap when it is forked) and appends the notes to a
+file per process under `--out`. Printed per run:
+
+- wall time and output tok/s; iterations; the mean forward batch (rows a forward step);
+- time inside `Core.run` (launch and commit of the iteration's steps) and between iterations (the
+  scheduler's drain, admission, the front end's messages), with the gaps over 1 ms;
+- the rounds' boundaries: time with fewer than half the streams running, and the prefill calls and
+  the largest number in one iteration.
+
+Each run's timeline (ms from its first iteration, ms long, prefill calls, rows, running, waiting) is
+written under `--out` for a closer look. On one machine the clock is one (`time.perf_counter` is
+CLOCK_MONOTONIC on Linux), so the server's notes fall in the client's windows. Never gates CI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+NOTES: list[tuple] = []
+
+
+def _flush() -> None:
+    if NOTES:
+        with open(f"{os.environ['KERN_TIMELINE']}.{os.getpid()}", "a") as f:
+            f.write("".join("%.6f %.6f %d %d %d %d\n" % n for n in NOTES))
+        NOTES.clear()
+
+
+def trace() -> None:
+    """Wrap `Core.run` to note each iteration (appended to KERN_TIMELINE.<pid> every 256)."""
+    import atexit
+
+    import serve.core as core
+
+    run = core.Core.run
+
+    def traced(self, plan):
+        t0 = time.perf_counter()
+        run(self, plan)
+        NOTES.append((t0, time.perf_counter(), len(plan.prefill), len(plan.step), len(self.running),
+                      len(self.waiting)))
+        if len(NOTES) >= 256:
+            _flush()
+
+    core.Core.run = traced
+    atexit.register(_flush)
+
+
+def notes(out: Path) -> list[tuple]:
+    rows = []
+    for path in out.glob("notes.*"):
+        for line in path.read_text().splitlines():
+            a = line.split()
+            rows.append((float(a[0]), float(a[1]), *map(int, a[2:])))
+    return sorted(rows)
+
+
+def summary(name: str, rows: list[tuple], t0: float, t1: float, tokens: int, streams: int, out: Path) -> str:
+    rows = [r for r in rows if t0 <= r[0] <= t1]
+    wall = t1 - t0
+    if not rows:
+        return f"{name}: no iterations noted"
+    inside = sum(r[1] - r[0] for r in rows)
+    gaps = [b[0] - a[1] for a, b in zip(rows, rows[1:])]
+    fwd = [r[3] for r in rows if r[3]]
+    thin = sum(b[0] - a[0] for a, b in zip(rows, rows[1:]) if a[4] < streams / 2)
+    calls = [r[2] for r in rows if r[2]]
+    with open(out / f"timeline-{name}.txt", "w") as f:
+        f.write("# ms from the first iteration, ms long, prefill calls, forward rows, running, waiting\n")
+        f.writelines("%.3f %.3f %d %d %d %d\n" % ((r[0] - rows[0][0]) * 1e3, (r[1] - r[0]) * 1e3, *r[2:])
+                     for r in rows)
+    return (f"{name:14} {wall * 1e3:8.1f} ms {tokens / wall:9,.0f} tok/s | {len(rows):5} iterations, "
+            f"{statistics.mean(fwd) if fwd else 0:5.1f} rows a forward step | in Core.run {inside * 1e3:7.1f} ms, "
+            f"between {sum(gaps) * 1e3:6.1f} ms ({statistics.mean(gaps) * 1e6 if gaps else 0:4.0f} us each, "
+            f"{sum(g for g in gaps if g > 1e-3) * 1e3:5.1f} ms in gaps over 1 ms) | under half running "
+            f"{thin * 1e3:6.1f} ms | {sum(calls)} prefill calls, at most {max(calls, default=0)} in one")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--target", default="toy-paged")
+    ap.add_argument("--backend", default="cpu", choices=["cpu", "gpu"])
+    ap.add_argument("--streams", type=int, default=64)
+    ap.add_argument("--max-tokens", type=int, default=256)
+    ap.add_argument("--prompt-tokens", type=int, default=32)
+    ap.add_argument("--rounds", type=int, default=4, help="requests each stream sends one after another")
+    ap.add_argument("--runs", type=int, default=2, help="runs of each path (engine alone, HTTP, HTTP streaming)")
+    ap.add_argument("--workers", type=int, default=None, help="client processes (bench/serve_load.py's default)")
+    ap.add_argument("--pin", action=argparse.BooleanOptionalAction, default=None,
+                    help="bench/serve_load.py's pinning (default: on for --backend gpu on 8 or more CPUs)")
+    ap.add_argument("--out", type=Path, default=None, help="where the notes and timelines go (default: a temporary "
+                    "folder, named at the end)")
+    args = ap.parse_args()
+    sys.path.insert(0, str(HERE))
+    import launch
+    import serve_load as sl
+
+    cpus = os.cpu_count() or 2
+    pin = args.pin if args.pin is not None else args.backend == "gpu" and cpus >= 8
+    workers = args.workers or (max(1, min(16, args.streams, cpus - 2)) if pin else max(1, min(8, cpus // 2)))
+    out = args.out or Path(tempfile.mkdtemp(prefix="kern-timeline-"))
+    out.mkdir(parents=True, exist_ok=True)
+    os.environ["KERN_TIMELINE"] = str(out / "notes")
+    if pin:
+        os.sched_setaffinity(0, set(range(2, cpus)))
+    trace()
+    alone = sl.Alone(args.target, args.backend, args.streams, args.max_tokens, args.prompt_tokens, [], args.rounds)
+    if pin:
+        alone.cpu = 0
+    alone.run()
+    spans = []
+    for k in range(args.runs):
+        t0 = time.perf_counter()
+        tok, _, _ = alone.run()
+        t1 = time.perf_counter()
+        spans.append((f"alone-{k + 1}", t0, t1, round(tok * (t1 - t0))))
+    _flush()
+    launch.own_kern = lambda: [sys.executable, str(Path(__file__).resolve()), "--as-kern"]
+    proc, url = sl.start_server(args.target, args.backend, args.streams, out / "serve.log", [],
+                                sl.capacity(args.streams, args.max_tokens, args.prompt_tokens))
+    try:
+        if pin:
+            sl.pin(proc.pid)
+        sl.http_load(url, min(4, args.streams), 1, 4, args.prompt_tokens, False, 10_000_000)
+        for k in range(args.runs):
+            for stream in (False, True):
+                r = sl.http_load(url, args.streams, workers, args.max_tokens, args.prompt_tokens, stream,
+                                 (1 + 2 * k + stream) * 1_000_000, args.rounds)
+                spans.append((f"{'stream' if stream else 'http'}-{k + 1}", r["t0"], r["t0"] + r["wall"], r["tokens"]))
+                print(f"{spans[-1][0]}: {r['tok_s']:,.0f} tok/s", file=sys.stderr, flush=True)
+        time.sleep(0.5)
+    finally:
+        launch.stop(proc, 30)
+    rows = notes(out)
+    print(f"{args.target}, backend {args.backend}, {args.streams} streams x {args.rounds} requests x {args.max_tokens} "
+          f"tokens, {workers} client processes{', pinned' if pin else ''}")
+    for name, t0, t1, tokens in spans:
+        print(summary(name, rows, t0, t1, tokens, args.streams, out))
+    print(f"timelines under {out}")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--as-kern":  # the server, traced (started by main above)
+        sys.argv = [sys.argv[0], *sys.argv[2:]]
+        sys.path.insert(0, str(REPO))
+        trace()
+        from oracle.cli import main as kern
+
+        kern()
+    else:
+        main()
