@@ -172,34 +172,43 @@ def test_token_buckets_are_vllms_1_2_5():
 # -- the per-token observations gathered per scrape ---------------------------------------------------
 
 
-def _exposed(m, stats) -> dict:
+def _exposed(m, stats, every: bool = False) -> dict:
+    """The inter-token and generation-token samples (`every`: every sample) of a scrape."""
     return {(s.name, s.labels.get("le")): s.value for f in text_string_to_metric_families(m.render(stats).decode())
-            for s in f.samples if "inter_token" in s.name or s.name.startswith("kern:generation_tokens")}
+            for s in f.samples
+            if every or "inter_token" in s.name or s.name.startswith("kern:generation_tokens")}
 
 
 def test_pending_observations_expose_as_the_metrics_fed_one_by_one():
-    """Property: inter-token latencies and generation tokens gathered in `Pending` and handed over when
-    /metrics renders expose exactly what Prometheus's `observe` (once per token) and `inc` made (the
-    same bucket for a value on a bound, the same sum), across several scrapes."""
+    """Property: inter-token latencies, generation tokens and any histogram's values (`put`: a
+    finish's latencies and sizes) gathered in `Pending` and handed over when /metrics renders expose
+    exactly what Prometheus's `observe` (once per token or value) and `inc` made (the same bucket for
+    a value on a bound, the same sum), across several scrapes."""
     from hypothesis import given, settings
     from hypothesis import strategies as st
 
     from serve.metrics import ITL_BUCKETS, Metrics
 
     values = st.one_of(st.sampled_from(list(ITL_BUCKETS)), st.floats(0, 30, allow_nan=False))
+    sizes = st.one_of(st.integers(0, 300), st.sampled_from([1, 2, 5, 10, 20, 50, 64]))
+    hists = ("ttft", "e2e", "request_prompt", "queue", "tpot", "max_generation", "params_max_tokens")
 
     @settings(max_examples=60, deadline=None)
-    @given(st.lists(st.lists(st.tuples(values, st.integers(0, 9)), max_size=12), min_size=1, max_size=3))
+    @given(st.lists(st.lists(st.tuples(values, st.integers(0, 9), st.sampled_from(hists), sizes), max_size=12),
+                    min_size=1, max_size=3))
     def check(scrapes):
         gathered, direct = Metrics("m", 64), Metrics("m", 64)
         for updates in scrapes:
-            for amount, n in updates:
+            for amount, n, name, size in updates:
                 gathered.pending.observe(amount, n)
                 gathered.pending.generated += n
                 for _ in range(n):
                     direct.itl.observe(amount)
                 direct.generation_tokens.inc(n)
-            got, want = _exposed(gathered, None), _exposed(direct, None)  # None: no scheduler part
+                value = amount if name in ("ttft", "e2e", "queue", "tpot") else size  # a latency or a size
+                gathered.pending.put(getattr(gathered, name), value)  # any histogram's one value, at the scrape
+                getattr(direct, name).observe(value)
+            got, want = _exposed(gathered, None, True), _exposed(direct, None, True)  # None: no scheduler part
             assert got.keys() == want.keys()
             for k in want:
                 assert got[k] == pytest.approx(want[k], rel=1e-9, abs=1e-12), k
