@@ -23,8 +23,9 @@ The machine's speed drifts within a minute (on the H200 box the engine alone swu
 over consecutive one-second runs), so every measurement is made `--repeats` times, interleaved (engine
 alone, HTTP, streaming, ...; the engine alone once more at the end), and the table gives the medians,
 each path's range beside it, and the ratios of the medians. On a GPU machine the server's two
-processes get CPUs of their own (`--pin`), the engine alone the engine core's: unpinned, they shared CPUs with the client processes now
-and then, and the same server measured 61k and 101k tok/s a minute apart (pinned: 100k-118k). Prints
+processes get CPUs of their own (`--pin`; their ZeroMQ I/O threads a third), the engine alone the
+engine core's: unpinned, they shared CPUs with the client processes now and then, and the same
+server measured 61k and 101k tok/s a minute apart (pinned: 100k-118k). Prints
 one table. Never gates CI.
 """
 
@@ -250,13 +251,24 @@ def http_load(url: str, streams: int, workers: int, max_tokens: int, prompt_toke
             "ttfts": ttft, "gaps": gaps}
 
 
+SERVER_CPUS = 3  # with --pin: the engine core's, the front end's, and ZeroMQ's I/O threads' (both processes')
+
+
 def pin(pid: int) -> None:
     """Process `pid` (every thread of it) on CPU 1, its first child (the engine core, with
-    --frontend-process) on CPU 0. Unpinned, the server's processes shared CPUs with the client
-    processes now and then, and the same server measured 61k and 101k tok/s a minute apart."""
+    --frontend-process) on CPU 0, and both processes' ZeroMQ I/O threads (named `ZMQbg/...`) on CPU
+    2: on the core's CPU, each step's message woke its I/O thread there and the kernel switched the
+    scheduler thread out to run it (on an unpinned machine it runs on any other CPU). Unpinned, the
+    server's processes shared CPUs with the client processes now and then, and the same server
+    measured 61k and 101k tok/s a minute apart."""
     def every_thread(p: int, cpus: set[int]) -> None:
         for tid in os.listdir(f"/proc/{p}/task"):
-            os.sched_setaffinity(int(tid), cpus)
+            try:
+                with open(f"/proc/{p}/task/{tid}/comm") as f:
+                    zmq_thread = f.read().startswith("ZMQbg")
+            except OSError:
+                zmq_thread = False
+            os.sched_setaffinity(int(tid), {2} if zmq_thread else cpus)
 
     every_thread(pid, {1})
     try:
@@ -266,6 +278,18 @@ def pin(pid: int) -> None:
         kids = []
     if kids:
         every_thread(kids[0], {0})
+
+
+def client_cpus() -> set[int]:
+    """With --pin: the CPUs the bench and its client processes get (all but the server's)."""
+    return set(range(SERVER_CPUS, os.cpu_count() or SERVER_CPUS + 1))
+
+
+def default_workers(streams: int, pinned: bool) -> int:
+    """Client processes: with --pin one for each client CPU (at most 16 and `streams`: fewer streams a
+    client at a wave's end, their next requests sooner), else half the CPUs, at most 8."""
+    cpus = os.cpu_count() or 2
+    return max(1, min(16, streams, len(client_cpus()))) if pinned else max(1, min(8, cpus // 2))
 
 
 def cpu_s(pid: int) -> tuple[float, float]:
@@ -305,18 +329,18 @@ def main() -> None:
                     "alone, HTTP, streaming, ...; the engine alone once more at the end): the table gives medians")
     ap.add_argument("--pin", action=argparse.BooleanOptionalAction, default=None, help="the server's processes on "
                     "CPUs of their own (the front end on CPU 1, its first child, the engine core, on CPU 0, where "
-                    "the engine alone runs too; this process and the clients on the rest). Default: on for --backend gpu on a machine of 8 or more "
+                    "the engine alone runs too; both processes' ZeroMQ I/O threads on CPU 2; this process and the "
+                    "clients on the rest). Default: on for --backend gpu on a machine of 8 or more "
                     "CPUs (on the CPU backend the kernels' threads want every core)")
     args = ap.parse_args()
     if args.pin is None:
         args.pin = args.backend == "gpu" and (os.cpu_count() or 1) >= 8
-    if args.workers is None:
-        cpus = os.cpu_count() or 2
-        args.workers = max(1, min(16, args.streams, cpus - 2)) if args.pin else max(1, min(8, cpus // 2))
     if args.pin:
-        if (os.cpu_count() or 1) < 3 or not hasattr(os, "sched_setaffinity"):
-            ap.error(f"--pin needs Linux and 3 or more CPUs ({os.cpu_count()} here)")
-        os.sched_setaffinity(0, set(range(2, os.cpu_count())))  # the clients (and the engine alone) inherit it
+        if (os.cpu_count() or 1) <= SERVER_CPUS or not hasattr(os, "sched_setaffinity"):
+            ap.error(f"--pin needs Linux and {SERVER_CPUS + 1} or more CPUs ({os.cpu_count()} here)")
+        os.sched_setaffinity(0, client_cpus())  # the clients inherit it
+    if args.workers is None:
+        args.workers = default_workers(args.streams, args.pin)
     alone = Alone(args.target, args.backend, args.streams, args.max_tokens, args.prompt_tokens, args.serve_flag,
                   args.rounds)
     if args.pin:

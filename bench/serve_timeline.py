@@ -116,12 +116,12 @@ def main() -> None:
 
     cpus = os.cpu_count() or 2
     pin = args.pin if args.pin is not None else args.backend == "gpu" and cpus >= 8
-    workers = args.workers or (max(1, min(16, args.streams, cpus - 2)) if pin else max(1, min(8, cpus // 2)))
+    workers = args.workers or sl.default_workers(args.streams, pin)
     out = args.out or Path(tempfile.mkdtemp(prefix="kern-timeline-"))
     out.mkdir(parents=True, exist_ok=True)
     os.environ["KERN_TIMELINE"] = str(out / "notes")
     if pin:
-        os.sched_setaffinity(0, set(range(2, cpus)))
+        os.sched_setaffinity(0, sl.client_cpus())
     trace()
     alone = sl.Alone(args.target, args.backend, args.streams, args.max_tokens, args.prompt_tokens, [], args.rounds)
     if pin:
