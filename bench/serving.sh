@@ -2,11 +2,12 @@
 # Serving speed in one call, as issue 27's figures are taken on a GPU machine: the engine alone's
 # decode step split (bench/engine_step.py), the gate's time on the seven single-process targets, and
 # one `kern serve` under a closed loop of streams against the engine alone in the same run
-# (bench/serve_load.py, RUNS times). Each step's log goes under OUT; a short table is printed last.
+# (bench/serve_load.py, RUNS times), then the scheduler's iterations traced in both (bench/serve_timeline.py).
+# Each step's log goes under OUT; a short table is printed last.
 #
 #   bash bench/serving.sh [OUT]    # OUT defaults to $OUT, else /tmp/kern-serving
 #   BACKEND=gpu STREAMS=64 TOKENS=256 ROUNDS=4 REPEATS=3 RUNS=2 (the defaults); WORKERS=n client processes
-#   (default: serve_load's, one per CPU the clients get when pinned)
+#   (default: serve_load's, one per CPU the clients get when pinned); TIMELINE=0 skips serve_timeline.py
 #
 # Nothing here installs anything: the caller puts kern's dependencies on the path first.
 source "$(dirname "$0")/script_env.sh" /tmp/kern-serving "$@"
@@ -23,6 +24,10 @@ for i in $(seq 1 "$RUNS"); do
   timeout 600 "$PY" bench/serve_load.py --backend "$BACKEND" --streams "$STREAMS" --max-tokens "$TOKENS" \
     ${WORKERS:+--workers "$WORKERS"} --rounds "$ROUNDS" --repeats "$REPEATS" > "$OUT/serve-load-$i.log" 2>&1
 done
+if [ "${TIMELINE:-1}" = 1 ]; then  # where a served round loses to the engine alone, iteration by iteration
+  timeout 300 "$PY" bench/serve_timeline.py --backend "$BACKEND" --streams "$STREAMS" --max-tokens "$TOKENS" \
+    --rounds "$ROUNDS" --runs 1 --out "$OUT/timeline" > "$OUT/timeline.log" 2>&1
+fi
 
 "$PY" - "$OUT" <<'PY'
 import glob, re, sys
@@ -43,4 +48,9 @@ for path in sorted(glob.glob(f"{out}/serve-load-*.log")):
         if len(cells) > 8 and cells[0] in ("engine alone", "HTTP", "HTTP streaming"):
             print(f"  {cells[0]:15} {cells[1]:>9} tok/s  x{cells[2]:>5}  range {cells[3]:>17}  ITL p50 {cells[6]:>5}"
                   f"  {cells[9]}")
+if glob.glob(f"{out}/timeline.log"):
+    print("== the scheduler's iterations (bench/serve_timeline.py)")
+    for line in open(f"{out}/timeline.log"):
+        if re.match(r"(alone|http|stream)-[0-9]+ +[0-9.]+ ms", line):
+            print(" ", line.rstrip())
 PY
