@@ -311,28 +311,29 @@ def cpu_s(pid: int) -> tuple[float, float]:
     return one(pid), sum(one(k) for k in kids)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+def loop_args(ap: argparse.ArgumentParser) -> None:
+    """The closed loop's flags (this bench's and bench/serve_timeline.py's)."""
     ap.add_argument("--target", default="toy-paged")
     ap.add_argument("--backend", default="cpu", choices=["cpu", "gpu"])
     ap.add_argument("--streams", type=int, default=64)
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--prompt-tokens", type=int, default=32)
     ap.add_argument("--workers", type=int, default=None, help="client processes. Default: with --pin, one for each "
-                    "CPU the clients get (all but the server's two, at most 16 and --streams: a client process "
-                    "answering fewer streams at the end of a wave sends their next requests sooner), else half "
-                    "the CPUs, at most 8")
+                    f"CPU the clients get (all but the server's {SERVER_CPUS}, at most 16 and --streams: a client "
+                    "process answering fewer streams at the end of a wave sends their next requests sooner), else "
+                    "half the CPUs, at most 8")
     ap.add_argument("--rounds", type=int, default=4, help="requests each stream sends one after another (the "
                     "engine alone keeps the same number in flight): one round is mostly ramp-up and tail")
-    ap.add_argument("--serve-flag", action="append", default=[], help="an extra kern serve flag (repeatable)")
-    ap.add_argument("--repeats", type=int, default=3, help="each measurement this many times, interleaved (engine "
-                    "alone, HTTP, streaming, ...; the engine alone once more at the end): the table gives medians")
     ap.add_argument("--pin", action=argparse.BooleanOptionalAction, default=None, help="the server's processes on "
                     "CPUs of their own (the front end on CPU 1, its first child, the engine core, on CPU 0, where "
                     "the engine alone runs too; both processes' ZeroMQ I/O threads on CPU 2; this process and the "
                     "clients on the rest). Default: on for --backend gpu on a machine of 8 or more "
                     "CPUs (on the CPU backend the kernels' threads want every core)")
-    args = ap.parse_args()
+
+
+def loop_setup(ap: argparse.ArgumentParser, args) -> None:
+    """`args.pin` and `args.workers` settled, and with --pin this process (and the clients it
+    starts) on the client CPUs."""
     if args.pin is None:
         args.pin = args.backend == "gpu" and (os.cpu_count() or 1) >= 8
     if args.pin:
@@ -341,6 +342,16 @@ def main() -> None:
         os.sched_setaffinity(0, client_cpus())  # the clients inherit it
     if args.workers is None:
         args.workers = default_workers(args.streams, args.pin)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    loop_args(ap)
+    ap.add_argument("--serve-flag", action="append", default=[], help="an extra kern serve flag (repeatable)")
+    ap.add_argument("--repeats", type=int, default=3, help="each measurement this many times, interleaved (engine "
+                    "alone, HTTP, streaming, ...; the engine alone once more at the end): the table gives medians")
+    args = ap.parse_args()
+    loop_setup(ap, args)
     alone = Alone(args.target, args.backend, args.streams, args.max_tokens, args.prompt_tokens, args.serve_flag,
                   args.rounds)
     if args.pin:

@@ -96,32 +96,21 @@ def summary(name: str, rows: list[tuple], t0: float, t1: float, tokens: int, str
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--target", default="toy-paged")
-    ap.add_argument("--backend", default="cpu", choices=["cpu", "gpu"])
-    ap.add_argument("--streams", type=int, default=64)
-    ap.add_argument("--max-tokens", type=int, default=256)
-    ap.add_argument("--prompt-tokens", type=int, default=32)
-    ap.add_argument("--rounds", type=int, default=4, help="requests each stream sends one after another")
-    ap.add_argument("--runs", type=int, default=2, help="runs of each path (engine alone, HTTP, HTTP streaming)")
-    ap.add_argument("--workers", type=int, default=None, help="client processes (bench/serve_load.py's default)")
-    ap.add_argument("--pin", action=argparse.BooleanOptionalAction, default=None,
-                    help="bench/serve_load.py's pinning (default: on for --backend gpu on 8 or more CPUs)")
-    ap.add_argument("--out", type=Path, default=None, help="where the notes and timelines go (default: a temporary "
-                    "folder, named at the end)")
-    args = ap.parse_args()
     sys.path.insert(0, str(HERE))
     import launch
     import serve_load as sl
 
-    cpus = os.cpu_count() or 2
-    pin = args.pin if args.pin is not None else args.backend == "gpu" and cpus >= 8
-    workers = args.workers or sl.default_workers(args.streams, pin)
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    sl.loop_args(ap)
+    ap.add_argument("--runs", type=int, default=2, help="runs of each path (engine alone, HTTP, HTTP streaming)")
+    ap.add_argument("--out", type=Path, default=None, help="where the notes and timelines go (default: a temporary "
+                    "folder, named at the end)")
+    args = ap.parse_args()
+    sl.loop_setup(ap, args)
+    pin, workers = args.pin, args.workers
     out = args.out or Path(tempfile.mkdtemp(prefix="kern-timeline-"))
     out.mkdir(parents=True, exist_ok=True)
     os.environ["KERN_TIMELINE"] = str(out / "notes")
-    if pin:
-        os.sched_setaffinity(0, sl.client_cpus())
     trace()
     alone = sl.Alone(args.target, args.backend, args.streams, args.max_tokens, args.prompt_tokens, [], args.rounds)
     if pin:
