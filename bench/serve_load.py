@@ -324,6 +324,7 @@ def loop_args(ap: argparse.ArgumentParser) -> None:
                     "half the CPUs, at most 8")
     ap.add_argument("--rounds", type=int, default=4, help="requests each stream sends one after another (the "
                     "engine alone keeps the same number in flight): one round is mostly ramp-up and tail")
+    ap.add_argument("--serve-flag", action="append", default=[], help="an extra kern serve flag (repeatable)")
     ap.add_argument("--pin", action=argparse.BooleanOptionalAction, default=None, help="the server's processes on "
                     "CPUs of their own (the front end on CPU 1, its first child, the engine core, on CPU 0, where "
                     "the engine alone runs too; both processes' ZeroMQ I/O threads on CPU 2; this process and the "
@@ -347,7 +348,6 @@ def loop_setup(ap: argparse.ArgumentParser, args) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     loop_args(ap)
-    ap.add_argument("--serve-flag", action="append", default=[], help="an extra kern serve flag (repeatable)")
     ap.add_argument("--repeats", type=int, default=3, help="each measurement this many times, interleaved (engine "
                     "alone, HTTP, streaming, ...; the engine alone once more at the end): the table gives medians")
     args = ap.parse_args()

@@ -4,7 +4,7 @@ running and waiting) for the engine alone and for one `kern serve` under HTTP lo
 
     python bench/serve_timeline.py [--target toy-paged] [--backend cpu|gpu] [--streams 64]
                                    [--max-tokens 256] [--prompt-tokens 32] [--rounds 4] [--workers N]
-                                   [--[no-]pin] [--out DIR]
+                                   [--[no-]pin] [--serve-flag=...] [--out DIR]
 
 The same closed loop as bench/serve_load.py (its `Alone`, its clients, its pinning): `--streams`
 requests in flight, each replaced by the next as it ends, `--rounds` each. The server is this
@@ -112,7 +112,8 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     os.environ["KERN_TIMELINE"] = str(out / "notes")
     trace()
-    alone = sl.Alone(args.target, args.backend, args.streams, args.max_tokens, args.prompt_tokens, [], args.rounds)
+    alone = sl.Alone(args.target, args.backend, args.streams, args.max_tokens, args.prompt_tokens, args.serve_flag,
+                     args.rounds)
     if pin:
         alone.cpu = 0
     alone.run()
@@ -124,7 +125,7 @@ def main() -> None:
         spans.append((f"alone-{k + 1}", t0, t1, round(tok * (t1 - t0))))
     _flush()
     launch.own_kern = lambda: [sys.executable, str(Path(__file__).resolve()), "--as-kern"]
-    proc, url = sl.start_server(args.target, args.backend, args.streams, out / "serve.log", [],
+    proc, url = sl.start_server(args.target, args.backend, args.streams, out / "serve.log", args.serve_flag,
                                 sl.capacity(args.streams, args.max_tokens, args.prompt_tokens))
     try:
         if pin:
