@@ -6,12 +6,13 @@
 # Each step's log goes under OUT; a short table is printed last.
 #
 #   bash bench/serving.sh [OUT]    # OUT defaults to $OUT, else /tmp/kern-serving
-#   BACKEND=gpu STREAMS=64 TOKENS=256 ROUNDS=4 REPEATS=3 RUNS=2 (the defaults); WORKERS=n client processes
+#   BACKEND=gpu STREAMS=64 TOKENS=256 ROUNDS="4 16" (serve_load at each) REPEATS=3 RUNS=2 (the defaults);
+#   WORKERS=n client processes
 #   (default: serve_load's, one per CPU the clients get when pinned); TIMELINE=0 skips serve_timeline.py
 #
 # Nothing here installs anything: the caller puts kern's dependencies on the path first.
 source "$(dirname "$0")/script_env.sh" /tmp/kern-serving "$@"
-BACKEND="${BACKEND:-gpu}" STREAMS="${STREAMS:-64}" TOKENS="${TOKENS:-256}" ROUNDS="${ROUNDS:-4}"
+BACKEND="${BACKEND:-gpu}" STREAMS="${STREAMS:-64}" TOKENS="${TOKENS:-256}" ROUNDS="${ROUNDS:-4 16}"
 REPEATS="${REPEATS:-3}" RUNS="${RUNS:-2}"
 TARGETS=toy-paged,toy-stateful,toy-spec,toy-stateful-spec,toy-big,toy-float,toy-layers
 
@@ -20,13 +21,15 @@ timeout 300 "$PY" bench/engine_step.py --backend "$BACKEND" --seqs "$STREAMS" --
 timeout 300 "$PY" -m e2e.cli --backend "$BACKEND" --max-tokens "$TOKENS" --targets "$TARGETS" --out "$OUT/e2e" \
   > "$OUT/gate.log" 2>&1
 echo "gate exit $?" >> "$OUT/gate.log"
-for i in $(seq 1 "$RUNS"); do
-  timeout 600 "$PY" bench/serve_load.py --backend "$BACKEND" --streams "$STREAMS" --max-tokens "$TOKENS" \
-    ${WORKERS:+--workers "$WORKERS"} --rounds "$ROUNDS" --repeats "$REPEATS" > "$OUT/serve-load-$i.log" 2>&1
+for r in $ROUNDS; do  # a few rounds: the clients' waves still together; many: as they drift apart
+  for i in $(seq 1 "$RUNS"); do
+    timeout 600 "$PY" bench/serve_load.py --backend "$BACKEND" --streams "$STREAMS" --max-tokens "$TOKENS" \
+      ${WORKERS:+--workers "$WORKERS"} --rounds "$r" --repeats "$REPEATS" > "$OUT/serve-load-r$r-$i.log" 2>&1
+  done
 done
 if [ "${TIMELINE:-1}" = 1 ]; then  # where a served round loses to the engine alone, iteration by iteration
   timeout 300 "$PY" bench/serve_timeline.py --backend "$BACKEND" --streams "$STREAMS" --max-tokens "$TOKENS" \
-    --rounds "$ROUNDS" --runs 1 --out "$OUT/timeline" > "$OUT/timeline.log" 2>&1
+    --rounds "${ROUNDS##* }" --runs 1 --out "$OUT/timeline" > "$OUT/timeline.log" 2>&1
 fi
 
 "$PY" - "$OUT" <<'PY'
