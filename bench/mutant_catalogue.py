@@ -258,8 +258,8 @@ CATALOGUE: tuple[Mutant, ...] = (
            ("metrics_host",), ("toy-paged",),
            "LMCache/vLLM offload: prefix-cache hits that count only GPU hits (hits loaded from the CPU tier lost)"),
     Mutant("request-length-histogram-off-by-one", "serve/metrics.py",
-           "        m.request_generation.observe(self.generated)\n",
-           "        m.request_generation.observe(max(self.generated - 1, 0))\n",
+           "        put(m.request_generation, self.generated)\n",
+           "        put(m.request_generation, max(self.generated - 1, 0))\n",
            ("metrics_default",), ("toy-paged",),
            "vLLM: request_generation_tokens observed without the stop token (the histogram's sum short)"),
     # --- request parameters (issue 25) ---

@@ -228,3 +228,41 @@ def test_a_non_emitting_prefill_call_is_timed_without_waiting():
     assert len(timed) == 3 and not t.unsettled and t.kernel > t.decode_kernel > 0
     assert t.kernel == pytest.approx(sum(elapsed(a, b) for a, b in timed) / 1000.0)
     assert step[0].tokens == model.generate(p, 1, m.raw)
+
+
+def test_two_finishes_apart_rewrite_two_runs_of_rows():
+    """Two sequences of a decode batch end together at rows 1 and 3; the batch's last sequence takes
+    row 3 and a newcomer row 1 (the core's swap-remove and a join in one iteration): the page-table
+    rows rewritten are two runs apart, and both must reach the device (a commit that copied only the
+    first run, vLLM V1's bug, left row 3 reading the finished sequence's pages). Every answer is the
+    model's."""
+    from runtime.runtime import Runtime
+
+    m, w = target("toy-paged")
+    rt = Runtime(m, w, pages=32, max_seqs=8)
+    rt.set_pad(0, None)
+    prompts = [list(b"lighthouse"), list(b"risotto!"), list(b"hash map"), list(b"the keeper"), list(b"eleven days"),
+               list(b"a newcomer")]
+    pages = [[1 + 2 * i, 2 + 2 * i] for i in range(len(prompts))]
+    pos, anchor, out = {}, {}, {i: [] for i in range(len(prompts))}
+    for i, p in enumerate(prompts):
+        rt.step("prefill", [Cell(pages[i], None, p[:-1], 0)])
+        pos[i], anchor[i] = len(p) - 1, p[-1]
+
+    def decode(batch):
+        step = [Cell(pages[i], None, [anchor[i]], pos[i]) for i in batch]
+        rt.step("decode", step)
+        for i, c in zip(batch, step):
+            pos[i] += 1
+            anchor[i] = c.tokens[0]
+            out[i].append(c.tokens[0])
+
+    for _ in range(2):
+        decode([0, 1, 2, 3, 4])
+    decode([0, 5, 2, 4])  # 1 and 3 ended: the newcomer at row 1, the last (4) moved to row 3
+    assert rt.resident.dirty == [(1, 2), (3, 4)]
+    for _ in range(2):
+        decode([0, 5, 2, 4])
+    for i, got in out.items():
+        want = model.generate(prompts[i], 8, m.raw)
+        assert got[: len(want)] == want[: len(got)] and (len(got) <= len(want) or got[len(want)] == model.EOS), i
