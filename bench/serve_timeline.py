@@ -46,7 +46,9 @@ def _flush() -> None:
 
 
 def trace() -> None:
-    """Wrap `Core.run` to note each iteration (appended to KERN_TIMELINE.<pid> every 256)."""
+    """Wrap `Core.run` to note each iteration (appended to KERN_TIMELINE.<pid> every 256, and whenever
+    the core is left with nothing to run: the engine core process ends with `os._exit`, which runs no
+    exit handler)."""
     import atexit
 
     import serve.core as core
@@ -58,7 +60,7 @@ def trace() -> None:
         run(self, plan)
         NOTES.append((t0, time.perf_counter(), len(plan.prefill), len(plan.step), len(self.running),
                       len(self.waiting)))
-        if len(NOTES) >= 256:
+        if len(NOTES) >= 256 or not self.running and not self.waiting:
             _flush()
 
     core.Core.run = traced
