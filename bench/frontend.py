@@ -36,6 +36,10 @@ class Answering:
     """A scheduler that answers at once: `chunks` updates of one token, one a loop turn."""
 
     on_loop = True
+    holds_whole = False
+
+    def measure(self, meter) -> None:
+        pass
 
     def __init__(self, chunks: int) -> None:
         self.chunks = chunks

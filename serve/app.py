@@ -44,9 +44,7 @@ def make_app(scheduler: Scheduler, engine: Engine, api_key: str | None = None, l
     app.state.ctx = Served(scheduler, engine, meter, limits or Limits(), limit_log or logs.Limiter(), api_key,
                            protect_stats, sampling, created=int(time.time()))
     app.state.metrics = meter
-    measure = getattr(scheduler, "measure", None)  # a scheduler in another process counts into this app's metrics
-    if measure is not None:
-        measure(meter)
+    scheduler.measure(meter)  # a scheduler in another process counts the tokens it held into this app's metrics
     app.add_exception_handler(ApiError, _api_error)
     app.add_exception_handler(ClientDisconnect, _hung_up)
     app.add_exception_handler(RequestValidationError, _validation)

@@ -182,9 +182,8 @@ class Bridge:
     def send_timed(self) -> None:
         """Send the held tokens' timings now (on the scheduler thread, before /metrics' snapshot is
         taken: the scrape then counts every token committed before it)."""
-        now = time.monotonic()
         if self.timed.pending():
-            self.out.send_now(pack(["u", [], self.timed.take(now)]))
+            self.out.send_now(pack(["u", [], self.timed.take(time.monotonic())]))
 
     def pull(self, wait: bool = True) -> None:
         """Handle every message waiting from the front end; without `wait`, nothing when the other

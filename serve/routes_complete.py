@@ -60,7 +60,7 @@ def _submit(c: Served, ask: Ask) -> tuple[Request, asyncio.Queue, Track]:
         outbox = c.outbox = Outbox(asyncio.get_running_loop())
     q: asyncio.Queue[Update] = asyncio.Queue()
     stops = Stops(list(ask.stop), list(ask.stop_ids), ask.include_stop) if ask.stop or ask.stop_ids else None
-    gather = None if ask.stream else Gather(q, getattr(c.scheduler, "holds_whole", False))
+    gather = None if ask.stream else Gather(q, c.scheduler.holds_whole)
     deliver = q.put_nowait if gather is None else gather
     # a scheduler in another process hands updates over on this loop (serve/frontend.py): straight in
     send = deliver if c.scheduler.on_loop else lambda u: outbox.put(deliver, u)

@@ -69,6 +69,10 @@ class Scheduler(threading.Thread):
 
     died: int | None = None  # the exit code a separate core process ended with; in process a crash ends it all
     on_loop = False  # updates reach a request's `send` on this thread, not the event loop's
+    holds_whole = False  # every update reaches the handler as the steps make it (the core in process)
+
+    def measure(self, meter) -> None:
+        """Nothing to bind: the handlers' tracks observe every update here (`make_app` calls it)."""
 
     def question(self, what: str) -> concurrent.futures.Future:
         """The answer to a question of `serve.frontend_wire.QUESTIONS`: /stats and /metrics' snapshot
