@@ -8,7 +8,7 @@ answer's JSON and its framing) and nothing else.
 A stand-in scheduler answers every request at once from the event loop (as the engine core's
 messages arrive there under `--frontend-process`): a stream gets `--chunks` updates of one token,
 one a loop turn, so each makes a chunk of its own (no folding), `--streams` streams at once; a whole
-answer gets its tokens in one update. ASGI's `send` is a list append: uvicorn's HTTP framing and the
+answer gets its `--tokens` tokens in one update. ASGI's `send` is a list append: uvicorn's HTTP framing and the
 socket are not in the figures (the server's `--frontend-process` CPU a token in bench/serve_load.py
 has them). The best of `--rounds` runs of each. Never gates CI.
 """
@@ -33,7 +33,7 @@ FACTS = {"facts": {}, "model": "toy-paged", "rows": 1, "reach": 4096, "pages": 4
 
 
 class Answering:
-    """A scheduler that answers at once: `chunks` updates of one token, one a loop turn."""
+    """A scheduler that answers at once: `chunks` updates of `per` tokens each, one a loop turn."""
 
     on_loop = True
     holds_whole = False
@@ -41,8 +41,9 @@ class Answering:
     def measure(self, meter) -> None:
         pass
 
-    def __init__(self, chunks: int) -> None:
-        self.chunks = chunks
+    def __init__(self, chunks: int, per: int = 1) -> None:
+        self.chunks, self.per = chunks, per
+        self.tokens = [[65 + (k * per + j) % 26 for j in range(per)] for k in range(chunks)]  # as msgpack hands them
         self.n = 0
 
     def name(self) -> str:
@@ -54,7 +55,7 @@ class Answering:
 
         def give(k: int) -> None:
             last = k == self.chunks - 1
-            req.send(Update([65 + k % 26], Done("length", 0, None) if last else None))
+            req.send(Update(list(self.tokens[k]), Done("length", 0, None) if last else None))
             if not last:
                 loop.call_soon(give, k + 1)
 
@@ -90,6 +91,25 @@ async def call(app, body: bytes) -> int:
     return sum(1 for m in out if m["type"] == "http.response.body" and m.get("body"))
 
 
+async def call_answer(app, body: bytes) -> tuple[list[tuple[str, str]], bytes]:
+    """One request through the app: its answer's headers and body."""
+    out: list = []
+    sent = [False]
+
+    async def receive():
+        if not sent[0]:
+            sent[0] = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        await asyncio.sleep(3600)
+
+    async def send(message) -> None:
+        out.append(message)
+
+    await app(scope_of(body), receive, send)
+    headers = [(k.decode(), v.decode()) for m in out if m["type"] == "http.response.start" for k, v in m["headers"]]
+    return headers, b"".join(m.get("body", b"") for m in out if m["type"] == "http.response.body")
+
+
 def body_of(stream: bool, tokens: int) -> bytes:
     return json.dumps({"model": "toy-paged", "prompt": list(range(32)), "max_tokens": tokens, "temperature": 0,
                        "ignore_eos": True, "return_token_ids": True, "stream": stream}).encode()
@@ -115,7 +135,7 @@ def streamed(streams: int, chunks: int, rounds: int) -> tuple[float, int]:
 
 def whole(requests: int, tokens: int, rounds: int) -> float:
     """Microseconds per whole answer (`tokens` tokens in one update), the best of `rounds`."""
-    app = make_app(Answering(1), RemoteEngine(FACTS))
+    app = make_app(Answering(1, tokens), RemoteEngine(FACTS))
     body = body_of(False, tokens)
 
     async def run() -> float:

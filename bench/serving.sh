@@ -2,7 +2,8 @@
 # Serving speed in one call, as issue 27's figures are taken on a GPU machine: the engine alone's
 # decode step split (bench/engine_step.py), the gate's time on the seven single-process targets, and
 # one `kern serve` under a closed loop of streams against the engine alone in the same run
-# (bench/serve_load.py, RUNS times), then the scheduler's iterations traced in both (bench/serve_timeline.py).
+# (bench/serve_load.py, RUNS times), then the scheduler's iterations traced in both (bench/serve_timeline.py),
+# and the front end's CPU per whole answer over a socket under each HTTP parser (bench/frontend_socket.py).
 # Each step's log goes under OUT; a short table is printed last.
 #
 #   bash bench/serving.sh [OUT]    # OUT defaults to $OUT, else /tmp/kern-serving
@@ -32,6 +33,8 @@ if [ "${TIMELINE:-1}" = 1 ]; then  # where a served round loses to the engine al
     --rounds "${ROUNDS##* }" --runs 1 --out "$OUT/timeline" > "$OUT/timeline.log" 2>&1
 fi
 
+timeout 120 "$PY" bench/frontend_socket.py --seconds 3 > "$OUT/frontend-socket.log" 2>&1  # the front end alone
+
 "$PY" - "$OUT" <<'PY'
 import glob, re, sys
 out = sys.argv[1]
@@ -51,6 +54,12 @@ for path in sorted(glob.glob(f"{out}/serve-load-*.log")):
         if len(cells) > 8 and cells[0] in ("engine alone", "HTTP", "HTTP streaming"):
             print(f"  {cells[0]:15} {cells[1]:>9} tok/s  x{cells[2]:>5}  range {cells[3]:>17}  ITL p50 {cells[6]:>5}"
                   f"  {cells[9]}")
+if glob.glob(f"{out}/frontend-socket.log"):
+    print("== the front end over a socket, server CPU per whole answer (bench/frontend_socket.py)")
+    for line in open(f"{out}/frontend-socket.log"):
+        cells = [c.strip() for c in line.split("|")[1:-1]]
+        if len(cells) == 4 and cells[1][:1].isdigit():
+            print(f"  {cells[0]:21} {cells[1]:>7} us  floor/server {cells[2]}")
 if glob.glob(f"{out}/timeline.log"):
     print("== the scheduler's iterations (bench/serve_timeline.py)")
     for line in open(f"{out}/timeline.log"):

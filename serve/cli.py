@@ -126,6 +126,7 @@ def bind(host: str, port: int):
 @click.option("--metrics-prefix", "metrics_prefix", default="kern", show_default=True, type=click.Choice(["kern", "vllm"]), help="Name the /metrics that mirror vLLM's `vllm:` with vLLM's labels (model_name, engine), so a vLLM Grafana dashboard works unchanged (docs/grafana/); kern's own stay `kern:` (docs/metrics.md).")
 @click.option("--fault", "faults", multiple=True, type=click.Choice(sorted(FAULTS)), help=f"Misbehave on purpose, for testing the gate (repeatable). {_FAULT_HELP}.")
 @click.option("--frontend-process/--no-frontend-process", "frontend_process", default=None, help="Run the engine core (the scheduler thread, the runtime, the pool) in a process of its own, forked before the load, and the HTTP front end (replies, SSE, /metrics' histograms) in this one, so they do not share one interpreter lock; they speak msgpack over ZeroMQ (docs/serve.md). Default: on for a GPU (--backend gpu, or auto where an NVIDIA driver is loaded), else off unless KERN_FRONTEND_PROCESS=1. Not in a pipeline stage (--pp-head) or a warm host's command (served in process).")
+@click.option("--http", "http", default="auto", show_default=True, type=click.Choice(["auto", "httptools", "h11"]), help="The HTTP/1.1 parser: httptools (C, llhttp; a whole answer costs the front end about half of h11's time), h11 (pure Python), or auto: httptools where it is installed. The connection limits above hold under both (docs/serve.md).")
 @click.option("--log-level", "log_level", default=None, type=click.Choice(["debug", "info", "warn", "error"]),
               help="Write log lines at this level or above (default: info, or the kern_serve level RUST_LOG names, as the Rust kern gate driver sets it; the gates read debug lines: e2e sets RUST_LOG=kern_serve=debug too).")
 @click.pass_context
@@ -134,7 +135,7 @@ def serve_command(ctx, target, port, host, capacity, host_gib, max_seqs, chunk, 
                   pp_timeout, pp_bind, pp_parent, pp_share, faults, protect_stats, drain_timeout,
                   max_connections, header_timeout, body_timeout, keep_alive, max_body_bytes, max_tokenize_tokens, log_level=None, sampling="refuse",
                   host_chunk=None, stage_connect=None, metrics_prefix="kern", max_per_client=_D.max_per_client,
-                  pp_restart=True, frontend_process=None) -> None:
+                  pp_restart=True, frontend_process=None, http="auto") -> None:
     """Serve TARGET (a config target name or a manifest path) over OpenAI-compatible HTTP.
 
     Every start-up error is one line on stderr, `kern serve: error: ...`, naming the flag or file.
@@ -160,6 +161,7 @@ def serve_command(ctx, target, port, host, capacity, host_gib, max_seqs, chunk, 
     phases = Phases()  # the ready line's start_s and its split
     limits = _limits(max_connections, header_timeout, body_timeout, keep_alive, max_body_bytes, max_tokenize_tokens,
                      drain_timeout, max_per_client, keyless_stats=protect_stats and api_key is None)
+    http = _parser(http)  # before the load: a parser that is not installed fails in a second
     from serve import hosted
 
     logs.set_level(log_level or logs.level_from_env(hosted.getenv("RUST_LOG")) or "info")
@@ -170,12 +172,9 @@ def serve_command(ctx, target, port, host, capacity, host_gib, max_seqs, chunk, 
                    graphs=not no_graphs, pack=not no_pack, host_chunk=host_chunk)
     errors = _load_errors()
     if host_chunk is not None and ((stages or 1) > 1 or pp_head or pp_listen):
-        click.echo("kern serve: error: --host-chunk-bytes is for single-process servers (not --stages, --pp-head "
-                   "or --pp-listen)", err=True)
-        sys.exit(2)
+        fail("--host-chunk-bytes is for single-process servers (not --stages, --pp-head or --pp-listen)")
     if pp_timeout <= 0:
-        click.echo(f"kern serve: error: --pp-timeout {pp_timeout} must be positive", err=True)
-        sys.exit(2)
+        fail(f"--pp-timeout {pp_timeout} must be positive")
     if pp_head is not None:
         from serve.pipeline.stage import StageOptions, serve_stage
 
@@ -205,7 +204,7 @@ def serve_command(ctx, target, port, host, capacity, host_gib, max_seqs, chunk, 
 
     engine, head, scheduler = _start(load, _split(frontend_process, backend), stats_every, phases, sock)
     code = run(engine, host, port, api_key, stats_every, limits, protect_stats, sock, sampling=sampling, phases=phases,
-               metrics_prefix=metrics_prefix, scheduler=scheduler)
+               metrics_prefix=metrics_prefix, scheduler=scheduler, http=http)
     if head is not None:
         head.stop()
     sys.exit(code)
@@ -278,6 +277,16 @@ def _limits(*values, keyless_stats: bool) -> Limits:
     return limits
 
 
+def _parser(http: str) -> str:
+    """The HTTP parser --http names, installed; one line and exit 2 when it is not."""
+    from serve.guard import parser
+
+    try:
+        return parser(http)
+    except ValueError as exc:
+        fail(exc)
+
+
 def _load_errors() -> tuple[type[Exception], ...]:
     """What a target that cannot be served raises while it loads: each one line, exit 2."""
     from manifests import ManifestError
@@ -295,11 +304,11 @@ def _load_errors() -> tuple[type[Exception], ...]:
 
 def run(engine, host: str, port: int, api_key: str | None, stats_every: float = 5.0, limits: Limits = _D,
         protect_stats: bool = False, sock=None, sampling: str = "refuse", phases=None, metrics_prefix: str = "kern",
-        scheduler=None) -> int:
+        scheduler=None, http: str = "auto") -> int:
     """Serve until a signal; the exit code. `sock`: the listening socket (`bind`), else bound here.
     `phases` (`serve.startup.Phases`): the start so far, whose split the ready line gives;
     `metrics_prefix`: --metrics-prefix; `scheduler`: one already started (the engine core's process
-    stand-in, `serve.frontend.RemoteScheduler`), else one is started here."""
+    stand-in, `serve.frontend.RemoteScheduler`), else one is started here; `http`: --http."""
     import logging
 
     import uvicorn
@@ -314,12 +323,13 @@ def run(engine, host: str, port: int, api_key: str | None, stats_every: float = 
         scheduler = start_scheduler(engine, stats_every, phases)
 
     limit_log = logs.Limiter()
-    Server = _server_type(uvicorn, engine, host, port, phases, limit_log, limits, scheduler)
+    http = guard.parser(http)
+    Server = _server_type(uvicorn, engine, host, port, phases, limit_log, limits, scheduler, http)
     app = make_app(scheduler, engine, api_key, limits, limit_log, protect_stats, sampling=sampling,
                    metrics_prefix=metrics_prefix)
     # past the drain's deadline every handler has its answer or its 503; the grace is for writing them
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False, lifespan="off",
-                            http=guard.protocol(limits, limit_log), timeout_keep_alive=limits.keep_alive,
+                            http=guard.protocol(limits, limit_log, http), timeout_keep_alive=limits.keep_alive,
                             timeout_graceful_shutdown=limits.drain_timeout + GRACE_S)
     filters = [(logging.getLogger(name), limit_log.logging_filter(name.replace(".error", "")))
                for name in ("uvicorn.error", "asyncio")]
@@ -384,7 +394,7 @@ def ready_fields(engine) -> dict:
     return ready
 
 
-def _server_type(uvicorn, engine, host: str, port: int, phases, limit_log, limits: Limits, scheduler):
+def _server_type(uvicorn, engine, host: str, port: int, phases, limit_log, limits: Limits, scheduler, http: str):
     """uvicorn's server with our start (the `serving` line, the limiter's flusher, event-loop errors
     through the limiter) and our drain (the scheduler's, logged); `drained` says whether it finished."""
     from serve import logs
@@ -402,7 +412,7 @@ def _server_type(uvicorn, engine, host: str, port: int, phases, limit_log, limit
                 bound = [s.getsockname()[1] for srv in self.servers for s in srv.sockets]
                 phases.mark("http")
                 logs.event("serving", model=engine.model, host=host, port=bound[0] if bound else port,
-                           start_s=phases.as_fields()["start_s"])
+                           start_s=phases.as_fields()["start_s"], http=http)
                 self.flusher = loop.create_task(_flush_every(limit_log))
 
         async def shutdown(self, sockets=None) -> None:

@@ -1,9 +1,9 @@
 """Bounds on what clients can hold: connections, read deadlines, body and /tokenize sizes (the flags
 of `kern serve`), and the HTTP protocol that enforces the connection-level ones.
 
-uvicorn (h11) has a keep-alive idle timeout but no deadline for reading a request's headers or body,
-and it accepts every connection the kernel hands it. `protocol(limits, limit_log)` returns its h11
-protocol with three additions:
+uvicorn has a keep-alive idle timeout but no deadline for reading a request's headers or body, and it
+accepts every connection the kernel hands it. `protocol(limits, limit_log, http)` returns its HTTP
+protocol (httptools' C parser where installed, or h11's pure Python one: `--http`) with these additions:
 
 - over `max_connections` open connections, or over `max_per_client` from one peer address, a new one is
   answered a 503 at once and closed (the file descriptors stay bounded, whatever the clients do);
@@ -17,7 +17,8 @@ protocol with three additions:
 - a request's headers must arrive within `header_timeout` seconds of its first byte (or of the
   connection opening), else a 408 and the connection closes;
 - its body must arrive within `body_timeout` seconds of its headers, else a 408 (when nothing was
-  answered yet) and the connection closes; the handler reading it sees a disconnect.
+  answered yet) and the connection closes; the handler reading it sees a disconnect;
+- its head is at most `HEAD_LIMIT` bytes (h11 bounds it itself, a 400; under httptools a 431 here).
 
 Each closing goes through the per-reason log limiter, never one line per connection.
 """
@@ -35,10 +36,11 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from serve.logs import Limiter
 
-__all__ = ["Limits", "Peers", "fit_descriptors", "protocol", "raw_response"]
+__all__ = ["Limits", "Peers", "fit_descriptors", "parser", "protocol", "raw_response"]
 
 LINGER_S = 1.0  # a refused connection is read and dropped this long, so the client sees its 503
 LINGER_BODY_S = 5.0  # a connection answered before its body arrived drains it this long at most
+HEAD_LIMIT = 16 * 1024  # a request's head at most, bytes, unless uvicorn's config says otherwise (h11's default)
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,16 +95,38 @@ def raw_response(status: int, reason: str, message: str, code: str, type: str = 
     return head + body
 
 
-def protocol(limits: Limits, limit_log: Limiter) -> type[H11Protocol]:
-    """uvicorn's h11 protocol bounded by `limits` (pass it as `uvicorn.Config(http=...)`)."""
+def protocol(limits: Limits, limit_log: Limiter, http: str = "auto") -> type:
+    """uvicorn's HTTP protocol bounded by `limits` (pass it as `uvicorn.Config(http=...)`): `http`
+    "httptools" (its C parser), "h11" (pure Python), or "auto", httptools where it is installed.
+    ValueError naming the flag when httptools is asked for and missing."""
+    base = GuardedH11 if parser(http) == "h11" else _httptools_guarded()
     spare = max(64, limits.max_connections // 4)  # refused connections that may linger at once
-    return type("Guarded", (Guarded,), {"limits": limits, "limit_log": staticmethod(limit_log), "peers": Peers(),
-                                        "spare": spare})
+    return type("Guarded", (base,), {"limits": limits, "limit_log": staticmethod(limit_log), "peers": Peers(),
+                                     "spare": spare})
 
 
-class Guarded(H11Protocol):
-    """uvicorn's h11 protocol under the connection limits; `protocol()` binds a subclass to one server's
-    limits, its log limiter and the count of who holds what (class attributes, set once)."""
+def parser(http: str) -> str:
+    """The HTTP parser `--http` names ("auto": httptools where it is installed, else h11)."""
+    if http not in ("auto", "httptools", "h11"):
+        raise ValueError(f"--http must be auto, httptools or h11, got {http!r}")
+    if http == "h11":
+        return "h11"
+    try:
+        import httptools  # noqa: F401
+    except ImportError:
+        if http == "httptools":
+            raise ValueError("--http httptools: the httptools package is not installed (pip install httptools), "
+                             "or use --http h11") from None
+        return "h11"
+    return "httptools"
+
+
+class Guarded:
+    """The connection limits over one of uvicorn's HTTP protocols (a subclass puts it first, then the
+    protocol); `protocol()` binds a subclass to one server's limits, its log limiter and the count of
+    who holds what (class attributes, set once). The subclass says where the request being read stands
+    (`_reading`: "idle", "head", "body" or "" when the whole request is in) and whether the connection
+    is silent between requests (`_silent`)."""
 
     limits: Limits
     limit_log: Limiter
@@ -156,7 +180,7 @@ class Guarded(H11Protocol):
     def on_response_complete(self) -> None:
         super().on_response_complete()
         self._follow()
-        if self.conn.their_state is h11.IDLE and not self.conn.trailing_data[0]:
+        if self._silent():
             self.peers.idle(self)
 
     def connection_lost(self, exc) -> None:
@@ -168,7 +192,7 @@ class Guarded(H11Protocol):
 
     def linger(self) -> bool:
         """Close gently when the request's body is still arriving (see `_Gentle.close`)."""
-        if self._refused or self._lingering or self.conn.their_state is not h11.SEND_BODY:
+        if self._refused or self._lingering or self._reading() != "body":
             return False
         if self.peers.lingering >= self.spare or not self.transport.can_write_eof():
             return False
@@ -183,13 +207,13 @@ class Guarded(H11Protocol):
         if self.transport.is_closing():
             self._disarm()
             return
-        state = self.conn.their_state
-        if state is h11.IDLE:
-            if self.conn.trailing_data[0]:  # part of the next request's head is in
-                self._arm("header_timeout", self.limits.header_timeout)
-            elif self._deadline_for == "body_timeout":
+        state = self._reading()
+        if state == "head":  # part of a request's head is in
+            self._arm("header_timeout", self.limits.header_timeout)
+        elif state == "idle":
+            if self._deadline_for == "body_timeout":
                 self._disarm()  # idle between requests: uvicorn's keep-alive timer takes over
-        elif state is h11.SEND_BODY:
+        elif state == "body":
             self._arm("body_timeout", self.limits.body_timeout)
         else:
             self._disarm()
@@ -331,3 +355,74 @@ class _Gentle:
         self._t.write_eof()
         self._t.resume_reading()
         self._conn.loop.call_later(LINGER_BODY_S, self._t.close)
+
+
+class GuardedH11(Guarded, H11Protocol):
+    """The limits over uvicorn's h11 protocol: where a request stands is h11's state of the client."""
+
+    def _reading(self) -> str:
+        state = self.conn.their_state
+        if state is h11.IDLE:
+            return "head" if self.conn.trailing_data[0] else "idle"
+        return "body" if state is h11.SEND_BODY else ""
+
+    def _silent(self) -> bool:
+        return self.conn.their_state is h11.IDLE and not self.conn.trailing_data[0]
+
+
+def _httptools_guarded() -> type:
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+    class GuardedHttpTools(Guarded, HttpToolsProtocol):
+        """The limits over uvicorn's httptools protocol: where a request stands is followed through
+        the parser's callbacks. A request's head is bounded as h11 bounds it (uvicorn's
+        `h11_max_incomplete_event_size`, 16 KiB): llhttp itself sets no limit, so a head that grows
+        past it is answered a 431 and the connection closes."""
+
+        _phase = "idle"
+        _begun = _answered = _head_bytes = 0
+
+        def _reading(self) -> str:
+            return self._phase
+
+        def _silent(self) -> bool:
+            return self._phase == "idle" and self._begun == self._answered
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            if self._phase == "head" and not self._refused and not self._lingering:
+                self._head_bytes += len(data)
+                if self._head_bytes > self._head_limit() and not self.transport.is_closing():
+                    self._head_too_large()
+
+        def _head_limit(self) -> int:
+            return self.config.h11_max_incomplete_event_size or HEAD_LIMIT
+
+        def _head_too_large(self) -> None:
+            limit = self._head_limit()
+            self.limit_log("connection closed", "WARN", reason="header_too_large", bytes=self._head_bytes)
+            self._disarm()
+            self.transport.write(raw_response(431, "Request Header Fields Too Large", f"the request's head is "
+                                              f"over {limit} bytes", "header_too_large"))
+            self.transport.close_now()
+
+        def on_message_begin(self) -> None:
+            super().on_message_begin()
+            self._begun += 1
+            self._phase, self._head_bytes = "head", 0
+
+        def on_headers_complete(self) -> None:
+            super().on_headers_complete()
+            self._phase = "body"
+
+        def on_message_complete(self) -> None:
+            super().on_message_complete()
+            self._phase = ""
+
+        def on_response_complete(self) -> None:
+            self._answered += 1
+            if self._phase == "" and self._begun == self._answered:
+                self._phase = "idle"
+            super().on_response_complete()
+
+    return GuardedHttpTools

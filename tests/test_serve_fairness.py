@@ -51,11 +51,12 @@ def server(tmp_path_factory):
     s.stop()
 
 
-@pytest.fixture(scope="module")
-def small(tmp_path_factory):
-    """A cap of 24 connections, all of which one client may hold: only shedding lets others in."""
+@pytest.fixture(scope="module", params=["httptools", "h11"])
+def small(request, tmp_path_factory):
+    """A cap of 24 connections, all of which one client may hold: only shedding lets others in (under
+    each HTTP parser: which connections are silent is read off the parser's state)."""
     s = start_server("toy-paged", "--max-connections", "24", "--max-connections-per-client", "24",
-                     log_path=tmp_path_factory.mktemp("fair-small") / "server.log")
+                     "--http", request.param, log_path=tmp_path_factory.mktemp("fair-small") / "server.log")
     yield s
     s.stop()
 

@@ -194,14 +194,16 @@ KEY = "sk-hostile"
 MAX_CONNECTIONS = 6
 
 
-@pytest.fixture(scope="module")
-def bounded(tmp_path_factory):
+@pytest.fixture(scope="module", params=["httptools", "h11"])
+def bounded(request, tmp_path_factory):
+    """Tight limits, under each HTTP parser (serve/guard.py holds the limits over both)."""
     from conftest import start_server
 
     s = start_server("toy-paged", "--api-key", KEY, "--protect-stats", "--max-connections", str(MAX_CONNECTIONS),
                      "--header-timeout", "1", "--body-timeout", "1", "--keep-alive", "1",
-                     "--max-body-bytes", "65536", "--max-tokenize-tokens", "1000",
+                     "--max-body-bytes", "65536", "--max-tokenize-tokens", "1000", "--http", request.param,
                      log_path=tmp_path_factory.mktemp("bounded") / "server.log")
+    s.http = request.param
     yield s
     s.stop()
 
@@ -292,6 +294,27 @@ def test_half_sent_headers_and_bodies_are_not_held(bounded):
     assert _status(raw) == 200 and raw.count(b"HTTP/1.1 ") == 1
     s.close()
     assert "Traceback" not in bounded.log()
+
+
+def test_a_head_that_keeps_growing_is_cut_off(bounded):
+    """A request's head is bounded in size as well as in time: a client that sends header lines
+    without end is answered a 4xx (a 431 under httptools, h11's 400) once its head passes 16 KiB,
+    well before --header-timeout's 408, and the connection closes; the server answers afterwards."""
+    s = _sock(bounded)
+    t0 = time.monotonic()
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")
+    try:
+        for i in range(64):  # 64 KiB of header lines, then nothing more
+            s.sendall(f"x-pad-{i}: {'a' * 1000}\r\n".encode())
+    except (BrokenPipeError, ConnectionResetError):
+        pass  # closed on us mid-send: what the cut-off does
+    raw = _read_all(s, 10)
+    s.close()
+    assert _status(raw) in (400, 431), raw[:200]
+    assert time.monotonic() - t0 < 0.9, "cut off by the 1 s header deadline, not by the head's size"
+    if bounded.http == "httptools":
+        assert _status(raw) == 431 and _body(raw)["error"]["code"] == "header_too_large"
+    assert httpx.get(bounded.url + "/health", timeout=10).status_code == 200
 
 
 def test_bodies_and_tokenize_are_bounded(bounded):
