@@ -9,8 +9,8 @@ A stand-in scheduler answers every request at once from the event loop (as the e
 messages arrive there under `--frontend-process`): a stream gets `--chunks` updates of one token,
 one a loop turn, so each makes a chunk of its own (no folding), `--streams` streams at once; a whole
 answer gets its `--tokens` tokens in one update. ASGI's `send` is a list append: uvicorn's HTTP framing and the
-socket are not in the figures (the server's `--frontend-process` CPU a token in bench/serve_load.py
-has them). The best of `--rounds` runs of each. Never gates CI.
+socket are not in the figures (bench/frontend_socket.py has them, under each HTTP parser; so does the
+server's `--frontend-process` CPU a token in bench/serve_load.py). The best of `--rounds` runs of each. Never gates CI.
 """
 
 from __future__ import annotations
@@ -91,8 +91,8 @@ async def call(app, body: bytes) -> int:
     return sum(1 for m in out if m["type"] == "http.response.body" and m.get("body"))
 
 
-async def call_answer(app, body: bytes) -> tuple[list[tuple[str, str]], bytes]:
-    """One request through the app: its answer's headers and body."""
+async def call_answer(app, body: bytes) -> tuple[list[tuple[str, str]], list[bytes]]:
+    """One request through the app: its answer's headers and body parts."""
     out: list = []
     sent = [False]
 
@@ -107,7 +107,7 @@ async def call_answer(app, body: bytes) -> tuple[list[tuple[str, str]], bytes]:
 
     await app(scope_of(body), receive, send)
     headers = [(k.decode(), v.decode()) for m in out if m["type"] == "http.response.start" for k, v in m["headers"]]
-    return headers, b"".join(m.get("body", b"") for m in out if m["type"] == "http.response.body")
+    return headers, [m["body"] for m in out if m["type"] == "http.response.body" and m.get("body")]
 
 
 def body_of(stream: bool, tokens: int) -> bytes:

@@ -55,11 +55,12 @@ for path in sorted(glob.glob(f"{out}/serve-load-*.log")):
             print(f"  {cells[0]:15} {cells[1]:>9} tok/s  x{cells[2]:>5}  range {cells[3]:>17}  ITL p50 {cells[6]:>5}"
                   f"  {cells[9]}")
 if glob.glob(f"{out}/frontend-socket.log"):
-    print("== the front end over a socket, server CPU per whole answer (bench/frontend_socket.py)")
+    print("== the front end over a socket, server CPU (bench/frontend_socket.py)")
     for line in open(f"{out}/frontend-socket.log"):
         cells = [c.strip() for c in line.split("|")[1:-1]]
-        if len(cells) == 4 and cells[1][:1].isdigit():
-            print(f"  {cells[0]:21} {cells[1]:>7} us  floor/server {cells[2]}")
+        if len(cells) == 5 and cells[1][:1].isdigit():
+            print(f"  {cells[0]:21} {cells[1]:>7} us a whole answer (floor/server {cells[2]})"
+                  f"  {cells[3]:>6} us a stream chunk (floor/server {cells[4]})")
 if glob.glob(f"{out}/timeline.log"):
     print("== the scheduler's iterations (bench/serve_timeline.py)")
     for line in open(f"{out}/timeline.log"):
