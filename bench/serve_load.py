@@ -70,6 +70,14 @@ class Alone:
         self.cpu: int | None = None  # with --pin: the CPU the server's engine core gets, this run's too
         self.runs = 0
 
+    def warm(self) -> None:
+        """One closed loop unmeasured (the first pays for first calls), then the heap frozen as a server
+        freezes its own once warm (`serve.startup.freeze_heap`): the two engines alike."""
+        from serve.startup import freeze_heap
+
+        self.run()
+        freeze_heap(say=lambda *_, **__: None)
+
     def run(self) -> tuple[float, float, dict]:
         """One closed loop: (tokens per second, CPU microseconds per token, the core's counters), on
         `cpu` alone when one is set (the server is idle meanwhile)."""
@@ -356,7 +364,7 @@ def main() -> None:
                   args.rounds)
     if args.pin:
         alone.cpu = 0  # the engine core's CPU: the two engines measured on the same one
-    alone.run()  # warm: the first run pays for first calls
+    alone.warm()
     runs: dict[str, list] = {"engine alone": [], "HTTP": [], "HTTP streaming": []}
     with tempfile.TemporaryDirectory() as tmp:
         proc, url = start_server(args.target, args.backend, args.streams, Path(tmp) / "serve.log", args.serve_flag,

@@ -319,12 +319,14 @@ def run(engine, host: str, port: int, api_key: str | None, stats_every: float = 
 
     phases = phases or Phases()
     phases.mark("imports")
+    front_end_only = scheduler is not None  # --frontend-process: the engine core is another process
     if scheduler is None:
         scheduler = start_scheduler(engine, stats_every, phases)
 
     limit_log = logs.Limiter()
     http = guard.parser(http)
     Server = _server_type(uvicorn, engine, host, port, phases, limit_log, limits, scheduler, http)
+    Server.freeze = front_end_only  # its heap, once it serves (the core's freezes after its warm-up)
     app = make_app(scheduler, engine, api_key, limits, limit_log, protect_stats, sampling=sampling,
                    metrics_prefix=metrics_prefix)
     # past the drain's deadline every handler has its answer or its 503; the grace is for writing them
@@ -372,11 +374,14 @@ def start_scheduler(engine, stats_every: float, phases):
     from serve import logs
     from serve.scheduler import Scheduler
 
+    from serve.startup import freeze_when
+
     scheduler = Scheduler(engine, stats_every)
     scheduler.start()
     scheduler.ready.wait()
     phases.mark("scheduler")
     logs.event("scheduler ready", **ready_fields(engine), **phases.as_fields())
+    freeze_when(scheduler.warm)  # the process's heap, once every program ran once
     return scheduler
 
 
@@ -401,6 +406,7 @@ def _server_type(uvicorn, engine, host: str, port: int, phases, limit_log, limit
 
     class Server(uvicorn.Server):
         drained = False
+        freeze = False  # freeze the heap once serving (the front end of --frontend-process)
 
         async def startup(self, sockets=None) -> None:
             loop = asyncio.get_running_loop()
@@ -413,6 +419,10 @@ def _server_type(uvicorn, engine, host: str, port: int, phases, limit_log, limit
                 phases.mark("http")
                 logs.event("serving", model=engine.model, host=host, port=bound[0] if bound else port,
                            start_s=phases.as_fields()["start_s"], http=http)
+                if self.freeze:
+                    from serve.startup import freeze_heap
+
+                    freeze_heap()
                 self.flusher = loop.create_task(_flush_every(limit_log))
 
         async def shutdown(self, sockets=None) -> None:

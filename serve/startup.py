@@ -9,10 +9,12 @@ to the last mark. The process's start is read from Linux's /proc; elsewhere the 
 
 from __future__ import annotations
 
+import gc
 import os
+import threading
 import time
 
-__all__ = ["Phases", "process_age"]
+__all__ = ["Phases", "freeze_heap", "freeze_when", "process_age"]
 
 
 def process_age() -> float | None:
@@ -50,3 +52,30 @@ class Phases:
         fields = {f"{k}_s": round(v, 3) for k, v in self.spans.items()}
         fields["start_s"] = round(self.last - self.origin, 3)
         return fields
+
+
+def freeze_heap(say=None) -> None:
+    """Collect once, then move every object left into the collector's permanent generation
+    (`gc.freeze`), as vLLM does after its start-up: the start's objects (modules, the app, the engine,
+    compiled kernels, ~160k on the CPU) are never traversed again, so a full collection while serving
+    scans only what was made since. Unfrozen, one such collection held a CPU server's scheduler 78 ms
+    in a 3 s closed loop. One `heap frozen` line through `say` (default: the log)."""
+    t0 = time.monotonic()
+    gc.collect()
+    gc.freeze()
+    if say is None:
+        from serve import logs
+
+        say = logs.event
+    say("heap frozen", objects=gc.get_freeze_count(), collect_s=round(time.monotonic() - t0, 3))
+
+
+def freeze_when(ready: threading.Event) -> None:
+    """`freeze_heap()` once `ready` is set (a daemon thread waits for it), in a server that is its own
+    process. Not in a host's command (serve/hosted.py): servers come and go in one host process, and a
+    stopped server's frozen objects in reference cycles would never be collected."""
+    from serve.hosted import started
+
+    if started() is not None:
+        return
+    threading.Thread(target=lambda: ready.wait() and freeze_heap(), name="freeze-heap", daemon=True).start()

@@ -96,3 +96,27 @@ def test_kern_serve_prints_the_warm_up(kern_server):
     log = s.log()
     assert " warming " in log and " warm programs=" in log
     assert log.index(" warm programs=") < log.index(" serving ") or httpx.get(s.url + "/health").status_code == 200
+
+
+@pytest.mark.parametrize("frontend_process", [False, True], ids=["in-process", "frontend-process"])
+def test_each_server_process_freezes_its_heap_once_warm(kern_server, frontend_process):
+    """A server process collects and freezes its heap once (serve/startup.py `freeze_heap`): after the
+    warm-up where it runs the engine, once serving for a front end alone; so a full collection while
+    serving scans only what was made since. The frozen objects are the start's (tens of thousands),
+    and requests are answered exactly afterwards."""
+    import re
+    import time
+
+    s = kern_server(TARGET, "--log-level", "info", *(["--frontend-process"] if frontend_process else []))
+    deadline = time.monotonic() + 30
+    want = 2 if frontend_process else 1
+    while s.log().count(" heap frozen ") < want and time.monotonic() < deadline:
+        time.sleep(0.05)
+    log = s.log()
+    frozen = [int(n) for n in re.findall(r" heap frozen objects=(\d+) ", log)]
+    assert len(frozen) == want, log[-2000:]
+    assert all(n > 10_000 for n in frozen), frozen
+    assert log.index(" warm programs=") < log.rindex(" heap frozen ")  # the engine's process: after its warm-up
+    r = httpx.post(s.url + "/v1/completions", json={"prompt": [4, 5, 6], "max_tokens": 6, "return_token_ids": True},
+                   timeout=60)
+    assert r.json()["choices"][0]["token_ids"] == oracle(TARGET, [4, 5, 6], 6)
