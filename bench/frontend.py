@@ -73,8 +73,8 @@ def scope_of(body: bytes) -> dict:
                         (b"content-length", str(len(body)).encode())], "state": {}}
 
 
-async def call(app, body: bytes) -> int:
-    """One request through the app; the number of body parts it sent."""
+async def messages(app, body: bytes) -> list[dict]:
+    """One request through the app: the ASGI messages it sent."""
     sent = [False]
     out: list = []
 
@@ -88,24 +88,17 @@ async def call(app, body: bytes) -> int:
         out.append(message)
 
     await app(scope_of(body), receive, send)
-    return sum(1 for m in out if m["type"] == "http.response.body" and m.get("body"))
+    return out
+
+
+async def call(app, body: bytes) -> int:
+    """One request through the app; the number of body parts it sent."""
+    return sum(1 for m in await messages(app, body) if m["type"] == "http.response.body" and m.get("body"))
 
 
 async def call_answer(app, body: bytes) -> tuple[list[tuple[str, str]], list[bytes]]:
     """One request through the app: its answer's headers and body parts."""
-    out: list = []
-    sent = [False]
-
-    async def receive():
-        if not sent[0]:
-            sent[0] = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        await asyncio.sleep(3600)
-
-    async def send(message) -> None:
-        out.append(message)
-
-    await app(scope_of(body), receive, send)
+    out = await messages(app, body)
     headers = [(k.decode(), v.decode()) for m in out if m["type"] == "http.response.start" for k, v in m["headers"]]
     return headers, [m["body"] for m in out if m["type"] == "http.response.body" and m.get("body")]
 
