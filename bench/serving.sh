@@ -33,7 +33,7 @@ if [ "${TIMELINE:-1}" = 1 ]; then  # where a served round loses to the engine al
     --rounds "${ROUNDS##* }" --runs 1 --out "$OUT/timeline" > "$OUT/timeline.log" 2>&1
 fi
 
-timeout 120 "$PY" bench/frontend_socket.py --seconds 3 > "$OUT/frontend-socket.log" 2>&1  # the front end alone
+timeout 120 "$PY" bench/frontend_socket.py --seconds 2 --rounds 1 > "$OUT/frontend-socket.log" 2>&1  # the front end alone
 
 "$PY" - "$OUT" <<'PY'
 import glob, re, sys
