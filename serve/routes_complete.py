@@ -103,7 +103,7 @@ class Gather:
 async def answer(request: HttpRequest, ask: Ask):
     c = ctx(request)
     req, q, track = _submit(c, ask)
-    watcher = asyncio.ensure_future(_watch(request, q))  # a hang-up reaches the queue as DISCONNECTED
+    watcher = Watcher(request, q)  # a hang-up reaches the queue as DISCONNECTED
     try:
         first = await _next(q)  # a stream's first update; a whole answer's only one (`Gather`)
     except Disconnected:
@@ -179,7 +179,7 @@ def _sse(obj: dict) -> str:
 
 
 async def stream(request: HttpRequest, q: asyncio.Queue, req: Request, reply: Reply, first: Update, track,
-                 watcher: asyncio.Future):
+                 watcher: "Watcher"):
     c = ctx(request)
     done = False
     try:
@@ -264,14 +264,31 @@ class Outbox:
             deliver(update)
 
 
+class Watcher:
+    """Until cancelled: a client that hung up puts DISCONNECTED in its request's queue, checked every
+    POLL_S off the path each token takes. The first check is after POLL_S, and the task that checks is
+    made only then: a request answered sooner (a whole answer, mostly) costs a timer, not a task and
+    its steps, nor a receive under a cancel scope."""
+
+    __slots__ = ("timer", "task")
+
+    def __init__(self, request: HttpRequest, q: asyncio.Queue) -> None:
+        self.task: asyncio.Task | None = None
+        self.timer = asyncio.get_running_loop().call_later(POLL_S, self._start, request, q)
+
+    def _start(self, request: HttpRequest, q: asyncio.Queue) -> None:
+        self.task = asyncio.ensure_future(_watch(request, q))
+
+    def cancel(self) -> None:
+        self.timer.cancel()
+        if self.task is not None:
+            self.task.cancel()
+
+
 async def _watch(request: HttpRequest, q: asyncio.Queue) -> None:
-    """Until cancelled: a client that hung up puts DISCONNECTED in its request's queue (checked every
-    POLL_S, off the path each token takes; first after POLL_S: a request answered sooner costs no
-    check, each a receive under a cancel scope)."""
-    while True:
+    """The watcher's task: a check now, then one every POLL_S, until a hang-up or its cancel."""
+    while not await request.is_disconnected():
         await asyncio.sleep(POLL_S)
-        if await request.is_disconnected():
-            break
     q.put_nowait(DISCONNECTED)
 
 

@@ -20,6 +20,7 @@ import threading
 import time
 
 import httpx
+import pytest
 
 from conftest import assert_nothing_leaked
 
@@ -90,6 +91,31 @@ def test_answers_are_the_in_process_servers(kern_server):
     assert httpx.get(split.url + "/stats/live", timeout=30).json()["running"] == 0
     assert httpx.get(split.url + "/health", timeout=30).json() == {"status": "ok"}
     assert split.stop() == 0 and plain.stop() == 0
+
+
+@pytest.mark.parametrize("frontend_process", [False, True], ids=["in-process", "frontend-process"])
+def test_a_whole_answer_whose_client_hangs_up_is_aborted(kern_server, frontend_process):
+    """A non-streamed request has nothing to write until its end, so only the hang-up watcher (its
+    first check after POLL_S, its task made only then) sees the client go: the request is aborted in
+    the core well before it would have finished, and nothing leaks."""
+    import socket
+
+    server = kern_server(TARGET, *FLAGS, "--fault", "slow-steps", *(["--frontend-process"] if frontend_process else []))
+    body = json.dumps({"prompt": "hang up on me", "max_tokens": 1500, "ignore_eos": True}).encode()
+    s = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\n"
+              b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    deadline = time.monotonic() + 20
+    while " admitted " not in server.log() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    t0 = time.monotonic()
+    s.close()
+    while " reason=abort " not in server.log() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert re.search(r" finished request=req-\d+ reason=abort ", server.log()), server.log()[-2000:]
+    assert time.monotonic() - t0 < 5, "seen by the watcher within a few of its checks"
+    assert server.stats()["counters"]["aborted"] == 1
+    assert_nothing_leaked(server)
 
 
 def test_a_hang_up_aborts_the_request_in_the_core(kern_server):
