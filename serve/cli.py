@@ -277,6 +277,11 @@ def _limits(*values, keyless_stats: bool) -> Limits:
     return limits
 
 
+def _loop_name(loop) -> str:
+    """The event loop uvicorn chose: uvloop where it is installed, else asyncio's."""
+    return "uvloop" if type(loop).__module__.startswith("uvloop") else "asyncio"
+
+
 def _parser(http: str) -> str:
     """The HTTP parser --http names, installed; one line and exit 2 when it is not."""
     from serve.guard import parser
@@ -418,7 +423,7 @@ def _server_type(uvicorn, engine, host: str, port: int, phases, limit_log, limit
                 bound = [s.getsockname()[1] for srv in self.servers for s in srv.sockets]
                 phases.mark("http")
                 logs.event("serving", model=engine.model, host=host, port=bound[0] if bound else port,
-                           start_s=phases.as_fields()["start_s"], http=http)
+                           start_s=phases.as_fields()["start_s"], http=http, loop=_loop_name(loop))
                 if self.freeze:
                     from serve.startup import freeze_heap
 
