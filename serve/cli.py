@@ -126,7 +126,7 @@ def bind(host: str, port: int):
 @click.option("--metrics-prefix", "metrics_prefix", default="kern", show_default=True, type=click.Choice(["kern", "vllm"]), help="Name the /metrics that mirror vLLM's `vllm:` with vLLM's labels (model_name, engine), so a vLLM Grafana dashboard works unchanged (docs/grafana/); kern's own stay `kern:` (docs/metrics.md).")
 @click.option("--fault", "faults", multiple=True, type=click.Choice(sorted(FAULTS)), help=f"Misbehave on purpose, for testing the gate (repeatable). {_FAULT_HELP}.")
 @click.option("--frontend-process/--no-frontend-process", "frontend_process", default=None, help="Run the engine core (the scheduler thread, the runtime, the pool) in a process of its own, forked before the load, and the HTTP front end (replies, SSE, /metrics' histograms) in this one, so they do not share one interpreter lock; they speak msgpack over ZeroMQ (docs/serve.md). Default: on for a GPU (--backend gpu, or auto where an NVIDIA driver is loaded), else off unless KERN_FRONTEND_PROCESS=1. Not in a pipeline stage (--pp-head) or a warm host's command (served in process).")
-@click.option("--http", "http", default="auto", show_default=True, type=click.Choice(["auto", "httptools", "h11"]), help="The HTTP/1.1 parser: httptools (C, llhttp; a whole answer costs the front end about half of h11's time), h11 (pure Python), or auto: httptools where it is installed. The connection limits above hold under both (docs/serve.md).")
+@click.option("--http", "http", default="auto", show_default=True, type=click.Choice(["auto", "httptools", "h11"]), help="The HTTP/1.1 parser: httptools (C, llhttp; a whole answer costs the front end about two thirds of h11's time), h11 (pure Python), or auto: httptools where it is installed. The connection limits above hold under both (docs/serve.md).")
 @click.option("--log-level", "log_level", default=None, type=click.Choice(["debug", "info", "warn", "error"]),
               help="Write log lines at this level or above (default: info, or the kern_serve level RUST_LOG names, as the Rust kern gate driver sets it; the gates read debug lines: e2e sets RUST_LOG=kern_serve=debug too).")
 @click.pass_context
@@ -330,8 +330,8 @@ def run(engine, host: str, port: int, api_key: str | None, stats_every: float = 
 
     limit_log = logs.Limiter()
     http = guard.parser(http)
-    Server = _server_type(uvicorn, engine, host, port, phases, limit_log, limits, scheduler, http)
-    Server.freeze = front_end_only  # its heap, once it serves (the core's freezes after its warm-up)
+    # a front end alone freezes its heap once it serves (the core's process froze its own after its warm-up)
+    Server = _server_type(uvicorn, engine, host, port, phases, limit_log, limits, scheduler, http, front_end_only)
     app = make_app(scheduler, engine, api_key, limits, limit_log, protect_stats, sampling=sampling,
                    metrics_prefix=metrics_prefix)
     # past the drain's deadline every handler has its answer or its 503; the grace is for writing them
@@ -378,7 +378,6 @@ def start_scheduler(engine, stats_every: float, phases):
     """The scheduler thread over `engine`, started and ready; its ready line logged."""
     from serve import logs
     from serve.scheduler import Scheduler
-
     from serve.startup import freeze_when
 
     scheduler = Scheduler(engine, stats_every)
@@ -404,14 +403,15 @@ def ready_fields(engine) -> dict:
     return ready
 
 
-def _server_type(uvicorn, engine, host: str, port: int, phases, limit_log, limits: Limits, scheduler, http: str):
+def _server_type(uvicorn, engine, host: str, port: int, phases, limit_log, limits: Limits, scheduler, http: str,
+                 freeze: bool):
     """uvicorn's server with our start (the `serving` line, the limiter's flusher, event-loop errors
-    through the limiter) and our drain (the scheduler's, logged); `drained` says whether it finished."""
+    through the limiter, with `freeze` the heap frozen) and our drain (the scheduler's, logged);
+    `drained` says whether it finished."""
     from serve import logs
 
     class Server(uvicorn.Server):
         drained = False
-        freeze = False  # freeze the heap once serving (the front end of --frontend-process)
 
         async def startup(self, sockets=None) -> None:
             loop = asyncio.get_running_loop()
@@ -424,7 +424,7 @@ def _server_type(uvicorn, engine, host: str, port: int, phases, limit_log, limit
                 phases.mark("http")
                 logs.event("serving", model=engine.model, host=host, port=bound[0] if bound else port,
                            start_s=phases.as_fields()["start_s"], http=http, loop=_loop_name(loop))
-                if self.freeze:
+                if freeze:
                     from serve.startup import freeze_heap
 
                     freeze_heap()
