@@ -344,6 +344,26 @@ def test_bodies_and_tokenize_are_bounded(bounded):
     assert r.status_code == 200 and r.json()["choices"][0]["token_ids"] == oracle("toy-paged", [1, 2, 3], 4)
 
 
+def test_pipelined_requests_are_answered_in_order(bounded):
+    """Three requests in one write (a GET, a completion, a GET) are answered in order on the one
+    connection, the completion exactly; the connection is then idle and closed after --keep-alive (under
+    httptools the guard follows each request's phases through the parser's callbacks)."""
+    body = json.dumps({"prompt": [1, 2, 3], "max_tokens": 4, "return_token_ids": True}).encode()
+    post = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nauthorization: Bearer " + KEY.encode()
+            + b"\r\ncontent-type: application/json\r\ncontent-length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    health = b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+    s = _sock(bounded)
+    t0 = time.monotonic()
+    s.sendall(health + post + health)
+    raw = _read_all(s, 10)
+    s.close()
+    parts = raw.split(b"HTTP/1.1 ")[1:]
+    assert [int(p.split(b" ", 1)[0]) for p in parts] == [200, 200, 200], raw[:600]
+    answer = json.loads(parts[1].split(b"\r\n\r\n", 1)[1])
+    assert answer["choices"][0]["token_ids"] == oracle("toy-paged", [1, 2, 3], 4)
+    assert time.monotonic() - t0 < 5, "closed after --keep-alive 1, not held"
+
+
 def test_small_findings(bounded):
     """Finding 5: a hang-up mid-body is at most one log line and no traceback; 405 carries `Allow`;
     HEAD /health answers; the auth scheme is case-insensitive; --protect-stats covers /stats and
