@@ -301,7 +301,6 @@ def test_a_head_that_keeps_growing_is_cut_off(bounded):
     without end is answered a 4xx (a 431 under httptools, h11's 400) once its head passes 16 KiB,
     well before --header-timeout's 408, and the connection closes; the server answers afterwards."""
     s = _sock(bounded)
-    t0 = time.monotonic()
     s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")
     try:
         for i in range(64):  # 64 KiB of header lines, then nothing more
@@ -310,8 +309,7 @@ def test_a_head_that_keeps_growing_is_cut_off(bounded):
         pass  # closed on us mid-send: what the cut-off does
     raw = _read_all(s, 10)
     s.close()
-    assert _status(raw) in (400, 431), raw[:200]
-    assert time.monotonic() - t0 < 0.9, "cut off by the 1 s header deadline, not by the head's size"
+    assert _status(raw) in (400, 431), raw[:200]  # not the 408 of the 1 s header deadline
     if bounded.http == "httptools":
         assert _status(raw) == 431 and _body(raw)["error"]["code"] == "header_too_large"
     assert httpx.get(bounded.url + "/health", timeout=10).status_code == 200
