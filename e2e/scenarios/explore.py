@@ -14,8 +14,9 @@ the model's name (docs/checks.md has the phases in full):
   of its pages, so what it seats depends on the layout, and such a request may be refused with
   `kv_budget_exceeded`) and one token over (400 `context_length_exceeded`);
 - paged targets that do not pack: a heap compaction, then evictions (`compaction_plan`: prefill a
-  page per call, a long prompt whose checkpoints outgrow the recency heap, then fresh prompts that
-  must each evict the coldest of conversations whose recency was shuffled);
+  page per call, a churn on a branch point whose removed entries outgrow the recency heap, a long
+  prompt that evicts everything older, then fresh prompts that must each evict the coldest of
+  conversations whose recency was shuffled);
 - a burst of prompts sent at once (packed prefill with the pool this full);
 - on a target that packs prefill and declares a context bound (`/stats` facts `pack`, `context`):
   two prompts at once whose packed call reaches the bound exactly and leaves one row of the second
@@ -130,29 +131,38 @@ def draw_pack(bound: int, chunk_max: int, rng: random.Random, emits: bool = True
 
 
 CONVERSATIONS = 6  # the compaction phase's conversations (two pages and a bit each)
+CHURN_PAGES = 4  # what the churn leaves resident: `a`'s and `b`'s entries, `x`'s two pages shared
 
 
 def compaction_plan(r) -> dict[str, Any] | None:
     """A heap compaction, then evictions (paged targets that do not pack: a checkpoint every page).
 
     The index keeps each tier's recency in a lazy heap and rebuilds it (`Prefix._compact`) once it
-    holds more than twice the tier's entries and 64: a sequence whose prefill checkpoints every page
-    (`--chunk` one page) leaves an item per page, its entry replaced each page. So: CONVERSATIONS
-    prompts of two whole pages and a bit, asked again in a shuffled order (their recency is not their
-    insertion order); a long prompt `g` of `64 + 2 * (CONVERSATIONS + 3) + 6` pages, whose prefill
-    compacts the device heap, in a pool of exactly the pad, its lease and the conversations' pages (so
-    its admission evicts everything older first); three fresh prompts `f` of three pages' lease, each
-    of which must then evict the coldest conversation (one page is left free); the conversations
-    again, whose hits and tiers tell which went. From its own PRNG (the other draws stay)."""
+    holds more than twice the tier's entries and 64: the items left behind by entries removed while
+    not the coldest. A sequence checkpointed every page grows one entry in place (no item left), so
+    the stale items come from a churn on a branch point (`churn`): a prompt `x` of two whole pages
+    whose own checkpoint lands on the node where two longer prompts `a` and `b` (`x` and a page more)
+    part, then `a` again (its hit is `x`'s entry: a prompt's last token always runs), whose
+    checkpoint a page further removes that entry by the growth rule, one stale item each round; `cycles` rounds outnumber the entries any earlier request can
+    have left resident and 64. So: CONVERSATIONS prompts of two whole pages and a bit, asked again in
+    a shuffled order (their recency is not their insertion order); the churn, whose compaction finds
+    them resident; a long prompt `g` of `64 + 2 * (CONVERSATIONS + 3) + 6` pages (the pool's size kept
+    from when its own checkpoints compacted the heap) in a pool of exactly the pad, its lease, the
+    conversations' and the churn's pages (so its admission evicts everything older than the
+    conversations first); three fresh prompts `f` of three pages' lease, each of which must then
+    evict the coldest conversation (one page is left free); the conversations again, whose hits and
+    tiers tell which went. A compaction that lost the recency evicts in some other order. From its
+    own PRNGs (the other draws stay)."""
     if getattr(r, "stateful", False) or packing(r) is not None:
         return None
     page = r.page
     rng = random.Random(f"{getattr(r.opts, 'seed', 0)}:{r.target.model}:explore:compact")
     k = 64 + 2 * (CONVERSATIONS + 3) + 6
-    return {"chunk": page, "pages": 1 + (k + 1) + 2 * CONVERSATIONS,  # the pad, the long prompt, the conversations
+    cycles = 64 + 2 * (REQUESTS + 3) + CONVERSATIONS + 3 + 8  # entries resident at most, 64, a margin
+    return {"chunk": page, "pages": 1 + (k + 1) + 2 * CONVERSATIONS + CHURN_PAGES,
             "conversations": [rng.randint(2 * page + 1, 2 * page + page // 2) for _ in range(CONVERSATIONS)],
             "touch": rng.sample(range(CONVERSATIONS), CONVERSATIONS), "g": k * page,
-            "f": [rng.randint(2 * page + 1, 3 * page - 2) for _ in range(3)]}
+            "f": [rng.randint(2 * page + 1, 3 * page - 2) for _ in range(3)], "cycles": cycles}
 
 
 def workload(r, rng: random.Random) -> list[dict[str, Any]]:
@@ -290,12 +300,29 @@ def compaction(r, e: Explore) -> None:
         e.ask(f"compaction: conversation {i + 1}", ids, 2)
     for i in p["touch"]:
         e.ask(f"compaction: conversation {i + 1} again", xs[i], 1)
+    churn(r, e, p["cycles"])
     e.ask(f"compaction: a long prompt ({p['g']} tokens, a checkpoint per page)",
           [rng.randrange(256) for _ in range(p["g"])], 1)
     for j, n in enumerate(p["f"]):
         e.ask(f"compaction: a fresh prompt that evicts {j + 1}", [rng.randrange(256) for _ in range(n)], 1)
     for i, ids in enumerate(xs):
         e.ask(f"compaction: conversation {i + 1} after the evictions", ids, 1)
+
+
+def churn(r, e: Explore, cycles: int) -> None:
+    """`compaction_plan`'s stale heap items: `x` (two whole pages) checkpointed on the node where `a`
+    and `b` part, then `a` again, whose checkpoint a page on removes `x`'s entry (the growth rule),
+    `cycles` times. Two answer tokens each: the checkpoint at a prompt's last whole page is made once
+    its last token has run."""
+    page = r.page
+    rng = random.Random(f"{getattr(r.opts, 'seed', 0)}:{r.target.model}:explore:compact:churn")
+    x = [rng.randrange(256) for _ in range(2 * page)]
+    a, b = (x + [rng.randrange(256) for _ in range(page)] for _ in range(2))
+    e.ask("compaction: churn, a", a, 2)
+    e.ask("compaction: churn, b", b, 2)
+    for c in range(cycles):
+        e.ask(f"compaction: churn {c + 1}, x", x, 2)
+        e.ask(f"compaction: churn {c + 1}, a", a, 2)
 
 
 def burst(r, e: Explore, rng: random.Random) -> None:
