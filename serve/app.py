@@ -42,7 +42,8 @@ def make_app(scheduler: Scheduler, engine: Engine, api_key: str | None = None, l
     vLLM's metric names (docs/metrics.md). `app.state.ctx.cancelled` counts handlers cancelled at
     shutdown (each answered a 503)."""
     app = Kern(title="kern", docs_url=None, redoc_url=None, openapi_url=None)
-    meter = Metrics(engine.model, engine.max_request_tokens, metrics_prefix)  # this app's own registry
+    # this app's own registry (with --frontends, every front end's values summed at each scrape)
+    meter = Metrics(engine.model, engine.max_request_tokens, metrics_prefix, shared=getattr(scheduler, "shared", None))
     app.state.ctx = Served(scheduler, engine, meter, limits or Limits(), limit_log or logs.Limiter(), api_key,
                            protect_stats, sampling, created=int(time.time()))
     app.state.metrics = meter

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import os
 import signal
 import sys
 
@@ -126,6 +127,7 @@ def bind(host: str, port: int):
 @click.option("--metrics-prefix", "metrics_prefix", default="kern", show_default=True, type=click.Choice(["kern", "vllm"]), help="Name the /metrics that mirror vLLM's `vllm:` with vLLM's labels (model_name, engine), so a vLLM Grafana dashboard works unchanged (docs/grafana/); kern's own stay `kern:` (docs/metrics.md).")
 @click.option("--fault", "faults", multiple=True, type=click.Choice(sorted(FAULTS)), help=f"Misbehave on purpose, for testing the gate (repeatable). {_FAULT_HELP}.")
 @click.option("--frontend-process/--no-frontend-process", "frontend_process", default=None, help="Run the engine core (the scheduler thread, the runtime, the pool) in a process of its own, forked before the load, and the HTTP front end (replies, SSE, /metrics' histograms) in this one, so they do not share one interpreter lock; they speak msgpack over ZeroMQ (docs/serve.md). Default: on for a GPU (--backend gpu, or auto where an NVIDIA driver is loaded), else off unless KERN_FRONTEND_PROCESS=1. Not in a pipeline stage (--pp-head) or a warm host's command (served in process).")
+@click.option("--frontends", "frontends", default=1, show_default=True, type=click.IntRange(min=1), help="HTTP front-end processes on the one port (vLLM's --api-server-count), each with its own interpreter lock for parsing, replies, SSE and /metrics' histograms, one engine core serving them all; above 1 implies --frontend-process. /metrics sums every front end's (prometheus_client's multiprocess mode); the connection limits above hold per front end (docs/serve.md). Linux.")
 @click.option("--http", "http", default="auto", show_default=True, type=click.Choice(["auto", "httptools", "h11"]), help="The HTTP/1.1 parser: httptools (C, llhttp; a whole answer costs the front end about two thirds of h11's time), h11 (pure Python), or auto: httptools where it is installed. The connection limits above hold under both (docs/serve.md).")
 @click.option("--log-level", "log_level", default=None, type=click.Choice(["debug", "info", "warn", "error"]),
               help="Write log lines at this level or above (default: info, or the kern_serve level RUST_LOG names, as the Rust kern gate driver sets it; the gates read debug lines: e2e sets RUST_LOG=kern_serve=debug too).")
@@ -135,7 +137,7 @@ def serve_command(ctx, target, port, host, capacity, host_gib, max_seqs, chunk, 
                   pp_timeout, pp_bind, pp_parent, pp_share, faults, protect_stats, drain_timeout,
                   max_connections, header_timeout, body_timeout, keep_alive, max_body_bytes, max_tokenize_tokens, log_level=None, sampling="refuse",
                   host_chunk=None, stage_connect=None, metrics_prefix="kern", max_per_client=_D.max_per_client,
-                  pp_restart=True, frontend_process=None, http="auto") -> None:
+                  pp_restart=True, frontend_process=None, http="auto", frontends=1) -> None:
     """Serve TARGET (a config target name or a manifest path) over OpenAI-compatible HTTP.
 
     Every start-up error is one line on stderr, `kern serve: error: ...`, naming the flag or file.
@@ -202,7 +204,18 @@ def serve_command(ctx, target, port, host, capacity, host_gib, max_seqs, chunk, 
             engine.model = served_model_name
         return engine, head
 
-    engine, head, scheduler = _start(load, _split(frontend_process, backend), stats_every, phases, sock)
+    split = _split(frontend_process, backend)
+    if frontends > 1:
+        from serve import hosted
+
+        if frontend_process is False:
+            fail(f"--frontends {frontends} needs the engine core in a process of its own: not with --no-frontend-process")
+        if hosted.COMMAND.get() is not None:
+            fail(f"--frontends {frontends} is not for a warm host's command (its servers are threads of one process)")
+        if not sys.platform.startswith("linux"):
+            fail(f"--frontends {frontends} needs Linux")
+        split = True
+    engine, head, scheduler = _start(load, split, stats_every, phases, sock, frontends)
     code = run(engine, host, port, api_key, stats_every, limits, protect_stats, sock, sampling=sampling, phases=phases,
                metrics_prefix=metrics_prefix, scheduler=scheduler, http=http)
     if head is not None:
@@ -210,14 +223,15 @@ def serve_command(ctx, target, port, host, capacity, host_gib, max_seqs, chunk, 
     sys.exit(code)
 
 
-def _start(load, split: bool, stats_every: float, phases, sock):
+def _start(load, split: bool, stats_every: float, phases, sock, frontends: int = 1):
     """(engine, pipeline head or None, None) loaded here, or with --frontend-process (engine's facts,
-    None, the core process's `RemoteScheduler`): the core forked, loaded and its scheduler started."""
+    None, the core process's `RemoteScheduler`): the core forked, loaded and its scheduler started;
+    with `frontends` > 1 the other front ends forked too, each returning here with its own."""
     if not split:
         return (*load(), None)
     from serve.frontend import start_core
 
-    engine, scheduler = start_core(load, lambda e: start_scheduler(e, stats_every, phases), sock)
+    engine, scheduler = start_core(load, lambda e: start_scheduler(e, stats_every, phases), sock, frontends)
     return engine, None, scheduler
 
 
@@ -366,8 +380,12 @@ def run(engine, host: str, port: int, api_key: str | None, stats_every: float = 
     scheduler.join(timeout=30)
     limit_log.flush()
     cut = scheduler.cut_off + app.state.ctx.cancelled + (0 if server.drained else 1)
-    logs.event("stopped", model=engine.model, cut_off=scheduler.cut_off, cancelled=app.state.ctx.cancelled,
-               drained=server.drained)
+    if getattr(scheduler, "index", 0) == 0:  # --frontends: the leader's line; its peers' at debug
+        logs.event("stopped", model=engine.model, cut_off=scheduler.cut_off, cancelled=app.state.ctx.cancelled,
+                   drained=server.drained)
+    else:
+        logs.event("front end stopped", "DEBUG", index=scheduler.index, cancelled=app.state.ctx.cancelled,
+                   drained=server.drained)
     return EXIT_CUT_OFF if cut else 0
 
 
@@ -422,8 +440,13 @@ def _server_type(uvicorn, engine, host: str, port: int, phases, limit_log, limit
             if self.started:
                 bound = [s.getsockname()[1] for srv in self.servers for s in srv.sockets]
                 phases.mark("http")
-                logs.event("serving", model=engine.model, host=host, port=bound[0] if bound else port,
-                           start_s=phases.as_fields()["start_s"], http=http, loop=_loop_name(loop))
+                count, index = getattr(scheduler, "count", 1), getattr(scheduler, "index", 0)
+                if index == 0:  # the leader's line: the others' follow at debug
+                    logs.event("serving", model=engine.model, host=host, port=bound[0] if bound else port,
+                               start_s=phases.as_fields()["start_s"], http=http, loop=_loop_name(loop),
+                               **({"frontends": count, "metrics_dir": scheduler.shared} if count > 1 else {}))
+                else:
+                    logs.event("front end ready", "DEBUG", index=index, pid=os.getpid())
                 if freeze:
                     from serve.startup import freeze_heap
 

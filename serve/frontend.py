@@ -23,7 +23,9 @@ from __future__ import annotations
 import asyncio
 import os
 import secrets
+import select
 import shutil
+import signal
 import sys
 import tempfile
 import threading
@@ -43,16 +45,24 @@ POLL_MS = 200
 CRASH = 101  # the exit code when the core was killed (serve/cli.py's EXIT_CRASHED)
 
 
-def start_core(build, start_scheduler, sock=None) -> tuple[RemoteEngine, RemoteScheduler]:
+def start_core(build, start_scheduler, sock=None, frontends: int = 1) -> tuple[RemoteEngine, RemoteScheduler]:
     """Fork the engine core (`build()` gives (engine, pipeline head or None) there, or exits;
     `start_scheduler(engine)` starts its scheduler and logs the ready line) and wait until it is
-    ready. A core that ends first (a target that cannot be served) ends this process with its code."""
+    ready. A core that ends first (a target that cannot be served) ends this process with its code.
+
+    With `frontends` > 1 this process forks the other front ends too (`--frontends`), before it makes
+    a thread or a ZeroMQ context: each returns from here with a `RemoteScheduler` of its own index and
+    goes on to serve the same listening socket; this one is the leader (index 0)."""
     if sys.platform.startswith("linux"):  # the abstract namespace: no file to leave behind
         tmp, name = None, f"@kern-core-{os.getpid()}-{secrets.token_hex(6)}"
     else:
+        if frontends > 1:
+            raise RuntimeError("--frontends above 1 needs Linux")  # the command refuses it first
         tmp = tempfile.mkdtemp(prefix="kern-core-")
         name = f"{tmp}/sock"
-    addrs = (f"ipc://{name}-in", f"ipc://{name}-out")
+    addrs = [(f"ipc://{name}-{i}-in", f"ipc://{name}-{i}-out") for i in range(frontends)]
+    shared = tempfile.mkdtemp(prefix="kern-metrics-") if frontends > 1 else None
+    names = _Names() if frontends > 1 else None  # one numbering of requests across the front ends
     sys.stdout.flush()
     sys.stderr.flush()
     pid = os.fork()
@@ -62,8 +72,60 @@ def start_core(build, start_scheduler, sock=None) -> tuple[RemoteEngine, RemoteS
         from serve.frontend_core import core_main
 
         core_main(addrs, build, start_scheduler)  # never returns
-    remote = RemoteScheduler(pid, addrs, tmp)
+    index, peers = 0, []
+    for i in range(1, frontends):
+        child = os.fork()
+        if child == 0:
+            index, peers = i, []
+            _die_with_parent()
+            break
+        peers.append(child)
+    if shared is not None:
+        share_metrics(shared)
+    remote = RemoteScheduler(pid, addrs[index], tmp, index=index, count=frontends, peers=peers, shared=shared,
+                             names=names)
     return RemoteEngine(remote.wait_ready()), remote
+
+
+class _Names:
+    """Request numbers shared by the front ends (`--frontends`): a counter in memory mapped before they
+    fork, under a lock made then too, so ids stay `req-0`, `req-1`, ... in the order requests arrive,
+    whichever front end takes them (as one front end numbers them)."""
+
+    def __init__(self) -> None:
+        import multiprocessing
+
+        ctx = multiprocessing.get_context("fork")
+        self.count = ctx.RawValue("q", 0)
+        self.lock = ctx.Lock()
+
+    def next(self) -> int | None:
+        """The next number; None if the lock stays taken a second (a front end killed holding it)."""
+        if not self.lock.acquire(timeout=1.0):
+            return None
+        n = self.count.value
+        self.count.value = n + 1
+        self.lock.release()
+        return n
+
+
+def share_metrics(path: str) -> None:
+    """This front end's Prometheus values in per-process files under `path`, which every front end's
+    /metrics sums (prometheus_client's multiprocess mode, as vLLM runs its API servers): set in each
+    front-end process before its app makes its metrics."""
+    from prometheus_client import values
+
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = path
+    values.ValueClass = values.MultiProcessValue()
+
+
+def _die_with_parent() -> None:
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
 
 
 class RemoteEngine:
@@ -89,8 +151,14 @@ class RemoteScheduler:
     on_loop = True  # updates are handed to a request's `send` on the event loop: it may be a queue's put
     holds_whole = True  # a whole answer's tokens after its first come with its finish, timed by the core
 
-    def __init__(self, pid: int, addrs: tuple[str, str], tmp: str | None) -> None:
+    def __init__(self, pid: int, addrs: tuple[str, str], tmp: str | None, index: int = 0, count: int = 1,
+                 peers=(), shared: str | None = None, names: _Names | None = None) -> None:
         self.pid, self.tmp = pid, tmp
+        # `--frontends`: this front end's index of `count`; the leader (0) forked the others (`peers`),
+        # drains and stops the core for all of them; `shared`: the metrics' directory (`share_metrics`)
+        self.index, self.count, self.leader, self.shared = index, count, index == 0, shared
+        self.peers: dict[int, int | None] = dict.fromkeys(peers)  # pid -> exit code once it ended
+        self.names = names
         self.ctx = zmq.Context()
         self.push, self.pull = self.ctx.socket(zmq.PUSH), self.ctx.socket(zmq.PULL)
         for s, addr in ((self.push, addrs[0]), (self.pull, addrs[1])):
@@ -109,7 +177,11 @@ class RemoteScheduler:
         self.on_death = None
         self.ready = False  # the core said it is ready
         self.pending = None  # the app's `serve.metrics.Pending`: where the core's timings of held tokens go
+        self.letting_go = False  # the leader told its peers to stop
+        self.sending = threading.Lock()
         threading.Thread(target=self._reap, name="core-reaper", daemon=True).start()
+        for peer in self.peers:
+            threading.Thread(target=self._reap_peer, args=(peer,), name="frontend-reaper", daemon=True).start()
 
     def measure(self, meter) -> None:
         """The app's metrics (`make_app`): the held tokens' timings the core sends are counted there."""
@@ -119,6 +191,10 @@ class RemoteScheduler:
 
     def name(self) -> str:
         n, self._names = self._names, self._names + 1
+        if self.names is not None:
+            shared = self.names.next()
+            # unique still when the shared count is stuck: this front end's own count, apart
+            return f"req-{shared}" if shared is not None else f"req-{self.index}.{n}"
         return f"req-{n}"
 
     def submit(self, req: Request) -> None:
@@ -128,13 +204,13 @@ class RemoteScheduler:
             return
         self.reqs[req.id] = req
         s = req.stops
-        self.push.send(pack(["s", req.id, req.ids, req.max_tokens, req.ignore_eos, req.t_arrive,
+        self._send(pack(["s", req.id, req.ids, req.max_tokens, req.ignore_eos, req.t_arrive,
                              s.strings if s else [], sorted(s.ids) if s else [], s.include if s else False,
-                             req.whole]))
+                             req.whole, self.index]))
 
     def abort(self, req: Request) -> None:
         if not self.ended.is_set() and self.reqs.pop(req.id, None) is not None:
-            self.push.send(pack(["a", req.id]))
+            self._send(pack(["a", req.id]))
 
     async def ask(self, what: str):
         """A question of `serve.frontend_wire.QUESTIONS`, answered by the core; a 503 when it is gone."""
@@ -143,22 +219,49 @@ class RemoteScheduler:
         self._attach()
         self._qid += 1
         fut = self.asks[self._qid] = self.loop.create_future()
-        self.push.send(pack(["q", self._qid, what]))
+        self._send(pack(["q", self._qid, what, self.index]))
         return await fut
 
     def drain(self, seconds: float) -> None:
+        """The leader drains the core (for every front end) and tells its peers to drain their own
+        connections (SIGTERM); a peer leaves the core to the leader."""
+        if not self.leader:
+            return
         if not self.ended.is_set():
-            self.push.send(pack(["d", seconds]))
+            self._send(pack(["d", seconds]))
+        self.letting_go = True
+        for peer, code in self.peers.items():
+            if code is None:
+                try:
+                    os.kill(peer, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
 
     # the main thread's side
 
-    def stop(self) -> None:
+    def stop(self, timeout: float = 30.0) -> None:
+        """The leader stops the core once its peers have ended (their open requests answered), at
+        most `timeout` seconds later (then they are killed); a peer leaves the core to the leader."""
         self.stopped = True
+        if not self.leader:
+            return
+        self.letting_go = True
+        deadline = time.monotonic() + timeout
+        for peer in self.peers:
+            while self.peers[peer] is None and time.monotonic() < deadline:
+                time.sleep(0.02)
+            if self.peers[peer] is None:
+                try:
+                    os.kill(peer, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
         if not self.ended.is_set():
-            self.push.send(pack(["x"]))
+            self._send(pack(["x"]))
 
     def join(self, timeout: float | None = None) -> None:
         """After the loop: wait for the core's goodbye (its cut-off count) and its end."""
+        if not self.leader:
+            return  # the leader waits for the core
         deadline = None if timeout is None else time.monotonic() + timeout
         while self.ready and not self.said_bye.is_set() and (deadline is None or time.monotonic() < deadline):
             if self.pull.poll(POLL_MS):
@@ -166,8 +269,9 @@ class RemoteScheduler:
             elif self.ended.is_set():
                 break
         self.ended.wait(None if deadline is None else max(deadline - time.monotonic(), 0))
-        if self.tmp is not None:
-            shutil.rmtree(self.tmp, ignore_errors=True)
+        for path in (self.tmp, self.shared):
+            if path is not None:
+                shutil.rmtree(path, ignore_errors=True)
 
     def watch(self, on_death) -> None:
         """Call `on_death()` (any thread) if the core ends without being told to stop."""
@@ -178,9 +282,9 @@ class RemoteScheduler:
     @property
     def died(self) -> int | None:
         """The exit code to end with when the core ended on its own (never 0), else None."""
-        if self.code is None or self.stopped and self.said_bye.is_set():
+        if not self.ended.is_set() or self.stopped and self.said_bye.is_set():
             return None
-        return self.code if self.code > 0 else CRASH
+        return self.code if self.code is not None and self.code > 0 else CRASH
 
     def wait_ready(self) -> dict:
         """The core's facts once it is ready; if it ends first, this process ends with its code."""
@@ -191,8 +295,15 @@ class RemoteScheduler:
                     self.ready = True
                     return msg[1]
         self.ended.wait()
-        if self.tmp is not None:
-            shutil.rmtree(self.tmp, ignore_errors=True)
+        if self.leader:
+            for peer in self.peers:
+                try:
+                    os.kill(peer, signal.SIGKILL)  # waiting for a core that will never be ready
+                except ProcessLookupError:
+                    pass
+            for path in (self.tmp, self.shared):
+                if path is not None:
+                    shutil.rmtree(path, ignore_errors=True)
         sys.exit(self.code if self.code and self.code > 0 else 1)
 
     # receiving
@@ -247,6 +358,8 @@ class RemoteScheduler:
                 self.pending.generated += generated
                 for seconds, n in pairs:
                     self.pending.observe(seconds, n)
+                if self.pending.now:
+                    self.pending.flush()
         elif msg[0] == "q":
             fut = self.asks.pop(msg[1], None)
             if fut is not None and not fut.done():
@@ -256,8 +369,7 @@ class RemoteScheduler:
                     fut.set_exception(RuntimeError(msg[3]))
 
     def _reap(self) -> None:
-        _, status = os.waitpid(self.pid, 0)
-        self.code = os.waitstatus_to_exitcode(status)
+        self.code = self._wait_core()
         self.ended.set()
         if self.stopped or not self.ready:
             return  # told to stop, or it never was ready (its own line said why)
@@ -265,6 +377,37 @@ class RemoteScheduler:
         self._hand(self._fail_all)
         if self.on_death is not None:
             self.on_death()
+
+    def _wait_core(self) -> int | None:
+        """The core's exit code once it ended: the leader's child; a peer watches it through a pidfd
+        and cannot read its code (None)."""
+        if self.leader:
+            _, status = os.waitpid(self.pid, 0)
+            return os.waitstatus_to_exitcode(status)
+        try:
+            fd = os.pidfd_open(self.pid)
+        except ProcessLookupError:
+            return None  # gone already
+        try:
+            select.select([fd], [], [])
+        finally:
+            os.close(fd)
+        return None
+
+    def _reap_peer(self, pid: int) -> None:
+        """The leader's watch on a peer front end: one that ends unasked is logged, and the core
+        aborts its requests (their clients' connections went with it); the others serve on."""
+        _, status = os.waitpid(pid, 0)
+        self.peers[pid] = code = os.waitstatus_to_exitcode(status)
+        if self.letting_go or self.ended.is_set():
+            return
+        logs.event("front end died", "ERROR", pid=pid, code=code, left=sum(c is None for c in self.peers.values()) + 1)
+        if not self.ended.is_set():
+            self._send(pack(["f", list(self.peers).index(pid) + 1]))
+
+    def _send(self, raw: bytes) -> None:
+        with self.sending:  # the event loop's, and a peer's reaper (`_reap_peer`)
+            self.push.send(raw)
 
     def _fail_all(self) -> None:
         error = dead_error(self.code)

@@ -43,30 +43,31 @@ PR_SET_PDEATHSIG = 1
 
 class Outgoing:
     """What the core sends from other threads than the scheduler's (answers to questions, ready, bye),
-    gathered from any thread and sent by one; the socket (not thread-safe) is used under `sending`,
-    which the scheduler thread's `send_now` of each iteration's updates takes too."""
+    gathered from any thread and sent by one; the sockets (not thread-safe; one per front end) are used
+    under `sending`, which the scheduler thread's `send_now` of each iteration's updates takes too."""
 
-    def __init__(self, sock) -> None:
-        self.sock = sock
+    def __init__(self, socks: list) -> None:
+        self.socks = socks
         self.lock = threading.Lock()
-        self.items: list = []
-        self.sending = threading.Lock()  # one thread at a time on the socket (the scheduler's `send_now`)
+        self.items: list = []  # (front end or None for every one, message)
+        self.sending = threading.Lock()  # one thread at a time on the sockets (the scheduler's `send_now`)
         self.wake = threading.Event()
         self.closing = False
         self.thread = threading.Thread(target=self._run, name="core-out", daemon=True)
         self.thread.start()
 
-    def put(self, item) -> None:
+    def put(self, item, to: int | None = None) -> None:
+        """Send `item` to front end `to` (None: to every front end)."""
         with self.lock:
-            self.items.append(item)
+            self.items.append((to, item))
             first = len(self.items) == 1
         if first:
             self.wake.set()
 
-    def send_now(self, data: bytes) -> None:
-        """Send `data` from the calling thread (the scheduler's, after an iteration)."""
+    def send_now(self, data: bytes, to: int = 0) -> None:
+        """Send `data` to front end `to` from the calling thread (the scheduler's, after an iteration)."""
         with self.sending:
-            self.sock.send(data)
+            self.socks[to].send(data)
 
     def close(self) -> None:
         """Send what is left, then end the thread."""
@@ -80,8 +81,10 @@ class Outgoing:
             self.wake.clear()
             with self.lock:
                 items, self.items = self.items, []
-            for item in items:
-                self.send_now(pack(item))
+            for to, item in items:
+                data = pack(item)
+                for k in range(len(self.socks)) if to is None else (to,):
+                    self.send_now(data, k)
             if self.closing and not self.items:
                 return
 
@@ -161,29 +164,42 @@ class Bridge:
         self.scheduler = scheduler
         self.engine = engine
         self.out = out
-        self.inp = inp  # the front end's socket, read by `pull` (from two threads, one at a time)
+        self.inp = inp  # the front ends' socket, read by `pull` (from two threads, one at a time)
         self.reading = threading.Lock()
         self.reqs: dict[str, Request] = {}
-        self.updates: list = []  # the updates since the last `flush` (appended and sent on the scheduler thread)
-        # whole answers' tokens after their first, timed here (`Timed`) and held until their finish
-        self.timed = Timed()
+        self.owner: dict[str, int] = {}  # request -> the front end it came from (`--frontends`)
+        # the updates since the last `flush`, one list per front end (appended and sent on the scheduler thread)
+        self.updates: list[list] = [[] for _ in (out.socks if out is not None else [None])]
+        # whole answers' tokens after their first, timed here (`Timed`, one per front end: a request's
+        # timings go to its own front end, with or before its finish) and held until their finish
+        self.timeds = [Timed() for _ in self.updates]
 
     def flush(self) -> None:
-        """Send the updates gathered since the last call as one message (the scheduler's `after_step`),
-        with the held tokens' timings when there are updates or `Timed` says they are due; then take
-        what the front end sent meanwhile. An iteration that only stepped whole answers sends nothing."""
+        """Send each front end the updates gathered for it since the last call as one message (the
+        scheduler's `after_step`), with its held tokens' timings, which also go alone when `Timed` says
+        they are due; then take what the front ends sent meanwhile. An iteration that only stepped
+        whole answers sends nothing."""
         now = time.monotonic()
-        self.timed.close(now)
-        if self.updates or self.timed.due(now):
-            updates, self.updates = self.updates, []
-            self.out.send_now(pack(["u", updates, self.timed.take(now)]))
+        send = self.out.send_now
+        for k, updates in enumerate(self.updates):
+            timed = self.timeds[k]
+            timed.close(now)
+            if updates:
+                data = pack(["u", updates, timed.take(now)])
+                updates.clear()  # the sinks hold this list
+                send(data, k)
+            elif timed.due(now):
+                send(pack(["u", [], timed.take(now)]), k)
         self.pull(wait=False)
 
-    def send_timed(self) -> None:
-        """Send the held tokens' timings now (on the scheduler thread, before /metrics' snapshot is
-        taken: the scrape then counts every token committed before it)."""
-        if self.timed.pending():
-            self.out.send_now(pack(["u", [], self.timed.take(time.monotonic())]))
+    def send_timed(self, to: int = 0) -> None:
+        """Send front end `to` its held tokens' timings now (on the scheduler thread, before /metrics'
+        snapshot is taken for it: the scrape then counts every token committed before it, of its own
+        requests; with `--frontends` another front end's come at most `Timed.EVERY_S` later, and with
+        their request's finish)."""
+        timed = self.timeds[to]
+        if timed.pending():
+            self.out.send_now(pack(["u", [], timed.take(time.monotonic())]), to)
 
     def pull(self, wait: bool = True) -> None:
         """Handle every message waiting from the front end; without `wait`, nothing when the other
@@ -196,14 +212,15 @@ class Bridge:
         finally:
             self.reading.release()
 
-    def sink(self, rid: str, whole: bool = False):
+    def sink(self, rid: str, whole: bool = False, to: int = 0):
         """Request `rid`'s `send`: its updates gathered for the next `flush`. A `whole` answer (not
         streamed) has its first tokens sent at once (the front end times the first token) and the
         rest held here, each update timed (`Timed.step`), until its finish carries them all."""
         told = [False]
         last: list = [None]  # a whole answer's last update's `Stamp`: None before its first tokens
         held: list[int] = []
-        timed = self.timed
+        timed = self.timeds[to]
+        updates = self.updates[to]
 
         def send(update: Update) -> None:  # on the scheduler thread
             adm = None
@@ -224,37 +241,45 @@ class Bridge:
                 last[0] = timed.stamp
             if done is not None:
                 self.reqs.pop(rid, None)
-            self.updates.append([rid, tokens, pack_done(done), adm])
+                self.owner.pop(rid, None)
+            updates.append([rid, tokens, pack_done(done), adm])
 
         return send
 
     def handle(self, msg: list) -> None:
         kind = msg[0]
         if kind == "s":
-            _, rid, ids, max_tokens, ignore_eos, t_arrive, stop, stop_ids, include, whole = msg
+            _, rid, ids, max_tokens, ignore_eos, t_arrive, stop, stop_ids, include, whole, fe = msg
             stops = Stops(stop, stop_ids, include) if stop or stop_ids else None
-            req = Request(rid, ids, max_tokens, self.engine.rows, self.sink(rid, whole), t_arrive=t_arrive,
+            req = Request(rid, ids, max_tokens, self.engine.rows, self.sink(rid, whole, fe), t_arrive=t_arrive,
                           ignore_eos=ignore_eos, stops=stops, whole=whole)
             self.reqs[rid] = req
+            self.owner[rid] = fe
             self.scheduler.submit(req)
         elif kind == "a":
             req = self.reqs.get(msg[1])
             if req is not None:
                 self.scheduler.abort(req)
         elif kind == "q":
-            self.question(msg[1], msg[2])
+            self.question(msg[1], msg[2], msg[3])
+        elif kind == "f":  # a front end died: its clients are gone with it
+            for rid in [r for r, fe in self.owner.items() if fe == msg[1]]:
+                req = self.reqs.get(rid)
+                if req is not None:
+                    self.scheduler.abort(req)
         elif kind == "d":
             self.scheduler.drain(msg[1])
         elif kind == "x":
             self.scheduler.stop()
 
-    def question(self, qid: int, what: str) -> None:
-        """Answer the front end's question `qid` (the scheduler's `question`) when its answer is ready;
-        /metrics' snapshot after the held tokens' timings are sent (both on the scheduler thread, in order)."""
+    def question(self, qid: int, what: str, to: int = 0) -> None:
+        """Answer front end `to`'s question `qid` (the scheduler's `question`) when its answer is ready;
+        /metrics' snapshot after the held tokens' timings are sent to it (both on the scheduler thread,
+        in order)."""
         if what == "snapshot":
-            self.scheduler.query(self.send_timed)
+            self.scheduler.query(lambda: self.send_timed(to))
         self.scheduler.question(what).add_done_callback(lambda f: self.out.put(
-            ["q", qid, True, f.result()] if f.exception() is None else ["q", qid, False, str(f.exception())]))
+            ["q", qid, True, f.result()] if f.exception() is None else ["q", qid, False, str(f.exception())], to))
 
 
 def _die_with_parent() -> None:
@@ -264,7 +289,7 @@ def _die_with_parent() -> None:
         pass  # not Linux: the poll's parent check still ends it
 
 
-def core_main(addrs: tuple[str, str], build, start_scheduler) -> None:
+def core_main(addrs: list[tuple[str, str]], build, start_scheduler) -> None:
     """The forked child's whole life; never returns. `build()` gives (engine, head or None), or exits
     (a target that cannot be served); `start_scheduler(engine)` starts the scheduler thread and logs
     the ready line."""
@@ -277,12 +302,13 @@ def core_main(addrs: tuple[str, str], build, start_scheduler) -> None:
         engine, head = build()
         logs.event("engine core", pid=os.getpid(), frontend=parent)
         ctx = zmq.Context()
-        inp, outs = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
-        for sock in (inp, outs):
+        inp, outs = ctx.socket(zmq.PULL), [ctx.socket(zmq.PUSH) for _ in addrs]  # one in from all, one out each
+        for sock in (inp, *outs):
             sock.setsockopt(zmq.SNDHWM, 0)  # no bound: the sender never waits on the front end
             sock.setsockopt(zmq.RCVHWM, 0)
-        inp.connect(addrs[0])
-        outs.connect(addrs[1])
+        for (into, back), o in zip(addrs, outs):
+            inp.connect(into)
+            o.connect(back)
         scheduler = start_scheduler(engine)
         out = Outgoing(outs)
         out.put(["r", facts_of(engine)])
@@ -294,7 +320,8 @@ def core_main(addrs: tuple[str, str], build, start_scheduler) -> None:
         out.close()
         if head is not None:
             head.stop()
-        outs.close(linger=5000)
+        for o in outs:
+            o.close(linger=5000)
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
     except BaseException:  # noqa: BLE001 - the front end reads the exit code; the line says why

@@ -176,8 +176,11 @@ class Metrics:
     """One app's registry: the scheduler collector and the handler-fed histograms and counters.
     `prefix` ("kern" or "vllm", `--metrics-prefix`) names the vLLM-mirrored ones (`Names`)."""
 
-    def __init__(self, model: str, max_model_len: int, prefix: str = "kern") -> None:
+    def __init__(self, model: str, max_model_len: int, prefix: str = "kern", shared: str | None = None) -> None:
         self.model = model
+        # `--frontends`: the directory of every front end's values (`serve.frontend.share_metrics`), summed
+        # at each scrape; each front end then hands its gathered observations over at once (`Pending.now`)
+        self.shared = shared
         self.names = n = Names(prefix, model)
         self.registry = r = CollectorRegistry()
         self.scheduler = SchedulerCollector(model, n)
@@ -215,15 +218,22 @@ class Metrics:
         success = _Counter(n.name("request_success"), "Count of successfully processed requests.",
                            n.labels("request_success") + ["finished_reason"], registry=r)
         self.success = {reason: success.labels(*n.values("request_success"), reason) for reason in FINISHED}
-        self.pending = Pending(self.itl, self.generation_tokens)
+        self.pending = Pending(self.itl, self.generation_tokens, now=shared is not None)
 
     def render(self, stats: dict) -> bytes:
         """The exposition, the scheduler's part read from `stats` (a `snapshot`). No await happens
         between handing the snapshot over and rendering, so concurrent scrapes do not mix."""
         self.scheduler.stats = stats
         self.pending.flush()
+        registry = self.registry
+        if self.shared is not None:  # every front end's values, from their files
+            from prometheus_client.multiprocess import MultiProcessCollector
+
+            registry = CollectorRegistry()
+            MultiProcessCollector(registry, path=self.shared)
+            registry.register(self.scheduler)
         try:
-            return generate_latest(self.registry)
+            return generate_latest(registry)
         finally:
             self.scheduler.stats = None
 
@@ -242,10 +252,12 @@ class Pending:
     only the totals. Fed and flushed on the event loop's thread (the handlers' and `render`'s).
     `observe` takes the inter-token latencies (`n` at a time), `put` one value of any histogram."""
 
-    __slots__ = ("itl", "tokens", "bounds", "counts", "sum", "generated", "held")
+    __slots__ = ("itl", "tokens", "bounds", "counts", "sum", "generated", "held", "now")
 
-    def __init__(self, itl: Histogram, tokens: Counter) -> None:
+    def __init__(self, itl: Histogram, tokens: Counter, now: bool = False) -> None:
         self.itl, self.tokens = itl, tokens
+        self.now = now  # flushed at each finish and each batch of the core's timings (`--frontends`: a
+        # scrape of another front end reads this one's values from its file, not through this object)
         self.bounds = list(itl._upper_bounds)
         self.counts = [0] * len(self.bounds)
         self.sum = 0.0
@@ -328,6 +340,12 @@ class Track:
         self.generated += n
         self.last = time.monotonic()
 
+    def close(self) -> None:
+        """The request's handler is done with it (finished, hung up, refused or cut off): with
+        `--frontends` what it observed is handed to its metrics now (`Pending.now`)."""
+        if self.m.pending.now:
+            self.m.pending.flush()
+
     def finish(self, done: Done) -> None:
         if done.reason not in FINISHED:
             return
@@ -352,3 +370,4 @@ class Track:
         put(m.params_n, 1)
         if self.max_tokens:
             put(m.params_max_tokens, self.max_tokens)
+        self.close()

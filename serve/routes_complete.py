@@ -103,6 +103,17 @@ class Gather:
 async def answer(request: HttpRequest, ask: Ask):
     c = ctx(request)
     req, q, track = _submit(c, ask)
+    streaming = False
+    try:
+        response = await _answer(request, c, ask, req, q, track)
+        streaming = isinstance(response, EventStream)
+        return response
+    finally:
+        if not streaming:  # a stream's own end closes its track
+            track.close()
+
+
+async def _answer(request: HttpRequest, c: Served, ask: Ask, req: Request, q: asyncio.Queue, track):
     watcher = Watcher(request, q)  # a hang-up reaches the queue as DISCONNECTED
     try:
         first = await _next(q)  # a stream's first update; a whole answer's only one (`Gather`)
@@ -194,6 +205,7 @@ async def stream(request: HttpRequest, q: asyncio.Queue, req: Request, reply: Re
         c.limit_log("client disconnected", "INFO", reason="hung_up", path=request.url.path)
     finally:
         watcher.cancel()
+        track.close()
         if not done:
             c.scheduler.abort(req)
 

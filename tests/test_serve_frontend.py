@@ -290,11 +290,13 @@ def _bridge_run(plans: list[tuple[bool, list[int], bool]], every_s: float):
     sent: list[bytes] = []
 
     class Out:
-        def send_now(self, data: bytes) -> None:
+        socks = [None]  # one front end
+
+        def send_now(self, data: bytes, to: int = 0) -> None:
             sent.append(data)
 
     bridge = Bridge(None, None, Out())
-    bridge.timed = Timed(every_s)
+    bridge.timeds = [Timed(every_s)]
     meter = Metrics("toy-paged", 4096, "kern")
     front = RemoteScheduler.__new__(RemoteScheduler)
     front.reqs, front.pending = {}, meter.pending
