@@ -259,16 +259,32 @@ def http_load(url: str, streams: int, workers: int, max_tokens: int, prompt_toke
             "ttfts": ttft, "gaps": gaps}
 
 
-SERVER_CPUS = 3  # with --pin: the engine core's, the front end's, and ZeroMQ's I/O threads' (both processes')
+SERVER_CPUS = 3  # with --pin: the engine core's, the front end's, and ZeroMQ's I/O threads' (both processes'),
+# and one more for each front end past the first (`--serve-flag=--frontends=N`)
+
+
+def frontends_of(flags: list[str]) -> int:
+    """The front-end processes the server's flags ask for (`--frontends N` or `--frontends=N`; 1 without)."""
+    for i, f in enumerate(flags):
+        if f.startswith("--frontends="):
+            return int(f.split("=", 1)[1])
+        if f == "--frontends" and i + 1 < len(flags):
+            return int(flags[i + 1])
+    return 1
+
+
+def server_cpus(frontends: int = 1) -> int:
+    return SERVER_CPUS + frontends - 1
 
 
 def pin(pid: int) -> None:
     """Process `pid` (every thread of it) on CPU 1, its first child (the engine core, with
-    --frontend-process) on CPU 0, and both processes' ZeroMQ I/O threads (named `ZMQbg/...`) on CPU
-    2: on the core's CPU, each step's message woke its I/O thread there and the kernel switched the
-    scheduler thread out to run it (on an unpinned machine it runs on any other CPU). Unpinned, the
-    server's processes shared CPUs with the client processes now and then, and the same server
-    measured 61k and 101k tok/s a minute apart."""
+    --frontend-process) on CPU 0, its other children (the other front ends, with --frontends) on
+    CPUs 3, 4, ..., and every process's ZeroMQ I/O threads (named `ZMQbg/...`) on CPU 2: on the
+    core's CPU, each step's message woke its I/O thread there and the kernel switched the scheduler
+    thread out to run it (on an unpinned machine it runs on any other CPU). Unpinned, the server's
+    processes shared CPUs with the client processes now and then, and the same server measured 61k
+    and 101k tok/s a minute apart."""
     def every_thread(p: int, cpus: set[int]) -> None:
         for tid in os.listdir(f"/proc/{p}/task"):
             try:
@@ -286,23 +302,27 @@ def pin(pid: int) -> None:
         kids = []
     if kids:
         every_thread(kids[0], {0})
+    for i, peer in enumerate(kids[1:]):
+        every_thread(peer, {SERVER_CPUS + i})
 
 
-def client_cpus() -> set[int]:
+def client_cpus(frontends: int = 1) -> set[int]:
     """With --pin: the CPUs the bench and its client processes get (all but the server's)."""
-    return set(range(SERVER_CPUS, os.cpu_count() or SERVER_CPUS + 1))
+    first = server_cpus(frontends)
+    return set(range(first, os.cpu_count() or first + 1))
 
 
-def default_workers(streams: int, pinned: bool) -> int:
+def default_workers(streams: int, pinned: bool, frontends: int = 1) -> int:
     """Client processes: with --pin one for each client CPU (at most 16 and `streams`: fewer streams a
     client at a wave's end, their next requests sooner), else half the CPUs, at most 8."""
     cpus = os.cpu_count() or 2
-    return max(1, min(16, streams, len(client_cpus()))) if pinned else max(1, min(8, cpus // 2))
+    return max(1, min(16, streams, len(client_cpus(frontends)))) if pinned else max(1, min(8, cpus // 2))
 
 
 def cpu_s(pid: int) -> tuple[float, float]:
-    """(CPU seconds, user + system) of process `pid` and of its children now (with --frontend-process:
-    the front end and the engine core), from Linux's /proc; zeros elsewhere."""
+    """(CPU seconds, user + system) of the front ends and of the engine core now: process `pid` and
+    its children after the first, and its first child (with --frontend-process: the engine core;
+    the others are --frontends' other front ends), from Linux's /proc; zeros elsewhere."""
     def one(p: int) -> float:
         try:
             with open(f"/proc/{p}/stat") as f:
@@ -316,7 +336,7 @@ def cpu_s(pid: int) -> tuple[float, float]:
             kids = [int(k) for k in f.read().split()]
     except OSError:
         kids = []
-    return one(pid), sum(one(k) for k in kids)
+    return one(pid) + sum(one(k) for k in kids[1:]), sum(one(k) for k in kids[:1])
 
 
 def loop_args(ap: argparse.ArgumentParser) -> None:
@@ -335,7 +355,8 @@ def loop_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--serve-flag", action="append", default=[], help="an extra kern serve flag (repeatable)")
     ap.add_argument("--pin", action=argparse.BooleanOptionalAction, default=None, help="the server's processes on "
                     "CPUs of their own (the front end on CPU 1, its first child, the engine core, on CPU 0, where "
-                    "the engine alone runs too; both processes' ZeroMQ I/O threads on CPU 2; this process and the "
+                    "the engine alone runs too; every process's ZeroMQ I/O threads on CPU 2; with "
+                    "--serve-flag=--frontends=N the other front ends on CPUs 3 to N + 1; this process and the "
                     "clients on the rest). Default: on for --backend gpu on a machine of 8 or more "
                     "CPUs (on the CPU backend the kernels' threads want every core)")
 
@@ -345,12 +366,14 @@ def loop_setup(ap: argparse.ArgumentParser, args) -> None:
     starts) on the client CPUs."""
     if args.pin is None:
         args.pin = args.backend == "gpu" and (os.cpu_count() or 1) >= 8
+    args.frontends = frontends_of(args.serve_flag)
     if args.pin:
-        if (os.cpu_count() or 1) <= SERVER_CPUS or not hasattr(os, "sched_setaffinity"):
-            ap.error(f"--pin needs Linux and {SERVER_CPUS + 1} or more CPUs ({os.cpu_count()} here)")
-        os.sched_setaffinity(0, client_cpus())  # the clients inherit it
+        need = server_cpus(args.frontends)
+        if (os.cpu_count() or 1) <= need or not hasattr(os, "sched_setaffinity"):
+            ap.error(f"--pin needs Linux and {need + 1} or more CPUs ({os.cpu_count()} here)")
+        os.sched_setaffinity(0, client_cpus(args.frontends))  # the clients inherit it
     if args.workers is None:
-        args.workers = default_workers(args.streams, args.pin)
+        args.workers = default_workers(args.streams, args.pin, args.frontends)
 
 
 def main() -> None:
@@ -426,9 +449,9 @@ def table(runs: dict[str, list], args) -> str:
                     headers=("path", "output tok/s", "x engine alone", "range", "TTFT p50 ms", "TTFT p99 ms",
                              "ITL p50 ms", "ITL p99 ms", "server CPU us/token", "forward steps x tokens + prefill calls, mean step",
                              "server TTFT / queue / prefill ms", "busiest client"), tablefmt="github")
-    notes = ("server CPU us/token: the server process's CPU time (user + system) per output token over a run, then "
-             "its children's (with --frontend-process: the engine core's); a process held by one interpreter lock "
-             "serves at most about 1e6 / its figure tokens a second. Forward steps x tokens: every run's together, then the mean time inside the runtime's step (staging, kernels, copies) over every call "
+    notes = ("server CPU us/token: the front end's CPU time (user + system) per output token over a run (with "
+             "--frontends, every front end's together), then the engine core's (with --frontend-process); a process "
+             "held by one interpreter lock serves at most about 1e6 / its figure tokens a second. Forward steps x tokens: every run's together, then the mean time inside the runtime's step (staging, kernels, copies) over every call "
              "(tokens a step below the streams: requests were out of the engine, between a finish and the next "
              "arrival). Server TTFT / queue / prefill: the server's own means (its /metrics histograms): arrival "
              "(the body parsed) to the first token, and its parts arrival to admission and admission to the first "

@@ -7,14 +7,15 @@
 # Each step's log goes under OUT; a short table is printed last.
 #
 #   bash bench/serving.sh [OUT]    # OUT defaults to $OUT, else /tmp/kern-serving
-#   BACKEND=gpu STREAMS=64 TOKENS=256 ROUNDS="4 16" (serve_load at each) REPEATS=3 RUNS=2 (the defaults);
+#   BACKEND=gpu STREAMS=64 TOKENS=256 ROUNDS="4 16" (serve_load at each) REPEATS=3 RUNS=2 FRONTENDS="1 2"
+#   (serve_load with each --frontends) (the defaults);
 #   WORKERS=n client processes
 #   (default: serve_load's, one per CPU the clients get when pinned); TIMELINE=0 skips serve_timeline.py
 #
 # Nothing here installs anything: the caller puts kern's dependencies on the path first.
 source "$(dirname "$0")/script_env.sh" /tmp/kern-serving "$@"
 BACKEND="${BACKEND:-gpu}" STREAMS="${STREAMS:-64}" TOKENS="${TOKENS:-256}" ROUNDS="${ROUNDS:-4 16}"
-REPEATS="${REPEATS:-3}" RUNS="${RUNS:-2}"
+REPEATS="${REPEATS:-3}" RUNS="${RUNS:-2}" FRONTENDS="${FRONTENDS:-1 2}"
 TARGETS=toy-paged,toy-stateful,toy-spec,toy-stateful-spec,toy-big,toy-float,toy-layers
 
 timeout 300 "$PY" bench/engine_step.py --backend "$BACKEND" --seqs "$STREAMS" --max-tokens "$TOKENS" --rounds 3 \
@@ -22,10 +23,13 @@ timeout 300 "$PY" bench/engine_step.py --backend "$BACKEND" --seqs "$STREAMS" --
 timeout 300 "$PY" -m e2e.cli --backend "$BACKEND" --max-tokens "$TOKENS" --targets "$TARGETS" --out "$OUT/e2e" \
   > "$OUT/gate.log" 2>&1
 echo "gate exit $?" >> "$OUT/gate.log"
-for r in $ROUNDS; do  # a few rounds: the clients' waves still together; many: as they drift apart
-  for i in $(seq 1 "$RUNS"); do
-    timeout 600 "$PY" bench/serve_load.py --backend "$BACKEND" --streams "$STREAMS" --max-tokens "$TOKENS" \
-      ${WORKERS:+--workers "$WORKERS"} --rounds "$r" --repeats "$REPEATS" > "$OUT/serve-load-r$r-$i.log" 2>&1
+for f in $FRONTENDS; do  # one front-end process, then more (kern serve --frontends)
+  for r in $ROUNDS; do  # a few rounds: the clients' waves still together; many: as they drift apart
+    for i in $(seq 1 "$RUNS"); do
+      timeout 600 "$PY" bench/serve_load.py --backend "$BACKEND" --streams "$STREAMS" --max-tokens "$TOKENS" \
+        ${WORKERS:+--workers "$WORKERS"} --rounds "$r" --repeats "$REPEATS" --serve-flag="--frontends=$f" \
+        > "$OUT/serve-load-f$f-r$r-$i.log" 2>&1
+    done
   done
 done
 if [ "${TIMELINE:-1}" = 1 ]; then  # where a served round loses to the engine alone, iteration by iteration

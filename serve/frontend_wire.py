@@ -1,17 +1,20 @@
 """The messages between the HTTP front end and the engine core process (`--frontend-process`), as
-msgpack over two ZeroMQ PUSH/PULL sockets (one each way, `ipc://` in Linux's abstract namespace: no file).
+msgpack over ZeroMQ PUSH/PULL sockets (`ipc://` in Linux's abstract namespace: no file): one to the
+core from every front end, one back to each front end (`--frontends`: more than one).
 
-Front end to core:
-    ["s", id, prompt ids, max_tokens, ignore_eos, t_arrive, stop strings, stop ids, include_stop, whole]
+Front end to core (`fe`: the sending front end's index, 0 for the leader):
+    ["s", id, prompt ids, max_tokens, ignore_eos, t_arrive, stop strings, stop ids, include_stop, whole, fe]
                                whole: not streamed (its tokens after the first may be held, below)
     ["a", id]                  the client hung up: abort it
-    ["q", qid, what]           a question (`QUESTIONS`), answered by an ["q", qid, ok, value]
-    ["d", seconds]             drain: refuse new requests, cut the rest off `seconds` from now
-    ["x"]                      stop
+    ["q", qid, what, fe]       a question (`QUESTIONS`), answered to front end fe by an ["q", qid, ok, value]
+    ["d", seconds]             drain (the leader): refuse new requests, cut the rest off `seconds` from now
+    ["x"]                      stop (the leader, once every other front end ended)
+    ["f", fe]                  front end fe died (the leader): abort its requests
 
 Core to front end:
-    ["r", facts]               the scheduler is ready (the engine's facts and the sizes the routes use)
-    ["u", [entry, ...], timed] every request's new tokens since the last message (about one step):
+    ["r", facts]               the scheduler is ready (the engine's facts and the sizes the routes use; to each)
+    ["u", [entry, ...], timed] every request's new tokens since the last message (about one step), of
+                               the requests of the front end it goes to:
                                entry = [id, tokens, done or None, admitted or None]; `admitted`
                                ([cached, tier, woken, t_admit]) rides on a request's first entry.
                                A whole answer's first tokens go at once, the rest are held and
@@ -21,7 +24,7 @@ Core to front end:
                                A step that only made held tokens sends no message (their `timed`
                                goes at most 50 ms later, or before /metrics' snapshot)
     ["q", qid, ok, value]      an answer (ok false: value is the error's text)
-    ["b", cut_off]             the scheduler stopped; `cut_off` requests were cut by the drain's deadline
+    ["b", cut_off]             the scheduler stopped; `cut_off` requests were cut by the drain's deadline (to each)
 
 `t_arrive` and `t_admit` are `time.monotonic()`, one clock for every process of the machine.
 """
@@ -64,7 +67,7 @@ def done_of(v) -> Done | None:
 
 def dead_error(code: int | None) -> tuple[int, str, str, None]:
     """The error every request open when the engine core process ended gets (a 503)."""
-    how = "was killed" if code is not None and code < 0 else f"exited (code {code})"
+    how = "ended" if code is None else "was killed" if code < 0 else f"exited (code {code})"  # None: not our child
     return (503, f"the engine core process {how}; this server is exiting", "engine_core_dead", None)
 
 
