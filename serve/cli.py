@@ -204,23 +204,28 @@ def serve_command(ctx, target, port, host, capacity, host_gib, max_seqs, chunk, 
             engine.model = served_model_name
         return engine, head
 
-    split = _split(frontend_process, backend)
-    if frontends > 1:
-        from serve import hosted
-
-        if frontend_process is False:
-            fail(f"--frontends {frontends} needs the engine core in a process of its own: not with --no-frontend-process")
-        if hosted.COMMAND.get() is not None:
-            fail(f"--frontends {frontends} is not for a warm host's command (its servers are threads of one process)")
-        if not sys.platform.startswith("linux"):
-            fail(f"--frontends {frontends} needs Linux")
-        split = True
+    split = _frontends_split(frontends, frontend_process) or _split(frontend_process, backend)
     engine, head, scheduler = _start(load, split, stats_every, phases, sock, frontends)
     code = run(engine, host, port, api_key, stats_every, limits, protect_stats, sock, sampling=sampling, phases=phases,
                metrics_prefix=metrics_prefix, scheduler=scheduler, http=http)
     if head is not None:
         head.stop()
     sys.exit(code)
+
+
+def _frontends_split(frontends: int, frontend_process: bool | None) -> bool:
+    """Whether --frontends asks for the split (above 1), or one line and exit 2 where it cannot be had."""
+    if frontends == 1:
+        return False
+    from serve import hosted
+
+    if frontend_process is False:
+        fail(f"--frontends {frontends} needs the engine core in a process of its own: not with --no-frontend-process")
+    if hosted.COMMAND.get() is not None:
+        fail(f"--frontends {frontends} is not for a warm host's command (its servers are threads of one process)")
+    if not sys.platform.startswith("linux"):
+        fail(f"--frontends {frontends} needs Linux")
+    return True
 
 
 def _start(load, split: bool, stats_every: float, phases, sock, frontends: int = 1):

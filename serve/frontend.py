@@ -21,6 +21,7 @@ then [DONE]), the server stops and the process exits with the core's code (101 w
 from __future__ import annotations
 
 import asyncio
+import atexit
 import os
 import secrets
 import select
@@ -82,6 +83,8 @@ def start_core(build, start_scheduler, sock=None, frontends: int = 1) -> tuple[R
         peers.append(child)
     if shared is not None:
         share_metrics(shared)
+        if index == 0:  # however the leader ends (its `join` removes it on a stop)
+            atexit.register(shutil.rmtree, shared, True)
     remote = RemoteScheduler(pid, addrs[index], tmp, index=index, count=frontends, peers=peers, shared=shared,
                              names=names)
     return RemoteEngine(remote.wait_ready()), remote

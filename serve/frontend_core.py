@@ -48,6 +48,7 @@ class Outgoing:
 
     def __init__(self, socks: list) -> None:
         self.socks = socks
+        self.dead: set[int] = set()  # front ends that died (`--frontends`): nobody reads their socket
         self.lock = threading.Lock()
         self.items: list = []  # (front end or None for every one, message)
         self.sending = threading.Lock()  # one thread at a time on the sockets (the scheduler's `send_now`)
@@ -263,6 +264,7 @@ class Bridge:
         elif kind == "q":
             self.question(msg[1], msg[2], msg[3])
         elif kind == "f":  # a front end died: its clients are gone with it
+            self.out.dead.add(msg[1])  # what is still sent to it is dropped at the end, not waited for
             for rid in [r for r, fe in self.owner.items() if fe == msg[1]]:
                 req = self.reqs.get(rid)
                 if req is not None:
@@ -320,8 +322,8 @@ def core_main(addrs: list[tuple[str, str]], build, start_scheduler) -> None:
         out.close()
         if head is not None:
             head.stop()
-        for o in outs:
-            o.close(linger=5000)
+        for k, o in enumerate(outs):
+            o.close(linger=0 if k in out.dead else 5000)
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
     except BaseException:  # noqa: BLE001 - the front end reads the exit code; the line says why
