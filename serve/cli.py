@@ -380,6 +380,7 @@ def run(engine, host: str, port: int, api_key: str | None, stats_every: float = 
             logger.removeFilter(f)
     died = scheduler.died
     if not server.started or died:
+        getattr(scheduler, "release", lambda: None)()  # an engine core's process: its leader's directories
         return died or EXIT_START_FAILED
     scheduler.stop()
     scheduler.join(timeout=30)

@@ -272,9 +272,14 @@ class RemoteScheduler:
             elif self.ended.is_set():
                 break
         self.ended.wait(None if deadline is None else max(deadline - time.monotonic(), 0))
-        for path in (self.tmp, self.shared):
-            if path is not None:
-                shutil.rmtree(path, ignore_errors=True)
+        self.release()
+
+    def release(self) -> None:
+        """The leader's temporary directories removed (the sockets' where not on Linux, the metrics')."""
+        if self.leader:
+            for path in (self.tmp, self.shared):
+                if path is not None:
+                    shutil.rmtree(path, ignore_errors=True)
 
     def watch(self, on_death) -> None:
         """Call `on_death()` (any thread) if the core ends without being told to stop."""
@@ -304,9 +309,7 @@ class RemoteScheduler:
                     os.kill(peer, signal.SIGKILL)  # waiting for a core that will never be ready
                 except ProcessLookupError:
                     pass
-            for path in (self.tmp, self.shared):
-                if path is not None:
-                    shutil.rmtree(path, ignore_errors=True)
+        self.release()
         sys.exit(self.code if self.code and self.code > 0 else 1)
 
     # receiving

@@ -157,6 +157,8 @@ def test_every_front_end_serves_exact_answers_and_metrics_count_them_all(kern_se
         assert _metric(text, "kern:inter_token_latency_seconds_count") == 11 * n
         assert _metric(text, "kern:num_requests_running") == 0
     assert_nothing_leaked(server)
+    where = re.search(r" metrics_dir=(\S+)", server.log()).group(1)
+    assert server.stop() == 0 and not os.path.exists(where), "the leader removes the metrics directory"
 
 
 def test_sigterm_drains_every_front_end_and_leaves_no_process(kern_server):
@@ -208,6 +210,7 @@ def test_the_cores_death_ends_every_front_end(kern_server):
         else:
             assert g["status"] == 503 and body["error"]["code"] == "engine_core_dead", g
     assert server.wait_exit(30) == 101
+    assert not os.path.exists(re.search(r" metrics_dir=(\S+)", server.log()).group(1))
     deadline = time.monotonic() + 10
     while _alive(peer) and time.monotonic() < deadline:
         time.sleep(0.05)
