@@ -16,6 +16,10 @@ the interpreter lock from the loop and woke it once a message).
 If the core process ends without being told to stop (a crash of its scheduler thread: 101, or a
 kill), every open request is answered with a 503 `engine_core_dead` (a stream: its error event,
 then [DONE]), the server stops and the process exits with the core's code (101 when it was killed).
+
+`--frontends N`: this process (the leader) also forks N - 1 more front ends, which serve the same
+listening socket, each with its own sockets to the core; the leader drains and stops the core for
+all of them, and watches them (docs/serve.md, "More than one front end").
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ import zmq
 
 from serve import logs
 from serve.faults import Faults
+from serve.frontend_core import die_with_parent
 from serve.frontend_wire import dead_error, done_of, pack, unpack
 from serve.request import Done, Request, Update
 from serve.validate import ApiError
@@ -78,7 +83,7 @@ def start_core(build, start_scheduler, sock=None, frontends: int = 1) -> tuple[R
         child = os.fork()
         if child == 0:
             index, peers = i, []
-            _die_with_parent()
+            die_with_parent()
             break
         peers.append(child)
     if shared is not None:
@@ -120,15 +125,6 @@ def share_metrics(path: str) -> None:
 
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = path
     values.ValueClass = values.MultiProcessValue()
-
-
-def _die_with_parent() -> None:
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
 
 
 class RemoteEngine:

@@ -35,7 +35,7 @@ from serve import logs
 from serve.frontend_wire import pack, pack_done, unpack
 from serve.request import Request, Stops, Update
 
-__all__ = ["Outgoing", "core_main", "facts_of"]
+__all__ = ["Outgoing", "core_main", "die_with_parent", "facts_of"]
 
 POLL_MS = 200  # how often the receiving thread looks at its parent and the scheduler thread
 PR_SET_PDEATHSIG = 1
@@ -284,7 +284,8 @@ class Bridge:
             ["q", qid, True, f.result()] if f.exception() is None else ["q", qid, False, str(f.exception())], to))
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
+    """SIGKILL this process when the one that forked it dies (Linux; elsewhere a poll notices)."""
     try:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     except (OSError, AttributeError):
@@ -298,7 +299,7 @@ def core_main(addrs: list[tuple[str, str]], build, start_scheduler) -> None:
     parent = os.getppid()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    _die_with_parent()
+    die_with_parent()
     code = 0
     try:
         engine, head = build()
