@@ -115,6 +115,26 @@ def _placed(server, want: int) -> dict[int, list[httpx.Client]]:
     raise AssertionError(f"connections did not reach both front ends: {({p: len(v) for p, v in placed.items()})}")
 
 
+def _under_way(server, clients: list[httpx.Client], run) -> tuple[list[threading.Thread], list]:
+    """`run(i, client)` for each client on a thread of its own, returned once every one is running in
+    the core (at most 30 s): (the threads, the list their results go to)."""
+    results: list = []
+    threads = [threading.Thread(target=lambda i=i, c=c: results.append(run(i, c))) for i, c in enumerate(clients)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 30
+    while server.stats()["gauges"]["running"] < len(clients) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return threads, results
+
+
+def _gone(pids: list[int], timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not any(_alive(p) for p in pids)
+
+
 def _children(pid: int) -> list[int]:
     with open(f"/proc/{pid}/task/{pid}/children") as f:
         return [int(k) for k in f.read().split()]
@@ -165,14 +185,7 @@ def test_sigterm_drains_every_front_end_and_leaves_no_process(kern_server):
     server = kern_server(TARGET, *FLAGS, "--fault", "slow-steps")
     kids = _children(server.proc.pid)
     clients = [c for cs in _placed(server, 3).values() for c in cs[:3]]  # three open on each front end
-    results: list = []
-    threads = [threading.Thread(target=lambda i=i, c=c: results.append(_one(server, i, i % 2 == 0, 40, c)))
-               for i, c in enumerate(clients)]
-    for t in threads:
-        t.start()
-    deadline = time.monotonic() + 30
-    while server.stats()["gauges"]["running"] < 6 and time.monotonic() < deadline:
-        time.sleep(0.05)
+    threads, results = _under_way(server, clients, lambda i, c: _one(server, i, i % 2 == 0, 40, c))
     server.proc.send_signal(signal.SIGTERM)
     for t in threads:
         t.join(60)
@@ -180,10 +193,7 @@ def test_sigterm_drains_every_front_end_and_leaves_no_process(kern_server):
     for g in results:
         assert g["status"] == 200 and g["ids"] == _want(g["prompt"], 40), g
     assert server.wait_exit(60) == 0
-    deadline = time.monotonic() + 10
-    while any(_alive(k) for k in kids) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not any(_alive(k) for k in kids), "a front end or the core outlived the server"
+    assert _gone(kids), "a front end or the core outlived the server"
     assert server.log().count(" serve: stopped ") == 1 and " front end stopped index=1 " in server.log()
 
 
@@ -191,14 +201,7 @@ def test_the_cores_death_ends_every_front_end(kern_server):
     server = kern_server(TARGET, *FLAGS, "--fault", "slow-steps")
     core, peer = _children(server.proc.pid)
     clients = [c for cs in _placed(server, 3).values() for c in cs[:3]]  # three open on each front end
-    results: list = []
-    threads = [threading.Thread(target=lambda i=i, c=c: results.append(_one(server, i, i % 2 == 0, 400, c)))
-               for i, c in enumerate(clients)]
-    for t in threads:
-        t.start()
-    deadline = time.monotonic() + 30
-    while server.stats()["gauges"]["running"] < 6 and time.monotonic() < deadline:
-        time.sleep(0.05)
+    threads, results = _under_way(server, clients, lambda i, c: _one(server, i, i % 2 == 0, 400, c))
     os.kill(core, signal.SIGKILL)
     for t in threads:
         t.join(60)
@@ -211,10 +214,7 @@ def test_the_cores_death_ends_every_front_end(kern_server):
             assert g["status"] == 503 and body["error"]["code"] == "engine_core_dead", g
     assert server.wait_exit(30) == 101
     assert not os.path.exists(re.search(r" metrics_dir=(\S+)", server.log()).group(1))
-    deadline = time.monotonic() + 10
-    while _alive(peer) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not _alive(peer), "the second front end outlived the core"
+    assert _gone([peer]), "the second front end outlived the core"
 
 
 def test_a_front_end_killed_alone_has_its_requests_aborted_and_the_rest_serve_on(kern_server):
@@ -222,14 +222,7 @@ def test_a_front_end_killed_alone_has_its_requests_aborted_and_the_rest_serve_on
     _, peer = _children(server.proc.pid)
     placed = _placed(server, 3)
     clients = placed[server.proc.pid][:3] + placed[peer][:3]
-    results: list = []
-    threads = [threading.Thread(target=lambda i=i, c=c: results.append(_catch(server, i, c)))
-               for i, c in enumerate(clients)]
-    for t in threads:
-        t.start()
-    deadline = time.monotonic() + 30
-    while server.stats()["gauges"]["running"] < 6 and time.monotonic() < deadline:
-        time.sleep(0.05)
+    threads, results = _under_way(server, clients, lambda i, c: _catch(server, i, c))
     os.kill(peer, signal.SIGKILL)
     deadline = time.monotonic() + 20
     while " front end died " not in server.log() and time.monotonic() < deadline:
