@@ -385,7 +385,8 @@ def run(engine, host: str, port: int, api_key: str | None, stats_every: float = 
     scheduler.stop()
     scheduler.join(timeout=30)
     limit_log.flush()
-    cut = scheduler.cut_off + app.state.ctx.cancelled + (0 if server.drained else 1)
+    cut = (scheduler.cut_off + app.state.ctx.cancelled + (0 if server.drained else 1)
+           + getattr(scheduler, "peers_cut", 0))  # --frontends: the other front ends' own ends
     if getattr(scheduler, "index", 0) == 0:  # --frontends: the leader's line; its peers' at debug
         logs.event("stopped", model=engine.model, cut_off=scheduler.cut_off, cancelled=app.state.ctx.cancelled,
                    drained=server.drained)

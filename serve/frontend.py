@@ -158,6 +158,7 @@ class RemoteScheduler:
         self.index, self.count, self.leader, self.shared = index, count, index == 0, shared
         self.peers: dict[int, int | None] = dict.fromkeys(peers)  # pid -> exit code once it ended
         self.names = names
+        self.lost_peers: set[int] = set()  # peers that died unasked
         self.ctx = zmq.Context()
         self.push, self.pull = self.ctx.socket(zmq.PUSH), self.ctx.socket(zmq.PULL)
         for s, addr in ((self.push, addrs[0]), (self.pull, addrs[1])):
@@ -256,6 +257,12 @@ class RemoteScheduler:
                     pass
         if not self.ended.is_set():
             self._send(pack(["x"]))
+
+    @property
+    def peers_cut(self) -> int:
+        """The other front ends that, told to stop, ended other than cleanly (cut requests off, or were
+        killed past the wait); not one that died on its own before (logged then, its requests aborted)."""
+        return sum(1 for pid, code in self.peers.items() if code not in (0, None) and pid not in self.lost_peers)
 
     def join(self, timeout: float | None = None) -> None:
         """After the loop: wait for the core's goodbye (its cut-off count) and its end."""
@@ -403,6 +410,7 @@ class RemoteScheduler:
         self.peers[pid] = code = os.waitstatus_to_exitcode(status)
         if self.letting_go or self.ended.is_set():
             return
+        self.lost_peers.add(pid)
         logs.event("front end died", "ERROR", pid=pid, code=code, left=sum(c is None for c in self.peers.values()) + 1)
         if not self.ended.is_set():
             self._send(pack(["f", list(self.peers).index(pid) + 1]))

@@ -5,6 +5,7 @@
 - /metrics, whichever front end answers the scrape, counts every front end's requests and tokens
   exactly (prometheus_client's multiprocess mode);
 - SIGTERM drains every front end's open requests (each answered in full), exits 0 and leaves no process;
+  a drain that runs out cuts every front end's off (each answered so) and exits 75;
 - the core's death answers every front end's open requests with a 503 `engine_core_dead` and ends them all;
 - a front end killed on its own: its requests are aborted in the core (nothing leaked) and the others
   serve on;
@@ -195,6 +196,22 @@ def test_sigterm_drains_every_front_end_and_leaves_no_process(kern_server):
     assert server.wait_exit(60) == 0
     assert _gone(kids), "a front end or the core outlived the server"
     assert server.log().count(" serve: stopped ") == 1 and " front end stopped index=1 " in server.log()
+
+
+def test_a_drain_that_runs_out_cuts_off_every_front_ends_requests(kern_server):
+    """--drain-timeout past: every open request, on either front end, answered as cut off (a 503
+    `drain_timeout`, a stream's error event), and the exit code says so (75)."""
+    server = kern_server(TARGET, *FLAGS, "--fault", "slow-steps", "--drain-timeout", "1")
+    clients = [c for cs in _placed(server, 2).values() for c in cs[:2]]  # two open on each front end
+    threads, results = _under_way(server, clients, lambda i, c: _one(server, i, i % 2 == 0, 1000, c))
+    server.proc.send_signal(signal.SIGTERM)
+    for t in threads:
+        t.join(60)
+    assert len(results) == 4
+    for g in results:
+        assert (g["body"].get("error") or {}).get("code") == "drain_timeout", g
+        assert g["status"] == (200 if g["i"] % 2 == 0 else 503), g  # a stream's status was sent at its start
+    assert server.wait_exit(60) == 75
 
 
 def test_the_cores_death_ends_every_front_end(kern_server):
