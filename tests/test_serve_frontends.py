@@ -129,6 +129,18 @@ def _under_way(server, clients: list[httpx.Client], run) -> tuple[list[threading
     return threads, results
 
 
+def _terminated(server, each: int, max_tokens: int) -> list:
+    """`each` requests under way on each front end (streams and whole answers in turn), then SIGTERM to
+    the server: their results, once every client is done."""
+    clients = [c for cs in _placed(server, each).values() for c in cs[:each]]
+    threads, results = _under_way(server, clients, lambda i, c: _one(server, i, i % 2 == 0, max_tokens, c))
+    server.proc.send_signal(signal.SIGTERM)
+    for t in threads:
+        t.join(60)
+    assert len(results) == 2 * each
+    return results
+
+
 def _gone(pids: list[int], timeout: float = 10.0) -> bool:
     deadline = time.monotonic() + timeout
     while any(_alive(p) for p in pids) and time.monotonic() < deadline:
@@ -185,13 +197,7 @@ def test_every_front_end_serves_exact_answers_and_metrics_count_them_all(kern_se
 def test_sigterm_drains_every_front_end_and_leaves_no_process(kern_server):
     server = kern_server(TARGET, *FLAGS, "--fault", "slow-steps")
     kids = _children(server.proc.pid)
-    clients = [c for cs in _placed(server, 3).values() for c in cs[:3]]  # three open on each front end
-    threads, results = _under_way(server, clients, lambda i, c: _one(server, i, i % 2 == 0, 40, c))
-    server.proc.send_signal(signal.SIGTERM)
-    for t in threads:
-        t.join(60)
-    assert len(results) == 6
-    for g in results:
+    for g in _terminated(server, 3, 40):
         assert g["status"] == 200 and g["ids"] == _want(g["prompt"], 40), g
     assert server.wait_exit(60) == 0
     assert _gone(kids), "a front end or the core outlived the server"
@@ -202,13 +208,7 @@ def test_a_drain_that_runs_out_cuts_off_every_front_ends_requests(kern_server):
     """--drain-timeout past: every open request, on either front end, answered as cut off (a 503
     `drain_timeout`, a stream's error event), and the exit code says so (75)."""
     server = kern_server(TARGET, *FLAGS, "--fault", "slow-steps", "--drain-timeout", "1")
-    clients = [c for cs in _placed(server, 2).values() for c in cs[:2]]  # two open on each front end
-    threads, results = _under_way(server, clients, lambda i, c: _one(server, i, i % 2 == 0, 1000, c))
-    server.proc.send_signal(signal.SIGTERM)
-    for t in threads:
-        t.join(60)
-    assert len(results) == 4
-    for g in results:
+    for g in _terminated(server, 2, 1000):
         assert (g["body"].get("error") or {}).get("code") == "drain_timeout", g
         assert g["status"] == (200 if g["i"] % 2 == 0 else 503), g  # a stream's status was sent at its start
     assert server.wait_exit(60) == 75
