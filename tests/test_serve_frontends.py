@@ -1,7 +1,7 @@
 """`kern serve --frontends N`: N HTTP front-end processes on one port, one engine core (serve/frontend.py).
 
-- every front end serves (request ids are numbered across them: id mod N is the front end), and every
-  answer, whole or streamed, is toy/model.py's;
+- every front end serves (each one's own count of answered requests, from its metrics file), request
+  ids are one numbering across them, and every answer, whole or streamed, is toy/model.py's;
 - /metrics, whichever front end answers the scrape, counts every front end's requests and tokens
   exactly (prometheus_client's multiprocess mode);
 - SIGTERM drains every front end's open requests (each answered in full), exits 0 and leaves no process;
@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import glob
 import json
 import os
@@ -39,7 +40,7 @@ def _one(server, i: int, stream: bool, max_tokens: int = 12, client: httpx.Clien
     ids = [(7 * i + k) % 256 for k in range(5 + i % 7)]
     body = {"prompt": ids, "max_tokens": max_tokens, "return_token_ids": True, "ignore_eos": True,
             "temperature": 0, "stream": stream}
-    with (httpx.Client(timeout=120) if client is None else _kept(client)) as c:
+    with (httpx.Client(timeout=120) if client is None else contextlib.nullcontext(client)) as c:
         if not stream:
             r = c.post(server.url + "/v1/completions", json=body)
             d = r.json()
@@ -66,19 +67,6 @@ def _want(prompt: list[int], max_tokens: int) -> list[int]:
     while len(out) < max_tokens:
         out += oracle(TARGET, prompt + out, max_tokens - len(out))
     return out[:max_tokens]
-
-
-class _kept:
-    """A client used in a `with` without closing it."""
-
-    def __init__(self, c: httpx.Client) -> None:
-        self.c = c
-
-    def __enter__(self) -> httpx.Client:
-        return self.c
-
-    def __exit__(self, *exc) -> None:
-        pass
 
 
 def _answered(server) -> dict[int, float]:
