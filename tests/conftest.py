@@ -223,6 +223,32 @@ def ask(server: ServerProcess, ids: list[int], max_tokens: int, stream: bool = F
             "finish": last["choices"][0]["finish_reason"], "kern": last["kern"], "text": text}
 
 
+def alive(pid: int) -> bool:
+    """Process `pid` runs (Linux's /proc; a zombie, exited and not yet reaped, counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def gone(pids, timeout: float = 10.0) -> bool:
+    """Whether every process of `pids` has ended, waiting up to `timeout` seconds for them to."""
+    deadline = time.monotonic() + timeout
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not any(alive(p) for p in pids)
+
+
+def children(pid: int) -> list[int]:
+    """Process `pid`'s children, in the order it started them (none when it has ended)."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(k) for k in f.read().split()]
+    except OSError:
+        return []
+
+
 def assert_nothing_leaked(server: ServerProcess, timeout: float = 10.0) -> dict:
     """Idle: no lease but the pad, pages = pad + snapshots, slots = snapshots + the pad's."""
     deadline = time.monotonic() + timeout

@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from conftest import gone
 from e2e.session import Session, ServerError, launch
 from e2e.spawn import Processes, Spawner, run_command
 
@@ -17,17 +18,6 @@ CHILD = ("import subprocess, sys, time\n"
          "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'])\n"
          "print('child', p.pid, flush=True)\n"
          "time.sleep(300)\n")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:  # a zombie is gone as far as anyone serving is concerned
-        return "\nState:\tZ" not in open(f"/proc/{pid}/status").read()
-    except FileNotFoundError:
-        return False
 
 
 def _child_pid(log, timeout: float = 20.0) -> int:
@@ -59,10 +49,7 @@ def test_a_fresh_process_leads_its_own_group_and_its_stop_takes_what_it_started(
         assert os.getpgid(child) == s.pid
     finally:
         s.stop()
-    deadline = time.monotonic() + 5
-    while _alive(child) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not _alive(child), "the server's stop left what it started running"
+    assert gone([child], 5), "the server's stop left what it started running"
     assert s.exit_code == -signal.SIGTERM
 
 
@@ -73,10 +60,7 @@ def test_a_command_past_its_timeout_is_killed_with_its_group(tmp_path):
     assert code is None and "timed out" in out
     assert time.monotonic() - t0 < 30
     child = _child_pid(log)
-    deadline = time.monotonic() + 5
-    while _alive(child) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not _alive(child)
+    assert gone([child], 5)
     assert log.read_text().startswith(f"$ {sys.executable} -c ")
 
 
@@ -84,7 +68,4 @@ def test_launch_stops_a_server_that_never_gets_ready(tmp_path):
     with pytest.raises(ServerError, match="not ready after 1s"):
         launch("never", [sys.executable, "-c", CHILD], tmp_path / "never.log", load_timeout=1.0, term_timeout=2.0)
     child = _child_pid(tmp_path / "never.log")
-    deadline = time.monotonic() + 5
-    while _alive(child) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not _alive(child), "a server that never got ready was left running"
+    assert gone([child], 5), "a server that never got ready was left running"

@@ -13,7 +13,7 @@ import signal
 import time
 
 import pytest
-from conftest import PROMPTS, ask, assert_nothing_leaked, oracle
+from conftest import PROMPTS, ask, assert_nothing_leaked, gone, oracle
 
 TARGET = "toy-layers"
 LIMIT = 3.0
@@ -52,18 +52,6 @@ def _stage_pids(server) -> dict[int, int]:
             return found
         time.sleep(0.05)
     raise AssertionError("no `pp stage ready` line:\n" + server.log()[-2000:])
-
-
-def _gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    try:  # a zombie (exited, not yet reaped) is gone too
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] == "Z"
-    except OSError:
-        return True
 
 
 @pytest.mark.parametrize("stages", [2, 3])
@@ -113,10 +101,7 @@ def test_a_lost_stage_ends_the_head(kern_server, how):
     code = s.wait_exit(LIMIT + 15)
     assert code == 3, f"head exit {code}:\n{s.log()[-2000:]}"
     assert re.search(r" pp stage lost stage=2 ", s.log()), s.log()[-2000:]
-    deadline = time.monotonic() + LIMIT + 10
-    while not all(_gone(p) for p in pids.values()) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert all(_gone(p) for p in pids.values()), "stages outlived their head"
+    assert gone(pids.values(), LIMIT + 10), "stages outlived their head"
 
 
 def test_a_head_that_is_gone_ends_its_stages(kern_server):
@@ -124,10 +109,7 @@ def test_a_head_that_is_gone_ends_its_stages(kern_server):
     pids = _stage_pids(s)
     s.proc.send_signal(signal.SIGKILL)
     s.proc.wait()
-    deadline = time.monotonic() + LIMIT + 10
-    while not all(_gone(p) for p in pids.values()) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert all(_gone(p) for p in pids.values()), "a stage outlived its head"
+    assert gone(pids.values(), LIMIT + 10), "a stage outlived its head"
 
 
 def test_the_head_packs_prefill_as_one_process_does(kern_server):

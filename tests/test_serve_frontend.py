@@ -22,7 +22,7 @@ import time
 import httpx
 import pytest
 
-from conftest import assert_nothing_leaked
+from conftest import assert_nothing_leaked, children
 
 TARGET = "toy-paged"
 FLAGS = ("--capacity", "4096", "--max-seqs", "8")
@@ -181,13 +181,7 @@ def test_the_cores_death_answers_every_open_request_and_exits(kern_server):
 
 def _core_pid(server) -> int | None:
     """The server's engine core process (its one child), None when it has none."""
-    pid = server.proc.pid
-    try:
-        with open(f"/proc/{pid}/task/{pid}/children") as f:
-            kids = [int(k) for k in f.read().split()]
-    except OSError:
-        return None
-    return kids[0] if kids else None
+    return next(iter(children(server.proc.pid)), None)
 
 
 def test_a_lagging_stream_sends_the_queued_tokens_as_one_chunk():

@@ -25,10 +25,15 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import httpx
 
-from conftest import assert_nothing_leaked, oracle
+from conftest import EOS, assert_nothing_leaked, children, gone, manifest_dict
+from oracle.reference import Reference
+from verdicts.params import continuation
+
+REPO = Path(__file__).resolve().parent.parent
 
 TARGET = "toy-paged"
 FLAGS = ("--capacity", "8192", "--max-seqs", "16", "--frontends", "2")
@@ -62,11 +67,9 @@ def _one(server, i: int, stream: bool, max_tokens: int = 12, client: httpx.Clien
 
 
 def _want(prompt: list[int], max_tokens: int) -> list[int]:
-    """toy/model.py's answer under ignore_eos: past an EOS, the continuation of everything so far."""
-    out: list[int] = []
-    while len(out) < max_tokens:
-        out += oracle(TARGET, prompt + out, max_tokens - len(out))
-    return out[:max_tokens]
+    """toy/model.py's answer under ignore_eos (run on past each EOS: the gate's own `continuation`)."""
+    return continuation(Reference(REPO / "toy" / "model.py", manifest_dict(TARGET)), 1, prompt, max_tokens, EOS,
+                        ignore_eos=True)
 
 
 def _answered(server) -> dict[int, float]:
@@ -129,26 +132,6 @@ def _terminated(server, each: int, max_tokens: int) -> list:
     return results
 
 
-def _gone(pids: list[int], timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return not any(_alive(p) for p in pids)
-
-
-def _children(pid: int) -> list[int]:
-    with open(f"/proc/{pid}/task/{pid}/children") as f:
-        return [int(k) for k in f.read().split()]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[-1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def _metric(text: str, name: str, labels: str = "") -> float:
     m = re.search(rf"^{re.escape(name)}\{{[^}}]*{labels}[^}}]*\}} (\S+)$", text, re.M)
     assert m, f"{name} {labels} not in /metrics"
@@ -157,7 +140,7 @@ def _metric(text: str, name: str, labels: str = "") -> float:
 
 def test_every_front_end_serves_exact_answers_and_metrics_count_them_all(kern_server):
     server = kern_server(TARGET, *FLAGS)
-    assert len(_children(server.proc.pid)) == 2  # the engine core and the second front end
+    assert len(children(server.proc.pid)) == 2  # the engine core and the second front end
     assert re.search(r" serving .* frontends=2", server.log())
     n = 48
     with concurrent.futures.ThreadPoolExecutor(16) as ex:
@@ -184,11 +167,11 @@ def test_every_front_end_serves_exact_answers_and_metrics_count_them_all(kern_se
 
 def test_sigterm_drains_every_front_end_and_leaves_no_process(kern_server):
     server = kern_server(TARGET, *FLAGS, "--fault", "slow-steps")
-    kids = _children(server.proc.pid)
+    kids = children(server.proc.pid)
     for g in _terminated(server, 3, 40):
         assert g["status"] == 200 and g["ids"] == _want(g["prompt"], 40), g
     assert server.wait_exit(60) == 0
-    assert _gone(kids), "a front end or the core outlived the server"
+    assert gone(kids), "a front end or the core outlived the server"
     assert server.log().count(" serve: stopped ") == 1 and " front end stopped index=1 " in server.log()
 
 
@@ -204,7 +187,7 @@ def test_a_drain_that_runs_out_cuts_off_every_front_ends_requests(kern_server):
 
 def test_the_cores_death_ends_every_front_end(kern_server):
     server = kern_server(TARGET, *FLAGS, "--fault", "slow-steps")
-    core, peer = _children(server.proc.pid)
+    core, peer = children(server.proc.pid)
     clients = [c for cs in _placed(server, 3).values() for c in cs[:3]]  # three open on each front end
     threads, results = _under_way(server, clients, lambda i, c: _one(server, i, i % 2 == 0, 400, c))
     os.kill(core, signal.SIGKILL)
@@ -219,12 +202,12 @@ def test_the_cores_death_ends_every_front_end(kern_server):
             assert g["status"] == 503 and body["error"]["code"] == "engine_core_dead", g
     assert server.wait_exit(30) == 101
     assert not os.path.exists(re.search(r" metrics_dir=(\S+)", server.log()).group(1))
-    assert _gone([peer]), "the second front end outlived the core"
+    assert gone([peer]), "the second front end outlived the core"
 
 
 def test_a_front_end_killed_alone_has_its_requests_aborted_and_the_rest_serve_on(kern_server):
     server = kern_server(TARGET, *FLAGS, "--fault", "slow-steps")
-    _, peer = _children(server.proc.pid)
+    _, peer = children(server.proc.pid)
     placed = _placed(server, 3)
     clients = placed[server.proc.pid][:3] + placed[peer][:3]
     threads, results = _under_way(server, clients, lambda i, c: _catch(server, i, c))
