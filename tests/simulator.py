@@ -12,6 +12,12 @@ dict, so two threads that both look before either stores each get an array of th
 block's threads no longer share it (CI saw tests/test_gpu_sim_layers' block reduction lose terms; a
 kernel summing its threads' ids through a shared array got a wrong sum in 1 block of 200 at a 1 us
 switch interval, and none of 2,000 with the allocation under a lock).
+
+And a second (`copied_globals_swap`): before each simulated call of a kernel or device function it
+swaps the fake `cuda` module into the function's module globals, finding the names to swap by
+iterating that dict while other simulated threads run; CI once saw "dictionary changed size during
+iteration" there (tests/test_gpu_sim.py, a device function's first calls from 96 threads). The names
+are now found in a copy of the dict, taken at once under the interpreter lock; the swap is numba's.
 """
 
 import os
@@ -27,7 +33,8 @@ def simulate(module: str, timeout: float = 300) -> None:
     """Run `module._simulate()` simulated; assert it exited 0 and printed "simulated: all equal"."""
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1", PYTHONWARNINGS="ignore")
     code = (f"import sys; sys.setswitchinterval({SWITCH_INTERVAL_S}); from tests.simulator import "
-            f"atomic_shared_arrays; atomic_shared_arrays(); from {module} import _simulate; _simulate()")
+            f"atomic_shared_arrays, copied_globals_swap; atomic_shared_arrays(); copied_globals_swap(); "
+            f"from {module} import _simulate; _simulate()")
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
                        text=True, timeout=timeout)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
@@ -62,3 +69,26 @@ def atomic_shared_arrays() -> None:
         return got
 
     kernelapi.FakeCUDAShared.array = array
+
+
+def copied_globals_swap() -> None:
+    """The simulator's `swapped_cuda_module` (the fake `cuda` module in a function's globals for the
+    length of a call, as numba's), its names found in a copy of the globals: iterating the live dict
+    raised when another simulated thread changed its size meanwhile."""
+    from contextlib import contextmanager
+
+    from numba.cuda.simulator import kernel, kernelapi
+
+    @contextmanager
+    def swapped_cuda_module(fn, fake_cuda_module):
+        from numba import cuda
+
+        fn_globs = fn.__globals__
+        orig = {k: v for k, v in fn_globs.copy().items() if v is cuda}  # the copy: one C call, under the GIL
+        fn_globs.update(dict.fromkeys(orig, fake_cuda_module))
+        try:
+            yield
+        finally:
+            fn_globs.update(orig)
+
+    kernelapi.swapped_cuda_module = kernel.swapped_cuda_module = swapped_cuda_module
