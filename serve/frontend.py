@@ -95,6 +95,14 @@ def start_core(build, start_scheduler, sock=None, frontends: int = 1) -> tuple[R
     return RemoteEngine(remote.wait_ready()), remote
 
 
+def _signal(pid: int, sig: int) -> None:
+    """Send `sig` to a peer front end, which may have ended already."""
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
 class _Names:
     """Request numbers shared by the front ends (`--frontends`): a counter in memory mapped before they
     fork, under a lock made then too, so ids stay `req-0`, `req-1`, ... in the order requests arrive,
@@ -232,10 +240,7 @@ class RemoteScheduler:
         self.letting_go = True
         for peer, code in self.peers.items():
             if code is None:
-                try:
-                    os.kill(peer, signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
+                _signal(peer, signal.SIGTERM)
 
     # the main thread's side
 
@@ -251,10 +256,7 @@ class RemoteScheduler:
             while self.peers[peer] is None and time.monotonic() < deadline:
                 time.sleep(0.02)
             if self.peers[peer] is None:
-                try:
-                    os.kill(peer, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+                _signal(peer, signal.SIGKILL)
         if not self.ended.is_set():
             self._send(pack(["x"]))
 
@@ -308,10 +310,7 @@ class RemoteScheduler:
         self.ended.wait()
         if self.leader:
             for peer in self.peers:
-                try:
-                    os.kill(peer, signal.SIGKILL)  # waiting for a core that will never be ready
-                except ProcessLookupError:
-                    pass
+                _signal(peer, signal.SIGKILL)  # waiting for a core that will never be ready
         self.release()
         sys.exit(self.code if self.code and self.code > 0 else 1)
 
