@@ -274,8 +274,8 @@ class RemoteScheduler:
         while self.ready and not self.said_bye.is_set() and (deadline is None or time.monotonic() < deadline):
             if self.pull.poll(POLL_MS):
                 self._take(self.pull.recv(), deliver=False)  # updates and answers have nobody to go to now
-            elif self.ended.is_set():
-                break
+            elif self.ended.is_set() and not self.pull.poll(POLL_MS):
+                break  # one more look first: what the core sent just before it ended may still be on its way
         self.ended.wait(None if deadline is None else max(deadline - time.monotonic(), 0))
         self.release()
 

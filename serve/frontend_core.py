@@ -325,6 +325,8 @@ def core_main(addrs: list[tuple[str, str]], build, start_scheduler) -> None:
             head.stop()
         for k, o in enumerate(outs):
             o.close(linger=0 if k in out.dead else 5000)
+        inp.close(linger=0)
+        ctx.term()  # sends what is queued (the goodbye above: its cut-off count) before os._exit ends the I/O thread
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
     except BaseException:  # noqa: BLE001 - the front end reads the exit code; the line says why

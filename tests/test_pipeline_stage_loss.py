@@ -106,8 +106,9 @@ def _load(server, prompts, kills, victims, rng, clients: int = 12):
     def run(i: int) -> None:
         try:
             results[i] = _one(server.url, prompts[i], stream=i % 2 == 1)
-        except Exception as exc:  # a closed connection, a timeout: recorded, and fails the test
-            results[i] = {"status": None, "ids": None, "error": repr(exc), "done": False, "stream": i % 2 == 1}
+        except Exception as exc:  # a closed connection, a timeout: recorded, and fails the test (but see `refused`)
+            results[i] = {"status": None, "ids": None, "error": repr(exc), "done": False, "stream": i % 2 == 1,
+                          "refused": isinstance(exc, httpx.ConnectError), "at": time.monotonic()}
         with lock:
             finished[0] += 1
             while todo and finished[0] >= todo[0]:
@@ -190,8 +191,15 @@ def test_without_restart_every_request_ends_with_an_explicit_error(kern_server, 
     assert len(killed) == 1
     code = s.wait_exit(LIMIT + 10)
     assert code == 3, f"head exit {code}:\n{s.log()[-2000:]}"
-    answered = errors = streamed_errors = 0
+    answered = errors = streamed_errors = refused = 0
     for i, r in enumerate(results):
+        if r.get("refused"):
+            # a client that connects only once the head has exited (a loaded machine runs its thread late):
+            # nothing listens, the connection is refused and nothing was sent; documented
+            # (docs/pipeline.md), and only after the kill: before it the head was serving
+            assert r["at"] > killed[0][1], (i, r)
+            refused += 1
+            continue
         if r["status"] == 200 and r["error"] is None:
             assert r["done"] and r["ids"] == ORACLE(prompts[i]), (i, r)
             answered += 1
@@ -208,7 +216,7 @@ def test_without_restart_every_request_ends_with_an_explicit_error(kern_server, 
     assert errors > 0, "the kill came after every request finished: it tested nothing"
     assert re.search(rf" pp stage lost stage={victim} ", s.log())
     print(f"\nseed {SEED}, stages {stages}: {n} requests, {answered} answered before the kill, {errors} explicit "
-          f"errors ({streamed_errors} as a stream's error event)")
+          f"errors ({streamed_errors} as a stream's error event), {refused} refused after the head exited")
 
 
 def test_health_is_503_while_a_stage_is_down_and_200_after_its_restart(kern_server):
