@@ -398,6 +398,7 @@ def replay_lru(reqs: list[Req], capacity: int, page: int | None = None,
         while held > capacity and cache:
             _, n = cache.popitem(last=False)
             held -= n
+            fig.evictions += 1  # a block (the policy's unit) left the cache
         fig.hit_tokens += hit
         if hit:
             fig.resident_hits += 1

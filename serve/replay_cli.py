@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 
 import click
 
@@ -137,17 +138,23 @@ def replay_command(ctx, trace, page, capacity_text, host_tokens, host_gib, bytes
     _write(figs, trace, policy, paper, scale_k, out_dir, plot)
 
 
-def _sweep(reqs, capacities, policy, page, host, bpt) -> list:
-    """One replay per device capacity, with a progress bar on stderr."""
+def _sweep(reqs, capacities, policy, page, host, bpt, every: float = 10.0) -> list:
+    """One replay per device capacity, with progress on stderr: a bar on a terminal; piped (a CI log), a
+    line at each capacity's start and at least every `every` seconds (requests done, elapsed, left)."""
     from serve.replay import replay_engine, replay_lru, setup_for
 
     figs = []
     bound = None
     total = len(reqs) * len(capacities)
-    # drawn about 200 times in all, not once a request (a draw on a terminal costs more than a request)
-    with click.progressbar(length=total, label=f"replaying {len(reqs)} requests", file=sys.stderr, show_pos=True,
-                           update_min_steps=max(1, total // 200)) as bar:
+    if sys.stderr.isatty():  # drawn about 200 times in all, not once a request (a draw costs more than a request)
+        progress = click.progressbar(length=total, label=f"replaying {len(reqs)} requests", file=sys.stderr,
+                                     show_pos=True, update_min_steps=max(1, total // 200))
+    else:
+        progress = _Lines(total, every)
+    with progress as bar:
         for cap in capacities:
+            if isinstance(bar, _Lines):
+                bar.say(f"capacity {cap:,} tokens ({policy})")
             if policy == "lru":
                 fig = replay_lru(reqs, cap, page, tick=bar.update)
             else:
@@ -158,6 +165,35 @@ def _sweep(reqs, capacities, policy, page, host, bpt) -> list:
                 bound = fig.bound_tokens
             figs.append(fig)
     return figs
+
+
+class _Lines:
+    """Progress for a pipe: plain lines on stderr, one at each `say` and one at least every `every`
+    seconds of `update`s (the clock read once per 1,000 requests)."""
+
+    def __init__(self, total: int, every: float) -> None:
+        self.total, self.every, self.done = total, every, 0
+        self.t0 = self.last = time.monotonic()
+
+    def __enter__(self) -> "_Lines":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if exc[0] is None:
+            self.say("done")
+
+    def say(self, what: str) -> None:
+        now = time.monotonic()
+        left = (now - self.t0) / self.done * (self.total - self.done) if self.done else None
+        eta = f", about {left:.0f} s left" if left is not None and self.done < self.total else ""
+        click.echo(f"replay: {what}: {self.done:,}/{self.total:,} requests replayed in {now - self.t0:.0f} s{eta}",
+                   err=True)
+        self.last = now
+
+    def update(self, n: int) -> None:
+        before, self.done = self.done, self.done + n
+        if before // 1000 != self.done // 1000 and time.monotonic() - self.last >= self.every:
+            self.say("progress")
 
 
 def _write(figs, trace, policy, paper, scale_k, out_dir, plot) -> None:

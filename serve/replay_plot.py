@@ -62,8 +62,12 @@ def draw(figs, path: str, title: str, paper=None, scale: int = 1) -> None:
     ax.axhline(bound, color="grey", linestyle="--", linewidth=1,
                label=f"infinite cache (never evicts): {bound:.3f}")
     if pts:
+        above = max(r for _, r in pts) > bound + 0.005
+        # the paper simulated its own trace; the ids as released give a lower never-evicts bound (conversation:
+        # 0.37 against the paper's 0.40), so its points can stand above our infinite-cache line
         ax.plot([c for c, _ in pts], [r for _, r in pts], color="black", marker="D", markersize=5, linewidth=1,
-                label="the paper's LRU (Mooncake FAST'25, Fig. 9)")
+                label="the paper's LRU (Mooncake FAST'25, Fig. 9)" + (
+                    ";\nabove the dashed line: the paper's trace, not the ids as released" if above else ""))
     ax.set_xscale("log")
     ticks = sorted(set(xs) | {c for c, _ in pts})
     ax.xaxis.set_major_locator(FixedLocator(ticks))

@@ -101,7 +101,26 @@ def test_lru_hits_leading_cached_blocks_and_evicts_the_least_recent():
     # 2nd: both blocks; 3rd: none (3 evicts 1); 4th: none (1 is gone); 5th: block 2 is cached, 5 is not
     assert [h for h, _ in f.per_request] == [0, 2 * BLOCK, 0, 0, BLOCK]
     assert f.bound_tokens == 5 * BLOCK  # the 2nd, the 4th and the 5th's first, with a cache that never forgets
-    assert replay_lru(reqs, 100 * BLOCK).hit_tokens == f.bound_tokens
+    assert f.evictions == 3  # block 1 for 3, block 3 for 1, block 1 again for 5's partial block
+    big = replay_lru(reqs, 100 * BLOCK)
+    assert big.hit_tokens == f.bound_tokens and big.evictions == 0
+
+
+def test_piped_progress_speaks_at_least_every_interval():
+    """`kern replay` piped (a CI log): a line per 1,000 requests once `every` seconds have passed, with
+    the count done, so a 10-minute replay is never silent until its table."""
+    import io
+    from contextlib import redirect_stderr
+
+    from serve.replay_cli import _Lines
+
+    err = io.StringIO()
+    with redirect_stderr(err), _Lines(5000, every=0.0) as lines:
+        for _ in range(5000):
+            lines.update(1)
+    said = err.getvalue().splitlines()
+    assert [x.split(":")[1].strip() for x in said] == ["progress"] * 5 + ["done"], said
+    assert "3,000/5,000 requests" in said[2] and "s left" in said[2] and "5,000/5,000" in said[-1]
 
 
 # the engine policy
@@ -140,6 +159,10 @@ def test_cli_table_json_sweep_and_errors(tmp_path):
     rows = [json.loads(x) for x in r.stdout.splitlines() if x.startswith("{")]
     assert [x["capacity"] for x in rows] == [20000, 200000] and rows[1]["hit_ratio"] >= rows[0]["hit_ratio"]
     assert (tmp_path / "sweep.png").read_bytes()[:4] == b"\x89PNG"
+    # piped (not a terminal): a plain progress line at each capacity and at the end, never silent until the table
+    assert "replay: capacity 20,000 tokens (engine): 0/40 requests" in r.stderr, r.stderr
+    assert "replay: capacity 200,000 tokens (engine): 20/40 requests" in r.stderr, r.stderr
+    assert "replay: done: 40/40 requests" in r.stderr, r.stderr
     r = runner.invoke(main, ["replay", str(tmp_path / "t.jsonl"), "--policy", "lru", "--capacity", "1M"])
     assert r.exit_code == 0 and "infinite-cache bound" in r.stdout and "hit ratio" in r.stdout
     # the README's spelling: --host-tokens takes --capacity's suffixes
