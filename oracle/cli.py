@@ -190,8 +190,9 @@ def _run_file(ctx, target, path, steps, rows, chunk, backend, capacity, weights,
 @click.option("--backend", default="cpu", type=click.Choice(["auto", "cpu", "gpu"]), show_default=True)
 @click.option("--weights", multiple=True, help="Weights file(s) for both builds.")
 @click.option("--gpu", "--device", "device", default=None, help="GPU index (accepted for the Rust kern's sake).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object: the verdict, the exit code and each case.")
 @click.pass_context
-def test_cmd(ctx, target, cand, ref, steps, backend, weights, device) -> None:
+def test_cmd(ctx, target, cand, ref, steps, backend, weights, device, as_json) -> None:
     """A/B the candidate build against its -ref twin: ids and final state bytes. Exit 0 PASS, 1 FAIL, 2 INCONCLUSIVE."""
     from oracle.abtest import ab_test
 
@@ -209,8 +210,48 @@ def test_cmd(ctx, target, cand, ref, steps, backend, weights, device) -> None:
         a, b = load(ref_path), load(cand_path)
     except USER_ERRORS as exc:
         fail(str(exc))
-    code = ab_test(a, b, ws, steps, backend, echo=click.echo)
+    said: list[str] = []
+    code = ab_test(a, b, ws, steps, backend, echo=said.append if as_json else click.echo)
+    if as_json:
+        click.echo(json.dumps(_test_json(said, code)))
     sys.exit(code)
+
+
+def _test_json(said: list[str], code: int) -> dict:
+    """`kern test --json`: ab_test's lines as one object. Each case line is `  ok|FAIL|skip  LABEL: DETAIL`;
+    the last line is the verdict (PASS, FAIL or INCONCLUSIVE, then its reason)."""
+    cases = []
+    for line in said[:-1]:
+        status, _, rest = line.strip().partition(" ")
+        label, _, detail = rest.strip().partition(": ")
+        cases.append({"status": {"ok": "pass", "FAIL": "fail", "skip": "skip"}.get(status, status), "case": label,
+                      "detail": detail})
+    verdict, _, why = said[-1].partition(": ") if said else ("INCONCLUSIVE", "", "nothing ran")
+    return {"verdict": verdict, "exit": code, "summary": why, "cases": cases}
+
+
+@main.command("verify")
+@click.argument("manifest")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
+@click.pass_context
+def verify_cmd(ctx, manifest, as_json) -> None:
+    """Load and verify MANIFEST (a path, or a target's name) without a device, and print what it derives:
+    its states, the page and reach, every program with its calls' shapes. Exit 0 verified, 1 when the
+    manifest has problems (each named), 2 a usage error."""
+    from manifests.describe import describe, lines
+
+    path = Path(manifest)
+    if not path.exists():
+        try:
+            path = Path(resolve(manifest, ctx.obj["config"], None).manifest)
+        except USER_ERRORS as exc:
+            fail(f"{manifest} is neither a manifest file nor a target: {exc}")
+    try:
+        d = describe(load(path))
+    except ManifestError as exc:
+        click.echo(str(exc), err=True)
+        sys.exit(1)
+    click.echo(json.dumps(d) if as_json else "\n".join(lines(d)))
 
 
 @main.command("cut")

@@ -110,6 +110,37 @@ def test_kern_test_cli_passes_and_is_inconclusive_when_nothing_runs():
     assert r.returncode == INCONCLUSIVE and r.stdout.strip().splitlines()[-1].startswith("INCONCLUSIVE")
 
 
+def test_kern_test_json_is_one_object_with_every_case(tmp_path):
+    r = kern("test", "toy-paged", "--steps", "8", "--json")
+    d = json.loads(r.stdout)
+    assert r.returncode == PASS == d["exit"] and d["verdict"] == "PASS", r.stdout + r.stderr
+    assert d["cases"] and all(c["status"] == "pass" and c["case"].startswith("prompt ") for c in d["cases"])
+    assert d["summary"] == f"{len(d['cases'])}/{len(d['cases'])} cases identical (ids and state bytes)"
+    r = kern("test", "--manifest", str(broken_candidate(tmp_path)), "--reference",
+             str(CONFIG.targets["toy-paged"].reference), "--json")
+    d = json.loads(r.stdout)
+    assert r.returncode == FAIL == d["exit"] and d["verdict"] == "FAIL"
+    assert all(c["status"] == "fail" for c in d["cases"]) and "differ" in d["cases"][0]["detail"]
+
+
+def test_kern_verify_prints_the_derived_geometry_or_names_the_problem(tmp_path):
+    r = kern("verify", "toy-paged")
+    assert r.returncode == 0, r.stderr
+    assert "state kv: paged, 4096 bytes/token" in r.stdout and "page 16 tokens, reach 8192 tokens" in r.stdout
+    assert re.search(r"program decode, groups 256, rows 1 \[graph\]: 2 calls\n    write\(", r.stdout), r.stdout
+    d = json.loads(kern("verify", str(manifest_path("toy-layers")), "--json").stdout)
+    assert [s["name"] for s in d["states"]] == ["kv.0", "kv.1", "kv.2", "kv.3"] and d["reach_tokens"] == 32768
+    assert [c["label"] for c in next(p for p in d["programs"] if p["name"] == "decode")["calls"]] == [
+        "embed", "layer.0", "layer.1", "layer.2", "layer.3", "head"]
+    bad = json.loads(manifest_path("toy-paged").read_text())
+    bad["buffers"]["salt"]["dtype"] = "i63"
+    (tmp_path / "bad.json").write_text(json.dumps(bad))
+    r = kern("verify", str(tmp_path / "bad.json"))
+    assert r.returncode == 1 and "buffers.salt.dtype" in r.stderr and "Traceback" not in r.stderr
+    r = kern("verify", "no-such-target")
+    assert r.returncode == 2 and "neither a manifest file nor a target" in r.stderr
+
+
 def test_kern_gen_writes_the_shipped_set(tmp_path):
     r = kern("gen", "--out", str(tmp_path))
     assert r.returncode == 0 and re.search(r"\b\d+ manifests, salt and config", r.stdout), r.stdout
@@ -118,7 +149,7 @@ def test_kern_gen_writes_the_shipped_set(tmp_path):
 
 
 def test_every_command_has_help():
-    for cmd in ([], ["run"], ["test"], ["gen"]):
+    for cmd in ([], ["run"], ["test"], ["gen"], ["verify"]):
         r = kern(*cmd, "--help")
         assert r.returncode == 0 and "Usage:" in r.stdout
 
