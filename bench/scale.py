@@ -52,12 +52,28 @@ def point(target: str, backend: str, seqs: int, context: int, max_tokens: int, r
     prompt_tokens = context - max_tokens
     cap = seqs * (context + 64)
     e = build(target, Options(backend=backend, max_seqs=seqs, capacity=cap))
-    runs = [one_round(e, rnd, seqs, max_tokens, prompt_tokens) for rnd in range(rounds + 1)][1:]
+    try:
+        runs = [one_round(e, rnd, seqs, max_tokens, prompt_tokens) for rnd in range(rounds + 1)][1:]
+    finally:
+        del e
+        _release()
     tok_s = [r["decode_tokens"] / _step_s(r) for r in runs]
     ceiling = [r["decode_tokens"] / r["kernel"] for r in runs if r["kernel"]]
     med, top = statistics.median(tok_s), statistics.median(ceiling) if ceiling else float("inf")
     return {"seqs": seqs, "context": context, "tok_s": med, "tok_s_min": min(tok_s), "tok_s_max": max(tok_s),
             "ceiling": top, "ratio": med / top, "steps": runs[0]["steps"]}
+
+
+def _release() -> None:
+    """The last point's engine gone before the next is built: its host and device memory returned (cupy's
+    pool keeps freed blocks otherwise, and the next point would be measured beside them)."""
+    import gc
+
+    gc.collect()
+    cupy = sys.modules.get("cupy")
+    if cupy is not None:
+        cupy.get_default_memory_pool().free_all_blocks()
+        cupy.get_default_pinned_memory_pool().free_all_blocks()
 
 
 def _step_s(r: dict) -> float:
