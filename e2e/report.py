@@ -118,6 +118,9 @@ def summary_text(reports: list[dict[str, Any]], meta: dict[str, Any] | None = No
                          "in-process `kern run`)")
     failed = causal([(r["target"], c) for r in reports if r.get("skipped") is None
                      for c in r.get("checks", []) if c["ok"] is False])
+    for r in reports:
+        if r.get("case"):
+            lines.append(f"- shrunk case of {r['target']}: `{r['case']}` (replay: `e2e --replay-case {r['case']}`)")
     if failed:
         target, first = failed[0]
         lines[2:2] = [f"**First failure: {target}: {first['name']}**: {_first_line(first.get('note'))}", ""]
