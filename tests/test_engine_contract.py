@@ -171,3 +171,35 @@ def test_kern_run_under_kern_fails_when_that_kerns_run_is_wrong(tmp_path, capsys
     assert code == 1, capsys.readouterr().out[-3000:]
     check = {c["name"]: c for c in reports["toy-paged"]["checks"]}["run_equals_reference"]
     assert check["ok"] is False and "got [1, 2, 3]" in check["note"], check
+
+
+def _shebang(tmp_path: Path) -> str:
+    script = tmp_path / "engine.py"
+    script.write_text("#!/nonexistent/venv/bin/python\nprint('never')\n")
+    script.chmod(0o755)
+    return f"{script} --port {{port}}"
+
+
+@pytest.mark.parametrize("command", [
+    "/nonexistent/venv/bin/python server.py --port {port}",    # a venv that is not there
+    "env /nonexistent/engine --port {port}",                    # env's 127: not found
+    f"{sys.executable} -c 'import sys; sys.exit(126)' --port {{port}}",  # a shell's "not executable"
+    "shebang",                                                  # a script whose interpreter is missing
+])
+def test_an_engine_command_that_cannot_be_executed_exits_125(tmp_path, capsys, command):
+    command = _shebang(tmp_path) if command == "shebang" else command
+    code, reports = gate(tmp_path, "--engine", command, "--targets", "toy-paged", "--scenarios", "conc1_equals_run")
+    assert code == 125, capsys.readouterr().out[-2000:]
+    assert "the engine's command cannot be executed" in reports["toy-paged"]["skipped"]
+
+
+@pytest.mark.parametrize("command, extra", [
+    (f"{sys.executable} -c 'import sys; print(\"up\"); sys.exit(3)' --port {{port}}", []),  # starts, then dies
+    (f"{sys.executable} -c 'import time; time.sleep(60)' --port {{port}}", ["--load-timeout", "2"]),  # never ready
+])
+def test_an_engine_that_starts_and_then_dies_or_never_gets_ready_exits_1(tmp_path, capsys, command, extra):
+    code, reports = gate(tmp_path, "--engine", command, "--targets", "toy-paged", "--scenarios", "conc1_equals_run",
+                         *extra)
+    assert code == 1, capsys.readouterr().out[-2000:]
+    assert reports["toy-paged"]["skipped"] is None
+    assert [c["name"] for c in reports["toy-paged"]["checks"] if c["ok"] is False][0] == "error"
