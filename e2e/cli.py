@@ -26,7 +26,7 @@ import click
 
 from e2e.checks import Checks
 from e2e.config import ConfigError, GateTarget, load_targets
-from e2e.engine import PRESETS, Engine, EngineError
+from e2e.engine import DEFAULT_TARGETS, PRESETS, Engine, EngineError
 from e2e.gate import SESSION_PORTS, Options, Run, run_target
 from e2e.oracles import oracles_for
 from e2e.progress import Progress
@@ -77,6 +77,9 @@ def gate_target(t: GateTarget, opts: Options, reference: Path | None, wanted: se
     if t.skipped:
         return _skipped(t, t.skipped, echo)
     opts = dataclasses.replace(opts, engine=engine_of(t, opts))
+    lacks = opts.engine.lacks_family(t.family)  # told by the config's facts (else learned as it starts)
+    if lacks is not None:
+        return _skipped(t, lacks, echo)
     steps = plan(t, wanted, reference is not None or t.oracle is not None, opts.engine.external)
     if wanted is not None and not any(set(s.checks) & wanted or f"policy_{s.session}" in wanted
                                       or f"metrics_{s.session}" in wanted for s in steps) \
@@ -436,7 +439,7 @@ def cli(config, targets, scenarios, reference, no_reference, out, max_tokens, ba
     if unknown:
         raise click.UsageError(f"unknown scenario(s) {', '.join(unknown)} (checks: {', '.join(CHECKS)})")
     try:
-        cfg, chosen = load_targets(config, _names(targets) or None)
+        cfg, chosen = load_targets(config, _names(targets) or _engine_default(config, engine))
         for t in chosen:
             if t.engine is not None and engine is None:
                 Engine.foreign(t.engine, t.capabilities)  # a bad declaration is a usage error, before anything starts
@@ -548,6 +551,15 @@ def explore(chosen: list[GateTarget], opts: Options, ref: Path | None, wanted: s
             failed.append(seed)
     opts.say(f"explore: {n - len(failed)}/{n} seeds pass" + (f"; failing seeds: {failed}" if failed else ""))
     return 1 if failed else 0
+
+
+def _engine_default(config: str | None, engine: Engine | None) -> list[str] | None:
+    """``e2e --engine CMD`` without ``--targets``: `DEFAULT_TARGETS`, those the config has (None: every target)."""
+    if engine is None:
+        return None
+    _, every = load_targets(config, None)
+    names = {t.name for t in every}
+    return [n for n in DEFAULT_TARGETS if n in names] or None
 
 
 def _engine_option(engine_cmd: str | None, capabilities: str | None, kern: str | None,

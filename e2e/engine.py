@@ -70,6 +70,7 @@ RUNS: dict[str, tuple[str, ...]] = {
     "float_controls": ("kern-runtime",),
     "spec_acceptance": ("kern-serve",),
     "abort": ("stream", "stats"),
+    "stream": ("stream",),
     "host_cold": ("kern-serve",), "park_wake": ("kern-serve",), "host_churn": ("kern-serve",),
     "evict_drops": ("kern-serve",), "ties": ("kern-serve",), "host_frag": ("kern-serve",),
     "slot_growth": ("kern-serve",), "rows1": ("kern-serve",), "wake_room": ("kern-serve",),
@@ -151,6 +152,13 @@ class Engine:
         for name, value in given.items():
             words = [w.replace("{" + name + "}", str(value)) for w in words]
         return words
+
+    def lacks_family(self, family: str) -> str | None:
+        """Why a target of toy `family` is not gated on this engine (it names the families it computes and
+        not this one), else None."""
+        if not self.external or self.families is None or family in self.families:
+            return None
+        return f"engine lacks family {family} (its facts.families: {', '.join(self.families) or 'none'})"
 
     @property
     def families(self) -> list[str] | None:

@@ -230,6 +230,9 @@ class Run:
             if e.external:  # what it can do and its facts, from its first server (docs/engine-contract.md)
                 with _LEARN:
                     e.learn(s.url)
+                lacks = e.lacks_family(self.target.family)
+                if lacks is not None:
+                    raise Unavailable(lacks)
                 facts = {"page": 1, **e.facts, **facts}  # page: the block a hit is counted in (1: any token)
         except BaseException:
             s.stop(kill=True)

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from e2e.cli import main
-from e2e.engine import CAPABILITIES, KERN_ONLY, NEEDS, RUNS, Engine, EngineError, lacking, step_lacking
+from e2e.engine import (CAPABILITIES, DEFAULT_TARGETS, KERN_ONLY, NEEDS, PLACEHOLDERS, RUNS, Engine, EngineError, lacking,
+                        step_lacking)
 from e2e.scenarios import CHECKS, STEPS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -116,13 +117,25 @@ def test_the_dict_engine_written_from_the_contract_passes_every_check_it_can_be_
     out = capsys.readouterr().out
     assert code == 0, out[-3000:]
     got = {c["name"]: c for c in reports["toy-paged"]["checks"]}
-    assert {n for n, c in got.items() if c["ok"] is True} == CORE | {"repeat_hit", "turn2_hit"}
+    assert {n for n, c in got.items() if c["ok"] is True} == CORE | {"repeat_hit", "turn2_hit", "stream_equals_whole"}
     assert reports["toy-paged"]["engine"]["name"] == "dict-engine"
 
 
 def test_a_lined_target_through_the_dict_engine(tmp_path, capsys):
     code, _ = gate(tmp_path, "--engine", DICT, "--targets", "toy-stateful")
     assert code == 0, capsys.readouterr().out[-3000:]
+
+
+def test_stream_alone_gates_streamed_answers_equal_to_whole_ones(tmp_path, capsys):
+    code, reports = gate(tmp_path, "--engine", DICT + " --lack text cached-tokens", "--targets", "toy-paged",
+                         "--scenarios", "stream_equals_whole")
+    assert code == 0, capsys.readouterr().out[-3000:]
+    got = {c["name"]: c for c in reports["toy-paged"]["checks"]}
+    assert got["stream_equals_whole"]["ok"] is True and got["stream_equals_whole"]["note"].startswith("4/4 identical")
+    code, reports = gate(tmp_path, "--engine", DICT + " --lack stream", "--targets", "toy-paged",
+                         "--scenarios", "stream_equals_whole", "conc1_equals_run")
+    got = {c["name"]: c for c in reports["toy-paged"]["checks"]}
+    assert code == 0 and got["stream_equals_whole"]["skipped"] == ["stream"]
 
 
 def test_a_capability_the_engine_drops_turns_its_checks_into_skips(tmp_path, capsys):
@@ -140,6 +153,7 @@ def test_a_capability_the_engine_drops_turns_its_checks_into_skips(tmp_path, cap
     ("stale-evict", "prefix_cold_warm_restored"),    # an evicted sequence's last state "restored" from its first
     ("race", "prefix_cold_warm_restored"),           # the running state shared by requests in flight
     ("cached-lie", "repeat_hit"),                    # cached_tokens says the whole prompt
+    ("stream-drop-last", "stream_equals_whole"),     # a streamed answer's last token never sent
 ])
 def test_each_planted_bug_in_the_dict_engine_fails_the_gate(tmp_path, capsys, bug, caught):
     code, reports = gate(tmp_path, "--engine", DICT + f" --bug {bug}", "--targets", "toy-paged")
@@ -203,3 +217,36 @@ def test_an_engine_that_starts_and_then_dies_or_never_gets_ready_exits_1(tmp_pat
     assert code == 1, capsys.readouterr().out[-2000:]
     assert reports["toy-paged"]["skipped"] is None
     assert [c["name"] for c in reports["toy-paged"]["checks"] if c["ok"] is False][0] == "error"
+
+
+def test_without_targets_an_engine_is_gated_on_the_default_targets_and_lacked_families_are_skipped(tmp_path, capsys):
+    from e2e.config import load_targets
+
+    code, reports = gate(tmp_path, "--engine", DICT, "--scenarios", "conc1_equals_run")
+    assert code == 0, capsys.readouterr().out[-3000:]
+    _, every = load_targets(None, None)
+    assert set(reports) == {t.name for t in every if t.name in DEFAULT_TARGETS} >= {"toy-paged", "toy-stateful"}
+    code, reports = gate(tmp_path, "--engine", DICT, "--targets", "toy-paged", "toy-float",
+                         "--scenarios", "conc1_equals_run")
+    assert code == 0, capsys.readouterr().out[-3000:]
+    assert reports["toy-float"]["skipped"].startswith("engine lacks family float (its facts.families: paged, lined)")
+    assert reports["toy-paged"]["skipped"] is None
+
+
+def test_an_engine_learns_its_toy_from_the_manifest_placeholder(tmp_path, capsys):
+    command = f"{sys.executable} {ROOT / 'tests' / 'engines' / 'dict_engine.py'} --port {{port}} --manifest {{manifest}}"
+    code, reports = gate(tmp_path, "--engine", command, "--targets", "toy-stateful", "--scenarios", "conc1_equals_run")
+    assert code == 0, capsys.readouterr().out[-3000:]
+    log = (tmp_path / "results" / "toy-stateful" / "server-default.log").read_text()
+    assert str(ROOT / "manifests" / "toy" / "toy-stateful.json") in log.splitlines()[0]
+
+
+def test_the_placeholders_are_one_table():
+    e = Engine.foreign("srv --port {port} --host {host} --model {model} --manifest {manifest}", [])
+    assert set(PLACEHOLDERS) >= {"port", "host", "model", "manifest"}
+    assert e.argv(5, "toy-x", manifest="/m.json") == ["srv", "--port", "5", "--host", "127.0.0.1", "--model", "toy-x",
+                                                       "--manifest", "/m.json"]
+    assert all(f"`{{{name}}}`" in DOC.read_text() for name in PLACEHOLDERS), "docs/engine-contract.md names each"
+    e.facts["families"] = ["paged"]
+    assert e.lacks_family("paged") is None and "engine lacks family lined" in e.lacks_family("lined")
+    assert Engine.foreign("srv --port {port}", []).lacks_family("lined") is None  # undeclared: every family tried
