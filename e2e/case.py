@@ -119,7 +119,7 @@ def replay(case: Case, run) -> list[str]:
         same, params = Same(run.oracle, run.rows), []
         for q in case.requests:
             _send(run, live, same, params, q)
-        run.checks.add(ANSWERS, same.ok, str(same), same.excused)
+        run.checks.add(ANSWERS, same.ok, str(same), same.excused, same.first)
         if params:
             bad = [f"request {i + 1} ({_what(b)}): {p}" for i, (b, p) in enumerate(params) if p]
             note = f"{len(params) - len(bad)}/{len(params)} exact" + "".join(f"; {x}" for x in bad[:5])
@@ -146,7 +146,7 @@ def _send(run, live, same: Same, params: list, q: dict[str, Any]) -> None:
         except Rejected:
             return  # a refusal is the server's answer; the policy oracle was told (Run.answer)
         ids = run.prompt_ids(a, prompt)
-        same.add(f"request {a.request}", ids, a.ids, run.oracle.run(ids, m, run.rows))
+        same.add(f"request {a.request}", ids, a.ids, run.oracle.run(ids, m, run.rows), a.served)
     elif kind == "request":
         run.serial_ends("a request with parameters (the policy does not follow its stop)")
         try:
@@ -165,7 +165,7 @@ def _send(run, live, same: Same, params: list, q: dict[str, Any]) -> None:
         for (p, m), a in zip(calls, live.client.run_all(calls)):
             if isinstance(a, Answer):
                 ids = run.prompt_ids(a, p)
-                same.add(f"burst {a.request}", ids, a.ids, run.oracle.run(ids, m, run.rows))
+                same.add(f"burst {a.request}", ids, a.ids, run.oracle.run(ids, m, run.rows), a.served)
 
 
 def ddmin(items: list, fails: Callable[[list], bool]) -> list:

@@ -81,3 +81,15 @@ def test_a_case_from_before_engines_were_recorded_still_loads(tmp_path):
     path.write_text(json.dumps(d))
     case = Case.load(path)
     assert case.engine is None and case.gate == {}
+
+
+def test_the_failure_says_what_the_first_wrong_answer_was_served_from(shrunk):
+    out = shrunk.parent.parent
+    report = json.loads((out / "toy-paged" / "report.json").read_text())
+    check = next(c for c in report["checks"] if c["name"] == "conc1_equals_run")
+    first = check["first"]
+    assert first["cached"] > 0 and first["prompt"].startswith("prompt (") and first["label"] in check["note"]
+    assert f"[served from cached_tokens {first['cached']}; prompt (" in check["note"]
+    lead = (out / "summary.md").read_text().splitlines()[2]
+    assert lead.startswith(f"**First failure: toy-paged: conc1_equals_run**: {first['label']} was served from "
+                           f"cached_tokens {first['cached']}: first differs at token ")
