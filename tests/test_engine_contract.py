@@ -250,3 +250,19 @@ def test_the_placeholders_are_one_table():
     e.facts["families"] = ["paged"]
     assert e.lacks_family("paged") is None and "engine lacks family lined" in e.lacks_family("lined")
     assert Engine.foreign("srv --port {port}", []).lacks_family("lined") is None  # undeclared: every family tried
+
+
+def test_a_config_engine_whose_families_lack_the_targets_is_skipped_before_it_starts(tmp_path, capsys):
+    never = tmp_path / "started"
+    starter = tmp_path / "engine.py"
+    starter.write_text(f"open({str(never)!r}, 'w')\n")
+    cfg = tmp_path / "kern.toml"
+    cfg.write_text(f"""[targets.lined]
+manifest = "{ROOT / 'manifests' / 'toy' / 'toy-stateful.json'}"
+engine = "{sys.executable} {starter} --port {{port}}"
+facts = {{ page = 1, families = ["paged"] }}
+""")
+    code, reports = gate(tmp_path, "--config", str(cfg), "--scenarios", "conc1_equals_run")
+    assert code == 125, capsys.readouterr()
+    assert reports["lined"]["skipped"].startswith("engine lacks family lined")
+    assert not never.exists()
