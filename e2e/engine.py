@@ -6,6 +6,9 @@ command template (`PLACEHOLDERS`: ``{port}``, ``{host}``, ``{model}``, ``{manife
 block size. Our own kern (``own``) and ``--kern CMD`` (the Rust kern) have every capability but
 ``kern-runtime`` for the latter; an engine has only what it declares.
 
+An engine that names the toy families it computes (``facts.families``) has a target of another family
+skipped (`Engine.lacks_family`); ``e2e --engine CMD`` without ``--targets`` gates `DEFAULT_TARGETS`.
+
 A check whose capability the engine lacks is reported ``skipped (engine lacks X)`` (`lacking`):
 never a silent ok, never a failure. A step that cannot even run without a capability (its requests
 need it: `RUNS`) is not run; a check that the step can run but not judge (`NEEDS`) is skipped when
