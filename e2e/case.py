@@ -5,11 +5,17 @@ and the requests it sent, in order, as `e2e/client.py` recorded them (`Client.sc
 
     {"case": 1, "target": "toy-paged", "session": "drop", "check": "policy_drop", "seed": 0,
      "max_tokens": 64, "flags": ["--capacity", "...", ...],
+     "engine": {"command": "python my_server.py --port {port}", "capabilities": [...], "facts": {...},
+                "name": "...", "cwd": "/where/the/gate/ran"},             # null: this checkout's kern
+     "config": "/path/kern.toml",                                          # null: the packaged targets
+     "gate": {"backend": "cpu", "capacity": 16384, "load_timeout": 600.0, "server_flags": ""},
      "requests": [{"kind": "request", "path": "/v1/completions", "body": {...}},
                   {"kind": "hang_up", "prompt": "...", "chunks": 3, "max_tokens": 4096, "ignore_eos": true},
                   {"kind": "burst", "calls": [[prompt, max_tokens], ...]}]}
 
-Replaying a case starts a fresh server with those flags and sends the requests in order; it fails
+Replaying a case starts a fresh server of the engine that failed (the recorded command, in the
+recorded working directory, judged on the capabilities and facts the gate saw; this checkout's kern
+when `engine` is null) with those flags and sends the requests in order; it fails
 when a plain answer differs from the reference (`answers`), when a request with parameters gets
 another answer than the documented rule gives (`params`, e2e/case_params.py), when the policy
 oracle's predictions for the serial requests differ (`policy_<session>`), when the session's
@@ -53,6 +59,9 @@ class Case:
     max_tokens: int = 64
     notes: list[str] = field(default_factory=list)
     case: int = 1
+    engine: dict[str, Any] | None = None  # the engine under test (`Engine.describe`); None: this checkout's kern
+    config: str | None = None  # the config the target came from; None: the packaged one
+    gate: dict[str, Any] = field(default_factory=dict)  # the gate's flags: backend, capacity, load_timeout, ...
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1)
@@ -110,7 +119,7 @@ def replay(case: Case, run) -> list[str]:
         same, params = Same(run.oracle, run.rows), []
         for q in case.requests:
             _send(run, live, same, params, q)
-        run.checks.add(ANSWERS, same.ok, str(same), same.excused)
+        run.checks.add(ANSWERS, same.ok, str(same), same.excused, same.first)
         if params:
             bad = [f"request {i + 1} ({_what(b)}): {p}" for i, (b, p) in enumerate(params) if p]
             note = f"{len(params) - len(bad)}/{len(params)} exact" + "".join(f"; {x}" for x in bad[:5])
@@ -137,7 +146,7 @@ def _send(run, live, same: Same, params: list, q: dict[str, Any]) -> None:
         except Rejected:
             return  # a refusal is the server's answer; the policy oracle was told (Run.answer)
         ids = run.prompt_ids(a, prompt)
-        same.add(f"request {a.request}", ids, a.ids, run.oracle.run(ids, m, run.rows))
+        same.add(f"request {a.request}", ids, a.ids, run.oracle.run(ids, m, run.rows), a.served)
     elif kind == "request":
         run.serial_ends("a request with parameters (the policy does not follow its stop)")
         try:
@@ -156,7 +165,7 @@ def _send(run, live, same: Same, params: list, q: dict[str, Any]) -> None:
         for (p, m), a in zip(calls, live.client.run_all(calls)):
             if isinstance(a, Answer):
                 ids = run.prompt_ids(a, p)
-                same.add(f"burst {a.request}", ids, a.ids, run.oracle.run(ids, m, run.rows))
+                same.add(f"burst {a.request}", ids, a.ids, run.oracle.run(ids, m, run.rows), a.served)
 
 
 def ddmin(items: list, fails: Callable[[list], bool]) -> list:
@@ -275,9 +284,12 @@ def _halved_body(b: dict[str, Any]) -> dict[str, Any] | None:
 
 PYTEST = '''"""A case `e2e --shrink` wrote: {what}.
 
-It replays {name}.json on a fresh server and fails while the bug is in (`e2e --replay-case` does the
-same from the command line). Copy both files into tests/ to keep it as a regression test.
+It replays {name}.json on a fresh server of {engine} and fails while the bug is in
+(`e2e --replay-case` does the same from the command line). Copy both files into tests/ to keep it as
+a regression test; E2E_REPLAY_ENGINE, if set, is the engine command to start instead of the recorded one.
 """
+
+import os
 
 from pathlib import Path
 
@@ -285,7 +297,7 @@ from e2e.case import replay_file
 
 
 def test_{ident}():
-    failed, note = replay_file(Path(__file__).with_name("{name}.json"))
+    failed, note = replay_file(Path(__file__).with_name("{name}.json"), engine=os.environ.get("E2E_REPLAY_ENGINE"))
     assert not failed, note
 '''
 
@@ -299,23 +311,41 @@ def write(case: Case, out: Path) -> tuple[Path, Path]:
     n, p, m = case.size()
     what = f"{case.check} on {case.target}, {n} request(s), {p} prompt tokens, {m} answer tokens asked"
     test = out / f"test_{name}.py"
-    test.write_text(PYTEST.format(what=what, name=name, ident=name))
+    engine = f"the engine that failed (`{case.engine['command']}`)" if case.engine else "this checkout's kern"
+    test.write_text(PYTEST.format(what=what, name=name, ident=name, engine=engine.replace("\\", "\\\\")))
     return path, test
 
 
-def replay_file(path: str | Path, backend: str = "cpu", out: Path | None = None,
-                echo: Callable[[str], None] = lambda _: None) -> tuple[list[str], str]:
-    """Replay a case file on its own (fresh server processes): (failed checks, their notes)."""
+def replay_file(path: str | Path, backend: str | None = None, out: Path | None = None,
+                echo: Callable[[str], None] = lambda _: None, engine: str | None = None) -> tuple[list[str], str]:
+    """Replay a case file on its own (fresh server processes) against the engine it records (`engine`,
+    a command, stands in for it): (failed checks, their notes)."""
     import tempfile
-
-    from e2e.oracles import make_run
 
     case = Case.load(path)
     with tempfile.TemporaryDirectory(prefix="kern-case-") as tmp:
-        run = make_run(case.target, backend, Path(out or tmp), case.seed, case.max_tokens, echo)
+        run = replay_run(case, Path(out or tmp), backend, engine, echo=echo)
         try:
             failed = replay(case, run)
         finally:
             getattr(run.oracle, "close", lambda: None)()
     notes = "; ".join(f"{c['name']}: {c['note']}" for c in run.checks.list if c["ok"] is False)
     return failed, notes
+
+
+def replay_run(case: Case, out: Path, backend: str | None = None, engine: str | None = None, capabilities=None,
+               echo: Callable[[str], None] = lambda _: None):
+    """The `Run` a replay of `case` sends through: its target from its config, its engine (the recorded one,
+    or `engine` as the command with the recorded capabilities and facts) and the gate's recorded flags."""
+    from e2e.engine import Engine
+    from e2e.oracles import make_run
+
+    g = case.gate or {}
+    if case.engine:
+        e = Engine.replayed(case.engine, engine, capabilities)
+    elif engine is not None:
+        e = Engine.foreign(engine, capabilities)
+    else:
+        e = None
+    return make_run(case.target, backend or str(g.get("backend") or "cpu"), out, case.seed, case.max_tokens, echo,
+                    config=case.config, engine=e, capacity=g.get("capacity"), load_timeout=g.get("load_timeout"))

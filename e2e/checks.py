@@ -46,15 +46,16 @@ class Checks:
     def reports(self, name: str) -> bool:
         return name == "error" or self.wanted is None or name in self.wanted
 
-    def add(self, name: str, ok: bool | None, note: str, excused: int = 0) -> None:
-        """Record a check; `excused` counts the near-tie tokens its identity verdicts excused."""
+    def add(self, name: str, ok: bool | None, note: str, excused: int = 0, first: dict | None = None) -> None:
+        """Record a check; `excused` counts the near-tie tokens its identity verdicts excused; `first` is
+        its first wrong answer (`verdicts.Same.first`: what it was served from, its prompt), if it had one."""
         if not self.reports(name):
             return
         lacks = self.lacks(name)
         if lacks:
             self.skip(name, lacks)
             return
-        self.list.append(Check(name=name, ok=ok, note=note))
+        self.list.append(Check(name=name, ok=ok, note=note, **({"first": first} if first and ok is False else {})))
         if excused:
             self.excused[name] = self.excused.get(name, 0) + excused
         self.echo(f"  {mark(ok)} {name}: {note}")

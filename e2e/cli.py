@@ -26,9 +26,9 @@ import click
 
 from e2e.checks import Checks
 from e2e.config import ConfigError, GateTarget, load_targets
-from e2e.engine import PRESETS, Engine, EngineError
+from e2e.engine import DEFAULT_TARGETS, PRESETS, Engine, EngineError
 from e2e.gate import SESSION_PORTS, Options, Run, run_target
-from e2e.oracles import make_run, oracles_for
+from e2e.oracles import oracles_for
 from e2e.progress import Progress
 from e2e.report import commit, junit, write_report, write_summary
 from e2e.scenarios import CHECKS, CROSS_CHECKS, plan, session_of
@@ -77,6 +77,9 @@ def gate_target(t: GateTarget, opts: Options, reference: Path | None, wanted: se
     if t.skipped:
         return _skipped(t, t.skipped, echo)
     opts = dataclasses.replace(opts, engine=engine_of(t, opts))
+    lacks = opts.engine.lacks_family(t.family)  # told by the config's facts (else learned as it starts)
+    if lacks is not None:
+        return _skipped(t, lacks, echo)
     steps = plan(t, wanted, reference is not None or t.oracle is not None, opts.engine.external)
     if wanted is not None and not any(set(s.checks) & wanted or f"policy_{s.session}" in wanted
                                       or f"metrics_{s.session}" in wanted for s in steps) \
@@ -140,62 +143,103 @@ CONFIRM = 3  # a shrunk case is replayed this many times more, and its notes say
 TIMED_TRIES = 3  # a candidate with a burst (its failure may hang on timing) still fails only if it fails each try
 
 
-def shrink_failures(reports: list[dict], opts: Options, echo: Callable[[str], None] = click.echo) -> list[Path]:
-    """`--shrink`: each failed target's first failed check, its session replayed and shrunk to a case."""
-    from e2e.case import Case, kind_of, replay, shrink, write
-
-    written = []
+def shrink_failures(reports: list[dict], opts: Options, echo: Callable[[str], None] = click.echo) -> dict[str, Path]:
+    """`--shrink`: each failed target's first failed check, its session replayed against the engine that
+    failed and shrunk to a case that records that engine; {target: the case file written}."""
+    written = {}
     for r in reports:
         failed = [c["name"] for c in r.get("checks", []) if c["ok"] is False and c["name"] != "error"
                   and not c.get("error")]
         if r.get("skipped") is not None or not failed:
             continue
-        check = failed[0]
-        session = session_of(check)
-        scripts = json.loads((opts.out / r["target"] / "sessions.json").read_text())
-        if session not in scripts:
-            echo(f"shrink {r['target']}: {check} belongs to no recorded session; nothing to shrink")
-            continue
-        s = scripts[session]
-        flags = merge_flags(split_flags(opts.server_flags), split_flags(s["flags"]))  # the case carries both
-        case = Case(r["target"], session, check, flags, s["requests"], opts.seed, opts.max_tokens)
-        want = kind_of(check, session)
-        tmp = opts.out / r["target"] / "shrink"
-
-        def once(c: Case) -> bool:
-            got = replay(c, make_run(c.target, opts.backend, tmp, opts.seed, opts.max_tokens, lambda _: None, opts))
-            return want in got or "error" in got
-
-        def fails(c: Case) -> bool:  # a case with a burst fails by timing too: it must fail every one of its tries
-            timed = any(q["kind"] == "burst" for q in c.requests)
-            return all(once(c) for _ in range(TIMED_TRIES if timed else 1))
-
-        echo(f"shrink {r['target']}: {check} in session {session}: {case.size()[0]} requests")
-        if not fails(case):
-            echo(f"shrink {r['target']}: the session's replay passes ({check} may need another session, or "
-                 "timing); no case written")
-            continue
-        small = shrink(case, fails, echo)
-        again = sum(once(small) for _ in range(CONFIRM))  # a burst's failure may hang on timing: say how often
-        small.notes.append(f"shrunk from {case.size()[0]} requests ({case.size()[1]} prompt tokens) by e2e --shrink; "
-                           f"replayed {CONFIRM} times more, it failed {again}")
-        path, test = write(small, opts.out / r["target"])
-        n, p, m = small.size()
-        echo(f"shrink {r['target']}: {n} request(s), {p} prompt tokens, {m} answer tokens (failed {again} of "
-             f"{CONFIRM} replays more): {path} (pytest: {test}; replay: e2e --replay-case {path})")
-        written.append(path)
+        if opts.progress is not None:
+            opts.progress.busy(f"shrink {r['target']}", f"shrinking {failed[0]}: one replay per line below")
+        try:
+            path = _shrink_one(r, failed[0], opts, echo)
+        finally:
+            if opts.progress is not None:
+                opts.progress.done(f"shrink {r['target']}")
+        if path is not None:
+            written[r["target"]] = path
     return written
 
 
-def replay_case(path: str, backend: str, out: Path) -> int:
-    """`--replay-case FILE`: 0 when the case passes, 1 when it fails, 2 when it is no case."""
-    from e2e.case import Case, replay
+def _case_of(r: dict, check: str, opts: Options):
+    """The failed session of report `r` as a case: its requests, the flags its server had, the engine
+    that served it (`Engine.describe`, None for this checkout's kern), the config and the gate's flags."""
+    from e2e.case import Case
 
+    session = session_of(check)
+    scripts = json.loads((opts.out / r["target"] / "sessions.json").read_text())
+    if session not in scripts:
+        return None
+    s = scripts[session]
+    flags = merge_flags(split_flags(opts.server_flags), split_flags(s["flags"]))  # the case carries both
+    about = r.get("engine") or {}
+    packaged = opts.config.resolve() in (PACKAGED.resolve(), PACKAGED_PP.resolve())
+    gate = {"backend": "cpu" if on_the_cpu(opts.backend) else opts.backend, "capacity": opts.capacity,
+            "load_timeout": opts.load_timeout, "server_flags": opts.server_flags}
+    return Case(r["target"], session, check, flags, s["requests"], opts.seed, opts.max_tokens,
+                engine=about if about.get("command") else None, config=None if packaged else str(opts.config),
+                gate=gate)
+
+
+def _shrink_one(r: dict, check: str, opts: Options, echo: Callable[[str], None]) -> Path | None:
+    """Shrink report `r`'s failed `check` to a case file (None: nothing to shrink, or it did not fail again)."""
+    from e2e.case import Case, kind_of, replay, replay_run, shrink, write
+
+    case = _case_of(r, check, opts)
+    if case is None:
+        echo(f"shrink {r['target']}: {check} belongs to no recorded session; nothing to shrink")
+        return None
+    want = kind_of(check, case.session)
+    tmp = opts.out / r["target"] / "shrink"
+
+    def once(c: Case) -> bool:
+        run = replay_run(c, tmp)
+        if not run.opts.engine.external:  # this checkout's kern: the gate's zygote or hosts start it
+            run.opts = dataclasses.replace(opts, out=tmp)
+        try:
+            got = replay(c, run)
+        finally:
+            getattr(run.oracle, "close", lambda: None)()
+        return want in got or "error" in got
+
+    def fails(c: Case) -> bool:  # a case with a burst fails by timing too: it must fail every one of its tries
+        timed = any(q["kind"] == "burst" for q in c.requests)
+        return all(once(c) for _ in range(TIMED_TRIES if timed else 1))
+
+    under = f" against `{case.engine['command']}`" if case.engine else ""
+    echo(f"shrink {r['target']}: {check} in session {case.session}: {case.size()[0]} requests{under}")
+    if not fails(case):
+        echo(f"shrink {r['target']}: the session's replay passes ({check} may need another session, or "
+             "timing); no case written")
+        return None
+    small = shrink(case, fails, echo)
+    again = sum(once(small) for _ in range(CONFIRM))  # a burst's failure may hang on timing: say how often
+    small.notes.append(f"shrunk from {case.size()[0]} requests ({case.size()[1]} prompt tokens) by e2e --shrink; "
+                       f"replayed {CONFIRM} times more, it failed {again}")
+    path, test = write(small, opts.out / r["target"])
+    n, p, m = small.size()
+    echo(f"shrink {r['target']}: {n} request(s), {p} prompt tokens, {m} answer tokens (failed {again} of "
+         f"{CONFIRM} replays more): {path} (pytest: {test}; replay: e2e --replay-case {path})")
+    return path
+
+
+def replay_case(path: str, backend: str, out: Path, engine: str | None = None, capabilities: str | None = None) -> int:
+    """`--replay-case FILE`: 0 when the case passes, 1 when it fails, 2 when it is no case. The case's own
+    engine is started (its recorded command); `engine` (``--engine`` at the replay) stands in for it."""
+    from e2e.case import Case, replay, replay_run
+
+    caps = _names((capabilities,)) if capabilities is not None else None
     try:
         case = Case.load(path)
-        run = make_run(case.target, backend, out / "replay", case.seed, case.max_tokens)
-    except (ValueError, ConfigError) as exc:
+        run = replay_run(case, out / "replay", None if backend == "auto" else backend, engine, caps,
+                         echo=click.echo)
+    except (ValueError, ConfigError) as exc:  # EngineError is a ValueError
         raise click.UsageError(str(exc)) from None
+    under = run.opts.engine.command if run.opts.engine.external else "kern (this checkout)"
+    click.echo(f"case {path}: replaying {case.check} of {case.target} against {under}")
     try:
         failed = replay(case, run)
     finally:
@@ -385,9 +429,9 @@ def cli(config, targets, scenarios, reference, no_reference, out, max_tokens, ba
     Our own kern by default; another kern with --kern; any serving engine that meets
     docs/engine-contract.md with --engine."""
     t0 = time.monotonic()
+    if replay_path is not None:  # the case names its engine; --engine and --capabilities stand in for its
+        sys.exit(replay_case(replay_path, backend, Path(out), engine_cmd, capabilities))
     config, engine = _engine_option(engine_cmd, capabilities, kern, config)
-    if replay_path is not None:
-        sys.exit(replay_case(replay_path, "cpu" if backend == "auto" and no_gpu() else backend, Path(out)))
     wanted = set(_names(scenarios)) or None
     if explore_n is not None and wanted is None:
         wanted = set(SEEDED)
@@ -395,7 +439,7 @@ def cli(config, targets, scenarios, reference, no_reference, out, max_tokens, ba
     if unknown:
         raise click.UsageError(f"unknown scenario(s) {', '.join(unknown)} (checks: {', '.join(CHECKS)})")
     try:
-        cfg, chosen = load_targets(config, _names(targets) or None)
+        cfg, chosen = load_targets(config, _names(targets) or _engine_default(config, engine))
         for t in chosen:
             if t.engine is not None and engine is None:
                 Engine.foreign(t.engine, t.capabilities)  # a bad declaration is a usage error, before anything starts
@@ -451,7 +495,10 @@ def _gate(cfg, chosen, opts, ref, wanted, backend, zygote, hosts, jobs, junit_pa
         try:
             reports = gate_all(chosen, opts, ref, wanted, jobs or max(1, os.cpu_count() or 1))
             if shrink_:
-                shrink_failures(reports, opts, opts.say)
+                cases = shrink_failures(reports, opts, opts.say)
+                for r in reports:
+                    if r["target"] in cases:
+                        r["case"] = str(cases[r["target"]])
         except BaseException:
             stop_all()  # before the zygote goes: its children die with it, and the lanes would stop them unseen
             raise
@@ -504,6 +551,15 @@ def explore(chosen: list[GateTarget], opts: Options, ref: Path | None, wanted: s
             failed.append(seed)
     opts.say(f"explore: {n - len(failed)}/{n} seeds pass" + (f"; failing seeds: {failed}" if failed else ""))
     return 1 if failed else 0
+
+
+def _engine_default(config: str | None, engine: Engine | None) -> list[str] | None:
+    """``e2e --engine CMD`` without ``--targets``: `DEFAULT_TARGETS`, those the config has (None: every target)."""
+    if engine is None:
+        return None
+    _, every = load_targets(config, None)
+    names = {t.name for t in every}
+    return [n for n in DEFAULT_TARGETS if n in names] or None
 
 
 def _engine_option(engine_cmd: str | None, capabilities: str | None, kern: str | None,

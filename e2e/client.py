@@ -89,6 +89,13 @@ class Answer:
         return [f for f in KERN_FIELDS if not isinstance(k, dict) or f not in k]
 
     @property
+    def served(self) -> tuple[int | None, str | None]:
+        """What it was served from, as the response told it: (``cached_tokens``, the tier); None where untold."""
+        d = (self.raw.get("usage") or {}).get("prompt_tokens_details") or {}
+        told = d.get("cached_tokens") if isinstance(d, dict) else None
+        return (told if isinstance(told, int) else None), self.tier
+
+    @property
     def fed(self) -> list[int]:
         """The answer as a next turn feeds it back: with the stop token when it ended on stop."""
         return self.ids + ([self.stop] if self.stop is not None else [])

@@ -18,7 +18,7 @@ from typing import Any
 
 from manifests.config import PACKAGED, PACKAGED_PP, ConfigError, find_config, load_config
 
-__all__ = ["ConfigError", "GateTarget", "load_targets"]
+__all__ = ["ConfigError", "GateTarget", "family_of", "load_targets"]
 
 
 @dataclass(frozen=True)
@@ -40,6 +40,7 @@ class GateTarget:
     oracle: Path | None = None  # the target's own reference model.py (over e2e --reference)
     facts: dict | None = None  # that engine's facts, as the config declares them (page, max_request_tokens)
     engine_name: str | None = None  # that engine's name, as the config gives it
+    family: str = "paged"  # the toy family its manifest computes (`family_of`; docs/toy.md): what facts.families names
 
     @property
     def spec(self) -> bool:
@@ -49,6 +50,19 @@ class GateTarget:
 def _widest(m: dict[str, Any]) -> int:
     rows = [p.get("batch", {}).get("rows") for p in m.get("programs", {}).values()]
     return max([r for r in rows if isinstance(r, int)] or [1])
+
+
+def family_of(m: dict[str, Any]) -> str:
+    """The toy family a manifest computes, as docs/toy.md tells them apart (its own ``family`` key first):
+    ``float``, ``layered``, ``lined`` or ``paged``."""
+    if isinstance(m.get("family"), str):
+        return m["family"]
+    states = m.get("states") or {}
+    if "logits" in (m.get("buffers") or {}):
+        return "float"
+    if "kv.0" in states:
+        return "layered"
+    return "lined" if any((s or {}).get("bytes_per_seq", 0) for s in states.values()) else "paged"
 
 
 def _ranks(m: dict[str, Any]) -> int:
@@ -81,7 +95,7 @@ def _target(t, config: Path | None = None) -> GateTarget:
     lined = any((s or {}).get("bytes_per_seq", 0) for s in m.get("states", {}).values())
     return GateTarget(t.name, t.manifest, t.reference, weights, m.get("model", t.name), lined,
                       _widest(m), _ranks(m), skipped, "logits" in m.get("buffers", {}), t.stages, config,
-                      t.engine, t.capabilities, t.oracle, t.facts, t.engine_name)
+                      t.engine, t.capabilities, t.oracle, t.facts, t.engine_name, family_of(m))
 
 
 def load_targets(config: str | Path | None, names: list[str] | None) -> tuple[Path, list[GateTarget]]:

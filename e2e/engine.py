@@ -1,10 +1,13 @@
 """The engine under test: its command, what it declares it can do, and which checks that allows.
 
 docs/engine-contract.md is the contract (`contract: 1`) this module reads. An engine is started from a
-command template (``{port}``, ``{host}``, ``{model}``), told ready by ``GET /health``, and asked
+command template (`PLACEHOLDERS`: ``{port}``, ``{host}``, ``{model}``, ``{manifest}``), told ready by ``GET /health``, and asked
 ``GET /kern/capabilities`` for its capability list, its name and version, and facts such as its cache
 block size. Our own kern (``own``) and ``--kern CMD`` (the Rust kern) have every capability but
 ``kern-runtime`` for the latter; an engine has only what it declares.
+
+An engine that names the toy families it computes (``facts.families``) has a target of another family
+skipped (`Engine.lacks_family`); ``e2e --engine CMD`` without ``--targets`` gates `DEFAULT_TARGETS`.
 
 A check whose capability the engine lacks is reported ``skipped (engine lacks X)`` (`lacking`):
 never a silent ok, never a failure. A step that cannot even run without a capability (its requests
@@ -14,6 +17,7 @@ the step adds it.
 
 from __future__ import annotations
 
+import os
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,8 +27,8 @@ import httpx
 
 from kern.errors import KernError
 
-__all__ = ["CAPABILITIES", "CONTRACT", "Engine", "EngineError", "KERN_ONLY", "NEEDS", "PRESETS", "RUNS", "lacking",
-           "step_lacking"]
+__all__ = ["CAPABILITIES", "CONTRACT", "DEFAULT_TARGETS", "Engine", "EngineError", "KERN_ONLY", "NEEDS", "PLACEHOLDERS",
+           "PRESETS", "RUNS", "lacking", "step_lacking"]
 
 CONTRACT = 1
 
@@ -46,6 +50,19 @@ KERN_ONLY = ("kern-cli", "kern-runtime")
 """What only a kern has (its `test` and `run` subcommands, this checkout's runtime): never declared by
 an engine under the contract."""
 
+PLACEHOLDERS: dict[str, str] = {
+    "port": "the port the gate picked for this server",
+    "host": "the address to bind: always 127.0.0.1",
+    "model": "the target's model name (what every request's `model` says)",
+    "manifest": "the absolute path of the target's toy manifest (JSON: its model name and toy family)",
+}
+"""What an engine's command may name in braces, and what the gate puts there (docs/engine-contract.md).
+A value is given per server (`Engine.argv`); one added later is a new row here."""
+
+DEFAULT_TARGETS = ("toy-paged", "toy-stateful", "toy-attn")
+"""What ``e2e --engine CMD`` gates without ``--targets``: the paged, the lined and the context-dependent
+toy (each where the config has it)."""
+
 PRESETS: dict[str, Path] = {"vllm": Path(__file__).resolve().parent.parent / "examples" / "vllm_toy" / "kern.toml"}
 """``e2e --engine NAME``: a config whose targets carry their engine's command (docs/gate-your-engine.md)."""
 
@@ -56,6 +73,7 @@ RUNS: dict[str, tuple[str, ...]] = {
     "float_controls": ("kern-runtime",),
     "spec_acceptance": ("kern-serve",),
     "abort": ("stream", "stats"),
+    "stream": ("stream",),
     "host_cold": ("kern-serve",), "park_wake": ("kern-serve",), "host_churn": ("kern-serve",),
     "evict_drops": ("kern-serve",), "ties": ("kern-serve",), "host_frag": ("kern-serve",),
     "slot_growth": ("kern-serve",), "rows1": ("kern-serve",), "wake_room": ("kern-serve",),
@@ -106,6 +124,7 @@ class Engine:
     commit: str | None = None
     facts: dict[str, Any] = field(default_factory=dict)
     asked: bool = False  # /kern/capabilities read once
+    cwd: str | None = None  # where its command runs (None: the gate's working directory)
 
     @classmethod
     def own(cls, kern: list[str] | None = None) -> "Engine":
@@ -128,10 +147,27 @@ class Engine:
     def external(self) -> bool:
         return self.command is not None
 
-    def argv(self, port: int, model: str) -> list[str]:
+    def argv(self, port: int, model: str, **values) -> list[str]:
+        """The command's words with each `PLACEHOLDERS` name replaced by its value for this server."""
         assert self.command is not None
-        return [w.replace("{port}", str(port)).replace("{host}", "127.0.0.1").replace("{model}", model)
-                for w in shlex.split(self.command)]
+        given = {"port": port, "host": "127.0.0.1", "model": model, **values}
+        words = shlex.split(self.command)
+        for name, value in given.items():
+            words = [w.replace("{" + name + "}", str(value)) for w in words]
+        return words
+
+    def lacks_family(self, family: str) -> str | None:
+        """Why a target of toy `family` is not gated on this engine (it names the families it computes and
+        not this one), else None."""
+        if not self.external or self.families is None or family in self.families:
+            return None
+        return f"engine lacks family {family} (its facts.families: {', '.join(self.families) or 'none'})"
+
+    @property
+    def families(self) -> list[str] | None:
+        """The toy families it computes (``facts.families``), None when it does not say (every one tried)."""
+        f = self.facts.get("families")
+        return [str(x) for x in f] if isinstance(f, list) else None
 
     def has(self, capability: str) -> bool:
         return capability in self.capabilities
@@ -164,7 +200,21 @@ class Engine:
     def describe(self) -> dict[str, Any]:
         """For the summary and JUnit: what was gated."""
         return {"name": self.name, "version": self.version, "commit": self.commit, "command": self.command,
-                "capabilities": sorted(self.capabilities)}
+                "capabilities": sorted(self.capabilities), "facts": dict(self.facts),
+                "cwd": (self.cwd or os.getcwd()) if self.external else None}
+
+    @classmethod
+    def replayed(cls, about: dict[str, Any], command: str | None = None, capabilities=None) -> "Engine":
+        """The engine a case recorded (its `describe`), started again; `command` (``--engine`` at the
+        replay) stands in for the recorded one, `capabilities` for the recorded ones."""
+        e = cls.foreign(command or str(about["command"]),
+                        about.get("capabilities") if capabilities is None else capabilities)
+        e.facts.update(about.get("facts") or {})
+        e.name = str(about.get("name") or e.name)
+        e.version, e.commit = about.get("version"), about.get("commit")
+        e.cwd = about.get("cwd") if command is None else None
+        e.asked = True  # what it declared is the record's: the replay judges the checks the gate judged
+        return e
 
 
 def _get_json(url: str) -> dict | None:

@@ -86,7 +86,7 @@ class Options:
         gate's environment; our own kern's, the hosts (a staged server starts processes of its own, so
         it is forked from the zygote), else the zygote, else a fresh process each (this checkout's)."""
         if self.engine.external:
-            return Processes.engine()
+            return Processes.engine(self.engine.cwd)
         if self.hosts is not None and not staged:
             return self.hosts
         return self.zygote or Processes.project()
@@ -207,7 +207,7 @@ class Run:
             if port == 0:
                 port = unused_port()
             extra = merge_flags(split_flags(o.server_flags), split_flags(flags)) if e.has("kern-serve") else []
-            return [*e.argv(port, self.target.model), *extra], port
+            return [*e.argv(port, self.target.model, manifest=self.target.manifest.resolve()), *extra], port
         base = [("--backend", [o.backend]), ("--capacity", [str(o.capacity)])]
         if self.target.stages > 1:
             base.append(("--stages", [str(self.target.stages)]))
@@ -230,6 +230,9 @@ class Run:
             if e.external:  # what it can do and its facts, from its first server (docs/engine-contract.md)
                 with _LEARN:
                     e.learn(s.url)
+                lacks = e.lacks_family(self.target.family)
+                if lacks is not None:
+                    raise Unavailable(lacks)
                 facts = {"page": 1, **e.facts, **facts}  # page: the block a hit is counted in (1: any token)
         except BaseException:
             s.stop(kill=True)

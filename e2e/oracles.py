@@ -9,6 +9,7 @@ from typing import Callable
 
 from e2e.checks import Checks
 from e2e.config import ConfigError, GateTarget, load_targets
+from e2e.engine import Engine
 from e2e.gate import Options, Run
 from e2e.spawn import own_kern, run_command
 from oracle.cache import Cache, CommandRun, KernRun, kern_run_identity
@@ -40,14 +41,19 @@ def oracles_for(t: GateTarget, reference: Path | None, out: Path, backend: str, 
 
 def make_run(target: str, backend: str, out: Path, seed: int = 0, max_tokens: int = 64,
              echo: Callable[[str], None] = print, opts: Options | None = None,
-             reference: Path | None = PACKAGED_MODEL) -> Run:
+             reference: Path | None = PACKAGED_MODEL, config: str | None = None, engine: Engine | None = None,
+             **given) -> Run:
     """A `Run` of one target outside a gate (a case's replay): its oracles, no checks filter; servers
-    from `opts`' spawners when given, else fresh processes."""
-    cfg, chosen = load_targets(None, [target])
+    from `opts`' spawners when given, else fresh processes; `engine` the engine under test (None: the one
+    in `opts`, else this checkout's kern); `given` more `Options` (capacity, load_timeout; None: default)."""
+    cfg, chosen = load_targets(config, [target])
     t = chosen[0]
     if t.skipped:
         raise ConfigError(f"target {target}: {t.skipped}")
-    o = dataclasses.replace(opts, out=out, seed=seed) if opts is not None else Options(
-        cfg.resolve(), out, max_tokens, backend, seed=seed)
+    more = {k: v for k, v in given.items() if v is not None}
+    o = dataclasses.replace(opts, out=out, seed=seed, **more) if opts is not None else Options(
+        cfg.resolve(), out, max_tokens, backend, seed=seed, **more)
+    if engine is not None:
+        o = dataclasses.replace(o, engine=engine)
     oracle, runner = oracles_for(t, reference, out, backend)
-    return Run(t, o, oracle, runner, Checks(None, echo=echo), echo=echo)
+    return Run(t, o, oracle, runner, Checks(None, echo=echo, engine=o.engine), echo=echo)

@@ -118,18 +118,61 @@ def summary_text(reports: list[dict[str, Any]], meta: dict[str, Any] | None = No
                          "in-process `kern run`)")
     failed = causal([(r["target"], c) for r in reports if r.get("skipped") is None
                      for c in r.get("checks", []) if c["ok"] is False])
-    if failed:
-        target, first = failed[0]
-        lines[2:2] = [f"**First failure: {target}: {first['name']}**: {_first_line(first.get('note'))}", ""]
-        lines += ["", "## Failed checks", "", "Verdicts first, then crashes, then the checks those left unrun "
-                  "(docs/checks.md names each check's bug; a note's `first differs at token "
-                  "K (got N tokens, want M): got [...] want [...]` is the answer against the oracle's from token K)."]
-        for target, c in failed:
-            lines += ["", f"### {target}: {c['name']}", "", _fence(str(c.get("note") or "(no reason given)"))]
+    head, tail = failures(failed, reports, meta)
+    lines[2:2] = head
+    return "\n".join(lines + tail), code
+
+
+def failures(failed: list[tuple[str, dict]], reports: list[dict[str, Any]],
+             meta: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """summary.md's lines on what failed: (those that lead it: the first failure, what its first wrong
+    answer was served from, the shrunk cases; those at its end: every verdict's note, and the checks
+    left unrun folded into one line per session)."""
+    cases = [f"- shrunk case of {r['target']}: `{r['case']}` (replay: `e2e --replay-case {r['case']}`)"
+             for r in reports if r.get("case")]
+    head = [*cases, ""] if cases else []
+    if not failed:
+        return head, []
+    target, first = failed[0]
+    head = [f"**First failure: {target}: {first['name']}**: {lead(first)}", "", *head]
+    tail = ["", "## Failed checks", "", "Verdicts first, then crashes, then the checks those left unrun, one line "
+            "a session (docs/checks.md names each check's bug; a note's `first differs at token "
+            "K (got N tokens, want M): got [...] want [...]` is the answer against the oracle's from token K, "
+            "and `[served from cached_tokens C, tier T; prompt ...]` what the engine said it served it from)."]
+    unrun = not_run([(t, c) for t, c in failed if c.get("error") and c["name"] != "error"])
+    for target, c in failed:
+        if not c.get("error") or c["name"] == "error":
+            tail += ["", f"### {target}: {c['name']}", "", _fence(str(c.get("note") or "(no reason given)"))]
             where = where_to_look(target, c["name"], meta)
-            if where:
-                lines += ["", where]
-    return "\n".join(lines), code
+            tail += ["", where] if where else []
+    return head, tail + (["", "### Not run", "", *unrun] if unrun else [])
+
+
+def lead(c: dict[str, Any]) -> str:
+    """The summary's first line of a failed check: what its first wrong answer was served from (its
+    ``cached_tokens``, its tier where told), how it differs, and its prompt; else its note's first line."""
+    f = c.get("first")
+    if not isinstance(f, dict):
+        return _first_line(c.get("note"))
+    cached = "cached_tokens not told" if f.get("cached") is None else f"cached_tokens {f['cached']}"
+    tier = f", tier {f['tier']}" if f.get("tier") else ""
+    return f"{f.get('label')} was served from {cached}{tier}: {f.get('divergence')}; its {f.get('prompt')}"
+
+
+def not_run(failed: list[tuple[str, dict]]) -> list[str]:
+    """The checks that could not run (``error``: a step they need failed), one line per target and session:
+    their names, and the first one's reason."""
+    from e2e.scenarios import session_of
+
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for target, c in failed:
+        groups.setdefault((target, session_of(c["name"]) or c["name"]), []).append(c)
+    lines = []
+    for (target, session), checks in groups.items():
+        why = str(checks[0].get("note") or "").removeprefix("not run: ")
+        names = ", ".join(c["name"] for c in checks)
+        lines.append(f"- {target}, session {session}: {len(checks)} not run ({names}): {_first_line(why)}")
+    return lines
 
 
 def causal(failed: list[tuple[str, dict]]) -> list[tuple[str, dict]]:

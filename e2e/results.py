@@ -61,6 +61,7 @@ class Turn:
     warm_ids: tuple[int, ...]
     cached: int
     prompt_len: int
+    served: tuple[int | None, str | None] = (None, None)  # its cached_tokens and tier as told (None: untold)
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,10 @@ HTTP (any status: the Rust server logs ``serving`` before it binds). A server st
 ``--log-level warn`` (or ``error``) writes neither: the session picks its port itself, ready means the
 port answers, and its facts come from ``GET /stats`` (issue 25: nothing of ours needs a log line). A server that exits while
 loading or mid-scenario raises `ServerExited` with its exit code and log tail, never a hang; one
-that could not bind its port raises `Unavailable` (a reason outside the commit: the gate skips).
+that could not bind its port raises `Unavailable` (a reason outside the commit: the gate skips), and
+so does an engine under the contract whose command cannot be executed (not found, not executable, a
+missing interpreter or venv: the spawn fails, or it exits 126 or 127 before it is ready). An engine
+that starts and then exits, or never gets ready, is the engine's failure (`ServerExited`, `ServerError`).
 
 A session asked for port 0 lets the server pick a free port and reads it from the ``serving`` line,
 so gates run side by side. Every started session is in `STARTED` until stopped: `stop_all` (on
@@ -35,6 +38,7 @@ __all__ = ["STARTED", "ServerExited", "ServerError", "Session", "Unavailable", "
 EXIT_MEANINGS = {101: "scheduler crashed", -9: "killed", -15: "terminated"}
 SERVER_LOG = "kern_serve=debug,kern_runtime=info"  # the RUST_LOG of a gated server
 QUIET_LEVELS = ("warn", "warning", "error")  # `kern serve --log-level`s that write no ready or serving line
+UNRUNNABLE = (126, 127)  # a shell's (or env's) exit: the command it was to run is not executable, or not found
 PORT_IN_USE = ("address already in use", "errno 98", "errno 48", "only one usage of each socket address")
 
 
@@ -209,6 +213,9 @@ class Session:
                 text = self.log.text().lower()
                 if any(p in text for p in PORT_IN_USE):
                     raise Unavailable(f"server {self.name}: port {self.port} is in use") from exc
+                if self.health and exc.code in UNRUNNABLE:  # a shell's or env's "not found", "not executable"
+                    raise Unavailable(f"the engine's command cannot be executed (exit {exc.code} before it was "
+                                      f"ready): {exc.tail}") from exc
                 raise
             facts = probe()
             if facts is not None:
@@ -242,6 +249,10 @@ class Session:
                 self.proc = self.spawner.start(self.cmd, self.log.path, env=self.env, weight=self.weight)
             except SpawnError as exc:
                 raise ServerError(f"server {self.name}: {exc}") from exc
+            except OSError as exc:  # not found, not executable, a missing interpreter (a shebang's) or venv
+                if not self.health:
+                    raise
+                raise Unavailable(f"the engine's command cannot be executed: {exc}") from exc
             STARTED.sessions.add(self)
 
     def _ready_health(self) -> dict[str, Any] | None:

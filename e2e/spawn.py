@@ -90,9 +90,10 @@ class Processes:
         return cls(dict(project_env(), **(extra or {})), cwd)
 
     @classmethod
-    def engine(cls) -> "Processes":
-        """An engine under the contract: the gate's environment as it is (not this checkout on its path)."""
-        return cls(dict(os.environ, PYTHONUNBUFFERED="1"))
+    def engine(cls, cwd: Path | str | None = None) -> "Processes":
+        """An engine under the contract: the gate's environment as it is (not this checkout on its path),
+        in `cwd` (a replayed case's: where the gate ran it) or the gate's own working directory."""
+        return cls(dict(os.environ, PYTHONUNBUFFERED="1"), cwd)
 
     def start(self, cmd: list[str], log: Path, env: dict[str, str] | None = None, weight: int = 1) -> subprocess.Popen:
         with open(log, "ab") as f:

@@ -132,10 +132,14 @@ def _engine(name: str, t: dict, problems: list[str]) -> tuple[str | None, tuple[
 
 def _facts(name: str, t: dict, problems: list[str]) -> dict | None:
     facts = t.get("facts")
-    if facts is not None and (not isinstance(facts, dict)
-                              or not all(isinstance(v, int) and not isinstance(v, bool) for v in facts.values())):
-        problems.append(f"targets.{name}.facts: expected a table of integers (page = 32, ...), got {facts!r}")
-        return None
+
+    def fits(k, v) -> bool:  # families: a list of toy family names; every other fact an integer
+        if k == "families":
+            return isinstance(v, list) and all(isinstance(x, str) for x in v)
+        return isinstance(v, int) and not isinstance(v, bool)
+    if facts is not None and (not isinstance(facts, dict) or not all(fits(k, v) for k, v in facts.items())):
+        problems.append(f"targets.{name}.facts: expected a table of integers (page = 32, ...) and families, "
+                        f"a list of toy family names, got {facts!r}")
     return facts
 
 

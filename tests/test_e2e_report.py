@@ -108,6 +108,28 @@ def test_summary_says_where_each_targets_time_went():
     assert "zygote, warm in 1.2 s" in text
 
 
+def test_the_summary_leads_with_what_the_first_wrong_answer_was_served_from_and_folds_what_did_not_run():
+    first = {"label": "warm 3", "cached": 96, "tier": "host", "prompt": "prompt (104 tokens) 'The lighthouse'",
+             "divergence": "first differs at token 0 (got 8 tokens, want 8): got [1] want [2]"}
+    unrun = [{"name": n, "ok": False, "note": "not run: step conc1: its step did not complete", "error": True}
+             for n in ("repeat_hit", "turn2_hit", "turn2_warm_equals_run", "concurrent", "policy_default")]
+    unrun += [{"name": "park_wake", "ok": False, "note": "not run: step host_cold: it needs turn2", "error": True}]
+    checks = [{"name": "prefix_cold_warm_restored", "ok": False, "note": "240 requests; warm 31/32 identical; ...",
+               "first": first}, *unrun]
+    text, _ = summary_text([{"target": "toy-paged", "skipped": None, "checks": checks, "wall_s": 1.0,
+                             "case": "/o/toy-paged/case_toy_paged_prefix.json"}])
+    assert text.splitlines()[2] == ("**First failure: toy-paged: prefix_cold_warm_restored**: warm 3 was served from "
+                                    "cached_tokens 96, tier host: first differs at token 0 (got 8 tokens, want 8): "
+                                    "got [1] want [2]; its prompt (104 tokens) 'The lighthouse'")
+    assert "- shrunk case of toy-paged: `/o/toy-paged/case_toy_paged_prefix.json`" in text
+    body = text.split("### Not run", 1)[1]
+    assert body.strip().splitlines() == [
+        "- toy-paged, session default: 5 not run (repeat_hit, turn2_hit, turn2_warm_equals_run, concurrent, "
+        "policy_default): step conc1: its step did not complete",
+        "- toy-paged, session host: 1 not run (park_wake): step host_cold: it needs turn2"]
+    assert "### toy-paged: repeat_hit" not in text
+
+
 def test_failures_lead_with_the_first_cause_and_say_where_to_look():
     # the order a reader needs: verdicts, then the crash, then what it left unrun; each with its log and command
     checks = [{"name": "abort", "ok": False, "note": "not run: step abort: Hung in this step", "error": True},
@@ -120,8 +142,9 @@ def test_failures_lead_with_the_first_cause_and_say_where_to_look():
     assert code == 1
     assert text.splitlines()[2] == "**First failure: toy-paged: conc1_equals_run**: 11/12 identical; prompt 2: first differs at token 0"
     body = text.split("## Failed checks", 1)[1]
-    order = [body.index(f"### toy-paged: {n}") for n in ("conc1_equals_run", "error", "abort")]
+    order = [body.index(f"### {n}") for n in ("toy-paged: conc1_equals_run", "toy-paged: error", "Not run")]
     assert order == sorted(order)
+    assert "- toy-paged, session default: 1 not run (abort): step abort: Hung in this step" in body
     assert ("server log: `/tmp/r/toy-paged/server-default.log`; reproduce: `e2e --targets toy-paged --scenarios "
             "conc1_equals_run --engine 'python e.py --port {port}' --backend cpu --seed 7 --max-tokens 16`") in body
     assert "reproduce: `e2e --targets toy-paged --scenarios error" not in body  # an error is no check to select

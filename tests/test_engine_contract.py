@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from e2e.cli import main
-from e2e.engine import CAPABILITIES, KERN_ONLY, NEEDS, RUNS, Engine, EngineError, lacking, step_lacking
+from e2e.engine import (CAPABILITIES, DEFAULT_TARGETS, KERN_ONLY, NEEDS, PLACEHOLDERS, RUNS, Engine, EngineError, lacking,
+                        step_lacking)
 from e2e.scenarios import CHECKS, STEPS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -116,13 +117,25 @@ def test_the_dict_engine_written_from_the_contract_passes_every_check_it_can_be_
     out = capsys.readouterr().out
     assert code == 0, out[-3000:]
     got = {c["name"]: c for c in reports["toy-paged"]["checks"]}
-    assert {n for n, c in got.items() if c["ok"] is True} == CORE | {"repeat_hit", "turn2_hit"}
+    assert {n for n, c in got.items() if c["ok"] is True} == CORE | {"repeat_hit", "turn2_hit", "stream_equals_whole"}
     assert reports["toy-paged"]["engine"]["name"] == "dict-engine"
 
 
 def test_a_lined_target_through_the_dict_engine(tmp_path, capsys):
     code, _ = gate(tmp_path, "--engine", DICT, "--targets", "toy-stateful")
     assert code == 0, capsys.readouterr().out[-3000:]
+
+
+def test_stream_alone_gates_streamed_answers_equal_to_whole_ones(tmp_path, capsys):
+    code, reports = gate(tmp_path, "--engine", DICT + " --lack text cached-tokens", "--targets", "toy-paged",
+                         "--scenarios", "stream_equals_whole")
+    assert code == 0, capsys.readouterr().out[-3000:]
+    got = {c["name"]: c for c in reports["toy-paged"]["checks"]}
+    assert got["stream_equals_whole"]["ok"] is True and got["stream_equals_whole"]["note"].startswith("4/4 identical")
+    code, reports = gate(tmp_path, "--engine", DICT + " --lack stream", "--targets", "toy-paged",
+                         "--scenarios", "stream_equals_whole", "conc1_equals_run")
+    got = {c["name"]: c for c in reports["toy-paged"]["checks"]}
+    assert code == 0 and got["stream_equals_whole"]["skipped"] == ["stream"]
 
 
 def test_a_capability_the_engine_drops_turns_its_checks_into_skips(tmp_path, capsys):
@@ -140,6 +153,7 @@ def test_a_capability_the_engine_drops_turns_its_checks_into_skips(tmp_path, cap
     ("stale-evict", "prefix_cold_warm_restored"),    # an evicted sequence's last state "restored" from its first
     ("race", "prefix_cold_warm_restored"),           # the running state shared by requests in flight
     ("cached-lie", "repeat_hit"),                    # cached_tokens says the whole prompt
+    ("stream-drop-last", "stream_equals_whole"),     # a streamed answer's last token never sent
 ])
 def test_each_planted_bug_in_the_dict_engine_fails_the_gate(tmp_path, capsys, bug, caught):
     code, reports = gate(tmp_path, "--engine", DICT + f" --bug {bug}", "--targets", "toy-paged")
@@ -171,3 +185,84 @@ def test_kern_run_under_kern_fails_when_that_kerns_run_is_wrong(tmp_path, capsys
     assert code == 1, capsys.readouterr().out[-3000:]
     check = {c["name"]: c for c in reports["toy-paged"]["checks"]}["run_equals_reference"]
     assert check["ok"] is False and "got [1, 2, 3]" in check["note"], check
+
+
+def _shebang(tmp_path: Path) -> str:
+    script = tmp_path / "engine.py"
+    script.write_text("#!/nonexistent/venv/bin/python\nprint('never')\n")
+    script.chmod(0o755)
+    return f"{script} --port {{port}}"
+
+
+@pytest.mark.parametrize("command", [
+    "/nonexistent/venv/bin/python server.py --port {port}",    # a venv that is not there
+    "env /nonexistent/engine --port {port}",                    # env's 127: not found
+    f"{sys.executable} -c 'import sys; sys.exit(126)' --port {{port}}",  # a shell's "not executable"
+    "shebang",                                                  # a script whose interpreter is missing
+])
+def test_an_engine_command_that_cannot_be_executed_exits_125(tmp_path, capsys, command):
+    command = _shebang(tmp_path) if command == "shebang" else command
+    code, reports = gate(tmp_path, "--engine", command, "--targets", "toy-paged", "--scenarios", "conc1_equals_run")
+    assert code == 125, capsys.readouterr().out[-2000:]
+    assert "the engine's command cannot be executed" in reports["toy-paged"]["skipped"]
+
+
+@pytest.mark.parametrize("command, extra", [
+    (f"{sys.executable} -c 'import sys; print(\"up\"); sys.exit(3)' --port {{port}}", []),  # starts, then dies
+    (f"{sys.executable} -c 'import time; time.sleep(60)' --port {{port}}", ["--load-timeout", "2"]),  # never ready
+])
+def test_an_engine_that_starts_and_then_dies_or_never_gets_ready_exits_1(tmp_path, capsys, command, extra):
+    code, reports = gate(tmp_path, "--engine", command, "--targets", "toy-paged", "--scenarios", "conc1_equals_run",
+                         *extra)
+    assert code == 1, capsys.readouterr().out[-2000:]
+    assert reports["toy-paged"]["skipped"] is None
+    assert [c["name"] for c in reports["toy-paged"]["checks"] if c["ok"] is False][0] == "error"
+
+
+def test_without_targets_an_engine_is_gated_on_the_default_targets_and_lacked_families_are_skipped(tmp_path, capsys):
+    from e2e.config import load_targets
+
+    code, reports = gate(tmp_path, "--engine", DICT, "--scenarios", "conc1_equals_run")
+    assert code == 0, capsys.readouterr().out[-3000:]
+    _, every = load_targets(None, None)
+    assert set(reports) == {t.name for t in every if t.name in DEFAULT_TARGETS} >= {"toy-paged", "toy-stateful"}
+    code, reports = gate(tmp_path, "--engine", DICT, "--targets", "toy-paged", "toy-float",
+                         "--scenarios", "conc1_equals_run")
+    assert code == 0, capsys.readouterr().out[-3000:]
+    assert reports["toy-float"]["skipped"].startswith("engine lacks family float (its facts.families: paged, lined)")
+    assert reports["toy-paged"]["skipped"] is None
+
+
+def test_an_engine_learns_its_toy_from_the_manifest_placeholder(tmp_path, capsys):
+    command = f"{sys.executable} {ROOT / 'tests' / 'engines' / 'dict_engine.py'} --port {{port}} --manifest {{manifest}}"
+    code, reports = gate(tmp_path, "--engine", command, "--targets", "toy-stateful", "--scenarios", "conc1_equals_run")
+    assert code == 0, capsys.readouterr().out[-3000:]
+    log = (tmp_path / "results" / "toy-stateful" / "server-default.log").read_text()
+    assert str(ROOT / "manifests" / "toy" / "toy-stateful.json") in log.splitlines()[0]
+
+
+def test_the_placeholders_are_one_table():
+    e = Engine.foreign("srv --port {port} --host {host} --model {model} --manifest {manifest}", [])
+    assert set(PLACEHOLDERS) >= {"port", "host", "model", "manifest"}
+    assert e.argv(5, "toy-x", manifest="/m.json") == ["srv", "--port", "5", "--host", "127.0.0.1", "--model", "toy-x",
+                                                       "--manifest", "/m.json"]
+    assert all(f"`{{{name}}}`" in DOC.read_text() for name in PLACEHOLDERS), "docs/engine-contract.md names each"
+    e.facts["families"] = ["paged"]
+    assert e.lacks_family("paged") is None and "engine lacks family lined" in e.lacks_family("lined")
+    assert Engine.foreign("srv --port {port}", []).lacks_family("lined") is None  # undeclared: every family tried
+
+
+def test_a_config_engine_whose_families_lack_the_targets_is_skipped_before_it_starts(tmp_path, capsys):
+    never = tmp_path / "started"
+    starter = tmp_path / "engine.py"
+    starter.write_text(f"open({str(never)!r}, 'w')\n")
+    cfg = tmp_path / "kern.toml"
+    cfg.write_text(f"""[targets.lined]
+manifest = "{ROOT / 'manifests' / 'toy' / 'toy-stateful.json'}"
+engine = "{sys.executable} {starter} --port {{port}}"
+facts = {{ page = 1, families = ["paged"] }}
+""")
+    code, reports = gate(tmp_path, "--config", str(cfg), "--scenarios", "conc1_equals_run")
+    assert code == 125, capsys.readouterr()
+    assert reports["lined"]["skipped"].startswith("engine lacks family lined")
+    assert not never.exists()

@@ -220,3 +220,15 @@ def test_a_near_tie_may_move_where_the_answer_stops() -> None:
     s = Same(Moved([20, 21]), rows=1)
     assert not s.add("elsewhere", PROMPT, [10, 99, 20, 21, 22], [10, 11, 12])
     assert s.notes[0].endswith("; then first differs at token 4 (got 5 tokens, want 4): got [22] want []")
+
+
+def test_a_servers_wrong_answer_says_what_it_was_served_from_and_its_prompt():
+    s = Same(Exact(), rows=1)
+    assert s.add("p0", [1, 2], [10, 11], [10, 11], (0, None))
+    assert not s.add("p1", list(b"hello"), [12, 13], [12, 14], (4, "host"))
+    assert not s.add("p2", [300, 1], [1], [2], (None, None))
+    assert s.notes[0].startswith("p1 [served from cached_tokens 4, tier host; prompt (5 tokens) 'hello']: first differs")
+    assert s.notes[1].startswith("p2 [served from cached_tokens not told; prompt (2 tokens) [300, 1]]: first differs")
+    assert s.first == {"label": "p1", "cached": 4, "tier": "host", "prompt": "prompt (5 tokens) 'hello'",
+                       "divergence": "first differs at token 1 (got 2 tokens, want 2): got [13] want [14] "
+                                     "(confident flip: the reference says 14)"}

@@ -42,6 +42,7 @@ class Check(TypedDict, total=False):
     note: str
     error: bool
     skipped: list[str]  # the capabilities the engine under test lacks for it (docs/engine-contract.md)
+    first: dict  # its first wrong answer: label, cached, tier, prompt, divergence (`verdicts.Same.first`)
 
 
 class Report(TypedDict):

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-__all__ = ["EXCUSED_MAX", "Oracle", "Same", "divergence"]
+__all__ = ["EXCUSED_MAX", "Oracle", "Same", "divergence", "prompt_text", "served_text"]
 
 EXCUSED_MAX = 3
 """Near-tie tokens excused per answer; the next divergence after these fails it."""
@@ -53,12 +53,35 @@ def divergence(a: Sequence[int], b: Sequence[int]) -> str:
     return f"first differs at token {k} (got {len(a)} tokens, want {len(b)}): got {a[k:k + 4]} want {b[k:k + 4]}"
 
 
+PROMPT_CHARS = 60  # how much of a prompt a note quotes
+
+
+def prompt_text(prompt: Sequence[int]) -> str:
+    """A prompt in a note: its length and its start, as text when its ids are bytes (the toys' tokenizer)."""
+    ids = list(prompt)
+    if all(0 <= t < 256 for t in ids):
+        text = bytes(ids).decode("utf-8", "replace")
+        quoted = repr(text[:PROMPT_CHARS] + ("..." if len(text) > PROMPT_CHARS else ""))
+    else:
+        quoted = str(ids[:12])[:-1] + (", ...]" if len(ids) > 12 else "]")
+    return f"prompt ({len(ids)} tokens) {quoted}"
+
+
+def served_text(cached: int | None, tier: str | None, prompt: Sequence[int]) -> str:
+    """What an answer was served from, for a note: its ``cached_tokens``, its tier where told, its prompt."""
+    head = "cached_tokens not told" if cached is None else f"cached_tokens {cached}"
+    return head + (f", tier {tier}" if tier else "") + "; " + prompt_text(prompt)
+
+
 class Same:
     """Counts answers identical to the oracle's; `ok` when every answer was (after excuses).
 
     ``same`` counts answers identical with nothing excused, ``matched`` those identical only after
     near-tie excuses, ``excused`` the excused tokens over all answers, and ``notes`` one entry per
-    answer that diverged: ``"{label}: "`` and its divergences joined with ``"; then "``.
+    answer that diverged: ``"{label}: "`` (``"{label} [served from ...]: "`` for a server's answer: its
+    ``cached_tokens`` and tier where told, and its prompt) and its divergences joined with ``"; then "``. ``first`` is the
+    first answer that failed, as fields: ``label``, ``cached``, ``tier``, ``prompt`` (`prompt_text`),
+    ``divergence``.
     """
 
     def __init__(self, oracle: Oracle, rows: int) -> None:
@@ -69,11 +92,15 @@ class Same:
         self.matched = 0
         self.excused = 0
         self.notes: list[str] = []
+        self.first: dict | None = None
 
-    def add(self, label: str, prompt: Sequence[int], got: Sequence[int], want: Sequence[int]) -> bool:
+    def add(self, label: str, prompt: Sequence[int], got: Sequence[int], want: Sequence[int],
+            served: tuple[int | None, str | None] | None = None) -> bool:
         """Judge one answer `got` against the oracle's `want` for `prompt`; True when it counts.
+        `served`: what a server's answer said it was served from, ``(cached_tokens, tier)`` (each None
+        when not told), for the note; None for an answer that came from no server.
 
-        Internal updates: ``n``, then ``same`` or ``matched``, ``excused`` and ``notes``.
+        Internal updates: ``n``, then ``same`` or ``matched``, ``excused``, ``notes`` and ``first``.
         """
         self.n += 1
         prompt, got, want = list(prompt), list(got), list(want)
@@ -98,8 +125,13 @@ class Same:
             want = head + rest
         self.excused += excused
         if notes:
-            self.notes.append(f"{label}: " + "; then ".join(notes))
+            cached, tier = served or (None, None)
+            told = f" [served from {served_text(cached, tier, prompt)}]" if served is not None else ""
+            self.notes.append(f"{label}{told}: " + "; then ".join(notes))
         if got != want:
+            if self.first is None:
+                self.first = {"label": label, "cached": cached, "tier": tier, "prompt": prompt_text(prompt),
+                              "divergence": notes[-1] if notes else divergence(got, want)}
             return False
         if excused:
             self.matched += 1

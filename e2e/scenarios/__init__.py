@@ -12,7 +12,7 @@ from typing import Callable
 
 from e2e.config import GateTarget
 from e2e.scenarios import (abort, churn, concurrent, conc1, cuts, explore, float_controls, host, kern_test, params, prefix,
-                           repeat, rows1, slots, ties, turn2, wake_room)
+                           repeat, rows1, slots, stream, ties, turn2, wake_room)
 
 __all__ = ["CHECKS", "COMPARED", "CROSS_CHECKS", "METRICS_CHECKS", "POLICY_CHECKS", "STEPS", "Step", "plan",
            "session_of"]
@@ -47,6 +47,9 @@ STEPS: tuple[Step, ...] = (
     Step("spec_acceptance", "default", ("spec_acceptance",), ("concurrent",), concurrent.spec_acceptance,
          applies=lambda t: t.spec, serial=False),
     Step("abort", "default", ("abort",), ("conc1",), abort.run, serial=False),
+    # every engine that declares `stream` (docs/engine-contract.md); our own kern's params session streams
+    # already, so it runs for ours only when named
+    Step("stream", "default", ("stream_equals_whole",), ("conc1",), stream.run, serial=False, foreign=True),
     Step("host_cold", "host", ("turn2_warm_equals_cold",), ("turn2",), host.cold, flags=host.flags),
     Step("park_wake", "host", ("park_wake",), ("host_cold",), host.park_wake, flags=host.flags),
     Step("host_churn", "churn", ("host_churn",), ("turn2",), churn.run, flags=churn.flags),

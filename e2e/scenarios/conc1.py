@@ -24,10 +24,10 @@ def run(r) -> Cold:
         a.prompt_ids = r.prompt_ids(a, p)
         cold.append(a)
         want = r.oracle.run(a.prompt_ids, r.m, r.rows)
-        same.add(f"prompt {i + 1}", a.prompt_ids, a.ids, want)
+        same.add(f"prompt {i + 1}", a.prompt_ids, a.ids, want, a.served)
     gate = oracle_gate(r.target.ranks, r.oracle.available)
     ok = same.ok if gate else gate
-    r.checks.add("conc1_equals_run", ok, f"{same} (oracle: {r.oracle.kind})", same.excused)
+    r.checks.add("conc1_equals_run", ok, f"{same} (oracle: {r.oracle.kind})", same.excused, same.first)
     return Cold(tuple(cold))
 
 

@@ -36,7 +36,7 @@ def run(r) -> Burst:
     for i, a in enumerate(answers):
         if isinstance(a, Answer):
             cold = r.got(Cold).answers[i]
-            same.add(f"prompt {i + 1}", cold.prompt_ids, a.ids, cold.ids)
+            same.add(f"prompt {i + 1}", cold.prompt_ids, a.ids, cold.ids, a.served)
     live.stats.flush()
     after = live.stats.read()
     r.counters["default"] = _plain(after)
@@ -52,7 +52,7 @@ def run(r) -> Burst:
     note = f"{finished}/{len(PROMPTS)} finished in {dt:.1f}s; {same}"
     if errors:
         note += "; " + "; ".join(errors)
-    r.checks.add("concurrent", ok, note, same.excused)
+    r.checks.add("concurrent", ok, note, same.excused, same.first)
     return Burst(serial, burst, per_round)
 
 

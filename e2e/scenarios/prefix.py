@@ -83,7 +83,7 @@ def run(r) -> None:
 
     def serial(phase: str, ids: list[int]) -> Answer:
         a = r.answer(ids)
-        phases[phase].add(f"{phase} {len(hits[phase]) + 1}", ids, a.ids, r.oracle.run(ids, r.m, r.rows))
+        phases[phase].add(f"{phase} {len(hits[phase]) + 1}", ids, a.ids, r.oracle.run(ids, r.m, r.rows), a.served)
         hits[phase].append(a.cached)
         return a
 
@@ -96,7 +96,7 @@ def run(r) -> None:
             if not isinstance(a, Answer):
                 errors.append(f"{phase}: {type(a).__name__}: {a}")
                 continue
-            phases[phase].add(f"{phase} {len(hits[phase]) + 1}", ids, a.ids, r.oracle.run(ids, r.m, r.rows))
+            phases[phase].add(f"{phase} {len(hits[phase]) + 1}", ids, a.ids, r.oracle.run(ids, r.m, r.rows), a.served)
             hits[phase].append(a.cached)
 
     cold = []
@@ -129,4 +129,5 @@ def run(r) -> None:
         note += f"; preemptions {after - (before or 0):.0f} (the engine's /metrics)"
     if errors:
         note += "; " + "; ".join(errors[:5])
-    r.checks.add("prefix_cold_warm_restored", ok, note, sum(s.excused for s in phases.values()))
+    r.checks.add("prefix_cold_warm_restored", ok, note, sum(s.excused for s in phases.values()),
+                 next((s.first for s in phases.values() if s.first), None))

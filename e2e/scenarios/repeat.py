@@ -22,9 +22,9 @@ def run(r) -> Repeated:
         a = r.answer(PROMPTS[i])
         cold = r.got(Cold).answers[i]
         first_turns[i].append(a.request)
-        same.add(f"prompt {i + 1}", cold.prompt_ids, a.ids, cold.ids)
+        same.add(f"prompt {i + 1}", cold.prompt_ids, a.ids, cold.ids, a.served)
         got.append(a.cached)
         want.append(want_cached(len(cold.prompt_ids), r.page, r.stateful))
     ok = got == want and same.ok
-    r.checks.add("repeat_hit", ok, f"cached {got} (want {want}); {same}", same.excused)
+    r.checks.add("repeat_hit", ok, f"cached {got} (want {want}); {same}", same.excused, same.first)
     return Repeated(tuple(tuple(reqs) for reqs in first_turns))

@@ -35,7 +35,7 @@ def run(r) -> Turn2:
         cold = r.got(Cold).answers[i]
         ids = cold.prompt_ids + cold.fed + suffix
         a = r.answer(ids)
-        turns.append(Turn(tuple(ids), tuple(a.ids), a.cached, len(cold.prompt_ids)))
+        turns.append(Turn(tuple(ids), tuple(a.ids), a.cached, len(cold.prompt_ids), a.served))
     lost = unkept(r)
     first_turns = r.got(Repeated).first_turns
     entries = [(t.cached, t.prompt_len, list(first_turns[i])) for i, t in enumerate(turns)]
@@ -54,7 +54,7 @@ def run(r) -> Turn2:
         if want is None:
             continue
         answered += 1
-        same.add(f"turn 2 of prompt {i + 1}", list(t.ids), list(t.warm_ids), want)
+        same.add(f"turn 2 of prompt {i + 1}", list(t.ids), list(t.warm_ids), want, t.served)
     if answered:
-        r.checks.add("turn2_warm_equals_run", same.ok, str(same), same.excused)
+        r.checks.add("turn2_warm_equals_run", same.ok, str(same), same.excused, same.first)
     return Turn2(tuple(suffix), tuple(turns))

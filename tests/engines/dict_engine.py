@@ -8,10 +8,13 @@ end, as a recurrent-state engine does. Sequences are evicted least recently serv
 than `--keep` are held. A request resumes from the longest cached prefix of at most len(prompt) - 1
 tokens (the last prompt token is always recomputed), feeds the rest, then decodes greedily.
 
-    python tests/engines/dict_engine.py --port 8000 [--model toy-paged] [--keep 64]
-        [--lack CAP ...] [--bug short-key|off-by-one|stale-evict|race|cached-lie]
+    python tests/engines/dict_engine.py --port 8000 [--model toy-paged | --manifest PATH] [--keep 64]
+        [--lack CAP ...] [--bug short-key|off-by-one|stale-evict|race|cached-lie|stream-drop-last]
 
-`--bug` plants one realistic prefix-cache bug (off by default) that the gate must catch.
+`--bug` plants one realistic prefix-cache bug (off by default) that the gate must catch. `--manifest`
+(the gate's `{manifest}`) names the toy by its manifest: its model name and family are read from it.
+It computes the paged and the lined family (`facts.families`); started for a toy of another family it
+still answers /health and /kern/capabilities, and refuses every completion.
 """
 
 import argparse
@@ -28,9 +31,23 @@ MASK = (1 << 64) - 1
 EOS = 256
 MAX_LEN = 8192
 CAPABILITIES = ("text", "cached-tokens", "stream")
-BUGS = ("short-key", "off-by-one", "stale-evict", "race", "cached-lie")
+BUGS = ("short-key", "off-by-one", "stale-evict", "race", "cached-lie", "stream-drop-last")
 LINED = {"toy-paged": False, "toy-spec": False, "toy-big": False, "toy-stateful": True, "toy-stateful-spec": True}
 """The toys this engine computes (and their -ref twins): lined (next_of(S + C)) or paged (next_of(S))."""
+FAMILIES = {"paged": False, "lined": True}
+"""The toy families it computes (docs/toy.md), and whether each is lined."""
+
+
+def family_of(manifest):
+    """A manifest's toy family, as docs/toy.md tells them apart."""
+    states = manifest.get("states") or {}
+    if isinstance(manifest.get("family"), str):
+        return manifest["family"]
+    if "logits" in (manifest.get("buffers") or {}):
+        return "float"
+    if "kv.0" in states:
+        return "layered"
+    return "lined" if any((s or {}).get("bytes_per_seq", 0) for s in states.values()) else "paged"
 
 
 # -- the toy's arithmetic (docs/toy.md) ----------------------------------------------------------
@@ -139,9 +156,9 @@ class Engine:
     """Serves one request at a time per thread; the cache is the only thing requests share
     (except under --bug race)."""
 
-    def __init__(self, model, keep, lack, bug):
+    def __init__(self, model, keep, lack, bug, lined):
         self.model, self.bug = model, bug
-        self.lined = LINED[model.removesuffix("-ref")]
+        self.lined = lined               # None: a toy of a family it does not compute (every completion refused)
         self.capabilities = [c for c in CAPABILITIES if c not in lack]
         self.cache = PrefixCache(keep, self.lined, bug)
         self.in_flight = 0
@@ -196,6 +213,8 @@ def parse_completion(body, engine):
     model = body.get("model")
     if model is not None and model != engine.model:
         raise BadRequest(f"The model `{model}` does not exist.", "model", 404)
+    if engine.lined is None:
+        raise BadRequest(f"this engine computes only the {', '.join(FAMILIES)} toys, not `{engine.model}`", "model", 404)
     prompt = body.get("prompt")
     if isinstance(prompt, str) and "text" in engine.capabilities:
         prompt = list(prompt.encode("utf-8"))
@@ -248,7 +267,7 @@ class Handler(BaseHTTPRequestHandler):
             self.send_json(200 if ready else 503, {} if ready else {"error": "loading"})
         elif self.path == "/kern/capabilities":
             self.send_json(200, {"contract": 1, "engine": {"name": "dict-engine", "version": "1"},
-                                 "capabilities": e.capabilities, "facts": {"page": 1}})
+                                 "capabilities": e.capabilities, "facts": {"page": 1, "families": list(FAMILIES)}})
         elif self.path == "/v1/models":
             self.send_json(200, {"object": "list", "data": [{"id": e.model, "object": "model",
                                                              "owned_by": "dict-engine", "max_model_len": MAX_LEN}]})
@@ -298,8 +317,8 @@ class Handler(BaseHTTPRequestHandler):
             if stream:
                 last = t == EOS or len(ids) == max_tokens
                 choice = {"index": 0, "text": self.text(decoder, t, last), "finish_reason": None}
-                if return_ids:
-                    choice["token_ids"] = [t]
+                if return_ids:  # --bug stream-drop-last: the final chunk carries its finish reason, not its token
+                    choice["token_ids"] = [] if last and e.bug == "stream-drop-last" else [t]
                 chunk = dict(head, choices=[choice])
                 if last:
                     choice["finish_reason"] = "stop" if t == EOS else "length"
@@ -333,14 +352,24 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--host", default="127.0.0.1")
-    ap.add_argument("--model", default="toy-paged", help=f"one of {', '.join(LINED)} (or a -ref twin)")
+    ap.add_argument("--model", default=None, help=f"one of {', '.join(LINED)} (or a -ref twin); default toy-paged")
+    ap.add_argument("--manifest", default=None, help="the toy's manifest (JSON): its model name and family")
     ap.add_argument("--keep", type=int, default=64, help="sequences held in the prefix cache")
     ap.add_argument("--lack", nargs="*", default=[], choices=CAPABILITIES, help="capabilities not to declare")
     ap.add_argument("--bug", choices=BUGS, help="plant a prefix-cache bug")
     args = ap.parse_args()
-    if args.model.removesuffix("-ref") not in LINED:
-        ap.error(f"--model {args.model}: this engine computes only {', '.join(LINED)} (and their -ref twins)")
-    Handler.engine = Engine(args.model, max(args.keep, 1), set(args.lack), args.bug)
+    if args.manifest is not None:
+        try:
+            with open(args.manifest) as f:
+                manifest = json.load(f)
+        except (OSError, ValueError) as exc:
+            ap.error(f"--manifest {args.manifest}: {exc}")
+        args.model = args.model or str(manifest.get("model"))
+        lined = FAMILIES.get(family_of(manifest))
+    else:
+        args.model = args.model or "toy-paged"
+        lined = LINED.get(args.model.removesuffix("-ref"))
+    Handler.engine = Engine(args.model, max(args.keep, 1), set(args.lack), args.bug, lined)
     Handler.started = time.monotonic()
     ThreadingHTTPServer.request_queue_size = 128
     server = ThreadingHTTPServer((args.host, args.port), Handler)
@@ -350,7 +379,7 @@ def main():
     signal.signal(signal.SIGINT, stop)
     print(f"dict-engine serving {args.model} on http://{args.host}:{args.port} (keep {args.keep}, bug {args.bug})",
           flush=True)
-    server.serve_forever()
+    server.serve_forever(poll_interval=0.05)  # a SIGTERM ends it within 50 ms
     server.server_close()
 
 
