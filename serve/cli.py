@@ -146,9 +146,7 @@ def serve_command(ctx, target, port, host, capacity, host_gib, max_seqs, chunk, 
                   pp_timeout, pp_bind, pp_parent, pp_share, faults, protect_stats, drain_timeout,
                   max_connections, header_timeout, body_timeout, keep_alive, max_body_bytes, max_tokenize_tokens, log_level=None, sampling="refuse",
                   host_chunk=None, stage_connect=None, metrics_prefix="kern", max_per_client=_D.max_per_client,
-                  pp_restart=True, frontend_process=None, http="auto", frontends=1, admission=_R.name,
-                  page_share=_R.page_share, row_share=_R.row_share, bypass=_R.bypass, queue_timeout=QUEUE_TIMEOUT_S,
-                  ceiling=None) -> None:
+                  pp_restart=True, frontend_process=None, http="auto", frontends=1, ceiling=None, **admission) -> None:
     """Serve TARGET (a config target name or a manifest path) over OpenAI-compatible HTTP.
 
     Every start-up error is one line on stderr, `kern serve: error: ...`, naming the flag or file.
@@ -182,8 +180,7 @@ def serve_command(ctx, target, port, host, capacity, host_gib, max_seqs, chunk, 
         config = ctx.obj.get("config")
     opts = Options(capacity=capacity, host_gib=host_gib, max_seqs=max_seqs, chunk=chunk, rows=rows, backend=backend,
                    device=device, reserve_gib=reserve_gib, weights=tuple(weights), config=config, faults=Faults(faults),
-                   graphs=not no_graphs, pack=not no_pack, host_chunk=host_chunk,
-                   admission=Rule(admission, page_share, row_share, bypass), queue_timeout=queue_timeout or None)
+                   graphs=not no_graphs, pack=not no_pack, host_chunk=host_chunk, **_admission(**admission))
     errors = _load_errors()
     if host_chunk is not None and ((stages or 1) > 1 or pp_head or pp_listen):
         fail("--host-chunk-bytes is for single-process servers (not --stages, --pp-head or --pp-listen)")
@@ -290,6 +287,12 @@ def _engine(target, opts, phases, stages, at, pp_listen, pp_timeout, stage_conne
                                                           startup=stage_connect, restart=pp_restart))
     phases.mark("stages")  # the head's load and its stages' start
     return engine, head
+
+
+def _admission(admission: str = _R.name, page_share: float = _R.page_share, row_share: float = _R.row_share,
+               bypass: int = _R.bypass, queue_timeout: float = QUEUE_TIMEOUT_S) -> dict:
+    """The engine options of --admission, its shares and bound, and --queue-timeout (0: none)."""
+    return {"admission": Rule(admission, page_share, row_share, bypass), "queue_timeout": queue_timeout or None}
 
 
 def _limits(*values, keyless_stats: bool) -> Limits:

@@ -176,8 +176,9 @@ def test_fifo_keeps_the_lock_by_name(served):
 def test_a_request_waiting_past_the_queue_timeout_gets_503_with_retry_after(served):
     """--queue-timeout 1: the third long request (its client over its share, nothing else waiting)
     waits for room the first two hold for seconds, and is answered a plain 503 queue_timeout with
-    Retry-After, a stream as well; --max-tokens-ceiling refuses one token more than it allows."""
-    s = served("--queue-timeout", "1", "--max-tokens-ceiling", str(LONG))
+    Retry-After, a stream as well; --max-tokens-ceiling refuses one token more than it allows. With
+    the engine core in a process of its own: the client and the error cross its wire."""
+    s = served("--queue-timeout", "1", "--max-tokens-ceiling", str(LONG), "--frontend-process")
     over = httpx.post(s.url + "/v1/completions", json={"prompt": [1, 2], "max_tokens": LONG + 1}, timeout=60)
     assert over.status_code == 400, over.text
     err = over.json()["error"]
