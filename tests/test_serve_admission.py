@@ -83,9 +83,8 @@ def _stream(addr: str, url: str, ids: list[int], m: int, out: dict) -> None:
     out["ids"] = toks
 
 
-def _short(addr: str, url: str, ids: list[int], out: dict) -> None:
-    with _client(addr) as c:
-        r = c.post(url + "/v1/completions", json={"prompt": ids, "max_tokens": SHORT, "return_token_ids": True})
+def _short(c: httpx.Client, url: str, ids: list[int], out: dict) -> None:
+    r = c.post(url + "/v1/completions", json={"prompt": ids, "max_tokens": SHORT, "return_token_ids": True})
     out["status"] = r.status_code
     out["ids"] = r.json()["choices"][0]["token_ids"] if r.status_code == 200 else r.text
 
@@ -107,7 +106,11 @@ def _finished(log: str) -> list[int]:
 
 def _longs_and_shorts(server) -> tuple[list[dict], list[dict]]:
     """Three long streams from one client, then (once two run and the third waits) 20 shorts from 20
-    others; returns both once all ended."""
+    others, their connections made beforehand (sending one is then a write, not a connect); returns
+    both once all ended."""
+    clients = [_client(a) for a in CLIENTS]
+    for c in clients:
+        assert c.get(server.url + "/v1/models").status_code == 200
     longs = [{} for _ in range(3)]
     threads = [threading.Thread(target=_stream, args=(LONG_CLIENT, server.url, _long_prompt(i), LONG, longs[i]))
                for i in range(3)]
@@ -116,12 +119,14 @@ def _longs_and_shorts(server) -> tuple[list[dict], list[dict]]:
     live = _wait_live(server, lambda d: d["running"] == 2 and d["waiting"] == 1)
     assert live["running"] == 2 and live["waiting"] == 1, f"the long requests did not hold the pool: {live}"
     shorts = [{} for _ in CLIENTS]
-    more = [threading.Thread(target=_short, args=(a, server.url, _short_prompt(i), shorts[i]))
-            for i, a in enumerate(CLIENTS)]
+    more = [threading.Thread(target=_short, args=(c, server.url, _short_prompt(i), shorts[i]))
+            for i, c in enumerate(clients)]
     for t in more:
         t.start()
     for t in threads + more:
         t.join(600)
+    for c in clients:
+        c.close()
     return longs, shorts
 
 
@@ -174,31 +179,31 @@ def test_fifo_keeps_the_lock_by_name(served):
 
 @needs_loopback
 def test_a_request_waiting_past_the_queue_timeout_gets_503_with_retry_after(served):
-    """--queue-timeout 1: the third long request (its client over its share, nothing else waiting)
-    waits for room the first two hold for seconds, and is answered a plain 503 queue_timeout with
-    Retry-After, a stream as well; --max-tokens-ceiling refuses one token more than it allows. With
-    the engine core in a process of its own: the client and the error cross its wire."""
-    s = served("--queue-timeout", "1", "--max-tokens-ceiling", str(LONG), "--frontend-process")
-    over = httpx.post(s.url + "/v1/completions", json={"prompt": [1, 2], "max_tokens": LONG + 1}, timeout=60)
+    """--queue-timeout 0.5: one long request reserves 251 of the pool's 255 pages for seconds; a
+    stream needing 13 waits for room and is answered a plain 503 queue_timeout with Retry-After
+    (before its first byte); --max-tokens-ceiling refuses one token more than it allows. With the
+    engine core in a process of its own: the client and the error cross its wire."""
+    hold = 4000  # 12 prompt tokens + 4000: 251 pages
+    s = served("--queue-timeout", "0.5", "--max-tokens-ceiling", str(hold), "--frontend-process")
+    over = httpx.post(s.url + "/v1/completions", json={"prompt": [1, 2], "max_tokens": hold + 1}, timeout=60)
     assert over.status_code == 400, over.text
     err = over.json()["error"]
     assert err["param"] == "max_tokens" and "--max-tokens-ceiling" in err["message"], err
-    longs = [{} for _ in range(2)]
-    threads = [threading.Thread(target=_stream, args=(LONG_CLIENT, s.url, _long_prompt(i), LONG, longs[i]))
-               for i in range(2)]
-    for t in threads:
-        t.start()
-    live = _wait_live(s, lambda d: d["running"] == 2)
-    assert live["running"] == 2, live
-    body = {"prompt": _long_prompt(2), "max_tokens": LONG, "ignore_eos": True, "stream": True}
-    with _client(LONG_CLIENT) as c, c.stream("POST", s.url + "/v1/completions", json=body) as r:
-        raw = r.read()
-    for t in threads:
-        t.join(600)
+    got: dict = {}
+    hog = threading.Thread(target=_stream, args=(LONG_CLIENT, s.url, _long_prompt(0), hold, got))
+    with _client(CLIENTS[0]) as c:
+        assert c.get(s.url + "/v1/models").status_code == 200  # connected before the long one starts
+        hog.start()
+        live = _wait_live(s, lambda d: d["running"] == 1)
+        assert live["running"] == 1, live
+        body = {"prompt": _short_prompt(0), "max_tokens": 200, "stream": True}
+        with c.stream("POST", s.url + "/v1/completions", json=body) as r:
+            raw = r.read()
+    hog.join(600)
     assert r.status_code == 503, raw[:300]
     assert r.headers.get("retry-after", "").isdigit(), dict(r.headers)
     assert json.loads(raw)["error"]["code"] == "queue_timeout", raw[:300]
-    assert all(g.get("finish") == "length" for g in longs), "the running requests were disturbed"
+    assert got.get("finish") == "length" and len(got["ids"]) == hold, "the running request was disturbed"
 
 
 def test_the_client_is_its_bearer_key_else_its_address():
