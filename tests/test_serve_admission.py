@@ -204,6 +204,8 @@ def test_a_request_waiting_past_the_queue_timeout_gets_503_with_retry_after(serv
     assert r.headers.get("retry-after", "").isdigit(), dict(r.headers)
     assert json.loads(raw)["error"]["code"] == "queue_timeout", raw[:300]
     assert got.get("finish") == "length" and len(got["ids"]) == hold, "the running request was disturbed"
+    queue = s.stats()["queue"]
+    assert queue["admission"] == "fair" and queue["timed_out"] == 1, queue
 
 
 def test_the_client_is_its_bearer_key_else_its_address():
