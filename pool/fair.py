@@ -6,11 +6,13 @@ Two policies (`Rule.name`):
   nothing behind it starts.
 - ``fair`` (kern serve's default): the head is tried first, exactly as ``fifo``; when it does not fit,
   the requests behind it are tried in their order and the first that fits starts (it *bypasses* the
-  head). A head bypassed `Rule.bypass` times is not bypassed again: until it starts, it is the only
+  head): `LOOK` of them at most, among the first `SCAN` waiting, none reserving at least as many
+  pages as one already refused in the round. A head bypassed `Rule.bypass` times is not bypassed again: until it starts, it is the only
   request tried, so a long request is not starved by a stream of short ones. And a client (an API key
   or a peer address: whatever the caller names) holding more than its share of pages or of running
   rows is *deferred*: its waiting requests are passed over while another client has one waiting. A
-  client holding nothing is never over its share, so its first request is always in the line.
+  client holding nothing is never over its share, so its first request is always in the line; when
+  every waiting request is deferred, the line is the whole queue again.
 
 With one client, a head that fits and nobody over a share, the two orders are the same.
 
@@ -25,10 +27,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-__all__ = ["LOOK", "POLICIES", "Rule", "Ticket", "Turns"]
+__all__ = ["LOOK", "POLICIES", "SCAN", "Rule", "Ticket", "Turns"]
 
 POLICIES = ("fair", "fifo")
 LOOK = 32  # requests behind the head tried in one round, at most (a long queue costs a bounded round)
+SCAN = 1024  # waiting requests read in one round, at most (those further back wait for the next rounds)
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +132,8 @@ class Turns:
         n = 0
         smallest = None  # the fewest pages a request tried this round reserves (one at least as large is skipped)
         for i, t in enumerate(tickets):
+            if i >= SCAN:
+                break
             if skip and self.deferred(t):
                 continue
             if n and smallest is not None and t.pages >= smallest:

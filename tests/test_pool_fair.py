@@ -13,7 +13,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from pool.fair import LOOK, Rule, Ticket, Turns
+from pool.fair import LOOK, SCAN, Rule, Ticket, Turns
 
 PAGES, ROWS = 40, 6
 CLIENTS = ["a", "b", "c"]
@@ -34,7 +34,8 @@ def reference_order(rule: Rule, waiting: list[Ticket], running: list[Ticket], pa
     def deferred(t: Ticket) -> bool:
         return over(t) and any(w.client != t.client for w in waiting)
 
-    line = [i for i, t in enumerate(waiting) if not deferred(t)] or list(range(len(waiting)))
+    seen = waiting[:SCAN]
+    line = [i for i, t in enumerate(seen) if not deferred(t)] or list(range(len(seen)))
     head = line[0]
     if waiting[head].passed >= rule.bypass:
         return [head]
