@@ -43,7 +43,7 @@ EXIT_CODES = {
 }
 _D = Limits()
 _R = Rule()
-QUEUE_TIMEOUT_S = 300.0  # --queue-timeout's default
+QUEUE_TIMEOUT_S = 1800.0  # --queue-timeout's default: past a long request's life on a small machine (issue 41: 11 minutes)
 _FAULT_HELP = "; ".join(f"{k}: {v}" for k, v in FAULTS.items())
 _POSITIVE = click.FloatRange(min=0, min_open=True)
 
