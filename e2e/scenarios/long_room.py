@@ -108,7 +108,7 @@ def run(r) -> None:
     r.serial_ends("long_room's requests run at once")
     if live.stats.has_endpoint is None:
         live.stats.read()
-    if not live.stats.has_endpoint:
+    if not live.stats.has_endpoint or live.client.http.get("/stats/live", timeout=30).status_code != 200:
         r.checks.add("long_beside_short", None, "not gated: the server has no /stats/live")
         return
     facts = r.server_facts.get("long_room") or r.facts["long_room"]
