@@ -109,24 +109,26 @@ def _longs_and_shorts(server) -> tuple[list[dict], list[dict]]:
     others, their connections made beforehand (sending one is then a write, not a connect); returns
     both once all ended."""
     clients = [_client(a) for a in CLIENTS]
-    for c in clients:
-        assert c.get(server.url + "/v1/models").status_code == 200
-    longs = [{} for _ in range(3)]
-    threads = [threading.Thread(target=_stream, args=(LONG_CLIENT, server.url, _long_prompt(i), LONG, longs[i]))
-               for i in range(3)]
-    for t in threads:
-        t.start()
-    live = _wait_live(server, lambda d: d["running"] == 2 and d["waiting"] == 1)
-    assert live["running"] == 2 and live["waiting"] == 1, f"the long requests did not hold the pool: {live}"
-    shorts = [{} for _ in CLIENTS]
-    more = [threading.Thread(target=_short, args=(c, server.url, _short_prompt(i), shorts[i]))
-            for i, c in enumerate(clients)]
-    for t in more:
-        t.start()
-    for t in threads + more:
-        t.join(600)
-    for c in clients:
-        c.close()
+    try:
+        for c in clients:
+            assert c.get(server.url + "/v1/models").status_code == 200
+        longs = [{} for _ in range(3)]
+        threads = [threading.Thread(target=_stream, args=(LONG_CLIENT, server.url, _long_prompt(i), LONG, longs[i]))
+                   for i in range(3)]
+        for t in threads:
+            t.start()
+        live = _wait_live(server, lambda d: d["running"] == 2 and d["waiting"] == 1)
+        assert live["running"] == 2 and live["waiting"] == 1, f"the long requests did not hold the pool: {live}"
+        shorts = [{} for _ in CLIENTS]
+        more = [threading.Thread(target=_short, args=(c, server.url, _short_prompt(i), shorts[i]))
+                for i, c in enumerate(clients)]
+        for t in more:
+            t.start()
+        for t in threads + more:
+            t.join(600)
+    finally:
+        for c in clients:
+            c.close()
     return longs, shorts
 
 
