@@ -22,7 +22,6 @@ from __future__ import annotations
 import threading
 import time
 
-
 from e2e.scenarios.params import eos_of
 from verdicts import Same
 from verdicts.params import continuation
