@@ -78,6 +78,7 @@ RUNS: dict[str, tuple[str, ...]] = {
     "evict_drops": ("kern-serve",), "ties": ("kern-serve",), "host_frag": ("kern-serve",),
     "slot_growth": ("kern-serve",), "rows1": ("kern-serve",), "wake_room": ("kern-serve",),
     "explore": ("kern-serve",),
+    "long_room": ("kern-serve", "stream"),
     "params": ("params", "text", "stream"),
 }
 """The steps (by name) that cannot run at all without these capabilities: their requests need them."""

@@ -24,6 +24,7 @@ import click
 from serve.faults import FAULTS
 from oracle.version import option as version_option
 from serve.guard import Limits
+from pool.fair import POLICIES, Rule
 
 __all__ = ["main", "serve_command"]
 
@@ -41,6 +42,8 @@ EXIT_CODES = {
     EXIT_CRASHED: "the scheduler thread crashed (or, with --frontend-process, the engine core process was killed)",
 }
 _D = Limits()
+_R = Rule()
+QUEUE_TIMEOUT_S = 1800.0  # --queue-timeout's default: past a long request's life on a small machine (issue 41: 11 minutes)
 _FAULT_HELP = "; ".join(f"{k}: {v}" for k, v in FAULTS.items())
 _POSITIVE = click.FloatRange(min=0, min_open=True)
 
@@ -110,6 +113,12 @@ def bind(host: str, port: int):
 @click.option("--keep-alive", default=_D.keep_alive, show_default=True, type=_POSITIVE, help="Seconds an idle keep-alive connection is held open.")
 @click.option("--max-body-bytes", default=_D.max_body_bytes, show_default=True, type=click.IntRange(min=1), help="Largest request body; a larger one is answered 413.")
 @click.option("--max-tokenize-tokens", default=_D.max_tokenize_tokens, show_default=True, type=click.IntRange(min=1), help="Largest /tokenize input, in tokens; a larger one is answered 413.")
+@click.option("--admission", "admission", default=_R.name, show_default=True, type=click.Choice(list(POLICIES)), help="The order waiting requests are tried for room: fifo (first come, first served: nothing starts while the head of the queue does not fit) or fair (the head first, then a request behind it that fits, at most --max-bypass times per head; a client over its share of pages or rows waits while others wait). docs/pool-at-scale.md.")
+@click.option("--client-page-share", "page_share", default=_R.page_share, show_default=True, type=click.FloatRange(min=0, max=1, min_open=True), help="fair: the fraction of the pool's pages one client (its API key, else its peer address) may reserve before its waiting requests are passed over for other clients'.")
+@click.option("--client-row-share", "row_share", default=_R.row_share, show_default=True, type=click.FloatRange(min=0, max=1, min_open=True), help="fair: the fraction of --max-seqs running rows one client may hold before its waiting requests are passed over for other clients'.")
+@click.option("--max-bypass", "bypass", default=_R.bypass, show_default=True, type=click.IntRange(min=0), help="fair: how many requests may start ahead of a head of the queue that does not fit; then it alone is tried until it starts (0: as fifo, apart from the shares).")
+@click.option("--queue-timeout", "queue_timeout", default=QUEUE_TIMEOUT_S, show_default=True, type=click.FloatRange(min=0), help="Seconds a request may wait for room; then a 503 queue_timeout with Retry-After (a stream: before its first byte). 0: wait without bound.")
+@click.option("--max-tokens-ceiling", "ceiling", default=None, type=click.IntRange(min=1), help="Refuse a request whose max_tokens is above this with a 400 naming the flag (default: no ceiling past the pool's own).")
 @click.option("--stats-every", default=5.0, show_default=True, type=_POSITIVE, help="Seconds per `stats` log window.")
 @click.option("--no-graphs", is_flag=True, help="Run `graph: true` programs launch by launch instead of as captured CUDA graphs (GPU; for comparison).")
 @click.option("--no-pack", "no_pack", is_flag=True, help="Prefill one sequence per call even when the manifest packs several (cu_seqlens), for comparison.")
@@ -137,7 +146,7 @@ def serve_command(ctx, target, port, host, capacity, host_gib, max_seqs, chunk, 
                   pp_timeout, pp_bind, pp_parent, pp_share, faults, protect_stats, drain_timeout,
                   max_connections, header_timeout, body_timeout, keep_alive, max_body_bytes, max_tokenize_tokens, log_level=None, sampling="refuse",
                   host_chunk=None, stage_connect=None, metrics_prefix="kern", max_per_client=_D.max_per_client,
-                  pp_restart=True, frontend_process=None, http="auto", frontends=1) -> None:
+                  pp_restart=True, frontend_process=None, http="auto", frontends=1, ceiling=None, **admission) -> None:
     """Serve TARGET (a config target name or a manifest path) over OpenAI-compatible HTTP.
 
     Every start-up error is one line on stderr, `kern serve: error: ...`, naming the flag or file.
@@ -162,7 +171,7 @@ def serve_command(ctx, target, port, host, capacity, host_gib, max_seqs, chunk, 
 
     phases = Phases()  # the ready line's start_s and its split
     limits = _limits(max_connections, header_timeout, body_timeout, keep_alive, max_body_bytes, max_tokenize_tokens,
-                     drain_timeout, max_per_client, keyless_stats=protect_stats and api_key is None)
+                     drain_timeout, max_per_client, ceiling, keyless_stats=protect_stats and api_key is None)
     http = _parser(http)  # before the load: a parser that is not installed fails in a second
     from serve import hosted
 
@@ -171,7 +180,7 @@ def serve_command(ctx, target, port, host, capacity, host_gib, max_seqs, chunk, 
         config = ctx.obj.get("config")
     opts = Options(capacity=capacity, host_gib=host_gib, max_seqs=max_seqs, chunk=chunk, rows=rows, backend=backend,
                    device=device, reserve_gib=reserve_gib, weights=tuple(weights), config=config, faults=Faults(faults),
-                   graphs=not no_graphs, pack=not no_pack, host_chunk=host_chunk)
+                   graphs=not no_graphs, pack=not no_pack, host_chunk=host_chunk, **_admission(**admission))
     errors = _load_errors()
     if host_chunk is not None and ((stages or 1) > 1 or pp_head or pp_listen):
         fail("--host-chunk-bytes is for single-process servers (not --stages, --pp-head or --pp-listen)")
@@ -278,6 +287,12 @@ def _engine(target, opts, phases, stages, at, pp_listen, pp_timeout, stage_conne
                                                           startup=stage_connect, restart=pp_restart))
     phases.mark("stages")  # the head's load and its stages' start
     return engine, head
+
+
+def _admission(admission: str = _R.name, page_share: float = _R.page_share, row_share: float = _R.row_share,
+               bypass: int = _R.bypass, queue_timeout: float = QUEUE_TIMEOUT_S) -> dict:
+    """The engine options of --admission, its shares and bound, and --queue-timeout (0: none)."""
+    return {"admission": Rule(admission, page_share, row_share, bypass), "queue_timeout": queue_timeout or None}
 
 
 def _limits(*values, keyless_stats: bool) -> Limits:

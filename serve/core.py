@@ -31,6 +31,7 @@ import time
 from dataclasses import dataclass, field
 
 from pool import Tier
+from pool.fair import Rule, Ticket, Turns
 from runtime.step import Cell
 from serve import logs
 from serve.admission import WAIT, Admission
@@ -48,6 +49,18 @@ PREFILL, FORWARD = "prefill", "forward"
 
 def _order(req: Request) -> int:
     return req.order  # the admission order
+
+
+class _Tickets:
+    """The waiting queue's tickets, read lazily (each round reads only as far as the policy looks)."""
+
+    __slots__ = ("waiting",)
+
+    def __init__(self, waiting) -> None:
+        self.waiting = waiting
+
+    def __iter__(self):
+        return (r.ticket for r in self.waiting)
 
 
 @dataclass(slots=True)
@@ -88,6 +101,10 @@ class Core:
         self.engine = engine
         self.counters = counters if counters is not None else Counters()
         self.admission = Admission(engine, self.counters)
+        # the order waiting requests are tried in (pool/fair.py); an engine of a test or a replay names none
+        self.turns = Turns(getattr(engine, "admission", None) or Rule(), engine.pages, getattr(engine, "max_seqs", 1))
+        self.queue_timeout: float | None = getattr(engine, "queue_timeout", None)
+        self.timed_out = 0  # requests answered 503 queue_timeout
         self.waiting: collections.deque[Request] = collections.deque()
         self.running: list[Request] = []
         self.stopping = False
@@ -115,6 +132,8 @@ class Core:
         elif self.stopping or self.cut_at is not None:
             self._reject(req, (503, "the server is shutting down", "server_shutting_down", None))
         else:
+            req.ticket = Ticket(req.client, -(-req.room // self.engine.unit))
+            self.turns.arrive(req.ticket)
             self.waiting.append(req)
 
     def drain(self, cut_at: float) -> None:
@@ -135,6 +154,8 @@ class Core:
             return
         if req.status is Status.WAITING:
             self.waiting.remove(req)
+            if req.ticket is not None:
+                self.turns.withdraw(req.ticket)
         elif req.status is Status.RUNNING:
             self._leave(req)
             self.release_aborted(req.lease)
@@ -164,6 +185,7 @@ class Core:
             req.move(Status.WAITING)
             req.pos = req.fed_end = req.cached = req.page_mark = 0
             req.tier, req.woken = None, False
+            self.turns.requeue(req.ticket)
         e.prefix.clear()
         self.waiting.extendleft(reversed(running))
         for req in late:
@@ -194,16 +216,29 @@ class Core:
     # admission
 
     def admit(self) -> None:
+        """Start waiting requests while rows are free, in the order the policy tries them
+        (`pool.fair.Turns.order`: under fifo the head alone, under fair the head, then those behind it)."""
         e = self.engine
         while self.waiting and len(self.running) < e.max_seqs and not self.stopping:
-            req = self.waiting[0]
+            if not self._admit_one():
+                return
+
+    def _admit_one(self) -> bool:
+        """Start (or refuse) one waiting request; False when none the policy tries fits."""
+        waiting = self.waiting
+        head = None
+        for i in self.turns.order(_Tickets(waiting)):
+            req = waiting[i]
+            head = req if head is None else head
             got = self.admission.admit(req)
             if got == WAIT:
-                return
-            self.waiting.popleft()
-            if got is not None:
-                self._reject(req, got)
                 continue
+            del waiting[i]
+            if got is not None:
+                self.turns.withdraw(req.ticket)
+                self._reject(req, got)
+                return True
+            self.turns.seat(req.ticket, head.ticket)
             req.move(Status.RUNNING)
             req.t_admit = time.monotonic()
             self.admitted += 1
@@ -211,7 +246,25 @@ class Core:
             self.running.append(req)
             logs.event("admitted", "DEBUG", request=req.id, prompt=len(req.ids), max_tokens=req.max_tokens,
                        row=req.lease.slot if req.lease.slot is not None else req.lease.pages[0],
-                       prefix_hit=req.cached, tier=req.tier or "none", woken=req.woken)
+                       prefix_hit=req.cached, tier=req.tier or "none", woken=req.woken,
+                       **({"bypassed": head.id} if head is not req else {}))
+            return True
+        return False
+
+    def expire(self, now: float) -> int:
+        """Answer 503 queue_timeout to every waiting request that arrived more than --queue-timeout
+        before `now` (a resumed one, whose stream has begun, waits on). Returns how many."""
+        bound = self.queue_timeout
+        if bound is None or not self.waiting:
+            return 0
+        late = [r for r in self.waiting if now - r.t_arrive > bound and not r.emitted]
+        error = (503, f"no room for this request within --queue-timeout {bound:g} s; retry later",
+                 "queue_timeout", None)
+        for req in late:
+            self.abort(req, error)
+            logs.event("queue timeout", "INFO", request=req.id, client=req.client, waited_s=round(now - req.t_arrive, 3))
+        self.timed_out += len(late)
+        return len(late)
 
     def _reject(self, req: Request, error) -> None:
         req.move(Status.ABORTED)
@@ -360,6 +413,8 @@ class Core:
         steps by position: a removal from the middle moved every later request up a row, so each
         finish rewrote and uploaded them all (most of a step's staging at 64 streams over HTTP)."""
         running = self.running
+        if req.ticket is not None:
+            self.turns.leave(req.ticket)
         i = running.index(req)
         last = running.pop()
         if last is not req:
@@ -417,7 +472,8 @@ class Core:
             "gauges": self.gauges(),
             "parked_lengths": self.engine.prefix.parked_lengths(),
             "queue": {"running": [r.id for r in list(self.running)[:QUEUE_SHOWN]],
-                      "waiting": [r.id for r in list(self.waiting)[:QUEUE_SHOWN]]},
+                      "waiting": [r.id for r in list(self.waiting)[:QUEUE_SHOWN]],
+                      "admission": self.turns.rule.name, "timed_out": self.timed_out},
             "timing": {"steps": c["steps"], "step_s": c.step_s, "loop_s": c.loop_s, "tokens": c.tokens,
                        **(timing.as_dict() if timing is not None else {})},
             **({"pipeline": {"epoch": rt.epoch, "losses": self.losses, "requeued": self.requeued,

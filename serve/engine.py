@@ -11,6 +11,7 @@ from kern.errors import KernError
 from manifests import derive, load
 from manifests.config import resolve
 from pool import Geometry, Host, Lease, Pool, Prefix, chunk_size, chunks_for
+from pool.fair import Rule
 from runtime.runtime import Runtime
 from serve.device import Device
 from serve.faults import Faults
@@ -42,6 +43,8 @@ class Options:
     graphs: bool = True  # capture `graph: true` programs as CUDA graphs (GPU)
     pack: bool = True  # pack prefill when the manifest declares cu_seqlens (--no-pack: never)
     host_chunk: int | None = None  # the host tier in pieces of this many bytes (--host-chunk-bytes)
+    admission: Rule = field(default_factory=Rule)  # the admission policy (--admission and its shares)
+    queue_timeout: float | None = None  # seconds a request may wait for room; then a 503 queue_timeout
 
 
 @dataclass(slots=True)
@@ -65,6 +68,8 @@ class Engine:
     faults: Faults
     pack: bool = False  # prefill calls take several sequences (the chunk program splits them by cu_seqlens)
     context: int | None = None  # the chunk program's context bound, if it declares one
+    admission: Rule = field(default_factory=Rule)  # the admission policy (pool/fair.py)
+    queue_timeout: float | None = None  # seconds a request may wait for room (None: no bound)
 
     @property
     def pad_pages(self) -> int:
@@ -203,5 +208,6 @@ def build(what: str, opts: Options, phases: Phases | None = None) -> Engine:
         model=m.model, manifest_path=str(target.manifest), runtime=rt, pool=pool, pad=pad, host=host,
         prefix=Prefix(unit), rows=rows, chunk=chunk, max_seqs=max_seqs, lined=lined, unit=unit, reach=reach,
         backend=backend.name, host_bytes=host_bytes, seq_slots=pool.slots, faults=opts.faults,
-        pack=opts.pack and proto.packs, context=proto.context_bound,
+        pack=opts.pack and proto.packs, context=proto.context_bound, admission=opts.admission,
+        queue_timeout=opts.queue_timeout,
     )

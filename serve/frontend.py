@@ -214,7 +214,7 @@ class RemoteScheduler:
         s = req.stops
         self._send(pack(["s", req.id, req.ids, req.max_tokens, req.ignore_eos, req.t_arrive,
                              s.strings if s else [], sorted(s.ids) if s else [], s.include if s else False,
-                             req.whole, self.index]))
+                             req.whole, self.index, req.client]))
 
     def abort(self, req: Request) -> None:
         if not self.ended.is_set() and self.reqs.pop(req.id, None) is not None:

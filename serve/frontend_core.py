@@ -250,10 +250,10 @@ class Bridge:
     def handle(self, msg: list) -> None:
         kind = msg[0]
         if kind == "s":
-            _, rid, ids, max_tokens, ignore_eos, t_arrive, stop, stop_ids, include, whole, fe = msg
+            _, rid, ids, max_tokens, ignore_eos, t_arrive, stop, stop_ids, include, whole, fe, client = msg
             stops = Stops(stop, stop_ids, include) if stop or stop_ids else None
             req = Request(rid, ids, max_tokens, self.engine.rows, self.sink(rid, whole, fe), t_arrive=t_arrive,
-                          ignore_eos=ignore_eos, stops=stops, whole=whole)
+                          ignore_eos=ignore_eos, stops=stops, whole=whole, client=client)
             self.reqs[rid] = req
             self.owner[rid] = fe
             self.scheduler.submit(req)

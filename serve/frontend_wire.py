@@ -3,7 +3,7 @@ msgpack over ZeroMQ PUSH/PULL sockets (`ipc://` in Linux's abstract namespace: n
 core from every front end, one back to each front end (`--frontends`: more than one).
 
 Front end to core (`fe`: the sending front end's index, 0 for the leader):
-    ["s", id, prompt ids, max_tokens, ignore_eos, t_arrive, stop strings, stop ids, include_stop, whole, fe]
+    ["s", id, prompt ids, max_tokens, ignore_eos, t_arrive, stop strings, stop ids, include_stop, whole, fe, client]
                                whole: not streamed (its tokens after the first may be held, below)
     ["a", id]                  the client hung up: abort it
     ["q", qid, what, fe]       a question (`QUESTIONS`), answered to front end fe by an ["q", qid, ok, value]

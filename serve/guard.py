@@ -53,6 +53,7 @@ class Limits:
     max_tokenize_tokens: int = 1 << 16
     drain_timeout: float = 30.0
     max_per_client: int = 256
+    max_tokens_ceiling: int | None = None  # a larger max_tokens is refused with a 400 (None: no ceiling)
 
     def check(self) -> None:
         """ValueError naming the flag when a value cannot work."""

@@ -155,6 +155,8 @@ class Request:
     stops: Stops | None = None  # stop strings / stop token ids (None: EOS and max_tokens alone end it)
     whole: bool = False  # the client takes the answer whole (not streamed): an engine core in another
     # process may hold its tokens after the first until its finish (serve/frontend_core.py)
+    client: str = ""  # who sent it, for admission's shares: "key:" + a digest of its bearer key, else the peer address
+    ticket: Any = None  # its `pool.fair.Ticket` while the core holds it
 
     def move(self, to: Status) -> None:
         if to not in _MOVES[self.status]:

@@ -7,6 +7,7 @@ error event), never a success without an answer."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import threading
 import time
@@ -25,6 +26,7 @@ from serve.validate import ApiError, Ask
 __all__ = ["router"]
 
 router = APIRouter()
+RETRY_AFTER_S = 5  # the Retry-After of a 503 queue_timeout, seconds
 
 
 async def completions(request: HttpRequest):
@@ -45,8 +47,26 @@ router.routes += [Route("/v1/completions", completions, methods=["POST"]),
                   Route("/v1/chat/completions", chat, methods=["POST"])]
 
 
-def _submit(c: Served, ask: Ask) -> tuple[Request, asyncio.Queue, Track]:
+def client_of(request: HttpRequest) -> str:
+    """Who sent `request`, for admission's per-client shares: its bearer key (as a digest: the key
+    itself is never kept), else its peer address."""
+    scheme, _, given = request.headers.get("authorization", "").strip().partition(" ")
+    if scheme.lower() == "bearer" and given.strip():
+        return "key:" + hashlib.sha256(given.strip().encode()).hexdigest()[:16]
+    peer = request.client
+    return peer.host if peer is not None else "unknown"
+
+
+def _ceiling(c: Served, ask: Ask) -> None:
+    top = c.limits.max_tokens_ceiling
+    if top is not None and ask.max_tokens > top:
+        raise ApiError(400, f"max_tokens {ask.max_tokens} is above this server's --max-tokens-ceiling {top}",
+                       "max_tokens", "max_tokens_ceiling")
+
+
+def _submit(c: Served, ask: Ask, client: str = "") -> tuple[Request, asyncio.Queue, Track]:
     """Validate the room, make the request, its queue and its metrics, hand it to the scheduler."""
+    _ceiling(c, ask)
     for name in ask.sampling:
         if name not in c.warned:
             c.warned.add(name)
@@ -65,7 +85,7 @@ def _submit(c: Served, ask: Ask) -> tuple[Request, asyncio.Queue, Track]:
     # a scheduler in another process hands updates over on this loop (serve/frontend.py): straight in
     send = deliver if c.scheduler.on_loop else lambda u: outbox.put(deliver, u)
     req = Request(c.scheduler.name(), ask.ids, ask.max_tokens, engine.rows, send,
-                  t_arrive=time.monotonic(), ignore_eos=ask.ignore_eos, stops=stops, whole=not ask.stream)
+                  t_arrive=time.monotonic(), ignore_eos=ask.ignore_eos, stops=stops, whole=not ask.stream, client=client)
     track = c.meter.track(req.t_arrive, len(ask.ids), req, ask.max_tokens)
     if gather is not None:
         gather.track = track
@@ -102,7 +122,7 @@ class Gather:
 
 async def answer(request: HttpRequest, ask: Ask):
     c = ctx(request)
-    req, q, track = _submit(c, ask)
+    req, q, track = _submit(c, ask, client_of(request))
     streaming = False
     try:
         response = await _answer(request, c, ask, req, q, track)
@@ -125,7 +145,7 @@ async def _answer(request: HttpRequest, c: Served, ask: Ask, req: Request, q: as
         return cancelled(c, req)
     if first.done is not None and first.done.error is not None:
         watcher.cancel()
-        return reject(c, failure(first.done))
+        return reject(c, failure(first.done), retry_after(first.done))
     reply = Reply(req, ask, c.model)
     reply.untold_tier = not c.engine.faults.tells_tier
     if ask.stream:
@@ -146,6 +166,13 @@ def failure(done: Done) -> ApiError:
         return cut("the request was aborted (the server is stopping)")
     status, message, code, param = done.error
     return ApiError(status, message, param, code, type="server_error" if status >= 500 else "invalid_request_error")
+
+
+def retry_after(done: Done) -> dict | None:
+    """A request that waited past --queue-timeout is told when to try again."""
+    if done.error is not None and done.error[2] == "queue_timeout":
+        return {"Retry-After": str(RETRY_AFTER_S)}
+    return None
 
 
 def hung_up(c: Served, req: Request, request: HttpRequest) -> Response:

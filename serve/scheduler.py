@@ -43,6 +43,7 @@ from serve.stats import Window
 __all__ = ["Plan", "Scheduler", "snapshot_holdings"]
 
 EXIT_CRASH = 101
+EXPIRE_EVERY_S = 0.1  # how often the waiting queue is read for requests past --queue-timeout
 EXIT_AFTER_S = 1.5  # a pipeline that cannot go on: the answers' time to reach their clients before exit 3
 
 
@@ -59,6 +60,7 @@ class Scheduler(threading.Thread):
         self.busy_since: float | None = None  # monotonic start of this iteration's work; None: waiting for work
         self._names = 0
         self._kept: collections.deque = collections.deque()  # what `_queries` left for the next drain
+        self._expire_at = 0.0  # monotonic time of the next look for requests past --queue-timeout
         engine.runtime.while_waiting = self._queries  # a pipeline's waits answer /stats
         self._names_lock = threading.Lock()
         self.after_step: Callable[[], None] | None = None  # called on this thread after each iteration's work
@@ -201,6 +203,9 @@ class Scheduler(threading.Thread):
                 if self.after_step is not None:
                     self.after_step()
                 return
+            if core.queue_timeout is not None and time.monotonic() >= self._expire_at:
+                self._expire_at = time.monotonic() + EXPIRE_EVERY_S
+                core.expire(self._expire_at - EXPIRE_EVERY_S)
             try:
                 core.admit()
                 if core.running:

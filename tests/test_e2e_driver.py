@@ -44,10 +44,12 @@ def test_passing_gate_on_toy_paged(tmp_path):
                         "turn2_warm_equals_run", "concurrent", "abort", "turn2_warm_equals_cold", "park_wake",
                         "wake_room", "host_churn", "evict_drops", "policy_default", "policy_host", "policy_churn",
                         "policy_drop", "policy_wake_room", "index_ties", "policy_ties", "params_stop", "params_ids",
-                        "params_prompt", "policy_params", "explore_equals_run", "policy_explore"} | {
+                        "params_prompt", "policy_params", "explore_equals_run", "policy_explore",
+                        "long_beside_short", "policy_long_room"} | {
                         f"metrics_{s}" for s in ("default", "host", "churn", "drop", "ties", "wake_room", "params",
-                                                 "explore")}
-    assert all(c["ok"] for c in got.values())
+                                                 "explore", "long_room")}
+    assert all(c["ok"] for name, c in got.items() if name != "policy_long_room")
+    assert got["policy_long_room"]["ok"] is None  # its requests run at once: nothing predicted
     assert "cached [96, 80, 96, 64]" in got["repeat_hit"]["note"]
     assert r["counters"]["host"]["parks"] >= 1 and r["facts"]["default"]["page"] == 16
     out = tmp_path / "results"

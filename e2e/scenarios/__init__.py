@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 from e2e.config import GateTarget
-from e2e.scenarios import (abort, churn, concurrent, conc1, cuts, explore, float_controls, host, kern_test, params, prefix,
-                           repeat, rows1, slots, stream, ties, turn2, wake_room)
+from e2e.scenarios import (abort, churn, concurrent, conc1, cuts, explore, float_controls, host, kern_test, long_room,
+                           params, prefix, repeat, rows1, slots, stream, ties, turn2, wake_room)
 
 __all__ = ["CHECKS", "COMPARED", "CROSS_CHECKS", "METRICS_CHECKS", "POLICY_CHECKS", "STEPS", "Step", "plan",
            "session_of"]
@@ -62,6 +62,10 @@ STEPS: tuple[Step, ...] = (
     Step("rows1", "rows1", ("rows1_equals_run", "rows1_vs_spec"), ("conc1",), rows1.run, flags=rows1.flags,
          applies=lambda t: t.spec, early=True),
     Step("wake_room", "wake_room", ("wake_room",), ("turn2",), wake_room.run, flags=wake_room.flags),
+    # fair admission (issue 41): long requests holding most of a small pool beside short ones; a paged pool
+    # in one process (a pipeline's head admits by the same core)
+    Step("long_room", "long_room", ("long_beside_short",), (), long_room.run, flags=long_room.flags,
+         applies=lambda t: not t.lined and t.stages <= 1, serial=False, facts=False),
     # request parameters are the HTTP layer's, the same code in a pipeline's head as in one process: a staged
     # target's single process gates them, and each pipeline start costs a staged target seconds of CPU
     Step("params", "params", ("params_stop", "params_ids", "params_prompt"), (), params.run,

@@ -334,6 +334,7 @@ def build_head(paths: list[Path], opts, pp: PipelineOptions):
         backend=backend.name, host_bytes=host_pages * hpb0, seq_slots=pool.slots, faults=opts.faults,
         # packed prefill as one process packs it, when every stage's chunk program takes cu_seqlens
         pack=opts.pack and all(Protocol(m).packs for m in manifests), context=_context(manifests),
+        admission=opts.admission, queue_timeout=opts.queue_timeout,
     )
     return engine, head
 
