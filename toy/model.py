@@ -357,7 +357,8 @@ def generate_layered(ids: list[int], max_tokens: int, layers: int) -> list[int]:
 #
 # Token t at position p (every earlier entry already written):
 #   Q = mark(t, p, 16)                                the query (a function of t and p alone)
-#   R = read(Q, {q < p})                              XOR POISON if a tail of a read slot disagrees
+#   R = read(Q, {q < p})                              (a reader whose read slots have a tail that
+#                                                     disagrees XORs POISON into its key sum)
 #   K_p[w] = splitmix(mark(t, p, w) ^ rotl(R, w))            w < 8
 #   V_p[w] = splitmix(mark(t, p, 8 + w) ^ rotl(R, 8 + w))    w < 8
 #   O = read(Q, {q <= p}) = R + key_sum(p) + (1 + 2 [bucket(K_p[0]) == bucket(Q)]) * val_sum(p)
