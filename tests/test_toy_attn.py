@@ -27,19 +27,24 @@ def naive_read(entries, query, upto):
     return total & model.MASK
 
 
+def naive_step(entries, t, p, corrupt=None):
+    """Token t at position p after `entries` (positions 0..p-1): its entry appended; O returned.
+    `corrupt(p, k, v)` may change the entry once written (before any later position reads it)."""
+    query = model.mark(t, p, 16)
+    r = naive_read(entries, query, p)
+    k = [model.splitmix(model.mark(t, p, w) ^ model.rotl(r, w)) for w in range(8)]
+    v = [model.splitmix(model.mark(t, p, 8 + w) ^ model.rotl(r, 8 + w)) for w in range(8)]
+    if corrupt:
+        k, v = corrupt(p, k, v)
+    entries.append((k, v))
+    return naive_read(entries, query, p + 1)
+
+
 def naive_entries(ids, corrupt=None):
-    """The entries of `ids` and the read O after the last; `corrupt(p, k, v)` may change an entry
-    after it is written (before any later position reads it)."""
+    """The entries of `ids` and the read O after the last."""
     entries, o = [], 0
     for p, t in enumerate(ids):
-        query = model.mark(t, p, 16)
-        r = naive_read(entries, query, p)
-        k = [model.splitmix(model.mark(t, p, w) ^ model.rotl(r, w)) for w in range(8)]
-        v = [model.splitmix(model.mark(t, p, 8 + w) ^ model.rotl(r, 8 + w)) for w in range(8)]
-        if corrupt:
-            k, v = corrupt(p, k, v)
-        entries.append((k, v))
-        o = naive_read(entries, query, p + 1)
+        o = naive_step(entries, t, p, corrupt)
     return entries, o
 
 
