@@ -364,7 +364,7 @@ def generate_layered(ids: list[int], max_tokens: int, layers: int) -> list[int]:
 #   O = read(Q, {q <= p}) = R + key_sum(p) + (1 + 2 [bucket(K_p[0]) == bucket(Q)]) * val_sum(p)
 #   the token after t: next_of(splitmix(O))
 # Every term of a read is a bijection of the entry's K sum and V sum (the weights 1 and 3 are odd),
-# so one wrong entry always changes O. A reader keeps 5 running sums (the K sum and the V sum per
+# so one wrong word of one entry changes O (all but surely where it moves the entry's bucket). A reader keeps 5 running sums (the K sum and the V sum per
 # bucket); the kernels read every cached slot. Prefill emits: every prompt token is fed.
 
 ATTN_STATE = "attn"
