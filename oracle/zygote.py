@@ -74,7 +74,7 @@ def warm(config: str | None, targets: list[str]) -> None:
                     os.close(fd)
 
 
-GPU_MODULES = ("toy.kernels.cuda", "toy.float_kernels.cuda", "toy.layers.cuda")
+GPU_MODULES = ("toy.kernels.cuda", "toy.float_kernels.cuda", "toy.layers.cuda", "toy.attn.cuda")
 
 
 def gpu_imports() -> str:

@@ -57,6 +57,10 @@ FAULTS = {
                   "WEDGE_S, 600 s): /stats stops answering while /stats/live says a step is in progress",
     "long-first-step": "the first step a request makes takes LONG_STEP_S (12 s) more, answers unchanged (numba "
                        "compiling on first use, a loaded box): legitimate slowness the gate must not call a hang",
+    "foreign-parent": "paged targets: a resident prefix hit of two pages or more is served from pages after the "
+                      "first that were written after another first block (the same tokens at the same positions; "
+                      "a block cache whose key ignores the block's parent): invisible on toy-paged, whose slots "
+                      "depend on token and position alone; toy-attn and toy-layers answer wrong",
 }
 
 
@@ -298,6 +302,36 @@ def _skip_restore_copy(core) -> None:
     core.admission.restore_copy = lambda copies: None
 
 
+REWRITE_ROWS = 256  # rows per prefill call when foreign-parent rewrites a hit's pages
+
+
+def _foreign_parent(core) -> None:
+    from runtime.step import Cell
+
+    adm = core.admission
+    lookup = adm.lookup
+
+    def rewrite(ids, pages: list[int]) -> None:
+        """Write ids into pages from position 0, in calls of REWRITE_ROWS rows."""
+        for pos in range(0, len(ids), REWRITE_ROWS):
+            core.device.step(core.prefill_program, [Cell(pages, None, ids[pos:pos + REWRITE_ROWS], pos)])
+
+    def after_another_first_block(ids):
+        hit = lookup(ids)
+        unit = adm.engine.unit
+        full = hit.len // unit if hit is not None and hit.tier is Tier.DEVICE else 0
+        if full >= 2 and not adm.engine.lined:
+            # the bug this fault stands for: the hit's blocks after the first were computed behind
+            # another first block; page 0 is written back with its own tokens
+            pages = list(hit.store.page_ids()[:full])
+            toks = list(ids[: full * unit])
+            rewrite([(t + 1) % 256 for t in toks[:unit]] + toks[unit:], pages)
+            rewrite(toks[:unit], pages[:1])
+        return hit
+
+    adm.lookup = after_another_first_block
+
+
 def _pad_in_limit(core) -> None:
     adm = core.admission
     too_long = adm.too_long
@@ -313,6 +347,6 @@ def _pad_in_limit(core) -> None:
 HOOK_FAULTS = {
     "leak-lease": _leak_lease, "keep-overshoot": _keep_overshoot, "no-checkpoint": _no_checkpoint,
     "wrong-token": _wrong_token, "no-park": _no_park, "drop-wake": _drop_wake, "no-remap": _no_remap,
-    "skip-restore-copy": _skip_restore_copy, "pad-in-limit": _pad_in_limit,
+    "skip-restore-copy": _skip_restore_copy, "pad-in-limit": _pad_in_limit, "foreign-parent": _foreign_parent,
 }
 FRONT_FAULTS = ("untold-tier", "pad-in-limit")  # read by the HTTP side through Faults (pad-in-limit: both)

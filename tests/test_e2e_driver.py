@@ -151,6 +151,10 @@ FAULTS = [
                  "turn2_warm_equals_cold", 12, id="skip-restore-copy"),
     # an existing fault shows rows1_equals_run can fail (its server runs plain decode, --rows 1)
     pytest.param("wrong-token", "toy-spec", ["rows1_equals_run"], "rows1_equals_run", 12, id="wrong-token-rows1"),
+    # blocks of a hit written after another first block: toy-attn's entries depend on the prefix
+    # (toy-paged passes under the same fault: test_foreign_parent_is_invisible_on_toy_paged)
+    pytest.param("foreign-parent", "toy-attn", ["repeat_hit", "turn2_warm_equals_run"], "repeat_hit", 12,
+                 id="foreign-parent"),
 ]
 
 # checks that must still pass under the fault: each fault is caught by its own check, not by a
@@ -185,6 +189,19 @@ def test_each_fault_fails_its_check(tmp_path, fault, target, scenarios, caught, 
         c = reports[target]["counters"]["slots"]
         assert c["remaps"] == 0 and c["slots"] == int(reports[target]["facts"]["slots"]["seq_slots"]), c
         assert c["leases"] == 0 and c["waiting"] == 0, c  # every request was seated and finished
+
+
+def test_foreign_parent_is_invisible_on_toy_paged(tmp_path):
+    """The fault toy-attn exists for: a hit's blocks written after another first block (the right
+    tokens at the right positions) leave toy-paged's slots exactly as they were, so its gate passes
+    while the hits are real (whole pages, two or more); on toy-attn repeat_hit fails (FAULTS)."""
+    code, reports = gate(tmp_path, "--targets", "toy-paged", "--scenarios", "repeat_hit", "turn2_warm_equals_run",
+                         "--server-flags", "--fault foreign-parent")
+    got = checks(reports["toy-paged"])
+    assert code == EXIT_PASS, got
+    assert got["repeat_hit"]["ok"] is True and got["turn2_warm_equals_run"]["ok"] is True, got
+    cached = [int(n) for n in got["repeat_hit"]["note"].split("cached [", 1)[1].split("]", 1)[0].split(", ")]
+    assert min(cached) >= 32, got["repeat_hit"]["note"]  # every repeat hit two pages or more: the fault ran
 
 
 def test_pad_in_limit_fails_wake_room_without_hanging(tmp_path):

@@ -106,12 +106,12 @@ def test_config_errors(tmp_path):
     assert "weights" in ts[0].skipped
 
 
-def test_packaged_config_has_the_seven_toys():
+def test_packaged_config_has_the_eight_toys():
     _, ts = load_targets(ROOT / "manifests" / "toy.toml", None)
     got = {t.name: (t.lined, t.widest, t.floats) for t in ts}
     want = {"toy-paged": (False, 1, False), "toy-stateful": (True, 1, False), "toy-spec": (False, 4, False),
             "toy-stateful-spec": (True, 4, False), "toy-big": (False, 1, False), "toy-float": (False, 1, True),
-            "toy-layers": (False, 1, False)}
+            "toy-layers": (False, 1, False), "toy-attn": (False, 1, False)}
     assert got == want
 
 

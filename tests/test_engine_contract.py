@@ -138,6 +138,15 @@ def test_stream_alone_gates_streamed_answers_equal_to_whole_ones(tmp_path, capsy
     assert code == 0 and got["stream_equals_whole"]["skipped"] == ["stream"]
 
 
+def test_the_context_dependent_target_through_the_dict_engine(tmp_path, capsys):
+    """toy-attn (docs/engine-contract.md, "Computing toy-attn"): the dict engine caches each prefix's
+    running sums, so it is right; the same checks pass as on toy-paged."""
+    code, reports = gate(tmp_path, "--engine", DICT, "--targets", "toy-attn")
+    assert code == 0, capsys.readouterr().out[-3000:]
+    got = {c["name"]: c for c in reports["toy-attn"]["checks"]}
+    assert {n for n, c in got.items() if c["ok"] is True} == CORE | {"repeat_hit", "turn2_hit"}
+
+
 def test_a_capability_the_engine_drops_turns_its_checks_into_skips(tmp_path, capsys):
     code, reports = gate(tmp_path, "--engine", DICT + " --lack cached-tokens", "--targets", "toy-paged",
                          "--scenarios", "repeat_hit", "turn2_hit", "conc1_equals_run")

@@ -202,7 +202,7 @@ def test_the_rust_driver_keeps_the_integer_toys_and_leaves_out_ours():
     config = SHIPPED / "toy.toml"
     kept = _rust_driver_keeps(config)
     assert [n for n, why in kept.items() if why is None] == [s.name for s in SHAPES]
-    assert {n for n, why in kept.items() if why} == {"toy-layers", "toy-float"}
+    assert {n for n, why in kept.items() if why} == {"toy-layers", "toy-float", "toy-attn"}
     assert all(why.startswith("kernels absent-on-purpose/") for why in kept.values() if why)
     text = config.read_text()
     for name in ("toy-layers", "toy-float"):  # a comment says why, in the table itself

@@ -1,5 +1,5 @@
 """`kern gen`: write the toy manifests (five shapes, the float toy, the layered toy (`toy/gen_layers.py`),
-and their `-ref` twins), the salt, the layered toy's checkpoint, the config, and the pipeline config
+the attn toy (`toy/gen_attn.py`), and their `-ref` twins), the salt, the layered toy's checkpoint, the config, and the pipeline config
 (toy-layers through 2 and 3 stages).
 
 The generated set ships as `manifests/toy/` + `manifests/toy.toml` + `manifests/toy-pp.toml`; a test
@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import tomli_w
 
-from toy import gen_float, gen_layers, model
+from toy import gen_attn, gen_float, gen_layers, model
 from toy.kernels import build_hash
 
 CANDIDATE_BLOCK = 256
@@ -151,13 +151,15 @@ def pin(path: Path) -> dict:
 # and layered toys are ours) names a path that is absent on purpose, so that driver leaves it out.
 KERNELS = "toy"
 RUST_SKIPS = {gen_float.NAME: "the Rust toy model has no float (bf16 logits) toy",
-              gen_layers.NAME: "the Rust toy model has no layered toy"}
+              gen_layers.NAME: "the Rust toy model has no layered toy",
+              gen_attn.NAME: "the Rust toy model has no attn (context-dependent K and V) toy"}
 HEADER = """# The toy targets (written by `kern gen`). Paths are relative to this file.
 #
 # `kernels` is read only by the Rust kern gate driver, which requires it and skips (not fails) a
 # target whose kernels path is missing. Ours are Python modules pinned by sha256 in each manifest, so
-# the integer toys name the manifests' directory; toy-float and toy-layers (ours alone: the Rust toy
-# model cannot compute them) name a path that is absent on purpose, so that driver leaves them out.
+# the integer toys name the manifests' directory; toy-float, toy-layers and toy-attn (ours alone: the
+# Rust toy model cannot compute them) name a path that is absent on purpose, so that driver leaves
+# them out.
 # Our own config reader accepts the key and serves every target.
 """
 
@@ -230,6 +232,8 @@ def generate(out: str | Path) -> list[Path]:
                                "weights": ["toy/salt.safetensors"]}
     layered, targets[gen_layers.NAME] = gen_layers.write(out, (CANDIDATE_BLOCK, REFERENCE_BLOCK), salt_pin)
     written += layered
+    attn, targets[gen_attn.NAME] = gen_attn.write(out, (CANDIDATE_BLOCK, REFERENCE_BLOCK), salt_pin)
+    written += attn
     written.append(salt_path)
     config = out / "toy.toml"
     config.write_text(config_text(targets))

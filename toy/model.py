@@ -8,6 +8,8 @@ The toy families, told apart by the manifest's states alone:
 - **layered** (`toy-layers`): states named `kv.0`, `kv.1`, ... (one paged state per layer; their
   count is the number of layers). An activation of `ACT` words flows from layer to layer; see
   `generate_layered`.
+- **attn** (`toy-attn`): a paged state named `attn` whose token slot holds K and V words, each
+  written from a read over every earlier slot; see `generate_attn`.
 - **lined**: some state holds one line per sequence (`bytes_per_seq > 0`): next_of(S + C).
 - **paged**: otherwise: next_of(S).
 """
@@ -75,6 +77,8 @@ def generate(ids: list[int], max_tokens: int, manifest: dict) -> list[int]:
     layers = layer_count(manifest)
     if layers:
         return generate_layered(ids, max_tokens, layers)
+    if is_attn(manifest):
+        return generate_attn(ids, max_tokens)
     lined = is_lined(manifest)
     s = c = 0
     for p, t in enumerate(ids):
@@ -340,6 +344,109 @@ def generate_layered(ids: list[int], max_tokens: int, layers: int) -> list[int]:
     return out
 
 
+# -- the attn toy (toy-attn) ----------------------------------------------------------------------
+#
+# Every cached entry depends on the whole prefix, as a transformer's K and V past its first layer
+# do: a block reused under another prefix, or an entry whose K alone is wrong, changes the answer.
+# One paged state `attn`; the token slot of position q holds ATTN_HALF K words (K_q, words 0..7),
+# ATTN_HALF V words (V_q, words 8..15), and tails `splitmix(head[w % 16] ^ w)` for w >= 16.
+#
+#   key_sum(q) = sum_{w<8} rotl(K_q[w], q)            val_sum(q) = sum_{w<8} rotl(V_q[w], q + 32)
+#   bucket(x)  = x >> 62                              (4 buckets)
+#   read(Q, E) = sum_{q in E} key_sum(q) + (1 + 2 [bucket(K_q[0]) == bucket(Q)]) * val_sum(q)
+#
+# Token t at position p (every earlier entry already written):
+#   Q = mark(t, p, 16)                                the query (a function of t and p alone)
+#   R = read(Q, {q < p})                              (a reader whose read slots have a tail that
+#                                                     disagrees XORs POISON into its key sum)
+#   K_p[w] = splitmix(mark(t, p, w) ^ rotl(R, w))            w < 8
+#   V_p[w] = splitmix(mark(t, p, 8 + w) ^ rotl(R, 8 + w))    w < 8
+#   O = read(Q, {q <= p}) = R + key_sum(p) + (1 + 2 [bucket(K_p[0]) == bucket(Q)]) * val_sum(p)
+#   the token after t: next_of(splitmix(O))
+# Every term of a read is a bijection of the entry's K sum and V sum (the weights 1 and 3 are odd),
+# so one wrong word of one entry changes O (all but surely where it moves the entry's bucket). A reader keeps 5 running sums (the K sum and the V sum per
+# bucket); the kernels read every cached slot. Prefill emits: every prompt token is fed.
+
+ATTN_STATE = "attn"
+ATTN_HALF = 8
+ATTN_BUCKETS = 4
+ATTN_QUERY = 16  # the mark word of the query
+
+
+def is_attn(manifest: dict) -> bool:
+    return ATTN_STATE in manifest.get("states", {})
+
+
+def attn_entry(t: int, p: int, r: int) -> tuple[list[int], list[int]]:
+    """The K and V head words written at position p for token t, given the read `r` over q < p."""
+    k = [splitmix(mark(t, p, w) ^ rotl(r, w)) for w in range(ATTN_HALF)]
+    v = [splitmix(mark(t, p, ATTN_HALF + w) ^ rotl(r, ATTN_HALF + w)) for w in range(ATTN_HALF)]
+    return k, v
+
+
+def key_sum(k: list[int], q: int) -> int:
+    return sum(rotl(x, q) for x in k) & MASK
+
+
+def val_sum(v: list[int], q: int) -> int:
+    return sum(rotl(x, q + 32) for x in v) & MASK
+
+
+def attn_read(sums: tuple[int, ...], query: int) -> int:
+    """read(Q, E) from the running sums of E: (K sum, V sum of bucket 0 .. ATTN_BUCKETS - 1)."""
+    ks, vb = sums[0], sums[1:]
+    return (ks + sum(vb) + 2 * vb[query >> 62]) & MASK
+
+
+def attn_add(sums: tuple[int, ...], k: list[int], v: list[int], q: int) -> tuple[int, ...]:
+    """The running sums after the entry (k, v) at position q."""
+    out = list(sums)
+    out[0] = (out[0] + key_sum(k, q)) & MASK
+    b = 1 + (k[0] >> 62)
+    out[b] = (out[b] + val_sum(v, q)) & MASK
+    return tuple(out)
+
+
+def attn_feed(t: int, p: int, sums: tuple[int, ...]) -> tuple[int, tuple[int, ...], list[int], list[int]]:
+    """Token t at position p after the entries summed in `sums`: (O, the sums after p, K_p, V_p)."""
+    query = mark(t, p, ATTN_QUERY)
+    k, v = attn_entry(t, p, attn_read(sums, query))
+    after = attn_add(sums, k, v, p)
+    return attn_read(after, query), after, k, v
+
+
+_ATTN_PREFIXES: dict[tuple[int, int], tuple[int, int, tuple[int, ...]]] = {}
+
+
+def generate_attn(ids: list[int], max_tokens: int) -> list[int]:
+    """The attn toy's greedy continuation of `ids` (prefill emits the first token)."""
+    node, o, sums = 0, 0, (0,) * (1 + ATTN_BUCKETS)
+
+    def feed(t: int, p: int) -> int:
+        nonlocal node, sums
+        hit = _ATTN_PREFIXES.get((node, t))  # a trie of fed prefixes, as the layered toy's
+        if hit is None:
+            fo, fs, _, _ = attn_feed(t, p, sums)
+            hit = (next(_NODES), fo, fs)
+            if len(_ATTN_PREFIXES) < _PREFIX_CAP:
+                _ATTN_PREFIXES[(node, t)] = hit
+        node, fo, sums = hit
+        return fo
+
+    for p, t in enumerate(ids):
+        o = feed(t, p)
+    out: list[int] = []
+    n = len(ids)
+    while len(out) < max_tokens:
+        t = next_of(splitmix(o))
+        if t == EOS:
+            break
+        out.append(t)
+        o = feed(t, n)
+        n += 1
+    return out
+
+
 def path(ids: list[int], max_tokens: int, manifest: dict, rows: int = 1, emits: bool | None = None) -> dict:
     """How a server reaches `generate`'s answer (SPEC §2 "Speculative round", §5 "Prefill"): what
     each step after prefill emits, and how many tokens the state holds at the end.
@@ -351,16 +458,16 @@ def path(ids: list[int], max_tokens: int, manifest: dict, rows: int = 1, emits: 
     "reason": "stop" | "length", "first": tokens the prefill emitted (0 or 1), "counts": [count per
     step], "fed": tokens the state holds at the end}``. `fed` may pass the answer (a round's overshoot).
     None for a float target (a ``logits`` buffer): its path is not this integer arithmetic's. A
-    layered target (states kv.0 ..) prefills emitting and decodes a row at a step: its path follows
-    from `generate_layered`'s answer.
+    layered target (states kv.0 ..) or an attn target (a state `attn`) prefills emitting and decodes
+    a row at a step: its path follows from `generate_layered`'s (`generate_attn`'s) answer.
     """
     if "logits" in manifest.get("buffers", {}):
         return None
     layers = layer_count(manifest)
-    if layers:
+    if layers or is_attn(manifest):
         if rows != 1 or emits is False:
-            raise ValueError(f"the layered toy decodes one row a step with an emitting prefill (rows {rows}, emits {emits})")
-        answer = generate_layered(ids, max_tokens, layers)
+            raise ValueError(f"the layered and attn toys decode one row a step with an emitting prefill (rows {rows}, emits {emits})")
+        answer = generate_layered(ids, max_tokens, layers) if layers else generate_attn(ids, max_tokens)
         reason = "length" if len(answer) >= max_tokens else "stop"
         steps = len(answer) + (reason == "stop") - 1  # the prefill emitted the first
         return {"answer": answer, "reason": reason, "first": 1, "counts": [1] * steps, "fed": len(ids) + steps}

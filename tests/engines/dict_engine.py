@@ -2,9 +2,10 @@
 and docs/toy.md alone (standard library only; nothing of this project is imported).
 
 Its prefix cache is deliberately unlike a paged KV cache: a plain dict from a prefix (a tuple of
-token ids) to the toy's running state after that prefix, (S, C). Every position of every sequence
-served (prompt and answer) is kept for the paged toy; the lined toy keeps only each sequence's
-end, as a recurrent-state engine does. Sequences are evicted least recently served first once more
+token ids) to the toy's running state after that prefix: (S, C), or for toy-attn the read O and
+the five running sums (docs/engine-contract.md, "Computing toy-attn"). Every position of every
+sequence served (prompt and answer) is kept for the paged toys; the lined toy keeps only each
+sequence's end, as a recurrent-state engine does. Sequences are evicted least recently served first once more
 than `--keep` are held. A request resumes from the longest cached prefix of at most len(prompt) - 1
 tokens (the last prompt token is always recomputed), feeds the rest, then decodes greedily.
 
@@ -13,7 +14,7 @@ tokens (the last prompt token is always recomputed), feeds the rest, then decode
 
 `--bug` plants one realistic prefix-cache bug (off by default) that the gate must catch. `--manifest`
 (the gate's `{manifest}`) names the toy by its manifest: its model name and family are read from it.
-It computes the paged and the lined family (`facts.families`); started for a toy of another family it
+It computes the paged, the lined and the attn family (`facts.families`); started for a toy of another family it
 still answers /health and /kern/capabilities, and refuses every completion.
 """
 
@@ -32,10 +33,12 @@ EOS = 256
 MAX_LEN = 8192
 CAPABILITIES = ("text", "cached-tokens", "stream")
 BUGS = ("short-key", "off-by-one", "stale-evict", "race", "cached-lie", "stream-drop-last")
-LINED = {"toy-paged": False, "toy-spec": False, "toy-big": False, "toy-stateful": True, "toy-stateful-spec": True}
-"""The toys this engine computes (and their -ref twins): lined (next_of(S + C)) or paged (next_of(S))."""
-FAMILIES = {"paged": False, "lined": True}
-"""The toy families it computes (docs/toy.md), and whether each is lined."""
+MODELS = {"toy-paged": "paged", "toy-spec": "paged", "toy-big": "paged", "toy-stateful": "lined",
+          "toy-stateful-spec": "lined", "toy-attn": "attn"}
+"""The toys this engine knows by name (and their -ref twins), and each one's family."""
+FAMILIES = ("paged", "lined", "attn")
+"""The toy families it computes (docs/toy.md): paged (next_of(S)), lined (next_of(S + C)) or attn
+(next_of(splitmix(O)))."""
 
 
 def family_of(manifest):
@@ -47,6 +50,8 @@ def family_of(manifest):
         return "float"
     if "kv.0" in states:
         return "layered"
+    if "attn" in states:
+        return "attn"
     return "lined" if any((s or {}).get("bytes_per_seq", 0) for s in states.values()) else "paged"
 
 
@@ -88,10 +93,39 @@ def add(state, contribution, lined):
     return (s + contribution[0]) & MASK, (rotl(c, 7) ^ contribution[1]) if lined else 0
 
 
+def next_of(x):
+    return EOS if (x >> 56) % 96 == 0 else x % 256
+
+
 def predict(state):
     """The greedy next token: next_of(S + C) (C is 0 for the paged toy)."""
-    x = (state[0] + state[1]) & MASK
-    return EOS if (x >> 56) % 96 == 0 else x % 256
+    return next_of((state[0] + state[1]) & MASK)
+
+
+# -- toy-attn: the state is (O, key sums, value sums of buckets 0..3) ---------------------------
+
+ATTN_EMPTY = (0,) * 6
+
+
+def attn_read(ks, vb, query):
+    return (ks + sum(vb) + 2 * vb[query >> 62]) & MASK
+
+
+def attn_feed(state, t, p):
+    """The state after token t at position p: its entry (K, V) is written from the read of every
+    earlier one, then added to the sums; O is the read that includes it."""
+    _, ks, *vb = state
+    query = mark(t, p, 16)
+    r = attn_read(ks, vb, query)
+    k = [splitmix(mark(t, p, w) ^ rotl(r, w)) for w in range(8)]
+    v = [splitmix(mark(t, p, 8 + w) ^ rotl(r, 8 + w)) for w in range(8)]
+    ks = (ks + sum(rotl(x, p) for x in k)) & MASK
+    vb[k[0] >> 62] = (vb[k[0] >> 62] + sum(rotl(x, p + 32) for x in v)) & MASK
+    return (attn_read(ks, vb, query), ks, *vb)
+
+
+def attn_predict(state):
+    return next_of(splitmix(state[0]))
 
 
 # -- the prefix cache ----------------------------------------------------------------------------
@@ -99,8 +133,8 @@ def predict(state):
 class PrefixCache:
     """prefix tuple -> (S, C), held per sequence with LRU eviction by sequence; one lock."""
 
-    def __init__(self, keep, lined, bug):
-        self.keep, self.lined, self.bug = keep, lined, bug
+    def __init__(self, keep, lined, bug, empty=(0, 0)):
+        self.keep, self.lined, self.bug, self.empty = keep, lined, bug, empty
         self.states = {}                 # key -> (S, C)
         self.refs = {}                   # key -> how many held sequences hold it
         self.sequences = OrderedDict()   # sequence number -> its keys, oldest first
@@ -111,13 +145,13 @@ class PrefixCache:
         return tuple(prefix[-16:]) if self.bug == "short-key" else tuple(prefix)
 
     def lookup(self, prompt):
-        """(k, state) for the longest cached prefix of at most len(prompt) - 1 tokens; (0, (0, 0)) if none."""
+        """(k, state) for the longest cached prefix of at most len(prompt) - 1 tokens; (0, empty) if none."""
         with self.lock:
             for k in range(len(prompt) - 1, 0, -1):
                 state = self.states.get(self.key(prompt[:k]))
                 if state is not None:
                     return k, state
-        return 0, (0, 0)
+        return 0, self.empty
 
     def store(self, tokens, computed):
         """Hold a served sequence: computed[n] is the state after tokens[:n], for the positions this
@@ -142,7 +176,7 @@ class PrefixCache:
         """Drop the least recently served sequence (the lock is held)."""
         _, keys = self.sequences.popitem(last=False)
         if self.bug == "stale-evict":  # states kept, the last one "restored" from the first
-            self.states[keys[-1]] = self.states.get(keys[0], (0, 0))
+            self.states[keys[-1]] = self.states.get(keys[0], self.empty)
             return
         for key in keys:
             self.refs[key] -= 1
@@ -156,14 +190,26 @@ class Engine:
     """Serves one request at a time per thread; the cache is the only thing requests share
     (except under --bug race)."""
 
-    def __init__(self, model, keep, lack, bug, lined):
+    def __init__(self, model, keep, lack, bug, family):
         self.model, self.bug = model, bug
-        self.lined = lined               # None: a toy of a family it does not compute (every completion refused)
+        self.family = family if family in FAMILIES else None  # None: a family it does not compute (refused)
+        self.lined = self.family == "lined"
+        self.empty = ATTN_EMPTY if self.family == "attn" else (0, 0)
+        self.predict = attn_predict if self.family == "attn" else predict
         self.capabilities = [c for c in CAPABILITIES if c not in lack]
-        self.cache = PrefixCache(keep, self.lined, bug)
+        self.cache = PrefixCache(keep, self.lined, bug, self.empty)
         self.in_flight = 0
         self.flight_lock = threading.Lock()
-        self.shared = [(0, 0)]           # --bug race: one engine-wide running state
+        self.shared = [self.empty]       # --bug race: one engine-wide running state
+
+    def feed(self, box, t, p):
+        """Feed token t at position p into the running state box[0]."""
+        if self.family == "attn":
+            box[0] = attn_feed(box[0], t, p)
+            return
+        x = slot(t, p)  # the slot first, then added to the running state (a thread switch lands in
+        # the slot's arithmetic, so under --bug race another request's state is what it is added to)
+        box[0] = add(box[0], x, self.lined)
 
     def generate(self, prompt, max_tokens):
         """Yield (token, cached) for each generated token, the last EOS when it stops; then store."""
@@ -178,17 +224,13 @@ class Engine:
             box = self.shared if self.bug == "race" and self.in_flight > 1 else [state]
             box[0] = state
             for p in range(start, len(prompt)):
-                x = slot(prompt[p], p)    # the slot first, then added to the running state (a thread
-                # switch lands in the slot's arithmetic, so under --bug race another request's
-                # state is what it is added to)
-                box[0] = add(box[0], x, self.lined)
+                self.feed(box, prompt[p], p)
                 if p >= cached:
                     tokens.append(prompt[p])
                     computed[len(tokens)] = box[0]
             for _ in range(max_tokens):
-                t = predict(box[0])
-                x = slot(t, len(tokens))
-                box[0] = add(box[0], x, self.lined)
+                t = self.predict(box[0])
+                self.feed(box, t, len(tokens))
                 tokens.append(t)
                 computed[len(tokens)] = box[0]
                 yield t, cached
@@ -213,7 +255,7 @@ def parse_completion(body, engine):
     model = body.get("model")
     if model is not None and model != engine.model:
         raise BadRequest(f"The model `{model}` does not exist.", "model", 404)
-    if engine.lined is None:
+    if engine.family is None:
         raise BadRequest(f"this engine computes only the {', '.join(FAMILIES)} toys, not `{engine.model}`", "model", 404)
     prompt = body.get("prompt")
     if isinstance(prompt, str) and "text" in engine.capabilities:
@@ -352,7 +394,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--host", default="127.0.0.1")
-    ap.add_argument("--model", default=None, help=f"one of {', '.join(LINED)} (or a -ref twin); default toy-paged")
+    ap.add_argument("--model", default=None, help=f"one of {', '.join(MODELS)} (or a -ref twin); default toy-paged")
     ap.add_argument("--manifest", default=None, help="the toy's manifest (JSON): its model name and family")
     ap.add_argument("--keep", type=int, default=64, help="sequences held in the prefix cache")
     ap.add_argument("--lack", nargs="*", default=[], choices=CAPABILITIES, help="capabilities not to declare")
@@ -365,11 +407,11 @@ def main():
         except (OSError, ValueError) as exc:
             ap.error(f"--manifest {args.manifest}: {exc}")
         args.model = args.model or str(manifest.get("model"))
-        lined = FAMILIES.get(family_of(manifest))
+        family = family_of(manifest)
     else:
         args.model = args.model or "toy-paged"
-        lined = LINED.get(args.model.removesuffix("-ref"))
-    Handler.engine = Engine(args.model, max(args.keep, 1), set(args.lack), args.bug, lined)
+        family = MODELS.get(args.model.removesuffix("-ref"))
+    Handler.engine = Engine(args.model, max(args.keep, 1), set(args.lack), args.bug, family)
     Handler.started = time.monotonic()
     ThreadingHTTPServer.request_queue_size = 128
     server = ThreadingHTTPServer((args.host, args.port), Handler)
