@@ -54,7 +54,7 @@ def _widest(m: dict[str, Any]) -> int:
 
 def family_of(m: dict[str, Any]) -> str:
     """The toy family a manifest computes, as docs/toy.md tells them apart (its own ``family`` key first):
-    ``float``, ``layered``, ``lined`` or ``paged``."""
+    ``float``, ``layered``, ``attn``, ``lined`` or ``paged``."""
     if isinstance(m.get("family"), str):
         return m["family"]
     states = m.get("states") or {}
@@ -62,6 +62,8 @@ def family_of(m: dict[str, Any]) -> str:
         return "float"
     if "kv.0" in states:
         return "layered"
+    if "attn" in states:
+        return "attn"
     return "lined" if any((s or {}).get("bytes_per_seq", 0) for s in states.values()) else "paged"
 
 

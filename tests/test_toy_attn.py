@@ -143,3 +143,21 @@ def test_one_bit_of_one_half_of_one_entry_changes_the_answer(which):
         if naive_generate(ids, 4, _flip(which, at)) != clean:
             changed += 1
     assert changed == 5
+
+
+def test_the_gate_and_the_reference_tell_every_packaged_target_s_family_alike():
+    """e2e's `family_of` (which skips an engine's lacked families) agrees with toy/model.py's order of
+    tests on every packaged manifest: toy-attn is attn, not paged (else an engine that computes only
+    the paged family would be gated on it, and fail it)."""
+    import json
+
+    from e2e.config import family_of
+    from tests.toyrun import CONFIG
+
+    want = {"toy-paged": "paged", "toy-spec": "paged", "toy-big": "paged", "toy-stateful": "lined",
+            "toy-stateful-spec": "lined", "toy-float": "float", "toy-layers": "layered", "toy-attn": "attn"}
+    got = {name: family_of(json.loads(t.manifest.read_text())) for name, t in CONFIG.targets.items()}
+    assert {n: f for n, f in got.items() if n in want} == want
+    for name, t in CONFIG.targets.items():
+        m = json.loads(t.manifest.read_text())
+        assert model.is_attn(m) == (got[name] == "attn"), name
