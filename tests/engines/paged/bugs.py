@@ -25,6 +25,8 @@ BUGS = {
                      "(intel/ipex-llm#11896: no stop at the EOS token on the lookup path)",
     "line-boundary": "a request-end checkpoint keeps the line as of the last full block, not the end "
                      "(vllm-project/vllm#55601: a hit restores the recurrent state of an earlier block)",
+    "k-only": "after a prefix hit, the K half of new entries is written at positions counted from the hit, "
+              "V right (tenstorrent/vllm#415: prefill resuming from cached KV corrupts it; attn toy only)",
 }
 
 _ACTIVE: str | None = None

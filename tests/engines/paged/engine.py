@@ -179,10 +179,11 @@ class Engine:
         if work:
             toks = np.concatenate([np.asarray(s.tokens[a:a + c], dtype=np.int64) for s, a, c in work])
             pos = np.concatenate([np.arange(a, a + c) for s, a, c in work])
-            rows = self.family.entries(toks, pos)
+            rows = None if self.family.reads_context else self.family.entries(toks, pos)
             i = 0
             for s, a, c in work:
-                self.pool.write(s.blocks, a, rows[i:i + c])
+                mine = rows[i:i + c] if rows is not None else self.context_rows(s, toks[i:i + c], pos[i:i + c])
+                self.pool.write(s.blocks, a, mine)
                 if self.family.lined:
                     self.fold(s, toks[i:i + c], pos[i:i + c])
                 s.computed = a + c
@@ -191,6 +192,13 @@ class Engine:
             self.cache_full_blocks(s)
             if s.computed == len(s.tokens):
                 self.sample(s)
+
+    def context_rows(self, s: Seq, toks: np.ndarray, pos: np.ndarray) -> np.ndarray:
+        """A chunk's entries when each reads every earlier one: the cached part is read from the pool."""
+        k_pos = None
+        if bug("k-only") and s.cached:  # BUG(k-only): after a hit, K's positions count from the hit
+            k_pos = pos - s.cached
+        return self.family.compute(self.pool.rows(s.blocks, int(pos[0])), toks, pos, k_pos)
 
     def fold(self, s: Seq, toks: np.ndarray, pos: np.ndarray) -> None:
         if bug("line-boundary"):  # BUG(line-boundary): the line as of each block boundary is what a
@@ -206,7 +214,8 @@ class Engine:
             self.pool.register(s.blocks[i], s.keys[-1])
 
     def sample(self, s: Seq) -> None:
-        t = self.family.predict(self.pool.rows(s.blocks, s.computed), s.line[0] if self.family.lined else 0)
+        t = self.family.predict(self.pool.rows(s.blocks, s.computed), s.tokens[s.computed - 1],
+                                s.line[0] if self.family.lined else 0)
         if t == EOS and not (bug("eos-after-hit") and s.cached):  # BUG(eos-after-hit)
             s.tokens.append(EOS)
             self.end(s, "stop")

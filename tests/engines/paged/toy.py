@@ -62,11 +62,12 @@ class Paged:
     name = "paged"
     width = 1
     lined = False
+    reads_context = False  # an entry is a function of (token, position) alone
 
     def entries(self, tokens: np.ndarray, positions: np.ndarray) -> np.ndarray:
         return slot_sums(tokens, positions)[:, None]
 
-    def predict(self, rows: np.ndarray, carry: int) -> int:
+    def predict(self, rows: np.ndarray, last: int, carry: int) -> int:
         return next_of((int(rows[:, 0].sum(dtype=U)) + carry) & MASK)
 
 
@@ -86,11 +87,59 @@ class Lined(Paged):
         return c, p0 + len(tokens)
 
 
+class Attn:
+    """toy-attn: an entry is K (8 words) and V (8 words), each written from a read over every earlier
+    entry, so it depends on the whole prefix (docs/toy.md, 'Context-dependent entries')."""
+    name = "attn"
+    width = 16
+    lined = False
+    reads_context = True
+
+    @staticmethod
+    def sums(rows: np.ndarray) -> list[int]:
+        """The read's running sums over cached rows: the K sum, then the V sum of each bucket."""
+        q = np.arange(len(rows))
+        ks = int(rotl(rows[:, :8], q).sum(dtype=U))
+        vs = rotl(rows[:, 8:16], q + 32).sum(axis=1, dtype=U)
+        bucket = (rows[:, 0] >> U(62)).astype(np.int64) if len(rows) else np.zeros(0, np.int64)
+        return [ks] + [int(vs[bucket == b].sum(dtype=U)) for b in range(4)]
+
+    @staticmethod
+    def read(sums: list[int], query: int) -> int:
+        return (sums[0] + sum(sums[1:]) + 2 * sums[1 + (query >> 62)]) & MASK
+
+    def compute(self, cached: np.ndarray, tokens: np.ndarray, positions: np.ndarray,
+                k_positions: np.ndarray | None = None) -> np.ndarray:
+        """The chunk's entries, row by row, after reading the cached part once. `k_positions` stands in
+        the positions K's marks are taken at (only the k-only bug passes it)."""
+        sums = self.sums(cached)
+        m = marks(tokens, positions)
+        km = m if k_positions is None else marks(tokens, k_positions)
+        out = np.empty((len(tokens), 16), dtype=U)
+        for i, p in enumerate(positions.tolist()):
+            r = self.read(sums, int(m[i, 16]))
+            rot = np.array([rotl1(r, w) for w in range(16)], dtype=U)
+            out[i] = splitmix(np.concatenate([km[i, :8], m[i, 8:16]]) ^ rot)
+            row = out[i:i + 1]
+            sums[0] = (sums[0] + int(rotl(row[:, :8], np.array([p])).sum(dtype=U))) & MASK
+            b = 1 + int(row[0, 0] >> U(62))
+            sums[b] = (sums[b] + int(rotl(row[:, 8:16], np.array([p + 32])).sum(dtype=U))) & MASK
+        return out
+
+    def predict(self, rows: np.ndarray, last: int, carry: int) -> int:
+        """next_of(splitmix(O)): O reads every entry with the last position's query."""
+        query = int(marks(np.array([last]), np.array([len(rows) - 1]))[0, 16])
+        o = self.read(self.sums(rows), query)
+        return next_of(int(splitmix(np.array([o], dtype=U))[0]))
+
+
 def family_of(manifest: dict):
     """The family a manifest names (docs/toy.md, 'Telling the toy families apart'), or ValueError."""
     if "logits" in manifest.get("buffers", {}):
         raise ValueError("the float toy is not served by this engine")
     states = manifest.get("states", {})
+    if "attn" in states:
+        return Attn()
     if any(k.startswith("kv.") for k in states):
         raise ValueError("the layered toy is not served by this engine")
     if any((s or {}).get("bytes_per_seq", 0) for s in states.values()):
