@@ -9,7 +9,7 @@ waiting requests into the running batch and computes prefill chunks and decode t
 The lined toy (toy-stateful) also keeps a line per sequence and a checkpoint at each request's end.
 
     python tests/engines/paged_engine.py --port 8000 --model toy-paged [--cache-tokens 8192]
-        [--block-size 16] [--chunk 64] [--manifest PATH] [--bug NAME]
+        [--block-size 16] [--chunk 16] [--manifest PATH] [--bug NAME]
 
 `--bug NAME` (or KERN_ENGINE_BUG=NAME) plants one prefix-cache bug from paged/bugs.py; off by default.
 """
@@ -38,7 +38,7 @@ def parse(argv=None):
                     help="the block pool's size in tokens (default 8192: small enough that the gate's "
                          "prefix flood evicts)")
     ap.add_argument("--block-size", type=int, default=16)
-    ap.add_argument("--chunk", type=int, default=64, help="the most prompt tokens of one request in a step")
+    ap.add_argument("--chunk", type=int, default=16, help="the most prompt tokens of one request in a step (default 16: one block)")
     ap.add_argument("--bug", choices=sorted(BUGS), help="plant one bug (see tests/engines/paged/bugs.py)")
     a = ap.parse_args(argv)
     if a.block_size < 1 or a.cache_tokens < a.block_size or a.chunk < 1:

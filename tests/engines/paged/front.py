@@ -68,7 +68,8 @@ class Handler(BaseHTTPRequestHandler):
         if self.path == "/kern/capabilities":
             return self.reply(200, {"contract": 1, "engine": {"name": "paged-engine", "version": "0.1"},
                                     "capabilities": ["text", "cached-tokens"],
-                                    "facts": {"page": self.server.engine.B}})
+                                    "facts": {"page": self.server.engine.B,
+                                              "families": ["paged", "lined", "attn"]}})
         self.error(404, f"no route GET {self.path}")
 
     def body(self) -> dict:
