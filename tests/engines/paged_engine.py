@@ -32,13 +32,15 @@ def parse(argv=None):
     ap = argparse.ArgumentParser(prog="paged_engine.py", description=__doc__.split("\n\n")[0])
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, required=True)
-    ap.add_argument("--model", default="toy-paged", help="the model name requests carry (its manifest tells the family)")
+    ap.add_argument("--model", default="toy-paged",
+                    help="the model name requests carry (its manifest tells the family)")
     ap.add_argument("--manifest", help="the model's manifest (default: manifests/toy/MODEL.json)")
     ap.add_argument("--cache-tokens", type=int, default=8192,
                     help="the block pool's size in tokens (default 8192: small enough that the gate's "
                          "prefix flood evicts)")
     ap.add_argument("--block-size", type=int, default=16)
-    ap.add_argument("--chunk", type=int, default=16, help="the most prompt tokens of one request in a step (default 16: one block)")
+    ap.add_argument("--chunk", type=int, default=16,
+                    help="the most prompt tokens of one request in a step (default 16: one block)")
     ap.add_argument("--bug", choices=sorted(BUGS), help="plant one bug (see tests/engines/paged/bugs.py)")
     a = ap.parse_args(argv)
     if a.block_size < 1 or a.cache_tokens < a.block_size or a.chunk < 1:

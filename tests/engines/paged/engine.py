@@ -97,13 +97,18 @@ class Engine:
 
     # -- admission: prefix lookup and allocation -------------------------------------------------
 
-    def keys_of(self, tokens: list[int], n_blocks: int, parent: bytes | None = None,
-                start: int = 0) -> list[bytes]:
-        keys = []
-        for i in range(start, n_blocks):
-            parent = chain_key(parent, tokens[i * self.B:(i + 1) * self.B])
-            keys.append(parent)
+    def keys_of(self, tokens: list[int], n_blocks: int) -> list[bytes]:
+        """The chain keys of the first n_blocks full blocks of `tokens`."""
+        keys: list[bytes] = []
+        for i in range(n_blocks):
+            keys.append(chain_key(keys[-1] if keys else None, tokens[i * self.B:(i + 1) * self.B]))
         return keys
+
+    def add_key(self, s: Seq) -> bytes:
+        """The key of the sequence's next full block, appended to its keys."""
+        i = len(s.keys)
+        s.keys.append(chain_key(s.keys[-1] if s.keys else None, s.tokens[i * self.B:(i + 1) * self.B]))
+        return s.keys[-1]
 
     def admit(self) -> None:
         while self.waiting and len(self.running) < self.max_seqs:
@@ -129,8 +134,7 @@ class Engine:
                 self.resume_line(seq, self.checkpoint_for(seq, keys[:len(hits)], limit))
             if bug("same-step"):  # BUG(same-step): prompt blocks enter the table before they are written
                 for i in range(len(hits), n // self.B):
-                    seq.keys.append(chain_key(seq.keys[-1] if seq.keys else None, seq.tokens[i * self.B:(i + 1) * self.B]))
-                    self.pool.register(seq.blocks[i], seq.keys[-1])
+                    self.pool.register(seq.blocks[i], self.add_key(seq))
             self.running.append(seq)
 
     def checkpoint_for(self, seq: Seq, keys: list[bytes], limit: int) -> tuple[int, Checkpoint] | None:
@@ -210,8 +214,7 @@ class Engine:
     def cache_full_blocks(self, s: Seq) -> None:
         full = (len(s.tokens) if bug("partial-full") else s.computed) // self.B  # BUG(partial-full)
         for i in range(len(s.keys), full):
-            s.keys.append(chain_key(s.keys[-1] if s.keys else None, s.tokens[i * self.B:(i + 1) * self.B]))
-            self.pool.register(s.blocks[i], s.keys[-1])
+            self.pool.register(s.blocks[i], self.add_key(s))
 
     def sample(self, s: Seq) -> None:
         t = self.family.predict(self.pool.rows(s.blocks, s.computed), s.tokens[s.computed - 1],
