@@ -52,7 +52,7 @@ class Checkpoint:
 
 
 class Engine:
-    def __init__(self, family, blocks: int, block_size: int, chunk: int = 64, budget: int = 256,
+    def __init__(self, family, blocks: int, block_size: int, chunk: int = 16, budget: int = 256,
                  max_seqs: int = 64, checkpoints: int = 256):
         self.family = family
         self.pool = Pool(blocks, block_size, family.width)
@@ -244,7 +244,8 @@ class Engine:
         tail = tuple(s.tokens[nb * self.B:s.computed])
         line = s.boundary_line if bug("line-boundary") else s.line
         rows = self.pool.rows(s.blocks, s.computed)[nb * self.B:].copy()
-        self.ckpts[(s.keys[nb - 1] if nb else ROOT, tail)] = Checkpoint(line, tail, rows)
-        self.ckpts.move_to_end((s.keys[nb - 1] if nb else ROOT, tail))
+        where = (s.keys[nb - 1] if nb else ROOT, tail)
+        self.ckpts[where] = Checkpoint(line, tail, rows)
+        self.ckpts.move_to_end(where)
         while len(self.ckpts) > self.max_ckpts:
             self.ckpts.popitem(last=False)
