@@ -98,6 +98,7 @@ def bind(host: str, port: int):
 @click.option("--gpus", "--device", "device", default=None, help="GPU index (one rank).")
 @click.option("--reserve-gib", default=4.0, show_default=True, type=click.FloatRange(min=0), help="GPU memory left out of the default capacity, GiB.")
 @click.option("--weights", multiple=True, help="Weights file(s) (default: the target's, or every *.safetensors beside a manifest path).")
+@click.option("--allowed-hosts", "allowed_hosts", default=None, help="Host header names the server answers to, comma separated ('*': any); IP addresses, localhost and --host are always accepted, and a server bound to 0.0.0.0 or :: without this flag accepts any (docs/serve.md). Another Host is a 400.")
 @click.option("--api-key", default=None, help="Require `Authorization: Bearer KEY` on /v1/*, /tokenize and /detokenize.")
 @click.option("--served-model-name", default=None, help="Model name to answer to (default: the manifest's model).")
 @click.option("--config", "config", default=None, type=click.Path(dir_okay=False), help="TOML with [targets.NAME] tables (as `kern --config`).")
@@ -137,7 +138,7 @@ def serve_command(ctx, target, port, host, capacity, host_gib, max_seqs, chunk, 
                   pp_timeout, pp_bind, pp_parent, pp_share, faults, protect_stats, drain_timeout,
                   max_connections, header_timeout, body_timeout, keep_alive, max_body_bytes, max_tokenize_tokens, log_level=None, sampling="refuse",
                   host_chunk=None, stage_connect=None, metrics_prefix="kern", max_per_client=_D.max_per_client,
-                  pp_restart=True, frontend_process=None, http="auto", frontends=1) -> None:
+                  pp_restart=True, frontend_process=None, http="auto", frontends=1, allowed_hosts=None) -> None:
     """Serve TARGET (a config target name or a manifest path) over OpenAI-compatible HTTP.
 
     Every start-up error is one line on stderr, `kern serve: error: ...`, naming the flag or file.
@@ -207,7 +208,7 @@ def serve_command(ctx, target, port, host, capacity, host_gib, max_seqs, chunk, 
     split = _frontends_split(frontends, frontend_process) or _split(frontend_process, backend)
     engine, head, scheduler = _start(load, split, stats_every, phases, sock, frontends)
     code = run(engine, host, port, api_key, stats_every, limits, protect_stats, sock, sampling=sampling, phases=phases,
-               metrics_prefix=metrics_prefix, scheduler=scheduler, http=http)
+               metrics_prefix=metrics_prefix, scheduler=scheduler, http=http, allowed_hosts=allowed_hosts)
     if head is not None:
         head.stop()
     sys.exit(code)
@@ -328,17 +329,19 @@ def _load_errors() -> tuple[type[Exception], ...]:
 
 def run(engine, host: str, port: int, api_key: str | None, stats_every: float = 5.0, limits: Limits = _D,
         protect_stats: bool = False, sock=None, sampling: str = "refuse", phases=None, metrics_prefix: str = "kern",
-        scheduler=None, http: str = "auto") -> int:
+        scheduler=None, http: str = "auto", allowed_hosts: str | None = None) -> int:
     """Serve until a signal; the exit code. `sock`: the listening socket (`bind`), else bound here.
     `phases` (`serve.startup.Phases`): the start so far, whose split the ready line gives;
     `metrics_prefix`: --metrics-prefix; `scheduler`: one already started (the engine core's process
-    stand-in, `serve.frontend.RemoteScheduler`), else one is started here; `http`: --http."""
+    stand-in, `serve.frontend.RemoteScheduler`), else one is started here; `http`: --http;
+    `allowed_hosts`: --allowed-hosts (`serve.hosts`)."""
     import logging
 
     import uvicorn
 
     from serve import guard, logs
     from serve.app import make_app
+    from serve.hosts import Hosts
     from serve.startup import Phases
 
     phases = phases or Phases()
@@ -352,7 +355,8 @@ def run(engine, host: str, port: int, api_key: str | None, stats_every: float = 
     # a front end alone freezes its heap once it serves (the core's process froze its own after its warm-up)
     Server = _server_type(uvicorn, engine, host, port, phases, limit_log, limits, scheduler, http, front_end_only)
     app = make_app(scheduler, engine, api_key, limits, limit_log, protect_stats, sampling=sampling,
-                   metrics_prefix=metrics_prefix)
+                   metrics_prefix=metrics_prefix,
+                   hosts=Hosts(host, None if allowed_hosts is None else tuple(allowed_hosts.split(","))))
     # past the drain's deadline every handler has its answer or its 503; the grace is for writing them
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False, lifespan="off",
                             http=guard.protocol(limits, limit_log, http), timeout_keep_alive=limits.keep_alive,
