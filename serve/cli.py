@@ -111,6 +111,7 @@ def bind(host: str, port: int):
 @click.option("--keep-alive", default=_D.keep_alive, show_default=True, type=_POSITIVE, help="Seconds an idle keep-alive connection is held open.")
 @click.option("--max-body-bytes", default=_D.max_body_bytes, show_default=True, type=click.IntRange(min=1), help="Largest request body; a larger one is answered 413.")
 @click.option("--max-tokenize-tokens", default=_D.max_tokenize_tokens, show_default=True, type=click.IntRange(min=1), help="Largest /tokenize input, in tokens; a larger one is answered 413.")
+@click.option("--stuck-after", "stuck_after", default=_D.stuck_after, show_default=True, type=_POSITIVE, help="/health answers 503 (engine_core_stuck) once the engine core's iteration in progress has run this many seconds; a core that does not answer at all gets its 503 within half a second (docs/serve.md).")
 @click.option("--stats-every", default=5.0, show_default=True, type=_POSITIVE, help="Seconds per `stats` log window.")
 @click.option("--no-graphs", is_flag=True, help="Run `graph: true` programs launch by launch instead of as captured CUDA graphs (GPU; for comparison).")
 @click.option("--no-pack", "no_pack", is_flag=True, help="Prefill one sequence per call even when the manifest packs several (cu_seqlens), for comparison.")
@@ -138,7 +139,7 @@ def serve_command(ctx, target, port, host, capacity, host_gib, max_seqs, chunk, 
                   pp_timeout, pp_bind, pp_parent, pp_share, faults, protect_stats, drain_timeout,
                   max_connections, header_timeout, body_timeout, keep_alive, max_body_bytes, max_tokenize_tokens, log_level=None, sampling="refuse",
                   host_chunk=None, stage_connect=None, metrics_prefix="kern", max_per_client=_D.max_per_client,
-                  pp_restart=True, frontend_process=None, http="auto", frontends=1, allowed_hosts=None) -> None:
+                  pp_restart=True, frontend_process=None, http="auto", frontends=1, allowed_hosts=None, stuck_after=_D.stuck_after) -> None:
     """Serve TARGET (a config target name or a manifest path) over OpenAI-compatible HTTP.
 
     Every start-up error is one line on stderr, `kern serve: error: ...`, naming the flag or file.
@@ -163,7 +164,7 @@ def serve_command(ctx, target, port, host, capacity, host_gib, max_seqs, chunk, 
 
     phases = Phases()  # the ready line's start_s and its split
     limits = _limits(max_connections, header_timeout, body_timeout, keep_alive, max_body_bytes, max_tokenize_tokens,
-                     drain_timeout, max_per_client, keyless_stats=protect_stats and api_key is None)
+                     drain_timeout, max_per_client, stuck_after, keyless_stats=protect_stats and api_key is None)
     http = _parser(http)  # before the load: a parser that is not installed fails in a second
     from serve import hosted
 

@@ -53,6 +53,7 @@ class Limits:
     max_tokenize_tokens: int = 1 << 16
     drain_timeout: float = 30.0
     max_per_client: int = 256
+    stuck_after: float = 10.0  # /health is a 503 once the engine core's iteration has run this long
 
     def check(self) -> None:
         """ValueError naming the flag when a value cannot work."""
@@ -62,7 +63,8 @@ class Limits:
             if v < 1:
                 raise ValueError(f"{flag} must be at least 1, got {v}")
         for flag, v in (("--header-timeout", self.header_timeout), ("--body-timeout", self.body_timeout),
-                        ("--keep-alive", self.keep_alive), ("--drain-timeout", self.drain_timeout)):
+                        ("--keep-alive", self.keep_alive), ("--drain-timeout", self.drain_timeout),
+                        ("--stuck-after", self.stuck_after)):
             if not v > 0:
                 raise ValueError(f"{flag} must be a positive number of seconds, got {v}")
 
