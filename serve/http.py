@@ -144,4 +144,5 @@ async def read_body(request: HttpRequest) -> bytes:
 async def body_of(request: HttpRequest, kind: str, *args):
     """The body parsed and checked (`serve.bodies.run`), off the loop when it is large."""
     auth(request)
-    return await bodies.check(kind, await read_body(request), *args)
+    peer = request.client.host if request.client is not None else ""
+    return await bodies.check(kind, await read_body(request), *args, client=peer)
