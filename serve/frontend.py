@@ -409,8 +409,12 @@ class RemoteScheduler:
         self.peers[pid] = code = os.waitstatus_to_exitcode(status)
         if self.letting_go or self.ended.is_set():
             return
-        self.lost_peers.add(pid)
-        logs.event("front end died", "ERROR", pid=pid, code=code, left=sum(c is None for c in self.peers.values()) + 1)
+        left = sum(c is None for c in self.peers.values()) + 1
+        if code == 0:  # it ended cleanly on its own (told to stop by someone else): its requests were answered
+            logs.event("front end ended", "INFO", pid=pid, code=code, left=left)
+        else:
+            self.lost_peers.add(pid)
+            logs.event("front end died", "ERROR", pid=pid, code=code, left=left)
         if not self.ended.is_set():
             self._send(pack(["f", list(self.peers).index(pid) + 1]))
 
