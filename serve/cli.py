@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import logging
 import os
 import signal
 import sys
@@ -466,13 +467,42 @@ def _server_type(uvicorn, engine, host: str, port: int, phases, limit_log, limit
                 self.flusher = loop.create_task(_flush_every(limit_log))
 
         async def shutdown(self, sockets=None) -> None:
+            """uvicorn's graceful shutdown, but the port answers until the end: a connection that
+            arrives meanwhile, or a request on a connection idle when it began, gets a 503
+            `server_shutting_down` (`serve.guard`), not a reset; the listening socket closes last."""
             logs.event("draining", drain_timeout=limits.drain_timeout, connections=len(self.server_state.connections))
             scheduler.drain(limits.drain_timeout)
-            await super().shutdown(sockets)
+            self.config.http_protocol_class.going_away = True
+            for connection in list(self.server_state.connections):
+                connection.shutdown()
+            await asyncio.sleep(0.1)
+            try:
+                async with asyncio.timeout(self.config.timeout_graceful_shutdown):
+                    await self._wait_tasks_to_complete()
+            except TimeoutError:
+                logging.getLogger("uvicorn.error").error("Cancel %s running task(s), timeout graceful shutdown "
+                                                         "exceeded", len(self.server_state.tasks))
+                for t in self.server_state.tasks:
+                    t.cancel(msg="Task cancelled, timeout graceful shutdown exceeded")
+            for server in self.servers:
+                server.close()
+            for sock in sockets or []:
+                sock.close()
+            for connection in list(self.server_state.connections):
+                getattr(connection, "let_go", lambda: None)()
 
         async def _wait_tasks_to_complete(self) -> None:
-            # uvicorn's graceful wait; cancelled when it outlasts timeout_graceful_shutdown
-            await super()._wait_tasks_to_complete()
+            """uvicorn's graceful wait for the connections with a request in progress (not the ones
+            held idle or answered 503 since the shutdown) and the tasks; cancelled when it outlasts
+            timeout_graceful_shutdown."""
+            state = self.server_state
+
+            def busy() -> bool:
+                return any(not (getattr(c, "_going", False) or getattr(c, "_refused", False))
+                           for c in state.connections)
+
+            while (busy() or state.tasks) and not self.force_exit:
+                await asyncio.sleep(0.1)
             self.drained = True
 
     return Server

@@ -83,7 +83,9 @@ def start_core(build, start_scheduler, sock=None, frontends: int = 1) -> tuple[R
         child = os.fork()
         if child == 0:
             index, peers = i, []
-            die_with_parent()
+            # the leader's death ends this one as SIGTERM does: its open requests are answered (the core
+            # dies with the leader: a 503 engine_core_dead each) and it removes the leader's directories
+            die_with_parent(signal.SIGTERM)
             break
         peers.append(child)
     if shared is not None:
@@ -164,6 +166,7 @@ class RemoteScheduler:
         # `--frontends`: this front end's index of `count`; the leader (0) forked the others (`peers`),
         # drains and stops the core for all of them; `shared`: the metrics' directory (`share_metrics`)
         self.index, self.count, self.leader, self.shared = index, count, index == 0, shared
+        self.parent = os.getppid()  # a peer's: the leader, whose directories it removes if it outlives it
         self.peers: dict[int, int | None] = dict.fromkeys(peers)  # pid -> exit code once it ended
         self.names = names
         self.lost_peers: set[int] = set()  # peers that died unasked
@@ -269,7 +272,8 @@ class RemoteScheduler:
     def join(self, timeout: float | None = None) -> None:
         """After the loop: wait for the core's goodbye (its cut-off count) and its end."""
         if not self.leader:
-            return  # the leader waits for the core
+            self.release()  # the leader waits for the core; a peer that outlived it cleans up
+            return
         deadline = None if timeout is None else time.monotonic() + timeout
         while self.ready and not self.said_bye.is_set() and (deadline is None or time.monotonic() < deadline):
             if self.pull.poll(POLL_MS):
@@ -280,8 +284,10 @@ class RemoteScheduler:
         self.release()
 
     def release(self) -> None:
-        """The leader's temporary directories removed (the sockets' where not on Linux, the metrics')."""
-        if self.leader:
+        """The leader's temporary directories removed (the sockets' where not on Linux, the metrics'):
+        by the leader, or by a peer front end whose leader ended before it (killed: its own removal
+        never ran)."""
+        if self.leader or os.getppid() != self.parent:
             for path in (self.tmp, self.shared):
                 if path is not None:
                     shutil.rmtree(path, ignore_errors=True)
