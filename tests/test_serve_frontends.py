@@ -231,6 +231,23 @@ def test_a_front_end_killed_alone_has_its_requests_aborted_and_the_rest_serve_on
     assert server.stop() == 0
 
 
+def test_a_front_end_that_ends_cleanly_is_logged_at_info(kern_server):
+    """Another front end told to stop by someone else (SIGTERM to it alone) drains and exits 0: the
+    leader logs `front end ended` at info, not `front end died` at error, and serves on."""
+    server = kern_server(TARGET, *FLAGS)
+    _, peer = children(server.proc.pid)
+    os.kill(peer, signal.SIGTERM)
+    assert gone([peer], 30)
+    deadline = time.monotonic() + 20
+    while " front end ended " not in server.log() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert re.search(rf" INFO serve: front end ended pid={peer} code=0 ", server.log()), server.log()[-2000:]
+    assert " front end died " not in server.log() and " ERROR " not in server.log()
+    again = _one(server, 5, False)
+    assert again["status"] == 200 and again["ids"] == _want(again["prompt"], 12)
+    assert server.stop() == 0
+
+
 def test_the_leaders_death_answers_the_other_front_ends_clients_and_removes_its_directory(kern_server):
     """SIGKILL of the leader (issue 41): the core dies with it, and the other front end, told by the
     leader's death (SIGTERM), answers each of its open requests with an HTTP error (a 503
