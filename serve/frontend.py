@@ -68,6 +68,8 @@ def start_core(build, start_scheduler, sock=None, frontends: int = 1) -> tuple[R
         name = f"{tmp}/sock"
     addrs = [(f"ipc://{name}-{i}-in", f"ipc://{name}-{i}-out") for i in range(frontends)]
     shared = tempfile.mkdtemp(prefix="kern-metrics-") if frontends > 1 else None
+    if shared is not None:
+        janitor(shared)
     names = _Names() if frontends > 1 else None  # one numbering of requests across the front ends
     sys.stdout.flush()
     sys.stderr.flush()
@@ -95,6 +97,32 @@ def start_core(build, start_scheduler, sock=None, frontends: int = 1) -> tuple[R
     remote = RemoteScheduler(pid, addrs[index], tmp, index=index, count=frontends, peers=peers, shared=shared,
                              names=names)
     return RemoteEngine(remote.wait_ready()), remote
+
+
+JANITOR = ("import os, select, shutil, sys\n"
+           "try:\n    fd = os.pidfd_open(int(sys.argv[1]))\nexcept ProcessLookupError:\n    fd = None\n"
+           "if fd is not None:\n    select.select([fd], [], [])\n"
+           "shutil.rmtree(sys.argv[2], ignore_errors=True)\n")
+
+
+def janitor(path: str) -> None:
+    """Remove `path` when this process ends, however it ends (SIGKILL of its whole process group too):
+    a small process in a session of its own, not this one's child (forked twice), waits on this
+    process through a pidfd, removes the directory and exits."""
+    leader = os.getpid()
+    first = os.fork()
+    if first == 0:
+        try:
+            os.setsid()
+            if os.fork() == 0:
+                devnull = os.open(os.devnull, os.O_RDWR)
+                for fd in (0, 1, 2):
+                    os.dup2(devnull, fd)
+                os.closerange(3, 65536)
+                os.execv(sys.executable, [sys.executable, "-c", JANITOR, str(leader), path])
+        finally:
+            os._exit(0)
+    os.waitpid(first, 0)
 
 
 def _signal(pid: int, sig: int) -> None:

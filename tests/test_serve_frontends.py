@@ -270,6 +270,22 @@ def test_the_leaders_death_answers_the_other_front_ends_clients_and_removes_its_
     assert not os.path.exists(where), "the leader's metrics directory was left behind"
 
 
+def test_the_metrics_directory_goes_when_every_process_is_killed_at_once(kern_server):
+    """SIGKILL to the server's whole process group (the leader, the core and the other front end at
+    once: nobody of them survives to clean up): the janitor, in a session of its own, removes the
+    leader's metrics directory."""
+    server = kern_server(TARGET, *FLAGS)
+    kids = children(server.proc.pid)
+    where = re.search(r" metrics_dir=(\S+)", server.log()).group(1)
+    assert os.path.isdir(where) and os.getpgid(server.proc.pid) != os.getpgrp()
+    os.killpg(os.getpgid(server.proc.pid), signal.SIGKILL)
+    assert gone([server.proc.pid, *kids], 30)
+    deadline = time.monotonic() + 30
+    while os.path.exists(where) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not os.path.exists(where), "the leader's metrics directory was left behind"
+
+
 def _catch(server, i: int, client: httpx.Client, max_tokens: int = 300) -> dict | None:
     try:
         return _one(server, i, i % 2 == 0, max_tokens, client)
