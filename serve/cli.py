@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import functools
 import logging
 import os
 import signal
@@ -439,7 +440,7 @@ def _server_type(uvicorn, engine, host: str, port: int, phases, limit_log, limit
     """uvicorn's server with our start (the `serving` line, the limiter's flusher, event-loop errors
     through the limiter, with `freeze` the heap frozen) and our drain (the scheduler's, logged);
     `drained` says whether it finished."""
-    from serve import logs
+    from serve import guard, logs
 
     class Server(uvicorn.Server):
         drained = False
@@ -484,12 +485,40 @@ def _server_type(uvicorn, engine, host: str, port: int, phases, limit_log, limit
                                                          "exceeded", len(self.server_state.tasks))
                 for t in self.server_state.tasks:
                     t.cancel(msg="Task cancelled, timeout graceful shutdown exceeded")
-            for server in self.servers:
-                server.close()
-            for sock in sockets or []:
-                sock.close()
+            await self._close_listening(sockets or [])
             for connection in list(self.server_state.connections):
                 getattr(connection, "let_go", lambda: None)()
+            # the connections answered 503 since the shutdown drain what their clients still send
+            loop, state = asyncio.get_running_loop(), self.server_state
+            until = loop.time() + guard.LINGER_S
+            while any(getattr(c, "_refused", False) for c in state.connections) and loop.time() < until:
+                await asyncio.sleep(0.05)
+
+        async def _close_listening(self, sockets) -> None:
+            """Close the listening sockets, answering the connections still in their backlog (a 503
+            `server_shutting_down` each, as during the drain) instead of resetting them: they are
+            taken, the sockets closed with nothing awaited between, then each one served so."""
+            loop = asyncio.get_running_loop()
+            taken = []
+            if type(loop).__module__.startswith("asyncio"):  # the selector loop: its accept can be stopped
+                for sock in sockets:
+                    loop.remove_reader(sock.fileno())
+                    while True:
+                        try:
+                            taken.append(sock.accept()[0])
+                        except OSError:  # BlockingIOError: the backlog is empty
+                            break
+            for server in self.servers:
+                server.close()
+            for sock in sockets:
+                sock.close()
+            factory = functools.partial(self.config.http_protocol_class, config=self.config,
+                                        server_state=self.server_state, app_state=self.lifespan.state)
+            for conn in taken:
+                try:
+                    await loop.connect_accepted_socket(factory, conn)
+                except OSError:
+                    conn.close()
 
         async def _wait_tasks_to_complete(self) -> None:
             """uvicorn's graceful wait for the connections with a request in progress (not the ones
