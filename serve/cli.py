@@ -113,7 +113,7 @@ def bind(host: str, port: int):
 @click.option("--keep-alive", default=_D.keep_alive, show_default=True, type=_POSITIVE, help="Seconds an idle keep-alive connection is held open.")
 @click.option("--max-body-bytes", default=_D.max_body_bytes, show_default=True, type=click.IntRange(min=1), help="Largest request body; a larger one is answered 413.")
 @click.option("--max-tokenize-tokens", default=_D.max_tokenize_tokens, show_default=True, type=click.IntRange(min=1), help="Largest /tokenize input, in tokens; a larger one is answered 413.")
-@click.option("--stuck-after", "stuck_after", default=_D.stuck_after, show_default=True, type=_POSITIVE, help="/health answers 503 (engine_core_stuck) once the engine core's iteration in progress has run this many seconds; a core that does not answer at all gets its 503 within half a second (docs/serve.md).")
+@click.option("--stuck-after", "stuck_after", default=_D.stuck_after, show_default=True, type=_POSITIVE, help="/health answers 503 (engine_core_stuck) once the engine core's iteration in progress has run this many seconds; a core that does not answer at all gets its 503 within 0.4 s (/health) or 0.8 s (/stats, /stats/live, /metrics) (docs/serve.md).")
 @click.option("--stats-every", default=5.0, show_default=True, type=_POSITIVE, help="Seconds per `stats` log window.")
 @click.option("--no-graphs", is_flag=True, help="Run `graph: true` programs launch by launch instead of as captured CUDA graphs (GPU; for comparison).")
 @click.option("--no-pack", "no_pack", is_flag=True, help="Prefill one sequence per call even when the manifest packs several (cu_seqlens), for comparison.")
