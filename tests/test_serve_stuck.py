@@ -47,8 +47,11 @@ def test_a_stopped_core_process_is_answered_503_by_the_front_end(kern_server):
     assert ask(server, list(b"abc"), 6)["ids"] == oracle(TARGET, list(b"abc"), 6)
     os.kill(core, signal.SIGSTOP)
     try:
+        t0 = time.monotonic()
         r = httpx.get(server.url + "/health", timeout=5)
+        took = time.monotonic() - t0
         assert _state(core) == "T", "the core resumed before /health answered"
+        print(f"\n/health answered {r.status_code} in {took:.3f} s with the core stopped")
         assert r.status_code == 503 and r.json()["status"] == "engine core not answering", r.text
         for path in ROUTES:
             r = httpx.get(server.url + path, timeout=5)
