@@ -18,6 +18,7 @@ import concurrent.futures
 import json
 import socket
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -254,22 +255,28 @@ class Client:
             raise Rejected(r.status_code, r.json())
         return list(r.json()["tokens"])
 
+    def _get_info(self, path: str) -> httpx.Response:
+        """``GET path`` (/stats, /metrics); a 503 (kern serve's front end answering for a busy engine
+        core: ``engine_core_not_answering``) asked again, for up to 30 s in all."""
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                r = self.http.get(path, timeout=30)
+            except httpx.TransportError:
+                self.session.check(grace=5.0)
+                raise
+            if r.status_code != 503 or time.monotonic() > deadline:
+                return r
+            time.sleep(0.2)
+
     def metrics(self) -> str | None:
         """``GET /metrics`` (Prometheus text), or None when the server has none."""
-        try:
-            r = self.http.get("/metrics", timeout=30)
-        except httpx.TransportError:
-            self.session.check(grace=5.0)
-            raise
+        r = self._get_info("/metrics")
         return r.text if r.status_code == 200 else None
 
     def stats(self) -> dict[str, Any] | None:
         """``GET /stats``, or None when the server has none (the Rust kern-serve)."""
-        try:
-            r = self.http.get("/stats", timeout=30)
-        except httpx.TransportError:
-            self.session.check(grace=5.0)
-            raise
+        r = self._get_info("/stats")
         if r.status_code != 200:
             return None
         try:

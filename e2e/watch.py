@@ -62,6 +62,9 @@ class Watch:
             return None
         except httpx.TransportError:
             return None  # the caller's request fails on its own, with the exit code
+        if r.status_code == 503:  # a front end that answers for a core that does not (kern serve): silent
+            self.live = self._live()
+            return None
         if r.status_code != 200:
             self.has_stats = False
             return None

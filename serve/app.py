@@ -11,6 +11,7 @@ shutdown) gets a 503, and a stream an error event, never a success without an an
 
 from __future__ import annotations
 
+import json
 import time
 
 from fastapi import FastAPI, Request as HttpRequest
@@ -24,6 +25,7 @@ from starlette.requests import ClientDisconnect
 from serve import logs, routes_complete, routes_info
 from serve.engine import Engine
 from serve.guard import Limits
+from serve.hosts import Hosts
 from serve.http import CAPABILITIES, VERSION, Served, ctx, reject
 from serve.metrics import Metrics
 from serve.reply import Reply
@@ -35,13 +37,15 @@ __all__ = ["CAPABILITIES", "VERSION", "Reply", "make_app"]
 
 def make_app(scheduler: Scheduler, engine: Engine, api_key: str | None = None, limits: Limits | None = None,
              limit_log: logs.Limiter | None = None, protect_stats: bool = False, sampling: str = "refuse",
-             metrics_prefix: str = "kern") -> FastAPI:
+             metrics_prefix: str = "kern", hosts: Hosts | None = None) -> FastAPI:
     """The routes. `limits` bounds bodies and /tokenize; `limit_log` takes repeated events (hang-ups);
     `protect_stats` puts /stats and /metrics behind `api_key` too; `sampling` ("refuse" or
     "greedy-warn") is what a non-greedy sampling value gets (docs/api.md); `metrics_prefix` "vllm":
-    vLLM's metric names (docs/metrics.md). `app.state.ctx.cancelled` counts handlers cancelled at
+    vLLM's metric names (docs/metrics.md); `hosts`: the Host header's rule (`serve.hosts`; None: any
+    Host). `app.state.ctx.cancelled` counts handlers cancelled at
     shutdown (each answered a 503)."""
     app = Kern(title="kern", docs_url=None, redoc_url=None, openapi_url=None)
+    app.hosts = hosts
     # this app's own registry (with --frontends, every front end's values summed at each scrape)
     meter = Metrics(engine.model, engine.max_request_tokens, metrics_prefix, shared=getattr(scheduler, "shared", None))
     app.state.ctx = Served(scheduler, engine, meter, limits or Limits(), limit_log or logs.Limiter(), api_key,
@@ -68,8 +72,11 @@ class Kern(FastAPI):
     stack would set them. Every other request (another method, another path) takes the full stack."""
 
     _direct: dict | None = None
+    hosts: Hosts | None = None
 
     async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http" and self.hosts is not None and not await self._host_ok(scope, send):
+            return
         if scope["type"] == "http" and scope["method"] == "POST":
             route = (self._direct if self._direct is not None else self._routes()).get(scope["path"])
             if route is not None:
@@ -77,6 +84,19 @@ class Kern(FastAPI):
                 await route(scope, receive, send)
                 return
         await super().__call__(scope, receive, send)
+
+    async def _host_ok(self, scope, send) -> bool:
+        """The Host header against `hosts`; a refused one answered here (a 400 naming it)."""
+        value = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"host"), None)
+        why = self.hosts.check(value)
+        if why is None:
+            return True
+        self.state.ctx.limit_log("rejected", "INFO", reason="invalid_host", status=400, path=scope["path"])
+        body = json.dumps(ApiError(400, why, "host", "invalid_host").body()).encode()
+        await send({"type": "http.response.start", "status": 400,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})
+        return False
 
     def _routes(self) -> dict:
         """{path: the route's app under the stack's two error layers}, made at the first request (every

@@ -9,7 +9,8 @@ for it, so 48 connections streaming bodies still stalled /health for a second.
 `check(kind, raw, *args)` runs `validate.parse(raw)` and the endpoint's checks (`run`): inline for a small body (the hop costs more than
 the work), else in one worker process (`python -c`, importing serve.validate only) that the loop
 reaches through one thread blocked on its pipes. Large bodies queue there one at a time while the loop
-keeps answering; the worker runs at a lower CPU priority (`NICE`), so on a machine short of cores the
+keeps answering, one queue per client (its peer address) taken in turn (`Fair`), so one client's
+burst of large bodies delays another's by one body at most, not by the burst; the worker runs at a lower CPU priority (`NICE`), so on a machine short of cores the
 loop and the scheduler are not slowed by a burst of parsing either. A worker that dies is started again; the call that found it dead runs on that thread
 instead (the loop still never parses), so a large body never goes unanswered.
 """
@@ -17,6 +18,7 @@ instead (the loop still never parses), so a large body never goes unanswered.
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import os
 import pickle
@@ -26,7 +28,7 @@ import sys
 import threading
 from typing import Any
 
-__all__ = ["INLINE_BYTES", "check", "run"]
+__all__ = ["INLINE_BYTES", "Fair", "check", "run"]
 
 INLINE_BYTES = 64 << 10  # bodies up to this size are parsed on the loop
 NICE = 10  # the worker's CPU priority below the server's
@@ -62,13 +64,54 @@ def run(kind: str, raw: bytes, *args) -> Any:
     raise ValueError(f"unknown body kind {kind!r}")
 
 
+class Fair:
+    """Calls run one at a time on one thread (started at the first), one queue per client, the clients
+    taken in turn: a client's next call waits for every other waiting client's one."""
+
+    def __init__(self) -> None:
+        self.queues: dict[str, collections.deque] = {}  # client -> its calls; the dict's order is the turn
+        self.cond = threading.Condition()
+        self.thread: threading.Thread | None = None
+
+    def submit(self, client: str, fn, *args) -> concurrent.futures.Future:
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        with self.cond:
+            self.queues.setdefault(client, collections.deque()).append((fut, fn, args))
+            if self.thread is None:
+                self.thread = threading.Thread(target=self._run, name="kern-bodies", daemon=True)
+                self.thread.start()
+            self.cond.notify()
+        return fut
+
+    def _next(self):
+        with self.cond:
+            while not self.queues:
+                self.cond.wait()
+            client = next(iter(self.queues))
+            q = self.queues.pop(client)
+            call = q.popleft()
+            if q:
+                self.queues[client] = q  # to the back of the turn
+            return call
+
+    def _run(self) -> None:
+        while True:
+            fut, fn, args = self._next()
+            if not fut.set_running_or_notify_cancel():
+                continue
+            try:
+                fut.set_result(fn(*args))
+            except BaseException as exc:  # noqa: BLE001 - the caller's to answer
+                fut.set_exception(exc)
+
+
 class _Worker:
     """One child process answering `run` calls over its stdin/stdout, started at first use."""
 
     def __init__(self) -> None:
         self.proc: subprocess.Popen | None = None
         self.lock = threading.Lock()
-        self.pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="kern-bodies")
+        self.pool = Fair()
 
     def _start(self) -> subprocess.Popen:
         root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -108,11 +151,12 @@ class _Worker:
 _worker = _Worker()
 
 
-async def check(kind: str, raw: bytes, *args) -> Any:
-    """`run(kind, raw, *args)`: inline for a body up to `INLINE_BYTES`, else in the worker process."""
+async def check(kind: str, raw: bytes, *args, client: str = "") -> Any:
+    """`run(kind, raw, *args)`: inline for a body up to `INLINE_BYTES`, else in the worker process, in
+    `client`'s turn (its peer address)."""
     if len(raw) <= INLINE_BYTES:
         return run(kind, raw, *args)
-    return await asyncio.get_running_loop().run_in_executor(_worker.pool, _worker.call, kind, raw, args)
+    return await asyncio.wrap_future(_worker.pool.submit(client, _worker.call, kind, raw, args))
 
 
 def _serve() -> None:

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import functools
+import logging
 import os
 import signal
 import sys
@@ -101,6 +103,7 @@ def bind(host: str, port: int):
 @click.option("--gpus", "--device", "device", default=None, help="GPU index (one rank).")
 @click.option("--reserve-gib", default=4.0, show_default=True, type=click.FloatRange(min=0), help="GPU memory left out of the default capacity, GiB.")
 @click.option("--weights", multiple=True, help="Weights file(s) (default: the target's, or every *.safetensors beside a manifest path).")
+@click.option("--allowed-hosts", "allowed_hosts", default=None, help="Host header names the server answers to, comma separated ('*': any); IP addresses, localhost and --host are always accepted, and a server bound to 0.0.0.0 or :: without this flag accepts any (docs/serve.md). Another Host is a 400.")
 @click.option("--api-key", default=None, help="Require `Authorization: Bearer KEY` on /v1/*, /tokenize and /detokenize.")
 @click.option("--served-model-name", default=None, help="Model name to answer to (default: the manifest's model).")
 @click.option("--config", "config", default=None, type=click.Path(dir_okay=False), help="TOML with [targets.NAME] tables (as `kern --config`).")
@@ -119,6 +122,7 @@ def bind(host: str, port: int):
 @click.option("--max-bypass", "bypass", default=_R.bypass, show_default=True, type=click.IntRange(min=0), help="fair: how many requests may start ahead of a head of the queue that does not fit; then it alone is tried until it starts (0: as fifo, apart from the shares).")
 @click.option("--queue-timeout", "queue_timeout", default=QUEUE_TIMEOUT_S, show_default=True, type=click.FloatRange(min=0), help="Seconds a request may wait for room; then a 503 queue_timeout with Retry-After (a stream: before its first byte). 0: wait without bound.")
 @click.option("--max-tokens-ceiling", "ceiling", default=None, type=click.IntRange(min=1), help="Refuse a request whose max_tokens is above this with a 400 naming the flag (default: no ceiling past the pool's own).")
+@click.option("--stuck-after", "stuck_after", default=_D.stuck_after, show_default=True, type=_POSITIVE, help="/health answers 503 (engine_core_stuck) once the engine core's iteration in progress has run this many seconds; a core that does not answer at all gets its 503 within 0.4 s (/health) or 0.8 s (/stats, /stats/live, /metrics) (docs/serve.md).")
 @click.option("--stats-every", default=5.0, show_default=True, type=_POSITIVE, help="Seconds per `stats` log window.")
 @click.option("--no-graphs", is_flag=True, help="Run `graph: true` programs launch by launch instead of as captured CUDA graphs (GPU; for comparison).")
 @click.option("--no-pack", "no_pack", is_flag=True, help="Prefill one sequence per call even when the manifest packs several (cu_seqlens), for comparison.")
@@ -146,7 +150,8 @@ def serve_command(ctx, target, port, host, capacity, host_gib, max_seqs, chunk, 
                   pp_timeout, pp_bind, pp_parent, pp_share, faults, protect_stats, drain_timeout,
                   max_connections, header_timeout, body_timeout, keep_alive, max_body_bytes, max_tokenize_tokens, log_level=None, sampling="refuse",
                   host_chunk=None, stage_connect=None, metrics_prefix="kern", max_per_client=_D.max_per_client,
-                  pp_restart=True, frontend_process=None, http="auto", frontends=1, ceiling=None, **admission) -> None:
+                  pp_restart=True, frontend_process=None, http="auto", frontends=1, ceiling=None, allowed_hosts=None,
+                  stuck_after=_D.stuck_after, **admission) -> None:
     """Serve TARGET (a config target name or a manifest path) over OpenAI-compatible HTTP.
 
     Every start-up error is one line on stderr, `kern serve: error: ...`, naming the flag or file.
@@ -171,7 +176,7 @@ def serve_command(ctx, target, port, host, capacity, host_gib, max_seqs, chunk, 
 
     phases = Phases()  # the ready line's start_s and its split
     limits = _limits(max_connections, header_timeout, body_timeout, keep_alive, max_body_bytes, max_tokenize_tokens,
-                     drain_timeout, max_per_client, ceiling, keyless_stats=protect_stats and api_key is None)
+                     drain_timeout, max_per_client, ceiling, stuck_after, keyless_stats=protect_stats and api_key is None)
     http = _parser(http)  # before the load: a parser that is not installed fails in a second
     from serve import hosted
 
@@ -216,7 +221,7 @@ def serve_command(ctx, target, port, host, capacity, host_gib, max_seqs, chunk, 
     split = _frontends_split(frontends, frontend_process) or _split(frontend_process, backend)
     engine, head, scheduler = _start(load, split, stats_every, phases, sock, frontends)
     code = run(engine, host, port, api_key, stats_every, limits, protect_stats, sock, sampling=sampling, phases=phases,
-               metrics_prefix=metrics_prefix, scheduler=scheduler, http=http)
+               metrics_prefix=metrics_prefix, scheduler=scheduler, http=http, allowed_hosts=allowed_hosts)
     if head is not None:
         head.stop()
     sys.exit(code)
@@ -343,17 +348,19 @@ def _load_errors() -> tuple[type[Exception], ...]:
 
 def run(engine, host: str, port: int, api_key: str | None, stats_every: float = 5.0, limits: Limits = _D,
         protect_stats: bool = False, sock=None, sampling: str = "refuse", phases=None, metrics_prefix: str = "kern",
-        scheduler=None, http: str = "auto") -> int:
+        scheduler=None, http: str = "auto", allowed_hosts: str | None = None) -> int:
     """Serve until a signal; the exit code. `sock`: the listening socket (`bind`), else bound here.
     `phases` (`serve.startup.Phases`): the start so far, whose split the ready line gives;
     `metrics_prefix`: --metrics-prefix; `scheduler`: one already started (the engine core's process
-    stand-in, `serve.frontend.RemoteScheduler`), else one is started here; `http`: --http."""
+    stand-in, `serve.frontend.RemoteScheduler`), else one is started here; `http`: --http;
+    `allowed_hosts`: --allowed-hosts (`serve.hosts`)."""
     import logging
 
     import uvicorn
 
     from serve import guard, logs
     from serve.app import make_app
+    from serve.hosts import Hosts
     from serve.startup import Phases
 
     phases = phases or Phases()
@@ -367,7 +374,8 @@ def run(engine, host: str, port: int, api_key: str | None, stats_every: float = 
     # a front end alone freezes its heap once it serves (the core's process froze its own after its warm-up)
     Server = _server_type(uvicorn, engine, host, port, phases, limit_log, limits, scheduler, http, front_end_only)
     app = make_app(scheduler, engine, api_key, limits, limit_log, protect_stats, sampling=sampling,
-                   metrics_prefix=metrics_prefix)
+                   metrics_prefix=metrics_prefix,
+                   hosts=Hosts(host, None if allowed_hosts is None else tuple(allowed_hosts.split(","))))
     # past the drain's deadline every handler has its answer or its 503; the grace is for writing them
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False, lifespan="off",
                             http=guard.protocol(limits, limit_log, http), timeout_keep_alive=limits.keep_alive,
@@ -448,7 +456,7 @@ def _server_type(uvicorn, engine, host: str, port: int, phases, limit_log, limit
     """uvicorn's server with our start (the `serving` line, the limiter's flusher, event-loop errors
     through the limiter, with `freeze` the heap frozen) and our drain (the scheduler's, logged);
     `drained` says whether it finished."""
-    from serve import logs
+    from serve import guard, logs
 
     class Server(uvicorn.Server):
         drained = False
@@ -476,13 +484,70 @@ def _server_type(uvicorn, engine, host: str, port: int, phases, limit_log, limit
                 self.flusher = loop.create_task(_flush_every(limit_log))
 
         async def shutdown(self, sockets=None) -> None:
+            """uvicorn's graceful shutdown, but the port answers until the end: a connection that
+            arrives meanwhile, or a request on a connection idle when it began, gets a 503
+            `server_shutting_down` (`serve.guard`), not a reset; the listening socket closes last."""
             logs.event("draining", drain_timeout=limits.drain_timeout, connections=len(self.server_state.connections))
             scheduler.drain(limits.drain_timeout)
-            await super().shutdown(sockets)
+            self.config.http_protocol_class.going_away = True
+            for connection in list(self.server_state.connections):
+                connection.shutdown()
+            await asyncio.sleep(0.1)
+            try:
+                async with asyncio.timeout(self.config.timeout_graceful_shutdown):
+                    await self._wait_tasks_to_complete()
+            except TimeoutError:
+                logging.getLogger("uvicorn.error").error("Cancel %s running task(s), timeout graceful shutdown "
+                                                         "exceeded", len(self.server_state.tasks))
+                for t in self.server_state.tasks:
+                    t.cancel(msg="Task cancelled, timeout graceful shutdown exceeded")
+            await self._close_listening(sockets or [])
+            for connection in list(self.server_state.connections):
+                getattr(connection, "let_go", lambda: None)()
+            # the connections answered 503 since the shutdown drain what their clients still send
+            loop, state = asyncio.get_running_loop(), self.server_state
+            until = loop.time() + guard.LINGER_S
+            while any(getattr(c, "_refused", False) for c in state.connections) and loop.time() < until:
+                await asyncio.sleep(0.05)
+
+        async def _close_listening(self, sockets) -> None:
+            """Close the listening sockets, answering the connections still in their backlog (a 503
+            `server_shutting_down` each, as during the drain) instead of resetting them: they are
+            taken, the sockets closed with nothing awaited between, then each one served so."""
+            loop = asyncio.get_running_loop()
+            taken = []
+            if type(loop).__module__.startswith("asyncio"):  # the selector loop: its accept can be stopped
+                for sock in sockets:
+                    loop.remove_reader(sock.fileno())
+                    while True:
+                        try:
+                            taken.append(sock.accept()[0])
+                        except OSError:  # BlockingIOError: the backlog is empty
+                            break
+            for server in self.servers:
+                server.close()
+            for sock in sockets:
+                sock.close()
+            factory = functools.partial(self.config.http_protocol_class, config=self.config,
+                                        server_state=self.server_state, app_state=self.lifespan.state)
+            for conn in taken:
+                try:
+                    await loop.connect_accepted_socket(factory, conn)
+                except OSError:
+                    conn.close()
 
         async def _wait_tasks_to_complete(self) -> None:
-            # uvicorn's graceful wait; cancelled when it outlasts timeout_graceful_shutdown
-            await super()._wait_tasks_to_complete()
+            """uvicorn's graceful wait for the connections with a request in progress (not the ones
+            held idle or answered 503 since the shutdown) and the tasks; cancelled when it outlasts
+            timeout_graceful_shutdown."""
+            state = self.server_state
+
+            def busy() -> bool:
+                return any(not (getattr(c, "_going", False) or getattr(c, "_refused", False))
+                           for c in state.connections)
+
+            while (busy() or state.tasks) and not self.force_exit:
+                await asyncio.sleep(0.1)
             self.drained = True
 
     return Server

@@ -114,7 +114,7 @@ class Core:
         self._aborted: list[Request] = []  # aborts that arrived while their request was in flight
         self.step_since: float | None = None  # monotonic start of the runtime step in progress (read off-thread)
         self.lost: tuple | None = None  # a pipeline stage was lost for good: the error every request gets
-        self.losses = self.requeued = self.lost_answered = 0  # state lost; requests requeued; answered an error
+        self.restarts = self.requeued = self.lost_answered = 0  # state dropped to resume; requeued; answered an error
         self.admitted = 0  # requests admitted so far (each one's `order`)
         self.device = rt = engine.runtime  # what the steps run on (serve/faults.py may wrap it)
         self.emits = rt.protocol.prefill_emits
@@ -195,8 +195,8 @@ class Core:
             self.lost = error
             while self.waiting:
                 self.abort(self.waiting[0], error)
-        self.losses += 1
         if error is None:
+            self.restarts += 1
             self.requeued += n
         else:
             self.lost_answered += n
@@ -476,7 +476,7 @@ class Core:
                       "admission": self.turns.rule.name, "timed_out": self.timed_out},
             "timing": {"steps": c["steps"], "step_s": c.step_s, "loop_s": c.loop_s, "tokens": c.tokens,
                        **(timing.as_dict() if timing is not None else {})},
-            **({"pipeline": {"epoch": rt.epoch, "losses": self.losses, "requeued": self.requeued,
+            **({"pipeline": {"epoch": rt.epoch, "losses": rt.losses, "restarts": self.restarts, "requeued": self.requeued,
                              "answered_error": self.lost_answered}}
                if rt.broken is not None else {}),
         }

@@ -145,6 +145,10 @@ class FaultyDevice:
         return self.inner.epoch
 
     @property
+    def losses(self) -> int:
+        return self.inner.losses
+
+    @property
     def while_waiting(self):
         return self.inner.while_waiting
 

@@ -68,6 +68,8 @@ def start_core(build, start_scheduler, sock=None, frontends: int = 1) -> tuple[R
         name = f"{tmp}/sock"
     addrs = [(f"ipc://{name}-{i}-in", f"ipc://{name}-{i}-out") for i in range(frontends)]
     shared = tempfile.mkdtemp(prefix="kern-metrics-") if frontends > 1 else None
+    if shared is not None:
+        janitor(shared)
     names = _Names() if frontends > 1 else None  # one numbering of requests across the front ends
     sys.stdout.flush()
     sys.stderr.flush()
@@ -83,7 +85,9 @@ def start_core(build, start_scheduler, sock=None, frontends: int = 1) -> tuple[R
         child = os.fork()
         if child == 0:
             index, peers = i, []
-            die_with_parent()
+            # the leader's death ends this one as SIGTERM does: its open requests are answered (the core
+            # dies with the leader: a 503 engine_core_dead each) and it removes the leader's directories
+            die_with_parent(signal.SIGTERM)
             break
         peers.append(child)
     if shared is not None:
@@ -93,6 +97,32 @@ def start_core(build, start_scheduler, sock=None, frontends: int = 1) -> tuple[R
     remote = RemoteScheduler(pid, addrs[index], tmp, index=index, count=frontends, peers=peers, shared=shared,
                              names=names)
     return RemoteEngine(remote.wait_ready()), remote
+
+
+JANITOR = ("import os, select, shutil, sys\n"
+           "try:\n    fd = os.pidfd_open(int(sys.argv[1]))\nexcept ProcessLookupError:\n    fd = None\n"
+           "if fd is not None:\n    select.select([fd], [], [])\n"
+           "shutil.rmtree(sys.argv[2], ignore_errors=True)\n")
+
+
+def janitor(path: str) -> None:
+    """Remove `path` when this process ends, however it ends (SIGKILL of its whole process group too):
+    a small process in a session of its own, not this one's child (forked twice), waits on this
+    process through a pidfd, removes the directory and exits."""
+    leader = os.getpid()
+    first = os.fork()
+    if first == 0:
+        try:
+            os.setsid()
+            if os.fork() == 0:
+                devnull = os.open(os.devnull, os.O_RDWR)
+                for fd in (0, 1, 2):
+                    os.dup2(devnull, fd)
+                os.closerange(3, 65536)
+                os.execv(sys.executable, [sys.executable, "-c", JANITOR, str(leader), path])
+        finally:
+            os._exit(0)
+    os.waitpid(first, 0)
 
 
 def _signal(pid: int, sig: int) -> None:
@@ -164,6 +194,7 @@ class RemoteScheduler:
         # `--frontends`: this front end's index of `count`; the leader (0) forked the others (`peers`),
         # drains and stops the core for all of them; `shared`: the metrics' directory (`share_metrics`)
         self.index, self.count, self.leader, self.shared = index, count, index == 0, shared
+        self.parent = os.getppid()  # a peer's: the leader, whose directories it removes if it outlives it
         self.peers: dict[int, int | None] = dict.fromkeys(peers)  # pid -> exit code once it ended
         self.names = names
         self.lost_peers: set[int] = set()  # peers that died unasked
@@ -269,7 +300,8 @@ class RemoteScheduler:
     def join(self, timeout: float | None = None) -> None:
         """After the loop: wait for the core's goodbye (its cut-off count) and its end."""
         if not self.leader:
-            return  # the leader waits for the core
+            self.release()  # the leader waits for the core; a peer that outlived it cleans up
+            return
         deadline = None if timeout is None else time.monotonic() + timeout
         while self.ready and not self.said_bye.is_set() and (deadline is None or time.monotonic() < deadline):
             if self.pull.poll(POLL_MS):
@@ -280,8 +312,10 @@ class RemoteScheduler:
         self.release()
 
     def release(self) -> None:
-        """The leader's temporary directories removed (the sockets' where not on Linux, the metrics')."""
-        if self.leader:
+        """The leader's temporary directories removed (the sockets' where not on Linux, the metrics'):
+        by the leader, or by a peer front end whose leader ended before it (killed: its own removal
+        never ran)."""
+        if self.leader or os.getppid() != self.parent:
             for path in (self.tmp, self.shared):
                 if path is not None:
                     shutil.rmtree(path, ignore_errors=True)
@@ -409,8 +443,12 @@ class RemoteScheduler:
         self.peers[pid] = code = os.waitstatus_to_exitcode(status)
         if self.letting_go or self.ended.is_set():
             return
-        self.lost_peers.add(pid)
-        logs.event("front end died", "ERROR", pid=pid, code=code, left=sum(c is None for c in self.peers.values()) + 1)
+        left = sum(c is None for c in self.peers.values()) + 1
+        if code == 0:  # it ended cleanly on its own (told to stop by someone else): its requests were answered
+            logs.event("front end ended", "INFO", pid=pid, code=code, left=left)
+        else:
+            self.lost_peers.add(pid)
+            logs.event("front end died", "ERROR", pid=pid, code=code, left=left)
         if not self.ended.is_set():
             self._send(pack(["f", list(self.peers).index(pid) + 1]))
 

@@ -284,10 +284,11 @@ class Bridge:
             ["q", qid, True, f.result()] if f.exception() is None else ["q", qid, False, str(f.exception())], to))
 
 
-def die_with_parent() -> None:
-    """SIGKILL this process when the one that forked it dies (Linux; elsewhere a poll notices)."""
+def die_with_parent(sig: int = signal.SIGKILL) -> None:
+    """`sig` (SIGKILL) to this process when the one that forked it dies (Linux; elsewhere a poll
+    notices). A peer front end takes SIGTERM: it answers its open requests and ends."""
     try:
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, sig)
     except (OSError, AttributeError):
         pass  # not Linux: the poll's parent check still ends it
 

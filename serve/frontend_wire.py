@@ -31,6 +31,8 @@ Core to front end:
 
 from __future__ import annotations
 
+import time
+
 import msgpack
 
 from serve.request import Done
@@ -72,7 +74,10 @@ def dead_error(code: int | None) -> tuple[int, str, str, None]:
 
 
 def health_of(scheduler, engine) -> dict:
-    """/health's facts (any thread): a pipeline's trouble (a stage lost or silent, else None), and
-    whether the scheduler is ready, alive and warm."""
+    """/health's facts (any thread): a pipeline's trouble (a stage lost or silent, else None), whether
+    the scheduler is ready, alive and warm, and how long its iteration in progress has run (`busy_s`,
+    None while it waits for work: the front end calls it stuck past `--stuck-after`)."""
+    busy = getattr(scheduler, "busy_since", None)
     return {"trouble": engine.runtime.trouble(), "ready": scheduler.ready.is_set(),
-            "alive": scheduler.is_alive(), "warm": scheduler.warm.is_set()}
+            "alive": scheduler.is_alive(), "warm": scheduler.warm.is_set(),
+            "busy_s": None if busy is None else round(time.monotonic() - busy, 3)}

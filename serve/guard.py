@@ -11,6 +11,9 @@ protocol (httptools' C parser where installed, or h11's pure Python one: `--http
 - at `max_connections`, a new connection from a peer that holds fewer than another sheds that other
   peer's longest-silent connection (no request in progress: not yet a byte, or idle between requests)
   instead of being refused, so one client cannot hold everyone else out;
+- once the server shuts down (`going_away`), a new connection is answered a 503 `server_shutting_down`
+  and closed, and one silent between requests is held open until the server lets go, a request on it
+  answered so: no request that reached the server is met with a reset;
 - a connection closed while its request's body is still arriving (a 413) is closed gently: our side
   is shut for writing and what the client still sends is read and dropped for up to `LINGER_BODY_S`,
   so a client that sends its whole body before reading gets the answer, not a reset;
@@ -54,6 +57,7 @@ class Limits:
     drain_timeout: float = 30.0
     max_per_client: int = 256
     max_tokens_ceiling: int | None = None  # a larger max_tokens is refused with a 400 (None: no ceiling)
+    stuck_after: float = 10.0  # /health is a 503 once the engine core's iteration has run this long
 
     def check(self) -> None:
         """ValueError naming the flag when a value cannot work."""
@@ -63,7 +67,8 @@ class Limits:
             if v < 1:
                 raise ValueError(f"{flag} must be at least 1, got {v}")
         for flag, v in (("--header-timeout", self.header_timeout), ("--body-timeout", self.body_timeout),
-                        ("--keep-alive", self.keep_alive), ("--drain-timeout", self.drain_timeout)):
+                        ("--keep-alive", self.keep_alive), ("--drain-timeout", self.drain_timeout),
+                        ("--stuck-after", self.stuck_after)):
             if not v > 0:
                 raise ValueError(f"{flag} must be a positive number of seconds, got {v}")
 
@@ -133,15 +138,20 @@ class Guarded:
     limit_log: Limiter
     peers: "Peers"
     spare: int
+    going_away = False  # the server is shutting down: `serve.cli` sets it (on this bound class) as it starts
 
     def connection_made(self, transport) -> None:  # type: ignore[override]
         self._deadline: asyncio.TimerHandle | None = None
         self._deadline_for: str | None = None
         self._refused = False
         self._lingering = False
+        self._going = False  # idle when the shutdown began: held open, a request on it answered 503
         self._peer = _peer_of(transport)
         _no_delay(transport)
         super().connection_made(_Gentle(transport, self))
+        if self.going_away:
+            self._refuse("server_shutting_down", self.peers.total, "the server is shutting down")
+            return
         held = self.peers.count.get(self._peer, 0)
         if held >= self.limits.max_per_client:
             self._refuse("too_many_connections_from_client", held, f"this client ({self._peer}) holds the server's "
@@ -156,6 +166,7 @@ class Guarded:
 
     def _refuse(self, reason: str, open_now: int, message: str) -> None:
         self._refused = True
+        self._disarm()
         self.limit_log("connection refused", "WARN", reason=reason, open=open_now, max_connections=self.limits.max_connections,
                   max_per_client=self.limits.max_per_client)
         self.transport.write(raw_response(503, "Service Unavailable", message + "; retry later", reason,
@@ -171,7 +182,27 @@ class Guarded:
             self.transport.write_eof()
         self.loop.call_later(LINGER_S, self.transport.close)
 
+    def shutdown(self) -> None:
+        """The server shuts down: a connection silent between requests is held open until the server
+        lets go (`let_go`), a request arriving on it answered 503 `server_shutting_down` (closing it
+        now could reset a request already on its way); the rest as uvicorn does."""
+        if self._refused or self._lingering or not self._silent() or self.transport.is_closing():
+            super().shutdown()
+            return
+        self._going = True
+        self._disarm()
+        keep_alive = getattr(self, "timeout_keep_alive_task", None)
+        if keep_alive is not None:
+            keep_alive.cancel()
+
+    def let_go(self) -> None:
+        """The server's last act: close a connection held since the shutdown."""
+        if self._going and not self._refused:
+            self.transport.close()
+
     def data_received(self, data: bytes) -> None:
+        if self._going and not self._refused:
+            self._refuse("server_shutting_down", self.peers.total, "the server is shutting down")
         if self._refused or self._lingering:
             return  # read and dropped
         self.peers.busy(self)

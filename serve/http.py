@@ -109,8 +109,26 @@ def _too_large(limits: Limits, got: str) -> ApiError:
                     "(--max-body-bytes)", code="request_too_large")
 
 
+JSON_TYPES = ("application/json",)
+"""The body's content types a route takes (and any `+json` type); a body with no Content-Type is read
+as JSON too (docs/api.md)."""
+
+
+def check_content_type(request: HttpRequest) -> None:
+    """A 415 naming a Content-Type that is not JSON."""
+    given = request.headers.get("content-type")
+    if given is None:
+        return
+    media = given.split(";", 1)[0].strip().lower()
+    if media in JSON_TYPES or media.endswith("+json"):
+        return
+    raise ApiError(415, f"the body's content type {given[:80]!r} is not JSON; send Content-Type: application/json",
+                   code="unsupported_media_type")
+
+
 async def read_body(request: HttpRequest) -> bytes:
     limits = ctx(request).limits
+    check_content_type(request)
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limits.max_body_bytes:
         raise _too_large(limits, f"{int(declared)} bytes")
@@ -126,4 +144,5 @@ async def read_body(request: HttpRequest) -> bytes:
 async def body_of(request: HttpRequest, kind: str, *args):
     """The body parsed and checked (`serve.bodies.run`), off the loop when it is large."""
     auth(request)
-    return await bodies.check(kind, await read_body(request), *args)
+    peer = request.client.host if request.client is not None else ""
+    return await bodies.check(kind, await read_body(request), *args, client=peer)

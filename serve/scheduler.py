@@ -288,6 +288,8 @@ class Scheduler(threading.Thread):
             self.core.abort(msg[1])
         elif kind == "query":
             fut = msg[2]
+            if not fut.set_running_or_notify_cancel():
+                return  # its asker stopped waiting (a route's bounded wait)
             try:
                 fut.set_result(msg[1]())
             except Exception as exc:  # a query is a read; its failure is the asker's

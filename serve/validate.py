@@ -14,7 +14,7 @@ from typing import Any, Callable
 from kern.errors import KernError
 from kern.tokens import BYTES, EOS
 
-__all__ = ["PARAMS", "ApiError", "Ask", "Param", "chat", "completion", "detokenize", "parse", "room", "table_markdown",
+__all__ = ["PARAMS", "PARTS", "ROLES", "ROUTE_KEYS", "ApiError", "Ask", "Param", "chat", "completion", "detokenize", "parse", "room", "table_markdown",
            "tokenize"]
 
 MAX_TOKENS_LIMIT = 1 << 31
@@ -505,6 +505,62 @@ def completion(body: dict, served: str, sampling: str = "refuse") -> Ask:
     return _ask(body, ids, False, ctx)
 
 
+# -- the chat messages' roles and content parts, and the other routes' keys (docs/api.md "Messages" and
+# "The other routes": the tables are written out there, and tests/test_validate_input.py holds them to it)
+
+ROLES = ("system", "developer", "user", "assistant", "tool", "function")
+"""The chat roles a message may have (OpenAI's, as vLLM takes them); the template treats them alike."""
+
+PARTS = {"text": None, "image_url": "an image", "input_image": "an image", "input_audio": "audio",
+         "audio_url": "audio", "video_url": "a video", "file": "a file", "refusal": "a refusal"}
+"""Content part types: "text" is served (its text), every other known type is refused naming it."""
+
+ROUTE_KEYS = {
+    "tokenize": {"model": None, "prompt": None, "messages": None, "add_special_tokens": "bool",
+                 "add_generation_prompt": "bool", "continue_final_message": "bool"},
+    "detokenize": {"model": None, "tokens": None},
+}
+"""Every key /tokenize and /detokenize take (None: checked by the route itself, else its type); any
+other is refused by name, as on the generating routes."""
+
+
+def _known_keys(body: dict, route: str) -> None:
+    keys = ROUTE_KEYS[route]
+    for k, v in body.items():
+        if k not in keys:
+            raise ApiError(400, f"unknown parameter '{k}' (/{route} takes {', '.join(keys)})", k, "unknown_parameter")
+        if v is not None and keys[k] is not None:
+            _typed(k, v, keys[k])
+
+
+def _role(m: dict, i: int) -> None:
+    r = m.get("role")
+    where = f"messages[{i}].role"
+    if r is None:
+        raise ApiError(400, f"'{where}' is required (one of {', '.join(ROLES)})", where, "missing_required_parameter")
+    if r not in ROLES:
+        raise ApiError(400, f"'{where}' {json.dumps(r)[:40]} is not a chat role (one of {', '.join(ROLES)})", where,
+                       "invalid_value")
+
+
+def _part_text(p, where: str) -> str:
+    if not isinstance(p, dict):
+        raise _type_error(where, "an object (a content part)", p)
+    kind = p.get("type")
+    if kind is None:
+        raise ApiError(400, f"'{where}.type' is required (\"text\")", f"{where}.type", "missing_required_parameter")
+    if kind not in PARTS:
+        raise ApiError(400, f"'{where}.type' {json.dumps(kind)[:40]} is not a content part type", f"{where}.type",
+                       "invalid_value")
+    if PARTS[kind] is not None:
+        raise ApiError(400, f"'{where}' is {PARTS[kind]} ({kind} part): this server serves text parts only", where,
+                       "unsupported_content")
+    text = p.get("text")
+    if not isinstance(text, str):
+        raise _type_error(f"{where}.text", "a string", text)
+    return text
+
+
 def _messages(body: dict) -> list[int]:
     msgs = body.get("messages")
     if not isinstance(msgs, list) or not msgs:
@@ -514,15 +570,16 @@ def _messages(body: dict) -> list[int]:
     for i, m in enumerate(msgs):
         if not isinstance(m, dict):
             raise _type_error(f"messages[{i}]", "an object", m)
+        _role(m, i)
         c = m.get("content")
         if c is None:
             continue
         if isinstance(c, str):
             text.append(c)
-        elif isinstance(c, list) and all(isinstance(p, dict) and isinstance(p.get("text", ""), str) for p in c):
-            text.extend(p.get("text", "") for p in c)
+        elif isinstance(c, list):
+            text.extend(_part_text(p, f"messages[{i}].content[{j}]") for j, p in enumerate(c))
         else:
-            raise _type_error(f"messages[{i}].content", "a string or a list of text parts", c)
+            raise _type_error(f"messages[{i}].content", "a string or a list of content parts", c)
     # the chat template: the contents concatenated, nothing added
     return _ids("".join(text), "messages")
 
@@ -533,8 +590,10 @@ def chat(body: dict, served: str, sampling: str = "refuse") -> Ask:
     ctx = _checked(body, CHAT, sampling)
     return _ask(body, ids, True, ctx)
 
+
 def tokenize(body: dict, served: str) -> list[int]:
     check_model(body, served)
+    _known_keys(body, "tokenize")
     if "prompt" in body:
         return _ids(body["prompt"], "prompt")
     if "messages" in body:
@@ -544,6 +603,7 @@ def tokenize(body: dict, served: str) -> list[int]:
 
 def detokenize(body: dict, served: str) -> str:
     check_model(body, served)
+    _known_keys(body, "detokenize")
     toks = body.get("tokens")
     if not isinstance(toks, list) or not all(_is_int(t) for t in toks):
         raise ApiError(400, "'tokens' must be a list of integer token ids", "tokens", "invalid_type")

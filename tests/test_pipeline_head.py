@@ -142,3 +142,20 @@ def test_a_partial_item_is_held_only_while_the_pipeline_is_full():
     _answer(watch, 0, [[5]])
     assert not p.hold_partial()  # the answer in hand frees a place
     assert list(p.in_flight) == [1]
+
+
+def test_losses_count_stages_lost_not_restarts():
+    """/stats' pipeline.losses (issue 41): two stages lost before one take are two losses (one epoch,
+    one restart); an unanswered item with no stage named is one; a named stage explains it."""
+    p, _, _ = _pipe(stages=3)
+    p.lose(1, "killed")
+    p.lose(2, "killed")
+    assert set(p.take_loss()) == {1, 2}
+    assert (p.losses, p.epoch) == (2, 1)
+    p.lose(None, "an item unanswered")
+    p.take_loss()
+    assert (p.losses, p.epoch) == (3, 2)
+    p.lose(None, "an item unanswered")
+    p.lose(2, "silent")
+    assert set(p.take_loss()) == {2}
+    assert (p.losses, p.epoch) == (4, 3)

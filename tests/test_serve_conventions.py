@@ -159,8 +159,8 @@ def test_an_answer_is_not_held_for_the_clients_delayed_ack(server):
     import time
 
     body = json.dumps({"prompt": LONG[:8], "max_tokens": 8}).encode()
-    asks = {"health": b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n",
-            "completion": (f"POST /v1/completions HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\n"
+    asks = {"health": b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",
+            "completion": (f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\ncontent-type: application/json\r\n"
                            f"content-length: {len(body)}\r\n\r\n").encode() + body}
     with socket.create_connection(("127.0.0.1", server.port), timeout=30) as s:
         s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # the client sends each ask in one write

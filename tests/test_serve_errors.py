@@ -59,6 +59,13 @@ CASES = [
     ("tokenize-no-prompt", "/tokenize", {"model": TARGET}, 400, "missing_required_parameter"),
     ("detokenize-bad-ids", "/detokenize", {"tokens": [1, 999]}, 400, "invalid_token_id"),
     ("unknown-route", "/v1/embeddings", {"input": "hi"}, 404, "not_found"),
+    ("tokenize-unknown-key", "/tokenize", {"prompt": "hi", "foo": 1}, 400, "unknown_parameter"),
+    ("detokenize-unknown-key", "/detokenize", {"tokens": [104], "foo": None}, 400, "unknown_parameter"),
+    ("chat-no-role", "/v1/chat/completions", {"messages": [{"content": "hi"}]}, 400, "missing_required_parameter"),
+    ("chat-invented-role", "/v1/chat/completions", {"messages": [{"role": "wizard", "content": "hi"}]}, 400,
+     "invalid_value"),
+    ("chat-image-part", "/v1/chat/completions", {"messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}]}, 400, "unsupported_content"),
 ]
 
 
@@ -91,6 +98,29 @@ def test_a_bad_api_key_is_401(server, key):
     assert r.status_code == 401
     assert r.json()["error"]["code"] == "invalid_api_key"
     assert httpx.get(server.url + "/v1/models", timeout=10).status_code == 401
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize"])
+def test_a_body_that_is_not_json_by_its_content_type_is_415(server, path):
+    body = '{"prompt": "hi", "messages": [{"role": "user", "content": "hi"}], "tokens": [104]}'
+    r = httpx.post(server.url + path, content=body, timeout=60,
+                   headers={"content-type": "text/plain", "authorization": f"Bearer {KEY}"})
+    assert r.status_code == 415, r.text
+    err = r.json()["error"]
+    assert err["code"] == "unsupported_media_type" and "text/plain" in err["message"]
+    ok = httpx.post(server.url + "/tokenize", json={"prompt": "hi"}, timeout=60,
+                    headers={"content-type": "application/json; charset=utf-8", "authorization": f"Bearer {KEY}"})
+    assert ok.status_code == 200 and ok.json()["tokens"] == [104, 105]
+
+
+@pytest.mark.parametrize("path, method", [("/health", "GET"), ("/v1/completions", "POST"), ("/stats", "GET")])
+def test_a_host_the_server_does_not_answer_to_is_refused(server, path, method):
+    r = httpx.request(method, server.url + path, json={"prompt": "hi", "max_tokens": 2}, timeout=60,
+                      headers={"host": "rebound.example:80", "authorization": f"Bearer {KEY}"})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["code"] == "invalid_host" and "rebound.example" in err["message"]
+    assert httpx.get(server.url + "/health", headers={"host": "localhost"}, timeout=60).status_code == 200
 
 
 def test_a_get_on_a_post_route_is_405(server):

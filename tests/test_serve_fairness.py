@@ -220,7 +220,7 @@ def _post_raw(port: int, path: str, body: bytes, addr: str = "127.0.0.1") -> byt
     """Send headers and the whole body, then read the answer until the server closes or 60 s."""
     s = socket.create_connection(("127.0.0.1", port), timeout=60, source_address=(addr, 0))
     try:
-        s.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n"
+        s.sendall(f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n"
                   "connection: close\r\n\r\n".encode() + body)
         out = b""
         while True:

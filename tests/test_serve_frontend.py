@@ -103,7 +103,7 @@ def test_a_whole_answer_whose_client_hangs_up_is_aborted(kern_server, frontend_p
     server = kern_server(TARGET, *FLAGS, "--fault", "slow-steps", *(["--frontend-process"] if frontend_process else []))
     body = json.dumps({"prompt": "hang up on me", "max_tokens": 1500, "ignore_eos": True}).encode()
     s = socket.create_connection(("127.0.0.1", server.port), timeout=10)
-    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\n"
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\ncontent-type: application/json\r\n"
               b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
     deadline = time.monotonic() + 20
     while " admitted " not in server.log() and time.monotonic() < deadline:

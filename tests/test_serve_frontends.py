@@ -8,7 +8,8 @@
   a drain that runs out cuts every front end's off (each answered so) and exits 75;
 - the core's death answers every front end's open requests with a 503 `engine_core_dead` and ends them all;
 - a front end killed on its own: its requests are aborted in the core (nothing leaked) and the others
-  serve on;
+  serve on; the leader killed: the others answer their open requests with an HTTP error and remove its
+  metrics directory;
 - `--frontends` above 1 with `--no-frontend-process` is refused in one line.
 """
 
@@ -230,9 +231,64 @@ def test_a_front_end_killed_alone_has_its_requests_aborted_and_the_rest_serve_on
     assert server.stop() == 0
 
 
-def _catch(server, i: int, client: httpx.Client) -> dict | None:
+def test_a_front_end_that_ends_cleanly_is_logged_at_info(kern_server):
+    """Another front end told to stop by someone else (SIGTERM to it alone) drains and exits 0: the
+    leader logs `front end ended` at info, not `front end died` at error, and serves on."""
+    server = kern_server(TARGET, *FLAGS)
+    _, peer = children(server.proc.pid)
+    os.kill(peer, signal.SIGTERM)
+    assert gone([peer], 30)
+    deadline = time.monotonic() + 20
+    while " front end ended " not in server.log() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert re.search(rf" INFO serve: front end ended pid={peer} code=0 ", server.log()), server.log()[-2000:]
+    assert " front end died " not in server.log() and " ERROR " not in server.log()
+    again = _one(server, 5, False)
+    assert again["status"] == 200 and again["ids"] == _want(again["prompt"], 12)
+    assert server.stop() == 0
+
+
+def test_the_leaders_death_answers_the_other_front_ends_clients_and_removes_its_directory(kern_server):
+    """SIGKILL of the leader (issue 41): the core dies with it, and the other front end, told by the
+    leader's death (SIGTERM), answers each of its open requests with an HTTP error (a 503
+    `engine_core_dead`, a stream's error event) rather than dropping the connection, removes the
+    leader's metrics directory, and ends."""
+    server = kern_server(TARGET, *FLAGS, "--fault", "slow-steps")
+    core, peer = children(server.proc.pid)
+    where = re.search(r" metrics_dir=(\S+)", server.log()).group(1)
+    assert os.path.isdir(where)
+    clients = _placed(server, 3)[peer][:3]
+    threads, results = _under_way(server, clients, lambda i, c: _catch(server, i, c, 400))
+    os.kill(server.proc.pid, signal.SIGKILL)
+    for t in threads:
+        t.join(60)
+    assert len(results) == 3 and None not in results, results  # None: the connection dropped, no answer
+    for g in results:
+        code = (g["body"].get("error") or {}).get("code")
+        assert g["status"] in (200, 503) and code == "engine_core_dead", g
+    assert gone([core, peer], 30), "the engine core or the other front end outlived the leader"
+    assert not os.path.exists(where), "the leader's metrics directory was left behind"
+
+
+def test_the_metrics_directory_goes_when_every_process_is_killed_at_once(kern_server):
+    """SIGKILL to the server's whole process group (the leader, the core and the other front end at
+    once: nobody of them survives to clean up): the janitor, in a session of its own, removes the
+    leader's metrics directory."""
+    server = kern_server(TARGET, *FLAGS)
+    kids = children(server.proc.pid)
+    where = re.search(r" metrics_dir=(\S+)", server.log()).group(1)
+    assert os.path.isdir(where) and os.getpgid(server.proc.pid) != os.getpgrp()
+    os.killpg(os.getpgid(server.proc.pid), signal.SIGKILL)
+    assert gone([server.proc.pid, *kids], 30)
+    deadline = time.monotonic() + 30
+    while os.path.exists(where) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not os.path.exists(where), "the leader's metrics directory was left behind"
+
+
+def _catch(server, i: int, client: httpx.Client, max_tokens: int = 300) -> dict | None:
     try:
-        return _one(server, i, i % 2 == 0, 300, client)
+        return _one(server, i, i % 2 == 0, max_tokens, client)
     except (httpx.TransportError, httpx.RemoteProtocolError):
         return None
 

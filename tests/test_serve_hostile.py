@@ -278,18 +278,18 @@ def test_half_sent_headers_and_bodies_are_not_held(bounded):
     """Finding 3: a request whose headers or body stop arriving gets a 408 within its deadline and
     its connection closes; a keep-alive connection left idle is closed."""
     s = _sock(bounded)
-    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n")
     raw = _read_all(s)
     assert _status(raw) == 408 and _body(raw)["error"]["code"] == "header_timeout"
     s.close()
     s = _sock(bounded)
-    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nauthorization: Bearer " + KEY.encode()
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nauthorization: Bearer " + KEY.encode()
               + b"\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n{\"prompt\": ")
     raw = _read_all(s)
     assert _status(raw) == 408 and _body(raw)["error"]["code"] == "body_timeout"
     s.close()
     s = _sock(bounded)
-    s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+    s.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
     raw = _read_all(s)  # the answer, then the close after --keep-alive (else _read_all waits 10 s)
     assert _status(raw) == 200 and raw.count(b"HTTP/1.1 ") == 1
     s.close()
@@ -301,7 +301,7 @@ def test_a_head_that_keeps_growing_is_cut_off(bounded):
     without end is answered a 4xx (a 431 under httptools, h11's 400) once its head passes 16 KiB,
     well before --header-timeout's 408, and the connection closes; the server answers afterwards."""
     s = _sock(bounded)
-    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n")
     try:
         for i in range(64):  # 64 KiB of header lines, then nothing more
             s.sendall(f"x-pad-{i}: {'a' * 1000}\r\n".encode())
@@ -319,7 +319,7 @@ def test_bodies_and_tokenize_are_bounded(bounded):
     """Finding 4: a body over --max-body-bytes is a 413 before it is read (declared or chunked), and
     /tokenize over --max-tokenize-tokens is a 413; within the limits both still answer."""
     s = _sock(bounded)
-    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nauthorization: Bearer " + KEY.encode()
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nauthorization: Bearer " + KEY.encode()
               + b"\r\ncontent-type: application/json\r\ncontent-length: 75000000\r\n\r\n" + b" " * 4096)
     raw = _read_all(s)
     assert _status(raw) == 413 and _body(raw)["error"]["code"] == "request_too_large", raw[:300]
@@ -347,9 +347,9 @@ def test_pipelined_requests_are_answered_in_order(bounded):
     connection, the completion exactly; the connection is then idle and closed after --keep-alive (under
     httptools the guard follows each request's phases through the parser's callbacks)."""
     body = json.dumps({"prompt": [1, 2, 3], "max_tokens": 4, "return_token_ids": True}).encode()
-    post = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nauthorization: Bearer " + KEY.encode()
+    post = (b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nauthorization: Bearer " + KEY.encode()
             + b"\r\ncontent-type: application/json\r\ncontent-length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
-    health = b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+    health = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
     s = _sock(bounded)
     t0 = time.monotonic()
     s.sendall(health + post + health)
@@ -370,7 +370,7 @@ def test_small_findings(bounded):
     before = bounded.log().count(" client disconnected ")
     for _ in range(20):
         s = _sock(bounded)
-        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nauthorization: Bearer " + KEY.encode()
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nauthorization: Bearer " + KEY.encode()
                   + b"\r\ncontent-length: 1000\r\n\r\n{\"prompt\"")
         time.sleep(0.05)
         s.close()

@@ -63,6 +63,7 @@ class Pipeline:
         self._pending: dict[int, list] = {}
         # losing and restarting stages
         self.epoch = 0  # items of an older epoch are void
+        self.losses = 0  # stages lost (each stage named in a take counts once; an unnamed loss once)
         self.route: list[str | None] = [None] * stages  # route[k]: stage k's item address (set by the head)
         self.down_at: str | None = None  # where `down` is connected
         self.reconnect = None  # address -> a new Wire to stage 1 (set by the head)
@@ -98,6 +99,7 @@ class Pipeline:
                 lost.pop(None, None)  # a named stage explains an unanswered item
             self._taken = dict(lost)  # what /health names until the pipeline is whole
             self.broken.clear()
+            self.losses += len(lost)
         self.epoch += 1
         self.in_flight.clear()
         self._since.clear()
