@@ -24,7 +24,7 @@ queue: the caller keeps its waiting list in arrival order and tells `Turns` what
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from typing import Iterable, Iterator
 from dataclasses import dataclass
 
 __all__ = ["LOOK", "POLICIES", "SCAN", "Rule", "Ticket", "Turns"]

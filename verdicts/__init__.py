@@ -18,7 +18,7 @@ from .gate import EXIT_FAIL, EXIT_NOTHING_RAN, EXIT_PASS, Check, Report, oracle_
 from .hits import turn2_hit
 from .params import Expected, continuation, decoded_path, expect, text_of
 from .policy import POLICY_COUNTERS, Policy, Prediction, Unmodelled
-from .same import EXCUSED_MAX, Oracle, Same, divergence
+from .same import EXCUSED_MAX, PROMPT_CHARS, Oracle, Same, divergence, prompt_text, served_text
 from .ulp import NEAR_TIE_ULPS, near_tie, ulp_of, ulps_down
 
 __all__ = [
@@ -33,6 +33,7 @@ __all__ = [
     "Oracle",
     "POLICY_COUNTERS",
     "PROBE_AGREE_ULPS",
+    "PROMPT_CHARS",
     "Policy",
     "Prediction",
     "Report",
@@ -48,6 +49,8 @@ __all__ = [
     "near_tie",
     "oracle_gate",
     "probe_disagreement",
+    "prompt_text",
+    "served_text",
     "summarize",
     "text_of",
     "turn2_hit",

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-__all__ = ["EXCUSED_MAX", "Oracle", "Same", "divergence", "prompt_text", "served_text"]
+__all__ = ["EXCUSED_MAX", "PROMPT_CHARS", "Oracle", "Same", "divergence", "prompt_text", "served_text"]
 
 EXCUSED_MAX = 3
 """Near-tie tokens excused per answer; the next divergence after these fails it."""
