@@ -88,8 +88,9 @@ def run(r) -> None:
     room = r.facts["default"].get("max_request_tokens")
     if ours and room:
         bound = max(1, min(bound, int(room) - len(prompt.encode()) - r.rows + 1))
-    # its whole answer: all of `bound` under ignore_eos, else the oracle's (its stop token too)
-    full = bound if ours else len(r.oracle.run(list(prompt.encode()), bound, r.rows) or []) + 1
+    # its whole answer: all of `bound` under ignore_eos, else the oracle's (and its stop token, if it stops)
+    n = bound if ours else len(r.oracle.run(list(prompt.encode()), bound, r.rows) or [])
+    full = n + (n < bound)
     before = live.stats.read() if ours else {}
     rid, got = live.client.hang_up(prompt, CHUNKS, bound, ignore_eos=ours)
     line = None if ours else ended(live.session.log, rid)  # the Rust kern tells it only in its log
