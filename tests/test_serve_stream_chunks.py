@@ -3,7 +3,7 @@ whatever is queued behind it; the tokens after it may fold into one chunk when t
 (docs/api.md). In process, with the engine core in a process of its own, and with two front ends; and
 on the speculative toy, whose first step brings several tokens at once: the first of them still alone.
 
-Each case sends the twelve fixed prompts twice, all at once, so the handlers lag their steps: before
+Each case sends the twelve fixed prompts three times, all at once, so the handlers lag their steps: before
 the first chunk had its own event, several of those first chunks carried a dozen tokens or more (and at
 low load a whole 39-token answer went out as one chunk plus [DONE], which the Rust kern gate driver's
 abort check reads as too few chunks). Then one at a time, as that driver streams.
@@ -49,7 +49,7 @@ def check(target: str, prompt: str, events: list) -> None:
                          ids=["in-process", "frontend-process", "frontends-2", "spec"])
 def test_the_first_token_has_a_chunk_of_its_own(kern_server, target, flags):
     server = kern_server(target, *flags)
-    prompts = PROMPTS * 2
+    prompts = PROMPTS * 3
     with ThreadPoolExecutor(len(prompts)) as pool:
         burst = list(pool.map(lambda p: chunks(server.url, p), prompts))
     for prompt, events in zip(prompts, burst):
