@@ -230,6 +230,12 @@ CATALOGUE: tuple[Mutant, ...] = (
            "",
            ("abort",), ("toy-paged",),
            "vLLM: aborted requests missing from the finished-request accounting"),
+    Mutant("hang-up-never-aborts", "serve/routes_complete.py",
+           "        if not done:\n            c.scheduler.abort(req)\n",
+           "        if not done:\n            pass\n",
+           ("abort",), ("toy-paged",),
+           "issue 41: a stream's hang-up never reaches the core, its request runs to its end (3 chunks and a "
+           "right next answer all the same: the check must see the abort itself)"),
     Mutant("finish-leaks-lease", "serve/core.py",
            "        else:\n            lease.release()\n        logs.event(\"finished\"",
            "        else:\n            pass\n        logs.event(\"finished\"",

@@ -50,6 +50,7 @@ class Stats:
             out: dict[str, Any] = {**raw.get("counters", {}), **raw.get("gauges", {})}
             out["facts"] = raw.get("facts", {})
             out["parked_lengths"] = set(raw.get("parked_lengths") or [])
+            out["answer_tokens"] = (raw.get("timing") or {}).get("tokens")  # every answer's tokens so far
             return out
         return self._from_log()
 

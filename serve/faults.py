@@ -6,8 +6,8 @@ once, at start, by `Faults.bind(core)` (the scheduler calls it on the core it se
 - the step-level faults wrap the core's device in a `FaultyDevice` (a `serve.device.Device` around the
   real one) that sleeps, raises or spoils tokens around each step;
 - the pool- and admission-level faults replace one named hook point of the core or its admission, each
-  of which does the correct thing by default (`Core.release_aborted`, `Core.retire`, `Core.tell`,
-  `Admission.checkpoint`, `Admission.on_remapping`, `Admission.too_long`, `Admission.lookup`,
+  of which does the correct thing by default (`Core.abort`, `Core.release_aborted`, `Core.retire`,
+  `Core.tell`, `Admission.checkpoint`, `Admission.on_remapping`, `Admission.too_long`, `Admission.lookup`,
   `Admission.restore_copy`, `Admission.parker`);
 - the HTTP side asks `Faults.request_limit(engine)` and `Faults.tells_tier` (bound when the flags are
   read) what limit to validate against and whether a reply tells its tier.
@@ -32,6 +32,8 @@ FAULTS = {
     "no-park": "drop evicted snapshots instead of parking them",
     "drop-wake": "ignore parked hits",
     "leak-lease": "never return an aborted request's lease",
+    "ignore-hang-up": "a client that hangs up is never aborted: its request runs to its end (all of max_tokens "
+                      "with ignore_eos), its tokens thrown away; a drain's cut-off and a stop still abort",
     "keep-overshoot": "keep snapshots a speculative round overshot (under the answer's key)",
     "raise-in-scheduler": "the scheduler thread raises after its first step",
     "wrong-token-batched": "in a decode step or round that batches more than one sequence, every sequence "
@@ -242,6 +244,17 @@ def _leak_lease(core) -> None:
     core.release_aborted = leaked.append  # an aborted request's lease is held for ever
 
 
+def _ignore_hang_up(core) -> None:
+    abort = core.abort
+
+    def only_cut_offs(req, error=None) -> None:
+        if error is not None or core.stopping:  # a drain's cut-off, a lost stage, a stop: aborted all the same
+            abort(req, error)
+        # the bug this fault stands for: the hang-up never reaches the core, the request runs on
+
+    core.abort = only_cut_offs
+
+
 def _keep_overshoot(core) -> None:
     keep = core.retire
 
@@ -349,7 +362,7 @@ def _pad_in_limit(core) -> None:
 
 
 HOOK_FAULTS = {
-    "leak-lease": _leak_lease, "keep-overshoot": _keep_overshoot, "no-checkpoint": _no_checkpoint,
+    "leak-lease": _leak_lease, "ignore-hang-up": _ignore_hang_up, "keep-overshoot": _keep_overshoot, "no-checkpoint": _no_checkpoint,
     "wrong-token": _wrong_token, "no-park": _no_park, "drop-wake": _drop_wake, "no-remap": _no_remap,
     "skip-restore-copy": _skip_restore_copy, "pad-in-limit": _pad_in_limit, "foreign-parent": _foreign_parent,
 }

@@ -221,9 +221,10 @@ async def stream(request: HttpRequest, q: asyncio.Queue, req: Request, reply: Re
     c = ctx(request)
     done = False
     try:
-        update = first
+        update, alone = first, True  # the first token's chunk is its own: the time to first token
         while True:
-            text, done = _queued(q, update, reply, track)  # every update already queued: one write
+            text, done = _queued(q, update, reply, track, alone)  # every update already queued: one write
+            alone = False
             yield "".join(text)
             if done:
                 break
@@ -237,18 +238,27 @@ async def stream(request: HttpRequest, q: asyncio.Queue, req: Request, reply: Re
             c.scheduler.abort(req)
 
 
-def _queued(q: asyncio.Queue, update: Update, reply: Reply, track) -> tuple[list[str], bool]:
+def _queued(q: asyncio.Queue, update: Update, reply: Reply, track, alone: bool = False) -> tuple[list[str], bool]:
     """The events for `update` and every update queued behind it, and whether the stream ended: a
     finish (then the usage chunk if asked, and [DONE]) or a cut-off (an error event, then [DONE]).
     Under load (a stream interval, as vLLM's output collector): the queued updates' tokens go out as
     one chunk, unless the client asked for usage on every chunk (`continuous_usage_stats`: a chunk a
-    step, as without load)."""
+    step, as without load). `alone`: `update` (the stream's first) gets a chunk of its own, whatever
+    is queued behind it, and so does its first token when it brings more (a speculative round): a
+    client times its first token by that chunk."""
     text = []
+    fold = not reply.ask.continuous_usage
+    if alone and len(update.tokens) > 1:
+        head = Update(update.tokens[:1])
+        text.append(f"data: {reply.chunk_text(head)}\n\n")
+        track.update(head)
+        update = Update(update.tokens[1:], update.done)
     while True:
         if update.done is not None and update.done.reason is None:
             text += [_sse(failure(update.done).body()), "data: [DONE]\n\n"]
             return text, True
-        update, after = _merged(q, update, fold=not reply.ask.continuous_usage)
+        update, after = _merged(q, update, fold=fold and not alone)
+        alone = False
         text.append(f"data: {reply.chunk_text(update)}\n\n")
         track.update(update)
         if update.done is not None:

@@ -149,7 +149,7 @@ def _bound(core, e) -> dict:
     """What a fault may bind: the core's device, the hook points replaced on the core and its admission
     (an instance attribute over the class's method), what the HTTP side asks."""
     return {"device": type(core.device).__name__,
-            "core": sorted(set(vars(core)) & {"release_aborted", "retire", "tell"}),
+            "core": sorted(set(vars(core)) & {"abort", "release_aborted", "retire", "tell"}),
             "admission": sorted(set(vars(core.admission)) & {"lookup", "checkpoint", "on_remapping", "too_long",
                                                              "restore_copy", "parker"}),
             "limit": e.faults.request_limit(e), "tier": e.faults.tells_tier}

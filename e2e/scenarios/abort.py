@@ -9,6 +9,13 @@ A server with /stats (this project's) is also asked `ignore_eos`, so the answer 
 before the hang-up was seen, and the check failed a good commit (one run in 26 of two gates at once).
 Nothing leaked, when idle (SPEC §7): no lease, every used page the pad's or a snapshot's, and on
 lined targets every used slot a snapshot's or the pad's.
+
+The abort must be a real one (`verdict`): the server ended the request by abort (this project's
+`/stats` `counters.aborted` went up by exactly one; a server without /stats says so in its `finished`
+line) having generated fewer tokens than the whole answer would have (`/stats` `timing.tokens` less
+the next answer's, or the `finished` line's `generated`). Reading 3 chunks proves nothing: an answer
+that finished before the hang-up was seen also gives them, and a server that never aborts passes a
+check that asks no more (`kern serve --fault ignore-hang-up` shows this one failing).
 """
 
 from __future__ import annotations
@@ -44,14 +51,31 @@ def leaks(s: dict) -> list[str]:
     return out
 
 
-def ended(log, rid: str, timeout: float = 10.0) -> str | None:
-    """The ``reason`` of the request's ``finished`` line, waiting a little for it; None if never logged."""
+def ended(log, rid: str, timeout: float = 10.0) -> dict | None:
+    """The request's ``finished`` line (its ``reason`` and ``generated``), waiting a little for it; None
+    if never logged."""
     t0 = time.monotonic()
     while True:
-        reasons = [ln.get("reason") for ln in log.lines("finished") if ln.get("request") == rid]
-        if reasons or time.monotonic() - t0 > timeout:
-            return reasons[-1] if reasons else None
+        lines = [ln for ln in log.lines("finished") if ln.get("request") == rid]
+        if lines or time.monotonic() - t0 > timeout:
+            return lines[-1] if lines else None
         time.sleep(0.02)
+
+
+def verdict(got: int, reason: str | None, generated: int | None, full: int) -> list[str]:
+    """What keeps the hang-up from being a real abort (none: it was one). `reason`: how the server
+    says the request ended (None: it does not say); `generated`: the tokens it made before that (None:
+    not told); `full`: the tokens its whole answer has."""
+    problems = []
+    if got != CHUNKS:
+        problems.append(f"read only {got} chunks")
+    if reason is None:
+        problems.append("nothing shows a server-side abort (no finished line names the request)")
+    elif reason != "abort":
+        problems.append(f"ended by {reason}, not by abort")
+    elif generated is not None and generated >= full:
+        problems.append(f"generated {generated} of its {full} tokens before the abort: nothing was cut short")
+    return problems
 
 
 def run(r) -> None:
@@ -64,27 +88,29 @@ def run(r) -> None:
     room = r.facts["default"].get("max_request_tokens")
     if ours and room:
         bound = max(1, min(bound, int(room) - len(prompt.encode()) - r.rows + 1))
-    aborted = live.stats.read().get("aborted", 0) if ours else 0
+    # its whole answer: all of `bound` under ignore_eos, else the oracle's (and its stop token, if it stops)
+    n = bound if ours else len(r.oracle.run(list(prompt.encode()), bound, r.rows) or [])
+    full = n + (n < bound)
+    before = live.stats.read() if ours else {}
     rid, got = live.client.hang_up(prompt, CHUNKS, bound, ignore_eos=ours)
-    if not ours:  # the Rust kern tells how a request ended only in its `finished` lines
-        reason = ended(live.session.log, rid)
+    line = None if ours else ended(live.session.log, rid)  # the Rust kern tells it only in its log
     a = r.answer(PROMPTS[0])
     same = Same(r.oracle, r.rows)
     cold = r.got(Cold).answers[0]
     same.add("prompt 1", cold.prompt_ids, a.ids, cold.ids)
     idle = live.stats.idle()
     if ours:  # /stats counts the requests that ended by abort: the hung-up one, and only it
-        n = idle.get("aborted", 0) - aborted
-        reason = "abort" if n == 1 else f"{n} aborted (counters.aborted)"
+        n = idle.get("aborted", 0) - before.get("aborted", 0)
+        reason = "abort" if n == 1 else f"counters.aborted +{n}"
+        made = [s.get("answer_tokens") for s in (before, idle)]
+        generated = made[1] - made[0] - len(a.fed) if None not in made else None
+    else:
+        reason = line.get("reason") if line else None
+        generated = line.get("generated") if line and isinstance(line.get("generated"), int) else None
     leaked = leaks(idle) if live.stats.has_endpoint else []
-    problems = []
-    if got != CHUNKS:
-        problems.append(f"read only {got} chunks")
-    if reason is not None and reason != "abort":
-        problems.append(f"{rid} finished by {reason}, not abort")
-    if leaked:
-        problems.append("leaked: " + ", ".join(leaked))
-    note = f"read {got}/{CHUNKS} chunks of {rid} then hung up ({reason or 'no finished line'}); next answer {same}"
+    problems = verdict(got, reason, generated, full) + (["leaked: " + ", ".join(leaked)] if leaked else [])
+    told = f", {generated} of {full} tokens made" if generated is not None else ""
+    note = f"read {got}/{CHUNKS} chunks of {rid} then hung up ({reason or 'no finished line'}{told}); next answer {same}"
     note += "".join(f"; {p}" for p in problems) if problems else (
         "; nothing leaked" if live.stats.has_endpoint else "; no /stats to check leaks")
     r.checks.add("abort", not problems and same.ok, note, same.excused)
