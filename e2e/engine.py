@@ -1,7 +1,7 @@
 """The engine under test: its command, what it declares it can do, and which checks that allows.
 
 docs/engine-contract.md is the contract (`contract: 1`) this module reads. An engine is started from a
-command template (``{port}``, ``{host}``, ``{model}``), told ready by ``GET /health``, and asked
+command template (`PLACEHOLDERS`: ``{port}``, ``{host}``, ``{model}``, ``{cache_tokens}``), told ready by ``GET /health``, and asked
 ``GET /kern/capabilities`` for its capability list, its name and version, and facts such as its cache
 block size. Our own kern (``own``) and ``--kern CMD`` (the Rust kern) have every capability but
 ``kern-runtime`` for the latter; an engine has only what it declares.
@@ -23,7 +23,7 @@ import httpx
 
 from kern.errors import KernError
 
-__all__ = ["CAPABILITIES", "CONTRACT", "Engine", "EngineError", "KERN_ONLY", "NEEDS", "PRESETS", "RUNS", "lacking",
+__all__ = ["CACHE_SIZE", "CAPABILITIES", "PLACEHOLDERS", "CONTRACT", "Engine", "EngineError", "KERN_ONLY", "NEEDS", "PRESETS", "RUNS", "lacking",
            "step_lacking"]
 
 CONTRACT = 1
@@ -46,6 +46,19 @@ KERN_ONLY = ("kern-cli", "kern-runtime")
 """What only a kern has (its `test` and `run` subcommands, this checkout's runtime): never declared by
 an engine under the contract."""
 
+PLACEHOLDERS: dict[str, str] = {
+    "{port}": "the port the gate picked for this server",
+    "{host}": "127.0.0.1",
+    "{model}": "the target's model name",
+    "{cache_tokens}": "the KV cache the session wants, in tokens (running requests' blocks and cached ones, every "
+                      "tier together); the gate's --capacity unless the session sizes it (the tight session)",
+}
+"""What an engine command may name; each filled in by `Engine.argv` (`values`). One table: add new ones here."""
+
+CACHE_SIZE = "cache-size"
+"""Not a capability an engine declares: it has it when its command names ``{cache_tokens}`` (or it takes
+kern serve's flags, ``--capacity``). A session that sizes the cache (`Step.cache`) needs it."""
+
 PRESETS: dict[str, Path] = {"vllm": Path(__file__).resolve().parent.parent / "examples" / "vllm_toy" / "kern.toml"}
 """``e2e --engine NAME``: a config whose targets carry their engine's command (docs/gate-your-engine.md)."""
 
@@ -61,6 +74,8 @@ RUNS: dict[str, tuple[str, ...]] = {
     "slot_growth": ("kern-serve",), "rows1": ("kern-serve",), "wake_room": ("kern-serve",),
     "explore": ("kern-serve",),
     "params": ("params", "text", "stream"),
+    "stop_hit": ("params", "text"),
+    "evict_proof": (CACHE_SIZE,), "refcount": (CACHE_SIZE,), "preempt": (CACHE_SIZE,),
 }
 """The steps (by name) that cannot run at all without these capabilities: their requests need them."""
 
@@ -68,6 +83,7 @@ NEEDS: dict[str, tuple[str, ...]] = {
     "repeat_hit": ("cached-tokens",),
     "turn2_hit": ("cached-tokens",),
     "stages_equal_single": ("kern-serve",),
+    "eviction_proven": ("cached-tokens",),
 }
 """Checks a step runs but cannot judge without these (the step's other checks still count)."""
 
@@ -128,12 +144,24 @@ class Engine:
     def external(self) -> bool:
         return self.command is not None
 
-    def argv(self, port: int, model: str) -> list[str]:
+    def argv(self, port: int, model: str, cache_tokens: int = 16384) -> list[str]:
+        """The command's words, every `PLACEHOLDERS` name filled in."""
         assert self.command is not None
-        return [w.replace("{port}", str(port)).replace("{host}", "127.0.0.1").replace("{model}", model)
-                for w in shlex.split(self.command)]
+        out = []
+        for w in shlex.split(self.command):
+            for name, value in self.values(port, model, cache_tokens).items():
+                w = w.replace(name, value)
+            out.append(w)
+        return out
+
+    @staticmethod
+    def values(port: int, model: str, cache_tokens: int) -> dict[str, str]:
+        """What each of `PLACEHOLDERS` stands for in one server's command."""
+        return {"{port}": str(port), "{host}": "127.0.0.1", "{model}": model, "{cache_tokens}": str(cache_tokens)}
 
     def has(self, capability: str) -> bool:
+        if capability == CACHE_SIZE:  # told by the command, not declared (CACHE_SIZE)
+            return not self.external or "{cache_tokens}" in (self.command or "") or self.has("kern-serve")
         return capability in self.capabilities
 
     def learn(self, url: str) -> None:
