@@ -54,7 +54,9 @@ def moved(r) -> None:
     j = Judge(r, "blocks_moved")
     for label, head in (("A.C", a + c), ("C.A", c + a), ("A.A", a + a), ("X.A.C", x + a + c),
                         ("C.C.A", c + c + a), ("A.C again", a + c)):
-        j.serial(label, head + draw(rng, rng.randint(1, b)), m)
+        ids = head + draw(rng, rng.randint(1, b))
+        got = j.serial(label, ids, m)
+    j.serial("A.C's next turn + C.A", ids + got.fed + c + a, m)  # a lined cache hits only where a sequence ended
     j.add(*_hit_seen(j))
 
 
@@ -70,7 +72,8 @@ def reparented(r) -> None:
         j.serial(f"round {k + 1} Y.X", y + x + draw(rng, rng.randint(1, b)), m)
         last = y + s + draw(rng, rng.randint(1, b))
         j.serial(f"round {k + 1} Y.S", last, m)
-    j.serial("Y.S again", last, m)
+    got = j.serial("Y.S again", last, m)
+    j.serial("Y.S's next turn + X", last + got.fed + x, m)
     j.add(*_hit_seen(j))
 
 
@@ -91,6 +94,7 @@ def edges(r) -> None:
             if exact and again.cached != want:
                 wrong.append(f"{n} tokens again: cached_tokens {again.cached} (want {want}: whole blocks below the last token)")
             j.serial(f"{n} tokens + a fresh tail", stem[:n] + draw(rng, rng.randint(1, b)), m)
+    j.serial(f"{n} tokens' next turn", stem[:n] + again.fed + stem[:b], m)
     ok, note = _hit_seen(j)
     j.add(ok and not wrong, "; ".join([*wrong[:4], note] if note else wrong[:4]))
 
