@@ -55,6 +55,9 @@ FAULTS = {
                     "passes validation and then waits for room forever, neither rejected nor seated",
     "wedge-step": "the scheduler's first step after its second request never returns (it sleeps in it for "
                   "WEDGE_S, 600 s): /stats stops answering while /stats/live says a step is in progress",
+    "hit-unheld": "a lease restored from a resident hit does not count as a holder of the whole pages it shares "
+                  "(their count one short, vLLM's free-while-referenced class; paged targets): the pages go back to the free list while a request or the "
+                  "cache still reads them, and a later allocation overwrites them",
     "long-first-step": "the first step a request makes takes LONG_STEP_S (12 s) more, answers unchanged (numba "
                        "compiling on first use, a loaded box): legitimate slowness the gate must not call a hang",
 }
@@ -290,6 +293,20 @@ def _drop_wake(core) -> None:
     adm.lookup = no_host_hits
 
 
+def _hit_unheld(core) -> None:
+    pool = core.engine.pool
+    restore = pool.restore
+
+    def unheld(cp, n, tokens):
+        got = restore(cp, n, tokens)
+        node = getattr(got[0], "_chain", None) if isinstance(got, tuple) else None
+        if node is not None and node.refs > 1:
+            node.refs -= 1  # the bug: this reader is not counted, so the last release frees it under another
+        return got
+
+    pool.restore = unheld
+
+
 def _no_remap(core) -> None:
     core.admission.on_remapping = lambda: Denied.Busy  # the plan is never landed: the request waits as on Busy
 
@@ -313,6 +330,6 @@ def _pad_in_limit(core) -> None:
 HOOK_FAULTS = {
     "leak-lease": _leak_lease, "keep-overshoot": _keep_overshoot, "no-checkpoint": _no_checkpoint,
     "wrong-token": _wrong_token, "no-park": _no_park, "drop-wake": _drop_wake, "no-remap": _no_remap,
-    "skip-restore-copy": _skip_restore_copy, "pad-in-limit": _pad_in_limit,
+    "skip-restore-copy": _skip_restore_copy, "pad-in-limit": _pad_in_limit, "hit-unheld": _hit_unheld,
 }
 FRONT_FAULTS = ("untold-tier", "pad-in-limit")  # read by the HTTP side through Faults (pad-in-limit: both)

@@ -5,10 +5,11 @@ Its prefix cache is deliberately unlike a paged KV cache: a plain dict from a pr
 token ids) to the toy's running state after that prefix, (S, C). Every position of every sequence
 served (prompt and answer) is kept for the paged toy; the lined toy keeps only each sequence's
 end, as a recurrent-state engine does. Sequences are evicted least recently served first once more
-than `--keep` are held. A request resumes from the longest cached prefix of at most len(prompt) - 1
+than `--keep` are held, or once the states held exceed `--cache-tokens` (one state a token: the
+gate's ``{cache_tokens}``; a lined state counts the tokens it stands for; 0, the default, bounds nothing). A request resumes from the longest cached prefix of at most len(prompt) - 1
 tokens (the last prompt token is always recomputed), feeds the rest, then decodes greedily.
 
-    python tests/engines/dict_engine.py --port 8000 [--model toy-paged] [--keep 64]
+    python tests/engines/dict_engine.py --port 8000 [--model toy-paged] [--keep 64] [--cache-tokens N]
         [--lack CAP ...] [--bug short-key|off-by-one|stale-evict|race|cached-lie]
 
 `--bug` plants one realistic prefix-cache bug (off by default) that the gate must catch.
@@ -82,8 +83,8 @@ def predict(state):
 class PrefixCache:
     """prefix tuple -> (S, C), held per sequence with LRU eviction by sequence; one lock."""
 
-    def __init__(self, keep, lined, bug):
-        self.keep, self.lined, self.bug = keep, lined, bug
+    def __init__(self, keep, lined, bug, tokens=0):
+        self.keep, self.lined, self.bug, self.tokens = keep, lined, bug, tokens
         self.states = {}                 # key -> (S, C)
         self.refs = {}                   # key -> how many held sequences hold it
         self.sequences = OrderedDict()   # sequence number -> its keys, oldest first
@@ -118,8 +119,13 @@ class PrefixCache:
                 keys.append(key)
             self.sequences[self.next_seq] = keys
             self.next_seq += 1
-            while len(self.sequences) > self.keep:
+            while len(self.sequences) > self.keep or (self.tokens and self.held() > self.tokens
+                                                      and len(self.sequences) > 1):
                 self.evict()
+
+    def held(self):
+        """Tokens held: a state a token (paged); a lined state stands for every token of its key."""
+        return sum(map(len, self.states)) if self.lined else len(self.states)
 
     def evict(self):
         """Drop the least recently served sequence (the lock is held)."""
@@ -139,11 +145,11 @@ class Engine:
     """Serves one request at a time per thread; the cache is the only thing requests share
     (except under --bug race)."""
 
-    def __init__(self, model, keep, lack, bug):
+    def __init__(self, model, keep, lack, bug, tokens=0):
         self.model, self.bug = model, bug
         self.lined = LINED[model.removesuffix("-ref")]
         self.capabilities = [c for c in CAPABILITIES if c not in lack]
-        self.cache = PrefixCache(keep, self.lined, bug)
+        self.cache = PrefixCache(keep, self.lined, bug, tokens)
         self.in_flight = 0
         self.flight_lock = threading.Lock()
         self.shared = [(0, 0)]           # --bug race: one engine-wide running state
@@ -335,12 +341,15 @@ def main():
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--model", default="toy-paged", help=f"one of {', '.join(LINED)} (or a -ref twin)")
     ap.add_argument("--keep", type=int, default=64, help="sequences held in the prefix cache")
+    ap.add_argument("--cache-tokens", type=int, default=0, help="states (tokens) held at most; 0: no bound")
     ap.add_argument("--lack", nargs="*", default=[], choices=CAPABILITIES, help="capabilities not to declare")
     ap.add_argument("--bug", choices=BUGS, help="plant a prefix-cache bug")
     args = ap.parse_args()
     if args.model.removesuffix("-ref") not in LINED:
         ap.error(f"--model {args.model}: this engine computes only {', '.join(LINED)} (and their -ref twins)")
-    Handler.engine = Engine(args.model, max(args.keep, 1), set(args.lack), args.bug)
+    if args.cache_tokens < 0:
+        ap.error(f"--cache-tokens {args.cache_tokens}: must be 0 (no bound) or more")
+    Handler.engine = Engine(args.model, max(args.keep, 1), set(args.lack), args.bug, args.cache_tokens)
     Handler.started = time.monotonic()
     ThreadingHTTPServer.request_queue_size = 128
     server = ThreadingHTTPServer((args.host, args.port), Handler)
