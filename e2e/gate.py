@@ -254,7 +254,8 @@ class Run:
                       ("ranks", "pages", "page", "rows", "checkpoints", "seq_slots", "max_request_tokens", "load_s")
                       if k in facts))
         c = Client(s, self.target.model, text=e.has("text"))
-        self.scripts[name] = {"flags": list(flags), "requests": c.script}  # as the session sends them (e2e/case.py)
+        sized = ["--capacity", str(cache)] if cache is not None else []  # a replay (e2e/case.py) sizes it alike
+        self.scripts[name] = {"flags": list(flags) + sized, "requests": c.script}  # as the session sends them
         raw = c.stats()
         self.server_facts[name] = dict((raw or {}).get("facts") or {})
         self.live = Live(s, c, Stats(c, s.log, reads_log=not e.external),
