@@ -46,7 +46,10 @@ def test_passing_gate_on_toy_paged(tmp_path):
                         "policy_drop", "policy_wake_room", "index_ties", "policy_ties", "params_stop", "params_ids",
                         "params_prompt", "policy_params", "explore_equals_run", "policy_explore"} | {
                         f"metrics_{s}" for s in ("default", "host", "churn", "drop", "ties", "wake_room", "params",
-                                                 "explore")}
+                                                 "explore", "blocks", "cold_burst", "tight")} | {
+                        "blocks_moved", "blocks_reparented", "block_edges", "stop_after_hit", "cold_prefix_burst",
+                        "eviction_proven", "refcount_stress", "preempt_recompute", "policy_blocks", "policy_cold_burst",
+                        "policy_tight"}
     assert all(c["ok"] for c in got.values())
     assert "cached [96, 80, 96, 64]" in got["repeat_hit"]["note"]
     assert r["counters"]["host"]["parks"] >= 1 and r["facts"]["default"]["page"] == 16
