@@ -81,10 +81,13 @@ STEPS: tuple[Step, ...] = (
          applies=lambda t: t.stages <= 1),
     # its cache is sized from the page the default session told (conc1: the first session's facts)
     Step("evict_proof", "tight", ("eviction_proven",), ("conc1",), tight.evict_proof, cache=tight.cache, early=True,
+         flags=tight.flags,
          applies=lambda t: t.stages <= 1),
     Step("refcount", "tight", ("refcount_stress",), ("conc1",), tight.refcount, cache=tight.cache, early=True,
+         flags=tight.flags,
          serial=False, applies=lambda t: t.stages <= 1),
     Step("preempt", "tight", ("preempt_recompute",), ("conc1",), tight.preempt, cache=tight.cache, early=True,
+         flags=tight.flags,
          serial=False, applies=lambda t: t.stages <= 1),
 )
 

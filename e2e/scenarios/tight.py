@@ -24,7 +24,7 @@ import random
 from e2e.scenarios.prefix import _preemptions
 from e2e.scenarios.wild import Judge, block, draw, segment
 
-__all__ = ["cache", "evict_proof", "preempt", "refcount"]
+__all__ = ["cache", "evict_proof", "flags", "preempt", "refcount"]
 
 M = 16
 READERS = 6
@@ -44,6 +44,11 @@ def cache(r) -> int:
     b = r.page
     _, room = _shape(b, r.rows)
     return (3 * -(-room // b) + 1) * b
+
+
+def flags(r) -> list[str]:
+    """No host tier (whatever --server-flags say): an evicted block is gone, not parked and woken."""
+    return ["--host-gib", "0"]
 
 
 def _rng(r, what: str) -> random.Random:
