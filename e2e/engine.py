@@ -53,7 +53,8 @@ PLACEHOLDERS: dict[str, str] = {
     "{cache_tokens}": "the KV cache the session wants, in tokens (running requests' blocks and cached ones, every "
                       "tier together); the gate's --capacity unless the session sizes it (the tight session)",
 }
-"""What an engine command may name; each filled in by `Engine.argv` (`values`). One table: add new ones here."""
+"""What an engine command may name, and what it stands for; `Engine.argv` fills each in from its argument of
+the same name (``{port}``: `port`). The one table of them: a new one is a row here and an argument there."""
 
 CACHE_SIZE = "cache-size"
 """Not a capability an engine declares: it has it when its command names ``{cache_tokens}`` (or it takes
@@ -144,20 +145,18 @@ class Engine:
     def external(self) -> bool:
         return self.command is not None
 
-    def argv(self, port: int, model: str, cache_tokens: int = 16384) -> list[str]:
-        """The command's words, every `PLACEHOLDERS` name filled in."""
+    def argv(self, port: int, model: str, cache_tokens: int = 16384, **more: Any) -> list[str]:
+        """The command's words, each of `PLACEHOLDERS` filled in from the argument of its name (``{port}``
+        from `port`, ...; `more` for others)."""
         assert self.command is not None
+        given = {"port": port, "host": "127.0.0.1", "model": model, "cache_tokens": cache_tokens, **more}
         out = []
         for w in shlex.split(self.command):
-            for name, value in self.values(port, model, cache_tokens).items():
-                w = w.replace(name, value)
+            for name in PLACEHOLDERS:
+                if name[1:-1] in given:
+                    w = w.replace(name, str(given[name[1:-1]]))
             out.append(w)
         return out
-
-    @staticmethod
-    def values(port: int, model: str, cache_tokens: int) -> dict[str, str]:
-        """What each of `PLACEHOLDERS` stands for in one server's command."""
-        return {"{port}": str(port), "{host}": "127.0.0.1", "{model}": model, "{cache_tokens}": str(cache_tokens)}
 
     def has(self, capability: str) -> bool:
         if capability == CACHE_SIZE:  # told by the command, not declared (CACHE_SIZE)
