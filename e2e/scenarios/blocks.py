@@ -115,7 +115,10 @@ def stop_hit(r) -> None:
         stop = text[i:i + rng.randint(1, 3)]
         want = expect(plain, m, EOS, stop=(stop,))
         for label in (f"prompt {k + 1} stopped", f"prompt {k + 1} stopped again"):
+            limit = j.bound(p)
             got = _stopped(r, p, m, stop)
+            if r.opts.engine.has("cached-tokens") and got["cached"] > limit:
+                j.over.append(f"{label}: cached_tokens {got['cached']} > {limit}, the most it shares with anything sent")
             if (got["ids"], got["finish"]) != (want.token_ids, want.finish):
                 wrong.append(f"{label} (stop {stop!r}): ids {got['ids']} finish {got['finish']} "
                              f"(want {want.token_ids} {want.finish})")
@@ -133,11 +136,12 @@ def _stopped(r, prompt: list[int], m: int, stop: str) -> dict:
     data, mirrored = live.client.request(body)
     choice = (data.get("choices") or [{}])[0]
     ids, finish = list(choice.get("token_ids") or []), choice.get("finish_reason")
+    usage, k = data.get("usage") or {}, data.get("kern") or {}
+    cached = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
     if live.policy is not None and live.policy.active:  # kern's policy oracle: a string's stop retires as a length
-        usage, k = data.get("usage") or {}, data.get("kern") or {}
-        a = Answer(ids, None, prompt, int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0),
-                   finish, k.get("request_id") or mirrored, k.get("cache_tier"), k.get("snapshot"), data, k.get("woken"))
+        a = Answer(ids, None, prompt, cached, finish, k.get("request_id") or mirrored, k.get("cache_tier"),
+                   k.get("snapshot"), data, k.get("woken"))
         r.snapshots[a.request] = a.snapshot
         early = finish == "stop" and choice.get("stop_reason") is not None
         live.policy.expect("stop string", prompt, len(ids) if early else m, a)
-    return {"ids": ids, "finish": finish}
+    return {"ids": ids, "finish": finish, "cached": cached}

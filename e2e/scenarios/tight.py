@@ -22,7 +22,7 @@ from __future__ import annotations
 import random
 
 from e2e.scenarios.prefix import _preemptions
-from e2e.scenarios.wild import Judge, block, draw, segment
+from e2e.scenarios.wild import Judge, block, counted, draw, segment
 
 __all__ = ["cache", "evict_proof", "flags", "preempt", "refcount"]
 
@@ -71,6 +71,7 @@ def evict_proof(r) -> None:
     rng = _rng(r, "evict")
     size = cache(r)
     j = Judge(r, "eviction_proven")
+    before = counted(r)
     p = draw(rng, w + b)
     a = j.serial("probe", p, m)
     t = p + a.fed + draw(rng, 4)
@@ -81,8 +82,9 @@ def evict_proof(r) -> None:
         ids = draw(rng, w + b)
         flooded += len(ids) + len(j.serial(f"flood {flooded}", ids, FLOOD_M).fed)
     h2 = j.serial("next turn after the flood", t, m).cached
+    after = counted(r)
     why = (f"the probe's next turn hit {h1} tokens before and {h2} after {flooded} tokens of unrelated prompts "
-           f"through a cache of {size}")
+           f"through a cache of {size}" + (f" (/stats: {after - before} evictions)" if after is not None else ""))
     if h1 == 0:
         j.add(False, why + ": it was never served from the cache, so no eviction could show")
     elif h2 >= h1:
@@ -99,6 +101,7 @@ def refcount(r) -> None:
     j = Judge(r, "refcount_stress")
     shared = _shared(r, j, rng)
     r.serial_ends("refcount_stress (a burst)")
+    before = counted(r)
     calls = [(shared + draw(rng, rng.randint(1, b)), 2 + i * (m - 2) // (READERS - 1)) for i in range(READERS)]
     calls += [(draw(rng, w + b), m) for _ in range(UNRELATED)]
     order = list(range(len(calls)))
@@ -106,7 +109,8 @@ def refcount(r) -> None:
     j.burst("burst", [calls[i] for i in order])
     for k in range(2):
         j.serial(f"reader {k + 1} after the burst", shared + draw(rng, rng.randint(1, b)), m)
-    j.add()
+    after = counted(r)
+    j.add(True, f"/stats: {after - before} evictions meanwhile" if after is not None else "")
 
 
 def preempt(r) -> None:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from e2e.client import Answer
 from verdicts import Same
 
-__all__ = ["Judge", "block", "draw", "segment"]
+__all__ = ["Judge", "block", "counted", "draw", "segment"]
 
 SEEN: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 """Per session client: every sequence it sent (prompt + answer fed), what a later hit may reuse."""
@@ -39,6 +39,15 @@ def segment(b: int, at_least: int = 8) -> int:
 def draw(rng: random.Random, n: int) -> list[int]:
     """`n` random byte ids."""
     return [rng.randrange(256) for _ in range(n)]
+
+
+def counted(r, name: str = "evictions") -> int | None:
+    """A /stats counter, where the engine has /stats (ours: evidence a note adds, never what a check
+    needs: an engine without /stats is judged from its answers and hits alone); else None."""
+    if not r.opts.engine.has("stats"):
+        return None
+    got = (r.need_any().client.stats() or {}).get("counters") or {}
+    return int(got[name]) if isinstance(got.get(name), (int, float)) else None
 
 
 def lcp(a: list[int], b: list[int]) -> int:
