@@ -55,8 +55,9 @@ FAULTS = {
                     "passes validation and then waits for room forever, neither rejected nor seated",
     "wedge-step": "the scheduler's first step after its second request never returns (it sleeps in it for "
                   "WEDGE_S, 600 s): /stats stops answering while /stats/live says a step is in progress",
-    "hit-unheld": "a lease restored from a resident hit does not count as a holder of the whole pages it shares "
-                  "(their count one short, vLLM's free-while-referenced class; paged targets): the pages go back to the free list while a request or the "
+    "hit-unheld": "a lease restored from a resident hit while another request runs does not count as a holder "
+                  "of the whole pages it shares (their count one short, vLLM's free-while-referenced class; paged "
+                  "pages): the pages go back to the free list while a request or the "
                   "cache still reads them, and a later allocation overwrites them",
     "long-first-step": "the first step a request makes takes LONG_STEP_S (12 s) more, answers unchanged (numba "
                        "compiling on first use, a loaded box): legitimate slowness the gate must not call a hang",
@@ -300,7 +301,7 @@ def _hit_unheld(core) -> None:
     def unheld(cp, n, tokens):
         got = restore(cp, n, tokens)
         node = getattr(got[0], "_chain", None) if isinstance(got, tuple) else None
-        if node is not None and node.refs > 1:
+        if node is not None and node.refs > 1 and pool.leases > 2:  # the pad, this lease and another request's
             node.refs -= 1  # the bug: this reader is not counted, so the last release frees it under another
         return got
 
