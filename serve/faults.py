@@ -8,7 +8,7 @@ once, at start, by `Faults.bind(core)` (the scheduler calls it on the core it se
 - the pool- and admission-level faults replace one named hook point of the core or its admission, each
   of which does the correct thing by default (`Core.release_aborted`, `Core.retire`, `Core.tell`,
   `Admission.checkpoint`, `Admission.on_remapping`, `Admission.too_long`, `Admission.lookup`,
-  `Admission.restore_copy`, `Admission.parker`);
+  `Admission.restore`, `Admission.restore_copy`, `Admission.parker`);
 - the HTTP side asks `Faults.request_limit(engine)` and `Faults.tells_tier` (bound when the flags are
   read) what limit to validate against and whether a reply tells its tier.
 """
@@ -295,17 +295,17 @@ def _drop_wake(core) -> None:
 
 
 def _hit_unheld(core) -> None:
-    pool = core.engine.pool
-    restore = pool.restore
+    adm = core.admission
+    restore, pool = adm.restore, core.engine.pool
 
-    def unheld(cp, n, tokens):
-        got = restore(cp, n, tokens)
+    def unheld(hit, room: int):
+        got = restore(hit, room)
         node = getattr(got[0], "_chain", None) if isinstance(got, tuple) else None
         if node is not None and node.refs > 1 and pool.leases > 2:  # the pad, this lease and another request's
             node.refs -= 1  # the bug: this reader is not counted, so the last release frees it under another
         return got
 
-    pool.restore = unheld
+    adm.restore = unheld
 
 
 def _no_remap(core) -> None:
