@@ -1,10 +1,10 @@
 """The engine under test: its command, what it declares it can do, and which checks that allows.
 
 docs/engine-contract.md is the contract (`contract: 1`) this module reads. An engine is started from a
-command template (`PLACEHOLDERS`: ``{port}``, ``{host}``, ``{model}``, ``{cache_tokens}``), told ready by ``GET /health``, and asked
-``GET /kern/capabilities`` for its capability list, its name and version, and facts such as its cache
-block size. Our own kern (``own``) and ``--kern CMD`` (the Rust kern) have every capability but
-``kern-runtime`` for the latter; an engine has only what it declares.
+command template (`PLACEHOLDERS`: ``{port}``, ``{host}``, ``{model}``, ``{cache_tokens}``), told ready by
+``GET /health``, and asked ``GET /kern/capabilities`` for its capability list, its name and version, and
+facts such as its cache block size. Our own kern (``own``) and ``--kern CMD`` (the Rust kern) have every
+capability but ``kern-runtime`` for the latter; an engine has only what it declares.
 
 A check whose capability the engine lacks is reported ``skipped (engine lacks X)`` (`lacking`):
 never a silent ok, never a failure. A step that cannot even run without a capability (its requests
@@ -23,8 +23,8 @@ import httpx
 
 from kern.errors import KernError
 
-__all__ = ["CACHE_SIZE", "CAPABILITIES", "PLACEHOLDERS", "CONTRACT", "Engine", "EngineError", "KERN_ONLY", "NEEDS", "PRESETS", "RUNS", "lacking",
-           "step_lacking"]
+__all__ = ["CACHE_SIZE", "CAPABILITIES", "CONTRACT", "Engine", "EngineError", "KERN_ONLY", "NEEDS", "PLACEHOLDERS",
+           "PRESETS", "RUNS", "lacking", "step_lacking"]
 
 CONTRACT = 1
 

@@ -92,7 +92,8 @@ def edges(r) -> None:
             again = j.serial(f"{n} tokens again", stem[:n], m)
             want = (n - 1) // b * b
             if exact and again.cached != want:
-                wrong.append(f"{n} tokens again: cached_tokens {again.cached} (want {want}: whole blocks below the last token)")
+                wrong.append(f"{n} tokens again: cached_tokens {again.cached} (want {want}: the whole blocks below "
+                             "its last token)")
             j.serial(f"{n} tokens + a fresh tail", stem[:n] + draw(rng, rng.randint(1, b)), m)
     j.serial(f"{n} tokens' next turn", stem[:n] + again.fed + stem[:b], m)
     ok, note = _hit_seen(j)
@@ -104,7 +105,7 @@ def stop_hit(r) -> None:
     m = max(_m(r), 24)
     rng = _rng(r, "stop")
     j = Judge(r, "stop_after_hit")
-    wrong = []
+    wrong, stopped = [], 0
     for k in range(ROUNDS):
         p = draw(rng, rng.randint(2 * block(r), 3 * block(r) + 8))
         plain = continuation(r.oracle, r.rows, p, m, EOS, False)
@@ -115,10 +116,11 @@ def stop_hit(r) -> None:
         stop = text[i:i + rng.randint(1, 3)]
         want = expect(plain, m, EOS, stop=(stop,))
         for label in (f"prompt {k + 1} stopped", f"prompt {k + 1} stopped again"):
-            limit = j.bound(p)
+            limit, stopped = j.bound(p), stopped + 1
             got = _stopped(r, p, m, stop)
             if r.opts.engine.has("cached-tokens") and got["cached"] > limit:
-                j.over.append(f"{label}: cached_tokens {got['cached']} > {limit}, the most it shares with anything sent")
+                j.over.append(f"{label}: cached_tokens {got['cached']} > {limit}, the most it shares with anything "
+                              "sent")
             if (got["ids"], got["finish"]) != (want.token_ids, want.finish):
                 wrong.append(f"{label} (stop {stop!r}): ids {got['ids']} finish {got['finish']} "
                              f"(want {want.token_ids} {want.finish})")
@@ -126,7 +128,8 @@ def stop_hit(r) -> None:
         j.serial(f"prompt {k + 1} plain after the stop", p, m)
         j.serial(f"prompt {k + 1} next turn on the stopped answer", p + want.token_ids + draw(rng, 4), m)
     ok, note = _hit_seen(j)
-    j.add(ok and not wrong, "; ".join([*wrong[:3], note] if note else wrong[:3]))
+    told = f"stopped {stopped - len(wrong)}/{stopped} as the rule says"
+    j.add(ok and not wrong, "; ".join([told, *wrong[:3], *([note] if note else [])]))
 
 
 def _stopped(r, prompt: list[int], m: int, stop: str) -> dict:

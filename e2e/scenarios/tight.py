@@ -8,7 +8,7 @@
   the session (`skipped (engine lacks cache-size; eviction not exercised)`).
 - `refcount_stress`: a shared warm prefix (a prompt and its answer), then at once six readers of
   it with staggered ``max_tokens`` (2 to 16) and six unrelated prompts that allocate while the
-  readers run and finish one by one, then two readers alone. A block freed while a reader still
+  readers run and finish one by one (three times, each a fresh draw and order), then two readers alone. A block freed while a reader still
   reads it (a refcount one short), and taken by an unrelated prompt, changes that reader's answer.
 - `preempt_recompute`: eight requests at once (four on the shared prefix, four fresh), 32 answer
   tokens each, about twice what the cache holds: an engine preempts and recomputes (vLLM) or queues
@@ -29,6 +29,7 @@ __all__ = ["cache", "evict_proof", "flags", "preempt", "refcount"]
 M = 16
 READERS = 6
 UNRELATED = 6
+BURSTS = 3  # each a fresh draw and order: a free-while-read needs a reader and an allocation to meet
 PREEMPT = 8
 FLOOD_M = 8
 
@@ -102,11 +103,11 @@ def refcount(r) -> None:
     shared = _shared(r, j, rng)
     r.serial_ends("refcount_stress (a burst)")
     before = counted(r)
-    calls = [(shared + draw(rng, rng.randint(1, b)), 2 + i * (m - 2) // (READERS - 1)) for i in range(READERS)]
-    calls += [(draw(rng, w + b), m) for _ in range(UNRELATED)]
-    order = list(range(len(calls)))
-    rng.shuffle(order)
-    j.burst("burst", [calls[i] for i in order])
+    for k in range(BURSTS):
+        calls = [(shared + draw(rng, rng.randint(1, b)), 2 + i * (m - 2) // (READERS - 1)) for i in range(READERS)]
+        calls += [(draw(rng, w + b), m) for _ in range(UNRELATED)]
+        rng.shuffle(calls)
+        j.burst(f"burst {k + 1}", calls)
     for k in range(2):
         j.serial(f"reader {k + 1} after the burst", shared + draw(rng, rng.randint(1, b)), m)
     after = counted(r)

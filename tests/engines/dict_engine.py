@@ -6,8 +6,9 @@ token ids) to the toy's running state after that prefix, (S, C). Every position 
 served (prompt and answer) is kept for the paged toy; the lined toy keeps only each sequence's
 end, as a recurrent-state engine does. Sequences are evicted least recently served first once more
 than `--keep` are held, or once the states held exceed `--cache-tokens` (one state a token: the
-gate's ``{cache_tokens}``; a lined state counts the tokens it stands for; 0, the default, bounds nothing). A request resumes from the longest cached prefix of at most len(prompt) - 1
-tokens (the last prompt token is always recomputed), feeds the rest, then decodes greedily.
+gate's ``{cache_tokens}``; a lined state counts the tokens it stands for; 0, the default, bounds
+nothing). A request resumes from the longest cached prefix of at most len(prompt) - 1 tokens
+(the last prompt token is always recomputed), feeds the rest, then decodes greedily.
 
     python tests/engines/dict_engine.py --port 8000 [--model toy-paged] [--keep 64] [--cache-tokens N]
         [--lack CAP ...] [--bug short-key|off-by-one|stale-evict|race|cached-lie]
