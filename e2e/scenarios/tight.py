@@ -8,8 +8,9 @@
   the session (`skipped (engine lacks cache-size; eviction not exercised)`).
 - `refcount_stress`: a shared warm prefix (a prompt and its answer), then at once six readers of
   it with staggered ``max_tokens`` (2 to 16) and six unrelated prompts that allocate while the
-  readers run and finish one by one (three times, each a fresh draw and order), then two readers alone. A block freed while a reader still
-  reads it (a refcount one short), and taken by an unrelated prompt, changes that reader's answer.
+  readers run and finish one by one (three times, each a fresh draw and order), then two readers
+  alone. A block freed while a reader still reads it (a refcount one short), and taken by an
+  unrelated prompt, changes that reader's answer.
 - `preempt_recompute`: eight requests at once (four on the shared prefix, four fresh), 32 answer
   tokens each, about twice what the cache holds: an engine preempts and recomputes (vLLM) or queues
   (kern); either way every answer identical. The note gives the engine's preemptions (its /metrics).
@@ -52,6 +53,11 @@ def flags(r) -> list[str]:
     return ["--host-gib", "0"]
 
 
+def _evictions(before: int | None, after: int | None, say: str) -> str:
+    """What /stats told of the evictions in between (`say` with the count), or nothing without /stats."""
+    return say.format(after - before) if before is not None and after is not None else ""
+
+
 def _rng(r, what: str) -> random.Random:
     return random.Random(f"tight-{what}-{r.opts.seed}")
 
@@ -85,7 +91,7 @@ def evict_proof(r) -> None:
     h2 = j.serial("next turn after the flood", t, m).cached
     after = counted(r)
     why = (f"the probe's next turn hit {h1} tokens before and {h2} after {flooded} tokens of unrelated prompts "
-           f"through a cache of {size}" + (f" (/stats: {after - before} evictions)" if after is not None else ""))
+           f"through a cache of {size}" + _evictions(before, after, " (/stats: {} evictions)"))
     if h1 == 0:
         j.add(False, why + ": it was never served from the cache, so no eviction could show")
     elif h2 >= h1:
@@ -111,7 +117,7 @@ def refcount(r) -> None:
     for k in range(2):
         j.serial(f"reader {k + 1} after the burst", shared + draw(rng, rng.randint(1, b)), m)
     after = counted(r)
-    j.add(True, f"/stats: {after - before} evictions meanwhile" if after is not None else "")
+    j.add(True, _evictions(before, after, "/stats: {} evictions meanwhile"))
 
 
 def preempt(r) -> None:
