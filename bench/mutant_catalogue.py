@@ -634,4 +634,11 @@ CATALOGUE: tuple[Mutant, ...] = (
            ("conc1_equals_run", "concurrent"), ("toy-paged",),
            "vLLM V1: the block table's host-to-device commit copying fewer rows than changed (a row count taken "
            "before the batch grew)"),
+    # workloads from the wild (issue 39): a tight cache, blocks shared by readers while others allocate
+    Mutant("restore-shares-unheld", "pool/pages.py",
+           "        chain = chain.hold() if chain is not None else None\n",
+           "        chain = chain if chain is not None else None\n",
+           ("refcount_stress",), ("toy-paged",),
+           "vLLM's free-while-referenced class (a block's ref count one short): a lease restored from a hit shares "
+           "its whole pages without holding them, so the last release frees them under a reader"),
 )

@@ -16,6 +16,9 @@ from verdicts import Check
 
 __all__ = ["Checks", "mark"]
 
+SKIP_MEANS = {"eviction_proven": "eviction not exercised"}
+"""What a skip of these checks leaves untested, said in its note after what the engine lacks."""
+
 
 def mark(ok: bool | None, error: bool = False, skipped: bool = False) -> str:
     if skipped:
@@ -39,7 +42,7 @@ class Checks:
         """Record check `name` as not applicable to this engine: ``skipped (engine lacks X)``."""
         if not self.reports(name) or name in self.names():
             return
-        note = f"skipped (engine lacks {', '.join(lacks)})"
+        note = f"skipped (engine lacks {', '.join(lacks)}" + (f"; {SKIP_MEANS[name]})" if name in SKIP_MEANS else ")")
         self.list.append(Check(name=name, ok=None, note=note, skipped=list(lacks)))
         self.echo(f"  {mark(None, skipped=True)} {name}: {note}")
 

@@ -1,10 +1,10 @@
 """The engine under test: its command, what it declares it can do, and which checks that allows.
 
 docs/engine-contract.md is the contract (`contract: 1`) this module reads. An engine is started from a
-command template (`PLACEHOLDERS`: ``{port}``, ``{host}``, ``{model}``, ``{manifest}``), told ready by ``GET /health``, and asked
-``GET /kern/capabilities`` for its capability list, its name and version, and facts such as its cache
-block size. Our own kern (``own``) and ``--kern CMD`` (the Rust kern) have every capability but
-``kern-runtime`` for the latter; an engine has only what it declares.
+command template (`PLACEHOLDERS`: ``{port}``, ``{host}``, ``{model}``, ``{manifest}``, ``{cache_tokens}``),
+told ready by ``GET /health``, and asked ``GET /kern/capabilities`` for its capability list, its name and
+version, and facts such as its cache block size. Our own kern (``own``) and ``--kern CMD`` (the Rust kern)
+have every capability but ``kern-runtime`` for the latter; an engine has only what it declares.
 
 An engine that names the toy families it computes (``facts.families``) has a target of another family
 skipped (`Engine.lacks_family`); ``e2e --engine CMD`` without ``--targets`` gates `DEFAULT_TARGETS`.
@@ -27,7 +27,8 @@ import httpx
 
 from kern.errors import KernError
 
-__all__ = ["CAPABILITIES", "CONTRACT", "DEFAULT_TARGETS", "Engine", "EngineError", "KERN_ONLY", "NEEDS", "PLACEHOLDERS",
+__all__ = ["CACHE_SIZE", "CAPABILITIES", "CONTRACT", "DEFAULT_TARGETS", "Engine", "EngineError", "KERN_ONLY", "NEEDS",
+           "PLACEHOLDERS",
            "PRESETS", "RUNS", "lacking", "step_lacking"]
 
 CONTRACT = 1
@@ -55,6 +56,8 @@ PLACEHOLDERS: dict[str, str] = {
     "host": "the address to bind: always 127.0.0.1",
     "model": "the target's model name (what every request's `model` says)",
     "manifest": "the absolute path of the target's toy manifest (JSON: its model name and toy family)",
+    "cache_tokens": "the KV cache the session wants, in tokens (running requests' blocks and cached ones, every "
+                    "tier together); the gate's --capacity unless the session sizes it (the tight session)",
 }
 """What an engine's command may name in braces, and what the gate puts there (docs/engine-contract.md).
 A value is given per server (`Engine.argv`); one added later is a new row here."""
@@ -62,6 +65,10 @@ A value is given per server (`Engine.argv`); one added later is a new row here."
 DEFAULT_TARGETS = ("toy-paged", "toy-stateful", "toy-attn")
 """What ``e2e --engine CMD`` gates without ``--targets``: the paged, the lined and the context-dependent
 toy (each where the config has it)."""
+
+CACHE_SIZE = "cache-size"
+"""Not a capability an engine declares: it has it when its command names ``{cache_tokens}`` (or it takes
+kern serve's flags, ``--capacity``). A session that sizes the cache (`Step.cache`) needs it."""
 
 PRESETS: dict[str, Path] = {"vllm": Path(__file__).resolve().parent.parent / "examples" / "vllm_toy" / "kern.toml"}
 """``e2e --engine NAME``: a config whose targets carry their engine's command (docs/gate-your-engine.md)."""
@@ -80,6 +87,8 @@ RUNS: dict[str, tuple[str, ...]] = {
     "explore": ("kern-serve",),
     "long_room": ("kern-serve", "stream"),
     "params": ("params", "text", "stream"),
+    "stop_hit": ("params", "text"),
+    "evict_proof": (CACHE_SIZE,), "refcount": (CACHE_SIZE,), "preempt": (CACHE_SIZE,),
 }
 """The steps (by name) that cannot run at all without these capabilities: their requests need them."""
 
@@ -87,6 +96,7 @@ NEEDS: dict[str, tuple[str, ...]] = {
     "repeat_hit": ("cached-tokens",),
     "turn2_hit": ("cached-tokens",),
     "stages_equal_single": ("kern-serve",),
+    "eviction_proven": ("cached-tokens",),
 }
 """Checks a step runs but cannot judge without these (the step's other checks still count)."""
 
@@ -148,10 +158,10 @@ class Engine:
     def external(self) -> bool:
         return self.command is not None
 
-    def argv(self, port: int, model: str, **values) -> list[str]:
+    def argv(self, port: int, model: str, cache_tokens: int = 16384, **values) -> list[str]:
         """The command's words with each `PLACEHOLDERS` name replaced by its value for this server."""
         assert self.command is not None
-        given = {"port": port, "host": "127.0.0.1", "model": model, **values}
+        given = {"port": port, "host": "127.0.0.1", "model": model, "cache_tokens": cache_tokens, **values}
         words = shlex.split(self.command)
         for name, value in given.items():
             words = [w.replace("{" + name + "}", str(value)) for w in words]
@@ -171,6 +181,8 @@ class Engine:
         return [str(x) for x in f] if isinstance(f, list) else None
 
     def has(self, capability: str) -> bool:
+        if capability == CACHE_SIZE:  # told by the command, not declared (CACHE_SIZE)
+            return not self.external or "{cache_tokens}" in (self.command or "") or self.has("kern-serve")
         return capability in self.capabilities
 
     def learn(self, url: str) -> None:

@@ -46,8 +46,7 @@ HOST_CHUNK = 98_307  # the host tier's piece size in the gate: 1.5 toy-paged pag
 HUNG_TERM_S = 2.0  # a server with a stuck request: SIGTERM, then SIGKILL after this long
 DEFAULT_WEIGHT = 3  # the default session is every other session's dependency: its host is left lighter
 SESSION_PORTS = {"default": 0, "host": 1, "slots": 2, "rows1": 3, "wake_room": 4, "churn": 5, "drop": 6, "ties": 7, "frag": 8,
-                 "params": 9, "explore": 10, "prefix": 11,
-                 "long_room": 12}
+                 "params": 9, "explore": 10, "prefix": 11, "long_room": 12, "blocks": 13, "cold_burst": 14, "tight": 15}
 
 
 @dataclass
@@ -182,46 +181,58 @@ class Run:
     @property
     def page(self) -> int:
         """The cache's block in tokens: our servers' ready line or /stats, an engine's facts.page."""
-        return int(self.facts["default"]["page"])
+        return int(self._first_facts()["page"])
+
+    def _first_facts(self) -> dict[str, Any]:
+        """The default session's facts, else (a lane gated without it: `--scenarios` naming another
+        session's check) the facts of the session this lane opened."""
+        if "default" in self.facts:
+            return self.facts["default"]
+        return next(iter(self.facts.values()), {})
 
     @property
     def rows(self) -> int:
-        f = self.facts.get("default", {})
+        f = self._first_facts()
         return int(f.get("rows", self.target.widest))
 
     @property
     def stateful(self) -> bool:
-        f = self.facts.get("default", {})
+        f = self._first_facts()
         if "checkpoints" in f:
             return f["checkpoints"] == "at request end"
         return self.target.lined
 
     # sessions
-    def command(self, name: str, flags: list[str]) -> tuple[list[str], int]:
+    def command(self, name: str, flags: list[str], cache: int | None = None) -> tuple[list[str], int]:
         """Session `name`'s server command and port: its own flags over --server-flags over the base
         (backend, capacity and, for a target with `stages = N > 1`, ``--stages N``). An engine under
-        the contract: its command, with those flags only if it takes kern serve's (``kern-serve``)."""
+        the contract: its command, with those flags only if it takes kern serve's (``kern-serve``).
+        `cache`: the session's cache size in tokens (kern: ``--capacity``; an engine: ``{cache_tokens}``)."""
         o = self.opts
         port = 0 if o.port == 0 else o.port + SESSION_PORTS[name]
         e = o.engine
+        sized = [("--capacity", [str(cache)])] if cache is not None else []
         if e.external:
             if port == 0:
                 port = unused_port()
-            extra = merge_flags(split_flags(o.server_flags), split_flags(flags)) if e.has("kern-serve") else []
-            return [*e.argv(port, self.target.model, manifest=self.target.manifest.resolve()), *extra], port
+            extra = (merge_flags(split_flags(o.server_flags), split_flags(flags), sized)
+                     if e.has("kern-serve") else [])
+            return [*e.argv(port, self.target.model, cache if cache is not None else o.capacity,
+                            manifest=self.target.manifest.resolve()), *extra], port
         base = [("--backend", [o.backend]), ("--capacity", [str(o.capacity)])]
         if self.target.stages > 1:
             base.append(("--stages", [str(self.target.stages)]))
         elif o.kern is None:  # our own single-process server: parks and wakes cross the host tier's pieces
             base.append(("--host-chunk-bytes", [str(HOST_CHUNK)]))
-        argv = merge_flags(base, split_flags(o.server_flags), split_flags(flags))
+        argv = merge_flags(base, split_flags(o.server_flags), split_flags(flags), sized)
         return server_command(o.kern, self.target.config or o.config, self.target.name, port, argv), port
 
-    def open(self, name: str, flags: list[str]) -> Live:
-        """Start session `name` (a fresh server) with its own flags over the base and --server-flags."""
+    def open(self, name: str, flags: list[str], cache: int | None = None) -> Live:
+        """Start session `name` (a fresh server) with its own flags over the base and --server-flags
+        (and its cache sized to `cache` tokens, when the session asks: `Step.cache`)."""
         self.close()
         o = self.opts
-        cmd, port = self.command(name, flags)
+        cmd, port = self.command(name, flags, cache)
         e = o.engine
         s = Session(name, cmd, port, self.dir / f"server-{name}.log", load_timeout=o.load_timeout,
                     spawner=o.spawner(staged=self.target.stages > 1),
@@ -247,7 +258,8 @@ class Run:
                       ("ranks", "pages", "page", "rows", "checkpoints", "seq_slots", "max_request_tokens", "load_s")
                       if k in facts))
         c = Client(s, self.target.model, text=e.has("text"))
-        self.scripts[name] = {"flags": list(flags), "requests": c.script}  # as the session sends them (e2e/case.py)
+        sized = ["--capacity", str(cache)] if cache is not None else []  # a replay (e2e/case.py) sizes it alike
+        self.scripts[name] = {"flags": list(flags) + sized, "requests": c.script}  # as the session sends them
         raw = c.stats()
         self.server_facts[name] = dict((raw or {}).get("facts") or {})
         self.live = Live(s, c, Stats(c, s.log, reads_log=not e.external),
@@ -626,7 +638,7 @@ def _switch(run: Run, step, spent) -> None:
         name = run.live.session.name
         run.close()
         t0 = spent(f"{name} stop", t0)
-    run.open(step.session, step.flags(run) if step.flags else [])
+    run.open(step.session, step.flags(run) if step.flags else [], step.cache(run) if step.cache else None)
     spent(f"{step.session} start", t0)
 
 

@@ -106,6 +106,10 @@ class Admission:
         return (400, f"this request needs room for {req.room} tokens (prompt + max_tokens + rows - 1); "
                 f"one sequence holds at most {limit}", "context_length_exceeded", None)
 
+    def restore(self, hit, room: int):
+        """A lease of `room` tokens whose first `hit.len` are a resident hit's (whole pages shared and held)."""
+        return self.engine.pool.restore(hit.store, hit.len, room)
+
     def restore_copy(self, copies) -> None:
         """Copy a resident hit's partial page and line into the lease."""
         self.engine.runtime.copy(copies)
@@ -124,7 +128,7 @@ class Admission:
                 rt.zero_slot(got.slot)
             return got
         if hit.tier is Tier.DEVICE:
-            got = e.pool.restore(hit.store, hit.len, req.room)
+            got = self.restore(hit, req.room)
             if isinstance(got, Denied):
                 return got
             lease, copies = got

@@ -8,7 +8,7 @@ once, at start, by `Faults.bind(core)` (the scheduler calls it on the core it se
 - the pool- and admission-level faults replace one named hook point of the core or its admission, each
   of which does the correct thing by default (`Core.abort`, `Core.release_aborted`, `Core.retire`,
   `Core.tell`, `Admission.checkpoint`, `Admission.on_remapping`, `Admission.too_long`, `Admission.lookup`,
-  `Admission.restore_copy`, `Admission.parker`);
+  `Admission.restore`, `Admission.restore_copy`, `Admission.parker`);
 - the HTTP side asks `Faults.request_limit(engine)` and `Faults.tells_tier` (bound when the flags are
   read) what limit to validate against and whether a reply tells its tier.
 """
@@ -57,6 +57,10 @@ FAULTS = {
                     "passes validation and then waits for room forever, neither rejected nor seated",
     "wedge-step": "the scheduler's first step after its second request never returns (it sleeps in it for "
                   "WEDGE_S, 600 s): /stats stops answering while /stats/live says a step is in progress",
+    "hit-unheld": "a lease restored from a resident hit while another request runs does not count as a holder "
+                  "of the whole pages it shares (their count one short, vLLM's free-while-referenced class; paged "
+                  "pages): the pages go back to the free list while a request or the "
+                  "cache still reads them, and a later allocation overwrites them",
     "long-first-step": "the first step a request makes takes LONG_STEP_S (12 s) more, answers unchanged (numba "
                        "compiling on first use, a loaded box): legitimate slowness the gate must not call a hang",
     "foreign-parent": "paged targets: a resident prefix hit of two pages or more is served from pages after the "
@@ -311,6 +315,20 @@ def _drop_wake(core) -> None:
     adm.lookup = no_host_hits
 
 
+def _hit_unheld(core) -> None:
+    adm = core.admission
+    restore, pool = adm.restore, core.engine.pool
+
+    def unheld(hit, room: int):
+        got = restore(hit, room)
+        node = getattr(got[0], "_chain", None) if isinstance(got, tuple) else None
+        if node is not None and node.refs > 1 and pool.leases > 2:  # the pad, this lease and another request's
+            node.refs -= 1  # the bug: this reader is not counted, so the last release frees it under another
+        return got
+
+    adm.restore = unheld
+
+
 def _no_remap(core) -> None:
     core.admission.on_remapping = lambda: Denied.Busy  # the plan is never landed: the request waits as on Busy
 
@@ -365,5 +383,6 @@ HOOK_FAULTS = {
     "leak-lease": _leak_lease, "ignore-hang-up": _ignore_hang_up, "keep-overshoot": _keep_overshoot, "no-checkpoint": _no_checkpoint,
     "wrong-token": _wrong_token, "no-park": _no_park, "drop-wake": _drop_wake, "no-remap": _no_remap,
     "skip-restore-copy": _skip_restore_copy, "pad-in-limit": _pad_in_limit, "foreign-parent": _foreign_parent,
+    "hit-unheld": _hit_unheld,
 }
 FRONT_FAULTS = ("untold-tier", "pad-in-limit")  # read by the HTTP side through Faults (pad-in-limit: both)

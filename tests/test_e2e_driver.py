@@ -47,7 +47,10 @@ def test_passing_gate_on_toy_paged(tmp_path):
                         "params_prompt", "policy_params", "explore_equals_run", "policy_explore",
                         "long_beside_short", "policy_long_room"} | {
                         f"metrics_{s}" for s in ("default", "host", "churn", "drop", "ties", "wake_room", "params",
-                                                 "explore", "long_room")}
+                                                 "explore", "long_room", "blocks", "cold_burst", "tight")} | {
+                        "blocks_moved", "blocks_reparented", "block_edges", "stop_after_hit", "cold_prefix_burst",
+                        "eviction_proven", "refcount_stress", "preempt_recompute", "policy_blocks", "policy_cold_burst",
+                        "policy_tight"}
     assert all(c["ok"] for name, c in got.items() if name != "policy_long_room")
     assert got["policy_long_room"]["ok"] is None  # its requests run at once: nothing predicted
     assert "cached [96, 80, 96, 64]" in got["repeat_hit"]["note"]

@@ -151,7 +151,7 @@ def _bound(core, e) -> dict:
     return {"device": type(core.device).__name__,
             "core": sorted(set(vars(core)) & {"abort", "release_aborted", "retire", "tell"}),
             "admission": sorted(set(vars(core.admission)) & {"lookup", "checkpoint", "on_remapping", "too_long",
-                                                             "restore_copy", "parker"}),
+                                                             "restore", "restore_copy", "parker"}),
             "limit": e.faults.request_limit(e), "tier": e.faults.tells_tier}
 
 

@@ -11,8 +11,9 @@ from dataclasses import dataclass
 from typing import Callable
 
 from e2e.config import GateTarget
-from e2e.scenarios import (abort, churn, concurrent, conc1, cuts, explore, float_controls, host, kern_test, long_room,
-                           params, prefix, repeat, rows1, slots, stream, ties, turn2, wake_room)
+from e2e.scenarios import (abort, blocks, churn, cold_burst, concurrent, conc1, cuts, explore, float_controls, host,
+                           kern_test, long_room, params, prefix, repeat, rows1, slots, stream, ties, tight, turn2,
+                           wake_room)
 
 __all__ = ["CHECKS", "COMPARED", "CROSS_CHECKS", "METRICS_CHECKS", "POLICY_CHECKS", "STEPS", "Step", "plan",
            "session_of"]
@@ -31,6 +32,7 @@ class Step:
     facts: bool = True  # reads the first session's facts (rows, page, ...): its lane waits for that start
     early: bool = False  # its flags read nothing its deps find: its server may start before they complete
     foreign: bool = False  # run for an engine under --engine (or when its check is named), not for our own kern
+    cache: Callable | None = None  # cache(r): its session's KV cache in tokens (kern --capacity, {cache_tokens})
 
 
 STEPS: tuple[Step, ...] = (
@@ -77,6 +79,24 @@ STEPS: tuple[Step, ...] = (
     # every engine's gate (docs/engine-contract.md); our own kern's sessions above cover the same ground
     # (repeat, turn2, churn, drop), so it runs for ours only when named
     Step("prefix", "prefix", ("prefix_cold_warm_restored",), (), prefix.run, serial=False, foreign=True),
+    # workloads from the wild (issue 39): what real prefix caches got wrong, judged from outside, every engine;
+    # a staged target's single process runs the same cache code (and each pipeline start costs seconds)
+    Step("moved", "blocks", ("blocks_moved",), (), blocks.moved, applies=lambda t: t.stages <= 1),
+    Step("reparented", "blocks", ("blocks_reparented",), (), blocks.reparented, applies=lambda t: t.stages <= 1),
+    Step("edges", "blocks", ("block_edges",), (), blocks.edges, applies=lambda t: t.stages <= 1),
+    Step("stop_hit", "blocks", ("stop_after_hit",), (), blocks.stop_hit, applies=lambda t: t.stages <= 1),
+    Step("cold_burst", "cold_burst", ("cold_prefix_burst",), (), cold_burst.run, serial=False,
+         applies=lambda t: t.stages <= 1),
+    # its cache is sized from the page the default session told (conc1: the first session's facts)
+    Step("evict_proof", "tight", ("eviction_proven",), ("conc1",), tight.evict_proof, cache=tight.cache, early=True,
+         flags=tight.flags,
+         applies=lambda t: t.stages <= 1),
+    Step("refcount", "tight", ("refcount_stress",), ("conc1",), tight.refcount, cache=tight.cache, early=True,
+         flags=tight.flags,
+         serial=False, applies=lambda t: t.stages <= 1),
+    Step("preempt", "tight", ("preempt_recompute",), ("conc1",), tight.preempt, cache=tight.cache, early=True,
+         flags=tight.flags,
+         serial=False, applies=lambda t: t.stages <= 1),
 )
 
 POLICY_CHECKS: tuple[str, ...] = tuple(f"policy_{session}" for session in

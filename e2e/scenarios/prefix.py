@@ -69,6 +69,20 @@ def _preemptions(client) -> float | None:
     return None
 
 
+def _evicted(r, hits: dict[str, list[int]], ends: list[int]) -> str:
+    """Whether the flood evicted anything: a first prompt that hit fewer tokens after it than warm (a
+    lined target: a returning turn that hit less than its turn 2's whole sequence, where its state was kept)."""
+    if r.stateful:
+        lost = sum(h < end for h, end in zip(hits["returning"], ends))
+        what = "returning turns hit less than their turn 2's whole sequence"
+    else:
+        lost = sum(after < warm for warm, after in zip(hits["warm"], hits["restored"]))
+        what = "first prompts hit fewer tokens after the flood than warm"
+    if not lost:
+        return "nothing was evicted by the flood (eviction not exercised: the cache held it all)"
+    return f"evicted: {lost} {what}"
+
+
 def run(r) -> None:
     live = r.need("prefix")
     rng = random.Random(f"prefix-{r.opts.seed}")
@@ -125,6 +139,8 @@ def run(r) -> None:
     if r.opts.engine.has("cached-tokens") and not any(hits[warm]):
         ok = False
         note += f"; no {warm} request was served from the cache: the prefix cache was never exercised"
+    if r.opts.engine.has("cached-tokens"):
+        note += "; " + _evicted(r, hits, [len(ids) + len(a.fed) for ids, a in zip(second, turn2)])
     if after is not None:
         note += f"; preemptions {after - (before or 0):.0f} (the engine's /metrics)"
     if errors:

@@ -5,12 +5,14 @@ Its prefix cache is deliberately unlike a paged KV cache: a plain dict from a pr
 token ids) to the toy's running state after that prefix: (S, C), or for toy-attn the read O and
 the five running sums (docs/engine-contract.md, "Computing toy-attn"). Every position of every
 sequence served (prompt and answer) is kept for the paged toys; the lined toy keeps only each
-sequence's end, as a recurrent-state engine does. Sequences are evicted least recently served first once more
-than `--keep` are held. A request resumes from the longest cached prefix of at most len(prompt) - 1
-tokens (the last prompt token is always recomputed), feeds the rest, then decodes greedily.
+sequence's end, as a recurrent-state engine does. Sequences are evicted least recently served first
+once more than `--keep` are held, or once the states held exceed `--cache-tokens` (one state a token:
+the gate's ``{cache_tokens}``; a lined state counts the tokens it stands for; 0, the default, bounds
+nothing). A request resumes from the longest cached prefix of at most len(prompt) - 1 tokens (the
+last prompt token is always recomputed), feeds the rest, then decodes greedily.
 
     python tests/engines/dict_engine.py --port 8000 [--model toy-paged | --manifest PATH] [--keep 64]
-        [--lack CAP ...] [--bug short-key|off-by-one|stale-evict|race|cached-lie|stream-drop-last]
+        [--cache-tokens N] [--lack CAP ...] [--bug short-key|off-by-one|stale-evict|race|cached-lie|stream-drop-last]
 
 `--bug` plants one realistic prefix-cache bug (off by default) that the gate must catch. `--manifest`
 (the gate's `{manifest}`) names the toy by its manifest: its model name and family are read from it.
@@ -133,8 +135,8 @@ def attn_predict(state):
 class PrefixCache:
     """prefix tuple -> (S, C), held per sequence with LRU eviction by sequence; one lock."""
 
-    def __init__(self, keep, lined, bug, empty=(0, 0)):
-        self.keep, self.lined, self.bug, self.empty = keep, lined, bug, empty
+    def __init__(self, keep, lined, bug, empty=(0, 0), tokens=0):
+        self.keep, self.lined, self.bug, self.empty, self.tokens = keep, lined, bug, empty, tokens
         self.states = {}                 # key -> (S, C)
         self.refs = {}                   # key -> how many held sequences hold it
         self.sequences = OrderedDict()   # sequence number -> its keys, oldest first
@@ -169,8 +171,13 @@ class PrefixCache:
                 keys.append(key)
             self.sequences[self.next_seq] = keys
             self.next_seq += 1
-            while len(self.sequences) > self.keep:
+            while len(self.sequences) > self.keep or (self.tokens and self.held() > self.tokens
+                                                      and len(self.sequences) > 1):
                 self.evict()
+
+    def held(self):
+        """Tokens held: a state a token (paged); a lined state stands for every token of its key."""
+        return sum(map(len, self.states)) if self.lined else len(self.states)
 
     def evict(self):
         """Drop the least recently served sequence (the lock is held)."""
@@ -190,14 +197,14 @@ class Engine:
     """Serves one request at a time per thread; the cache is the only thing requests share
     (except under --bug race)."""
 
-    def __init__(self, model, keep, lack, bug, family):
+    def __init__(self, model, keep, lack, bug, family, tokens=0):
         self.model, self.bug = model, bug
         self.family = family if family in FAMILIES else None  # None: a family it does not compute (refused)
         self.lined = self.family == "lined"
         self.empty = ATTN_EMPTY if self.family == "attn" else (0, 0)
         self.predict = attn_predict if self.family == "attn" else predict
         self.capabilities = [c for c in CAPABILITIES if c not in lack]
-        self.cache = PrefixCache(keep, self.lined, bug, self.empty)
+        self.cache = PrefixCache(keep, self.lined, bug, self.empty, tokens)
         self.in_flight = 0
         self.flight_lock = threading.Lock()
         self.shared = [self.empty]       # --bug race: one engine-wide running state
@@ -397,6 +404,7 @@ def main():
     ap.add_argument("--model", default=None, help=f"one of {', '.join(MODELS)} (or a -ref twin); default toy-paged")
     ap.add_argument("--manifest", default=None, help="the toy's manifest (JSON): its model name and family")
     ap.add_argument("--keep", type=int, default=64, help="sequences held in the prefix cache")
+    ap.add_argument("--cache-tokens", type=int, default=0, help="states (tokens) held at most; 0: no bound")
     ap.add_argument("--lack", nargs="*", default=[], choices=CAPABILITIES, help="capabilities not to declare")
     ap.add_argument("--bug", choices=BUGS, help="plant a prefix-cache bug")
     args = ap.parse_args()
@@ -411,7 +419,9 @@ def main():
     else:
         args.model = args.model or "toy-paged"
         family = MODELS.get(args.model.removesuffix("-ref"))
-    Handler.engine = Engine(args.model, max(args.keep, 1), set(args.lack), args.bug, family)
+    if args.cache_tokens < 0:
+        ap.error(f"--cache-tokens {args.cache_tokens}: must be 0 (no bound) or more")
+    Handler.engine = Engine(args.model, max(args.keep, 1), set(args.lack), args.bug, family, args.cache_tokens)
     Handler.started = time.monotonic()
     ThreadingHTTPServer.request_queue_size = 128
     server = ThreadingHTTPServer((args.host, args.port), Handler)
