@@ -147,7 +147,7 @@ def test_the_context_dependent_target_through_the_dict_engine(tmp_path, capsys):
     code, reports = gate(tmp_path, "--engine", DICT, "--targets", "toy-attn")
     assert code == 0, capsys.readouterr().out[-3000:]
     got = {c["name"]: c for c in reports["toy-attn"]["checks"]}
-    assert {n for n, c in got.items() if c["ok"] is True} == CORE | {"repeat_hit", "turn2_hit"}
+    assert {n for n, c in got.items() if c["ok"] is True} == CORE | {"repeat_hit", "turn2_hit", "stream_equals_whole"}
 
 
 def test_a_capability_the_engine_drops_turns_its_checks_into_skips(tmp_path, capsys):
@@ -241,7 +241,7 @@ def test_without_targets_an_engine_is_gated_on_the_default_targets_and_lacked_fa
     code, reports = gate(tmp_path, "--engine", DICT, "--targets", "toy-paged", "toy-float",
                          "--scenarios", "conc1_equals_run")
     assert code == 0, capsys.readouterr().out[-3000:]
-    assert reports["toy-float"]["skipped"].startswith("engine lacks family float (its facts.families: paged, lined)")
+    assert reports["toy-float"]["skipped"].startswith("engine lacks family float (its facts.families: paged, lined, attn)")
     assert reports["toy-paged"]["skipped"] is None
 
 
