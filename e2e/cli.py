@@ -28,6 +28,8 @@ from e2e.checks import Checks
 from e2e.config import ConfigError, GateTarget, load_targets
 from e2e.engine import DEFAULT_TARGETS, PRESETS, Engine, EngineError
 from e2e.running import running_engine
+from e2e.vllm_preset import missing as vllm_missing
+from verdicts.gate import EXIT_NOTHING_RAN
 from e2e.gate import SESSION_PORTS, Options, Run, run_target
 from e2e.oracles import oracles_for
 from e2e.progress import Progress
@@ -590,6 +592,10 @@ def _engine_option(engine_cmd: str | None, capabilities: str | None, kern: str |
     if engine_cmd in PRESETS:
         if capabilities is not None:
             raise click.UsageError(f"--engine {engine_cmd}: its config declares its capabilities; no --capabilities")
+        gone = vllm_missing() if engine_cmd == "vllm" and config is None else None
+        if gone is not None:  # nothing could run: one line, exit 125 (docs/exit-codes.md)
+            click.echo(f"e2e: {gone}", err=True)
+            sys.exit(EXIT_NOTHING_RAN)
         return config or str(PRESETS[engine_cmd]), None
     try:
         return config, Engine.foreign(engine_cmd, _names((capabilities,)) if capabilities is not None else None)
