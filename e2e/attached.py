@@ -96,7 +96,8 @@ class Attached(Session):
                 r = httpx.post(self.url + self.reset, timeout=60.0)
                 if r.status_code != 200:
                     raise ServerError(f"session {self.name}: POST {self.url}{self.reset} (the engine's declared "
-                                      f"cache reset) answered {r.status_code}: {r.text[:200]}")
+                                      f"cache reset) answered {r.status_code}: {r.text[:200]} (vLLM serves "
+                                      "/reset_prefix_cache only when started with VLLM_SERVER_DEV_MODE=1)")
                 self.was_reset = True
                 lines.append(f"# POST {self.reset}: {r.status_code} (its cache reset before this session)")
         finally:

@@ -41,13 +41,24 @@ def running_engine(url: str, engine_cmd, kern, capabilities, config, targets, se
         sys.exit(EXIT_NOTHING_RAN)
     names = [n for v in targets for n in v.replace(",", " ").split()]
     try:
-        engine = Engine.running(url, names_of(capabilities))
-        engine.learn(url)
         _, every = load_targets(config, None)
         name = pick_target(names, models(url), {t.name: t.model for t in every}, url)
+        engine = declared(Engine.running(url, names_of(capabilities)), next(t for t in every if t.name == name))
+        engine.learn(url)
     except (EngineError, ConfigError, ValueError) as exc:
         raise click.UsageError(str(exc)) from None
     return engine, (name,)
+
+
+def declared(engine: Engine, t) -> Engine:
+    """`engine` with what the config's target declares of its engine (capabilities, unless
+    ``--capabilities`` gave them; facts; name): an engine with no /kern/capabilities, such as vLLM's
+    server, is described there (examples/vllm_toy/kern.toml)."""
+    if t.capabilities is not None and not engine.declared:
+        engine = Engine.running(engine.url, list(t.capabilities))
+    engine.facts.update(t.facts or {})
+    engine.name = t.engine_name or engine.name
+    return engine
 
 
 def names_of(capabilities: str | None) -> list[str] | None:

@@ -154,3 +154,15 @@ def test_server_flags_reach_an_engine_the_gate_starts(tmp_path, capsys):
     assert checks(reports["toy-paged"])["conc1_equals_run"]["ok"] is False
     log = (tmp_path / "results" / "toy-paged" / "server-default.log").read_text().splitlines()[0]
     assert log.endswith("--bug off-by-one"), log
+
+
+def test_a_target_in_the_config_describes_an_engine_without_kern_capabilities():
+    from e2e.config import load_targets
+    from e2e.running import declared
+
+    _, (vllm,) = load_targets(str(ROOT / "examples" / "vllm_toy" / "kern.toml"), None)
+    e = declared(Engine.running("http://127.0.0.1:1"), vllm)
+    assert e.capabilities == frozenset(vllm.capabilities) and e.declared and e.name == "vLLM"
+    assert e.reset == "/reset_prefix_cache" and e.facts["page"] == 32
+    given = declared(Engine.running("http://127.0.0.1:1", ["stream"]), vllm)  # --capabilities wins
+    assert given.capabilities == frozenset({"stream"})
