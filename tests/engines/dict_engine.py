@@ -10,13 +10,13 @@ than `--keep` are held. A request resumes from the longest cached prefix of at m
 tokens (the last prompt token is always recomputed), feeds the rest, then decodes greedily.
 
     python tests/engines/dict_engine.py --port 8000 [--model toy-paged | --manifest PATH] [--keep 64]
-        [--reset]
         [--lack CAP ...] [--bug short-key|off-by-one|stale-evict|race|cached-lie|stream-drop-last]
 
 `--bug` plants one realistic prefix-cache bug (off by default) that the gate must catch. `--manifest`
 (the gate's `{manifest}`) names the toy by its manifest: its model name and family are read from it.
 It computes the paged, the lined and the attn family (`facts.families`); started for a toy of another family it
-still answers /health and /kern/capabilities, and refuses every completion.
+still answers /health and /kern/capabilities, and refuses every completion. `--reset` serves
+`POST /reset_prefix_cache` (the cache emptied) and declares it (`facts.reset`), for `e2e --engine-url`.
 """
 
 import argparse
