@@ -99,8 +99,9 @@ FRESH = "a fresh engine"
 """What a step lacks against a running engine without a cache reset (`Engine.needs_fresh`): its checks
 are reported ``skipped (needs a fresh engine)``."""
 
-FRESH_SESSIONS = ("prefix", "cold_burst", "tight")
-"""Sessions whose checks read an empty cache (a cold phase, a flood sized to the cache): under
+FRESH_SESSIONS = ("prefix", "blocks", "cold_burst", "tight")
+"""Sessions whose checks read an empty cache (a cold phase, hits bounded by what the session itself sent,
+a flood sized to the cache): under
 ``e2e --engine-url`` they run only after the engine's cache reset."""
 
 
