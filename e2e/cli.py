@@ -381,7 +381,9 @@ def no_gpu() -> str | None:
                    f"use port, +1, ... +{SESSIONS - 1} (target i of --jobs adds {SESSIONS}i).")
 @click.option("--capacity", type=click.IntRange(min=1), default=16384, show_default=True,
               help="--capacity of the sessions that do not size their own pool.")
-@click.option("--server-flags", default="", help="Extra server flags for every session (session flags override).")
+@click.option("--server-flags", default="",
+              help="Extra server flags for every session (session flags override); under --engine (vllm included) "
+                   "appended to the engine's command.")
 @click.option("--kern", default=None, help="Command that runs another kern (the Rust one): its `serve`, `test` and `run` "
               "are gated, its log lines read where it has no /stats (default: this Python's oracle.cli).")
 @click.option("--engine", "engine_cmd", default=None,
