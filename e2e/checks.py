@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from e2e.engine import lacking
+from e2e.engine import FRESH, lacking
 from verdicts import Check
 
 __all__ = ["Checks", "mark"]
@@ -40,9 +40,19 @@ class Checks:
 
     def skip(self, name: str, lacks: list[str]) -> None:
         """Record check `name` as not applicable to this engine: ``skipped (engine lacks X)``."""
+        if lacks == [FRESH]:  # a running engine without a cache reset (e2e --engine-url)
+            return self.skip_because(name, lacks, "needs a fresh engine")
         if not self.reports(name) or name in self.names():
             return
         note = f"skipped (engine lacks {', '.join(lacks)}" + (f"; {SKIP_MEANS[name]})" if name in SKIP_MEANS else ")")
+        self.list.append(Check(name=name, ok=None, note=note, skipped=list(lacks)))
+        self.echo(f"  {mark(None, skipped=True)} {name}: {note}")
+
+    def skip_because(self, name: str, lacks: list[str], why: str) -> None:
+        """Record check `name` as skipped for `why` (``skipped (why)``), `lacks` what it lacked."""
+        if not self.reports(name) or name in self.names():
+            return
+        note = f"skipped ({why})"
         self.list.append(Check(name=name, ok=None, note=note, skipped=list(lacks)))
         self.echo(f"  {mark(None, skipped=True)} {name}: {note}")
 

@@ -27,6 +27,9 @@ import click
 from e2e.checks import Checks
 from e2e.config import ConfigError, GateTarget, load_targets
 from e2e.engine import DEFAULT_TARGETS, PRESETS, Engine, EngineError
+from e2e.running import running_engine
+from e2e.vllm_preset import missing as vllm_missing
+from verdicts.gate import EXIT_NOTHING_RAN
 from e2e.gate import SESSION_PORTS, Options, Run, run_target
 from e2e.oracles import oracles_for
 from e2e.progress import Progress
@@ -86,7 +89,7 @@ def gate_target(t: GateTarget, opts: Options, reference: Path | None, wanted: se
             and not wanted & set(CROSS_CHECKS):
         return _skipped(t, "no selected check applies", echo)
     staged = f", {t.stages} pipeline stages" if t.stages > 1 else ""
-    under = f"; engine: {opts.engine.command}" if opts.engine.external else ""
+    under = f"; engine: {opts.engine.shown}" if opts.engine.external else ""
     echo(f"== {t.name} ({t.ranks} rank(s), {'stateful' if t.lined else 'paged'}, rows {t.widest}{staged}{under})")
     t0 = time.monotonic()
     began = round(t0 - opts.started, 1)  # where this target sits on the gate's timeline
@@ -378,13 +381,20 @@ def no_gpu() -> str | None:
                    f"use port, +1, ... +{SESSIONS - 1} (target i of --jobs adds {SESSIONS}i).")
 @click.option("--capacity", type=click.IntRange(min=1), default=16384, show_default=True,
               help="--capacity of the sessions that do not size their own pool.")
-@click.option("--server-flags", default="", help="Extra server flags for every session (session flags override).")
+@click.option("--server-flags", default="",
+              help="Extra server flags for every session (session flags override); under --engine (vllm included) "
+                   "appended to the engine's command.")
 @click.option("--kern", default=None, help="Command that runs another kern (the Rust one): its `serve`, `test` and `run` "
               "are gated, its log lines read where it has no /stats (default: this Python's oracle.cli).")
 @click.option("--engine", "engine_cmd", default=None,
               help="Gate another serving engine under docs/engine-contract.md: its command with {port} where the port "
                    "goes, e.g. \"python my_server.py --port {port}\", or a preset: " + ", ".join(PRESETS)
                    + " (examples/vllm_toy). Checks needing a capability it lacks are reported `skipped (engine lacks X)`.")
+@click.option("--engine-url", "engine_url", default=None,
+              help="Gate an engine already running at this URL (e.g. http://127.0.0.1:8000): nothing is started or "
+                   "stopped; one target (--targets, else the one whose model GET /v1/models lists). Sessions that "
+                   "need a fresh engine run after its declared cache reset (facts.reset), else are reported "
+                   "`skipped (needs a fresh engine)`.")
 @click.option("--capabilities", default=None,
               help="The --engine's capabilities, comma separated (default: its GET /kern/capabilities; without one, "
                    "the contract's core only).")
@@ -423,7 +433,7 @@ def no_gpu() -> str | None:
 def cli(config, targets, scenarios, reference, no_reference, out, max_tokens, backend, port, capacity,
         server_flags, kern, load_timeout, jobs, zygote, at_once, junit_path, hosts=None,
         reference_worker=None, seed=0, explore_n=None, shrink_=False, replay_path=None, engine_cmd=None,
-        capabilities=None) -> None:
+        capabilities=None, engine_url=None) -> None:
     """Gate every target of a config through the server, token-exact against an oracle.
 
     Our own kern by default; another kern with --kern; any serving engine that meets
@@ -431,7 +441,16 @@ def cli(config, targets, scenarios, reference, no_reference, out, max_tokens, ba
     t0 = time.monotonic()
     if replay_path is not None:  # the case names its engine; --engine and --capabilities stand in for its
         sys.exit(replay_case(replay_path, backend, Path(out), engine_cmd, capabilities))
-    config, engine = _engine_option(engine_cmd, capabilities, kern, config)
+    if engine_url is not None:
+        engine, targets = running_engine(engine_url, engine_cmd, kern, capabilities, config, targets,
+                                         server_flags, shrink_)
+        at_once = False  # one engine, one cache: a session's hits must not be another's evictions
+    else:
+        config, engine = _engine_option(engine_cmd, capabilities, kern, config)
+    try:
+        shlex.split(server_flags)
+    except ValueError as exc:
+        raise click.UsageError(f"--server-flags {server_flags!r}: {exc}") from None
     wanted = set(_names(scenarios)) or None
     if explore_n is not None and wanted is None:
         wanted = set(SEEDED)
@@ -457,7 +476,7 @@ def cli(config, targets, scenarios, reference, no_reference, out, max_tokens, ba
                    reference_worker=(os.cpu_count() or 1) >= WORKER_CORES if reference_worker is None else reference_worker,
                    started=t0, seed=seed, engine=engine, progress=progress)
     names = [t.name for t in chosen]
-    under = (engine.command if engine else kern if kern else "the config's, per target"
+    under = (engine.shown if engine else kern if kern else "the config's, per target"
              if any(t.engine for t in chosen) else "kern (this checkout)")
     opts.say(f"e2e: {len(chosen)} target(s) ({', '.join(names[:6])}{', ...' if len(names) > 6 else ''}) from {cfg}; "
              f"backend {backend}; engine: {under}; results under {out}")
@@ -508,7 +527,7 @@ def _gate(cfg, chosen, opts, ref, wanted, backend, zygote, hosts, jobs, junit_pa
     for r in reports:
         write_report(opts.out, r)
     meta = {"commit": commit(), "backend": backend, "max_tokens": max_tokens, "wall_s": time.monotonic() - t0,
-            "out": str(opts.out), "seed": opts.seed, "engine": opts.engine.command if opts.engine else None,
+            "out": str(opts.out), "seed": opts.seed, "engine": opts.engine.shown if opts.engine else None,
             "config": None if cfg.resolve() in (PACKAGED.resolve(), PACKAGED_PP.resolve()) else str(cfg),
             "zygote_warm_s": getattr(opts.zygote, "warm_s", None), "gate_cpu_s": _own_cpu(),
             "hosts": len(opts.hosts) if opts.hosts is not None else 0, "hosts_warm_s": getattr(opts.hosts, "warm_s", None),
@@ -578,6 +597,10 @@ def _engine_option(engine_cmd: str | None, capabilities: str | None, kern: str |
     if engine_cmd in PRESETS:
         if capabilities is not None:
             raise click.UsageError(f"--engine {engine_cmd}: its config declares its capabilities; no --capabilities")
+        gone = vllm_missing() if engine_cmd == "vllm" and config is None else None
+        if gone is not None:  # nothing could run: one line, exit 125 (docs/exit-codes.md)
+            click.echo(f"e2e: {gone}", err=True)
+            sys.exit(EXIT_NOTHING_RAN)
         return config or str(PRESETS[engine_cmd]), None
     try:
         return config, Engine.foreign(engine_cmd, _names((capabilities,)) if capabilities is not None else None)

@@ -30,6 +30,7 @@ from kern.errors import KernError
 __all__ = ["CACHE_SIZE", "CAPABILITIES", "CONTRACT", "DEFAULT_TARGETS", "Engine", "EngineError", "KERN_ONLY", "NEEDS",
            "PLACEHOLDERS",
            "PRESETS", "RUNS", "lacking", "step_lacking"]
+__all__ += ["FRESH", "FRESH_SESSIONS", "fresh_lacking"]
 
 CONTRACT = 1
 
@@ -104,6 +105,16 @@ PREFIXES: dict[str, tuple[str, ...]] = {"policy_": ("kern-policy",), "metrics_":
 """Per-session checks by prefix: policy_<session>, metrics_<session>."""
 
 
+FRESH = "a fresh engine"
+"""What a step lacks against a running engine without a cache reset (`Engine.needs_fresh`): its checks
+are reported ``skipped (needs a fresh engine)``."""
+
+FRESH_SESSIONS = ("prefix", "blocks", "cold_burst", "tight")
+"""Sessions whose checks read an empty cache (a cold phase, hits bounded by what the session itself sent,
+a flood sized to the cache): under
+``e2e --engine-url`` they run only after the engine's cache reset."""
+
+
 class EngineError(KernError, ValueError):
     """An engine declaration the gate cannot use: an unknown capability, another contract, a command
     without ``{port}``."""
@@ -136,6 +147,7 @@ class Engine:
     facts: dict[str, Any] = field(default_factory=dict)
     asked: bool = False  # /kern/capabilities read once
     cwd: str | None = None  # where its command runs (None: the gate's working directory)
+    url: str | None = None  # `e2e --engine-url`: an engine already running there (the gate starts none)
 
     @classmethod
     def own(cls, kern: list[str] | None = None) -> "Engine":
@@ -154,9 +166,34 @@ class Engine:
         caps = check_capabilities(capabilities, "--capabilities") if capabilities is not None else frozenset()
         return cls(command, caps, capabilities is not None, name=command)
 
+    @classmethod
+    def running(cls, url: str, capabilities=None) -> "Engine":
+        """`e2e --engine-url URL`: the engine a user already runs at `url` (docs/gate-your-engine.md)."""
+        caps = check_capabilities(capabilities, "--capabilities") if capabilities is not None else frozenset()
+        return cls(None, caps, capabilities is not None, name=url, url=url.rstrip("/"))
+
     @property
     def external(self) -> bool:
-        return self.command is not None
+        return self.command is not None or self.url is not None
+
+    @property
+    def shown(self) -> str | None:
+        """What the summary names: its command, or the URL it runs at."""
+        return self.command or self.url
+
+    @property
+    def reset(self) -> str | None:
+        """The path of its cache reset (``facts.reset``, POSTed before each session), if it declares one."""
+        path = self.facts.get("reset")
+        return path if isinstance(path, str) and path.startswith("/") else None
+
+    def needs_fresh(self, step) -> bool:
+        """Step `step` would need a fresh engine this running engine cannot give (no `reset`): its session
+        starts its own server (flags, a sized cache) or reads an empty cache (`FRESH_SESSIONS`)."""
+        if self.url is None or self.reset is not None:
+            return False
+        return (step.flags is not None or getattr(step, "cache", None) is not None
+                or step.session in FRESH_SESSIONS)
 
     def argv(self, port: int, model: str, cache_tokens: int = 16384, **values) -> list[str]:
         """The command's words with each `PLACEHOLDERS` name replaced by its value for this server."""
@@ -213,6 +250,7 @@ class Engine:
     def describe(self) -> dict[str, Any]:
         """For the summary and JUnit: what was gated."""
         return {"name": self.name, "version": self.version, "commit": self.commit, "command": self.command,
+                "url": self.url,
                 "capabilities": sorted(self.capabilities), "facts": dict(self.facts),
                 "cwd": (self.cwd or os.getcwd()) if self.external else None}
 
@@ -251,3 +289,8 @@ def lacking(engine: Engine, check: str) -> list[str]:
 def step_lacking(engine: Engine, step: str) -> list[str]:
     """The capabilities `engine` lacks for step `step` to run at all (none: it runs)."""
     return [c for c in RUNS.get(step, ()) if not engine.has(c)]
+
+
+def fresh_lacking(engine: Engine, step) -> list[str]:
+    """`[FRESH]` when `step` needs a fresh engine that `engine`, already running, cannot give."""
+    return [FRESH] if engine.needs_fresh(step) else []

@@ -17,6 +17,7 @@ all-serial session's hit counters, so a staged target's can be held to its singl
 from __future__ import annotations
 
 import hashlib
+import shlex
 import threading
 import time
 import traceback
@@ -25,10 +26,12 @@ from pathlib import Path
 from typing import Any, Callable, TypeVar
 
 from e2e import metrics
+from e2e.attached import Attached
 from e2e.checks import Checks
 from e2e.client import Answer, Client, Rejected
 from e2e.config import GateTarget
 from e2e.engine import Engine, step_lacking
+from e2e.engine import fresh_lacking
 from e2e.policy import PolicyGate
 from e2e.results import Opened
 from e2e.session import ServerExited, Session, Unavailable, merge_flags, server_command, split_flags, unused_port
@@ -209,6 +212,8 @@ class Run:
         the contract: its command, with those flags only if it takes kern serve's (``kern-serve``).
         `cache`: the session's cache size in tokens (kern: ``--capacity``; an engine: ``{cache_tokens}``)."""
         o = self.opts
+        if o.engine.url is not None:  # a running engine (--engine-url): nothing to start
+            return [], 0
         port = 0 if o.port == 0 else o.port + SESSION_PORTS[name]
         e = o.engine
         sized = [("--capacity", [str(cache)])] if cache is not None else []
@@ -234,7 +239,10 @@ class Run:
         o = self.opts
         cmd, port = self.command(name, flags, cache)
         e = o.engine
-        s = Session(name, cmd, port, self.dir / f"server-{name}.log", load_timeout=o.load_timeout,
+        if e.command is not None and not e.has("kern-serve"):  # --server-flags: its own, after its command
+            cmd = [*cmd, *shlex.split(o.server_flags)]
+        s = Attached(name, e.url, self.dir / f"server-{name}.log", e.reset) if e.url is not None else \
+            Session(name, cmd, port, self.dir / f"server-{name}.log", load_timeout=o.load_timeout,
                     spawner=o.spawner(staged=self.target.stages > 1),
                     weight=DEFAULT_WEIGHT if name == "default" else 1, health=e.external)
         try:
@@ -667,7 +675,7 @@ def _step_lacks(run: Run, step, plan: _Plan, deps: tuple[str, ...]) -> list[str]
     e = run.opts.engine
     if not e.external and e.has("kern-runtime"):
         return []
-    return step_lacking(e, step.name) or (plan.lacked_deps(deps) if e.external else [])
+    return step_lacking(e, step.name) or (plan.lacked_deps(deps) if e.external else []) or fresh_lacking(e, step)
 
 
 def _let_go(live: Live) -> None:

@@ -136,10 +136,12 @@ def _facts(name: str, t: dict, problems: list[str]) -> dict | None:
     def fits(k, v) -> bool:  # families: a list of toy family names; every other fact an integer
         if k == "families":
             return isinstance(v, list) and all(isinstance(x, str) for x in v)
+        if k == "reset":  # the path of its cache reset (docs/engine-contract.md)
+            return isinstance(v, str) and v.startswith("/")
         return isinstance(v, int) and not isinstance(v, bool)
     if facts is not None and (not isinstance(facts, dict) or not all(fits(k, v) for k, v in facts.items())):
         problems.append(f"targets.{name}.facts: expected a table of integers (page = 32, ...) and families, "
-                        f"a list of toy family names, got {facts!r}")
+                        f"a list of toy family names, and reset, a path (\"/reset_prefix_cache\"), got {facts!r}")
     return facts
 
 

@@ -7,6 +7,8 @@
 HERE=$(cd "$(dirname "$0")" && pwd)
 VENV=${VENV:-/work/vllm-venv}
 PORT=${1:-8811}; shift
+# POST /reset_prefix_cache (what `e2e --engine-url` resets the cache with) is served only in dev mode
+export VLLM_SERVER_DEV_MODE=${VLLM_SERVER_DEV_MODE:-1}
 exec "$VENV/bin/python" -m vllm.entrypoints.openai.api_server \
   --model "$HERE/model" \
   --served-model-name kern-toy-vllm \

@@ -17,7 +17,8 @@ last prompt token is always recomputed), feeds the rest, then decodes greedily.
 `--bug` plants one realistic prefix-cache bug (off by default) that the gate must catch. `--manifest`
 (the gate's `{manifest}`) names the toy by its manifest: its model name and family are read from it.
 It computes the paged, the lined and the attn family (`facts.families`); started for a toy of another family it
-still answers /health and /kern/capabilities, and refuses every completion.
+still answers /health and /kern/capabilities, and refuses every completion. `--reset` serves
+`POST /reset_prefix_cache` (the cache emptied) and declares it (`facts.reset`), for `e2e --engine-url`.
 """
 
 import argparse
@@ -41,6 +42,8 @@ MODELS = {"toy-paged": "paged", "toy-spec": "paged", "toy-big": "paged", "toy-st
 FAMILIES = ("paged", "lined", "attn")
 """The toy families it computes (docs/toy.md): paged (next_of(S)), lined (next_of(S + C)) or attn
 (next_of(splitmix(O)))."""
+RESET = {True: {"reset": "/reset_prefix_cache"}}
+"""--reset: the fact that declares its cache reset (docs/engine-contract.md)."""
 
 
 def family_of(manifest):
@@ -190,6 +193,13 @@ class PrefixCache:
             if self.refs[key] == 0:
                 del self.refs[key], self.states[key]
 
+    def clear(self):
+        """Forget every cached prefix (`POST /reset_prefix_cache` under --reset)."""
+        with self.lock:
+            self.states.clear()
+            self.refs.clear()
+            self.sequences.clear()
+
 
 # -- the engine ----------------------------------------------------------------------------------
 
@@ -293,6 +303,7 @@ class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     engine = None
     started = 0.0
+    reset = False  # --reset: POST /reset_prefix_cache empties the cache, declared as facts.reset
 
     def log_message(self, fmt, *args):  # quiet: the gate keeps the server's log, requests need no line
         pass
@@ -316,7 +327,8 @@ class Handler(BaseHTTPRequestHandler):
             self.send_json(200 if ready else 503, {} if ready else {"error": "loading"})
         elif self.path == "/kern/capabilities":
             self.send_json(200, {"contract": 1, "engine": {"name": "dict-engine", "version": "1"},
-                                 "capabilities": e.capabilities, "facts": {"page": 1, "families": list(FAMILIES)}})
+                                 "capabilities": e.capabilities, "facts": {"page": 1, "families": list(FAMILIES),
+                                                                           **RESET.get(self.reset, {})}})
         elif self.path == "/v1/models":
             self.send_json(200, {"object": "list", "data": [{"id": e.model, "object": "model",
                                                              "owned_by": "dict-engine", "max_model_len": MAX_LEN}]})
@@ -336,6 +348,10 @@ class Handler(BaseHTTPRequestHandler):
         try:
             if self.path == "/v1/completions":
                 self.complete(self.read_body())
+            elif self.path == "/reset_prefix_cache" and self.reset:
+                self.engine.cache.clear()
+                print("dict-engine: prefix cache reset", flush=True)
+                self.send_json(200, {})
             elif self.path == "/tokenize" and "text" in self.engine.capabilities:
                 body = self.read_body()
                 if not isinstance(body, dict) or not isinstance(body.get("prompt"), str):
@@ -399,6 +415,7 @@ class Handler(BaseHTTPRequestHandler):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--reset", action="store_true", help="serve POST /reset_prefix_cache (declared: facts.reset)")
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--model", default=None, help=f"one of {', '.join(MODELS)} (or a -ref twin); default toy-paged")
@@ -423,6 +440,7 @@ def main():
         ap.error(f"--cache-tokens {args.cache_tokens}: must be 0 (no bound) or more")
     Handler.engine = Engine(args.model, max(args.keep, 1), set(args.lack), args.bug, family, args.cache_tokens)
     Handler.started = time.monotonic()
+    Handler.reset = args.reset
     ThreadingHTTPServer.request_queue_size = 128
     server = ThreadingHTTPServer((args.host, args.port), Handler)
     server.daemon_threads = True
