@@ -67,6 +67,12 @@ class Lease:
         return self._slot.id if self._slot is not None else None
 
     @property
+    def shared_node(self) -> Node | None:
+        """The tip of the shared chain this lease holds (None: it shares nothing): what a fault or a test
+        reads to see the chain's holders (`Node.refs`)."""
+        return self._chain
+
+    @property
     def live(self) -> bool:
         return self._live
 

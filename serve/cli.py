@@ -484,73 +484,84 @@ def _server_type(uvicorn, engine, host: str, port: int, phases, limit_log, limit
                 self.flusher = loop.create_task(_flush_every(limit_log))
 
         async def shutdown(self, sockets=None) -> None:
-            """uvicorn's graceful shutdown, but the port answers until the end: a connection that
-            arrives meanwhile, or a request on a connection idle when it began, gets a 503
-            `server_shutting_down` (`serve.guard`), not a reset; the listening socket closes last."""
-            logs.event("draining", drain_timeout=limits.drain_timeout, connections=len(self.server_state.connections))
-            scheduler.drain(limits.drain_timeout)
-            self.config.http_protocol_class.going_away = True
-            for connection in list(self.server_state.connections):
-                connection.shutdown()
-            await asyncio.sleep(0.1)
-            try:
-                async with asyncio.timeout(self.config.timeout_graceful_shutdown):
-                    await self._wait_tasks_to_complete()
-            except TimeoutError:
-                logging.getLogger("uvicorn.error").error("Cancel %s running task(s), timeout graceful shutdown "
-                                                         "exceeded", len(self.server_state.tasks))
-                for t in self.server_state.tasks:
-                    t.cancel(msg="Task cancelled, timeout graceful shutdown exceeded")
-            await self._close_listening(sockets or [])
-            for connection in list(self.server_state.connections):
-                getattr(connection, "let_go", lambda: None)()
-            # the connections answered 503 since the shutdown drain what their clients still send
-            loop, state = asyncio.get_running_loop(), self.server_state
-            until = loop.time() + guard.LINGER_S
-            while any(getattr(c, "_refused", False) for c in state.connections) and loop.time() < until:
-                await asyncio.sleep(0.05)
-
-        async def _close_listening(self, sockets) -> None:
-            """Close the listening sockets, answering the connections still in their backlog (a 503
-            `server_shutting_down` each, as during the drain) instead of resetting them: they are
-            taken, the sockets closed with nothing awaited between, then each one served so."""
-            loop = asyncio.get_running_loop()
-            taken = []
-            if type(loop).__module__.startswith("asyncio"):  # the selector loop: its accept can be stopped
-                for sock in sockets:
-                    loop.remove_reader(sock.fileno())
-                    while True:
-                        try:
-                            taken.append(sock.accept()[0])
-                        except OSError:  # BlockingIOError: the backlog is empty
-                            break
-            for server in self.servers:
-                server.close()
-            for sock in sockets:
-                sock.close()
-            factory = functools.partial(self.config.http_protocol_class, config=self.config,
-                                        server_state=self.server_state, app_state=self.lifespan.state)
-            for conn in taken:
-                try:
-                    await loop.connect_accepted_socket(factory, conn)
-                except OSError:
-                    conn.close()
+            """uvicorn's graceful shutdown, but the port answers until the end (`_shutdown`)."""
+            await _shutdown(self, limits, scheduler, sockets or [])
 
         async def _wait_tasks_to_complete(self) -> None:
-            """uvicorn's graceful wait for the connections with a request in progress (not the ones
-            held idle or answered 503 since the shutdown) and the tasks; cancelled when it outlasts
-            timeout_graceful_shutdown."""
-            state = self.server_state
-
-            def busy() -> bool:
-                return any(not (getattr(c, "_going", False) or getattr(c, "_refused", False))
-                           for c in state.connections)
-
-            while (busy() or state.tasks) and not self.force_exit:
-                await asyncio.sleep(0.1)
-            self.drained = True
+            await _wait_busy(self)
 
     return Server
+
+
+async def _shutdown(server, limits: Limits, scheduler, sockets) -> None:
+    """uvicorn's graceful shutdown, but the port answers until the end: a connection that arrives
+    meanwhile, or a request on a connection idle when it began, gets a 503 `server_shutting_down`
+    (`serve.guard`), not a reset; the listening socket closes last."""
+    from serve import guard, logs
+
+    logs.event("draining", drain_timeout=limits.drain_timeout, connections=len(server.server_state.connections))
+    scheduler.drain(limits.drain_timeout)
+    server.config.http_protocol_class.going_away = True
+    for connection in list(server.server_state.connections):
+        connection.shutdown()
+    await asyncio.sleep(0.1)
+    try:
+        async with asyncio.timeout(server.config.timeout_graceful_shutdown):
+            await _wait_busy(server)
+    except TimeoutError:
+        logging.getLogger("uvicorn.error").error("Cancel %s running task(s), timeout graceful shutdown "
+                                                 "exceeded", len(server.server_state.tasks))
+        for t in server.server_state.tasks:
+            t.cancel(msg="Task cancelled, timeout graceful shutdown exceeded")
+    await _close_listening(server, sockets)
+    for connection in list(server.server_state.connections):
+        getattr(connection, "let_go", lambda: None)()
+    # the connections answered 503 since the shutdown drain what their clients still send
+    loop, state = asyncio.get_running_loop(), server.server_state
+    until = loop.time() + guard.LINGER_S
+    while any(getattr(c, "_refused", False) for c in state.connections) and loop.time() < until:
+        await asyncio.sleep(0.05)
+
+
+async def _close_listening(server, sockets) -> None:
+    """Close the listening sockets, answering the connections still in their backlog (a 503
+    `server_shutting_down` each, as during the drain) instead of resetting them: they are taken, the
+    sockets closed with nothing awaited between, then each one served so."""
+    loop = asyncio.get_running_loop()
+    taken = []
+    if type(loop).__module__.startswith("asyncio"):  # the selector loop: its accept can be stopped
+        for sock in sockets:
+            loop.remove_reader(sock.fileno())
+            while True:
+                try:
+                    taken.append(sock.accept()[0])
+                except OSError:  # BlockingIOError: the backlog is empty
+                    break
+    for srv in server.servers:
+        srv.close()
+    for sock in sockets:
+        sock.close()
+    factory = functools.partial(server.config.http_protocol_class, config=server.config,
+                                server_state=server.server_state, app_state=server.lifespan.state)
+    for conn in taken:
+        try:
+            await loop.connect_accepted_socket(factory, conn)
+        except OSError:
+            conn.close()
+
+
+async def _wait_busy(server) -> None:
+    """uvicorn's graceful wait for the connections with a request in progress (not the ones held idle
+    or answered 503 since the shutdown) and the tasks; cancelled when it outlasts
+    timeout_graceful_shutdown. Sets `server.drained` once it finished."""
+    state = server.server_state
+
+    def busy() -> bool:
+        return any(not (getattr(c, "_going", False) or getattr(c, "_refused", False)) for c in state.connections)
+
+    while (busy() or state.tasks) and not server.force_exit:
+        await asyncio.sleep(0.1)
+    server.drained = True
 
 
 def _stop_hosted(server, sig: int) -> None:

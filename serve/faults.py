@@ -321,7 +321,7 @@ def _hit_unheld(core) -> None:
 
     def unheld(hit, room: int):
         got = restore(hit, room)
-        node = getattr(got[0], "_chain", None) if isinstance(got, tuple) else None
+        node = got[0].shared_node if isinstance(got, tuple) else None
         if node is not None and node.refs > 1 and pool.leases > 2:  # the pad, this lease and another request's
             node.refs -= 1  # the bug: this reader is not counted, so the last release frees it under another
         return got

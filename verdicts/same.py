@@ -15,6 +15,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
+from kern.tokens import BYTES
+
 __all__ = ["EXCUSED_MAX", "PROMPT_CHARS", "Oracle", "Same", "divergence", "prompt_text", "served_text"]
 
 EXCUSED_MAX = 3
@@ -59,7 +61,7 @@ PROMPT_CHARS = 60  # how much of a prompt a note quotes
 def prompt_text(prompt: Sequence[int]) -> str:
     """A prompt in a note: its length and its start, as text when its ids are bytes (the toys' tokenizer)."""
     ids = list(prompt)
-    if all(0 <= t < 256 for t in ids):
+    if all(0 <= t < BYTES for t in ids):
         text = bytes(ids).decode("utf-8", "replace")
         quoted = repr(text[:PROMPT_CHARS] + ("..." if len(text) > PROMPT_CHARS else ""))
     else:

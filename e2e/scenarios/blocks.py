@@ -24,7 +24,7 @@ import random
 from e2e.client import Answer
 from e2e.scenarios.wild import Judge, block, draw, segment
 from kern.tokens import EOS
-from verdicts.params import continuation, expect
+from verdicts.params import continuation, expect, text_of
 
 __all__ = ["edges", "moved", "reparented", "stop_hit"]
 
@@ -109,7 +109,7 @@ def stop_hit(r) -> None:
     for k in range(ROUNDS):
         p = draw(rng, rng.randint(2 * block(r), 3 * block(r) + 8))
         plain = continuation(r.oracle, r.rows, p, m, EOS, False)
-        text = bytes(t for t in plain if t < 256).decode("utf-8", "replace")
+        text = text_of(plain)
         if len(text) < 6:
             continue
         i = rng.randrange(2, len(text) - 3)
