@@ -502,12 +502,13 @@ async def _shutdown(server, limits: Limits, scheduler, sockets) -> None:
     logs.event("draining", drain_timeout=limits.drain_timeout, connections=len(server.server_state.connections))
     scheduler.drain(limits.drain_timeout)
     server.config.http_protocol_class.going_away = True
-    for connection in list(server.server_state.connections):
+    before = list(server.server_state.connections)  # what the drain waits for: later ones are answered 503
+    for connection in before:
         connection.shutdown()
     await asyncio.sleep(0.1)
     try:
         async with asyncio.timeout(server.config.timeout_graceful_shutdown):
-            await _wait_busy(server)
+            await _wait_busy(server, before)
     except TimeoutError:
         logging.getLogger("uvicorn.error").error("Cancel %s running task(s), timeout graceful shutdown "
                                                  "exceeded", len(server.server_state.tasks))
@@ -550,14 +551,17 @@ async def _close_listening(server, sockets) -> None:
             conn.close()
 
 
-async def _wait_busy(server) -> None:
+async def _wait_busy(server, among=None) -> None:
     """uvicorn's graceful wait for the connections with a request in progress (not the ones held idle
     or answered 503 since the shutdown) and the tasks; cancelled when it outlasts
-    timeout_graceful_shutdown. Sets `server.drained` once it finished."""
+    timeout_graceful_shutdown. Sets `server.drained` once it finished. `among`: the connections open
+    when the drain began (default: all): a client that keeps opening new ones while the server goes
+    away is answered 503 on each and does not hold the exit back."""
     state = server.server_state
 
     def busy() -> bool:
-        return any(not (getattr(c, "_going", False) or getattr(c, "_refused", False)) for c in state.connections)
+        conns = state.connections if among is None else [c for c in among if c in state.connections]
+        return any(not (getattr(c, "_going", False) or getattr(c, "_refused", False)) for c in conns)
 
     while (busy() or state.tasks) and not server.force_exit:
         await asyncio.sleep(0.1)
