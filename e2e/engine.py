@@ -80,6 +80,8 @@ RUNS: dict[str, tuple[str, ...]] = {
     "explore": ("kern-serve",),
     "long_room": ("kern-serve", "stream"),
     "params": ("params", "text", "stream"),
+    # the configurations this checkout's kern serves beyond one process (e2e/scenarios/configs.py)
+    "split": ("kern-runtime",), "frontends2": ("kern-runtime",), "stage_loss": ("kern-runtime",),
 }
 """The steps (by name) that cannot run at all without these capabilities: their requests need them."""
 

@@ -47,7 +47,7 @@ HUNG_TERM_S = 2.0  # a server with a stuck request: SIGTERM, then SIGKILL after 
 DEFAULT_WEIGHT = 3  # the default session is every other session's dependency: its host is left lighter
 SESSION_PORTS = {"default": 0, "host": 1, "slots": 2, "rows1": 3, "wake_room": 4, "churn": 5, "drop": 6, "ties": 7, "frag": 8,
                  "params": 9, "explore": 10, "prefix": 11,
-                 "long_room": 12}
+                 "long_room": 12, "split": 18, "frontends2": 19, "stage_loss": 20}
 
 
 @dataclass
@@ -224,7 +224,7 @@ class Run:
         cmd, port = self.command(name, flags)
         e = o.engine
         s = Session(name, cmd, port, self.dir / f"server-{name}.log", load_timeout=o.load_timeout,
-                    spawner=o.spawner(staged=self.target.stages > 1),
+                    spawner=o.spawner(staged=self.target.stages > 1 or _forks(flags)),
                     weight=DEFAULT_WEIGHT if name == "default" else 1, health=e.external)
         try:
             facts = s.start()
@@ -656,6 +656,12 @@ def _step_lacks(run: Run, step, plan: _Plan, deps: tuple[str, ...]) -> list[str]
     if not e.external and e.has("kern-runtime"):
         return []
     return step_lacking(e, step.name) or (plan.lacked_deps(deps) if e.external else [])
+
+
+def _forks(flags: list[str]) -> bool:
+    """A session's flags that make its server start processes of its own (a host's thread serves in
+    process whatever it is told: docs/serve.md)."""
+    return any(f in ("--frontend-process", "--frontends") or f.startswith("--frontends=") for f in flags)
 
 
 def _let_go(live: Live) -> None:

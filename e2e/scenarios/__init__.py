@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from e2e.config import GateTarget
-from e2e.scenarios import (abort, churn, concurrent, conc1, cuts, explore, float_controls, host, kern_test, long_room,
+from e2e.scenarios import (abort, churn, concurrent, conc1, configs, cuts, explore, float_controls, host, kern_test, long_room,
                            params, prefix, repeat, rows1, slots, stream, ties, turn2, wake_room)
 
 __all__ = ["CHECKS", "COMPARED", "CROSS_CHECKS", "METRICS_CHECKS", "POLICY_CHECKS", "STEPS", "Step", "plan",
@@ -76,6 +76,14 @@ STEPS: tuple[Step, ...] = (
          applies=lambda t: t.stages <= 1),
     # every engine's gate (docs/engine-contract.md); our own kern's sessions above cover the same ground
     # (repeat, turn2, churn, drop), so it runs for ours only when named
+    # the configurations kern ships beyond one process (issue 39): this checkout's kern only (RUNS); each
+    # its own server of its own processes (never a host's thread)
+    Step("split", "split", ("split_equals_run",), (), configs.split, flags=configs.split_flags,
+         applies=lambda t: t.stages <= 1, serial=False, facts=False),
+    Step("frontends2", "frontends2", ("frontends2_equals_run",), (), configs.frontends, flags=configs.frontends_flags,
+         applies=lambda t: t.stages <= 1, serial=False, facts=False),
+    Step("stage_loss", "stage_loss", ("stage_loss_resumed",), (), configs.stage_loss,
+         applies=lambda t: t.stages > 1, serial=False, facts=False),
     Step("prefix", "prefix", ("prefix_cold_warm_restored",), (), prefix.run, serial=False, foreign=True),
 )
 
