@@ -628,4 +628,17 @@ CATALOGUE: tuple[Mutant, ...] = (
            ("conc1_equals_run", "concurrent"), ("toy-paged",),
            "vLLM V1: the block table's host-to-device commit copying fewer rows than changed (a row count taken "
            "before the batch grew)"),
+    # the configurations beyond one process (issue 39): front ends around one core, a pipeline's stage lost
+    Mutant("frontend-ids-collide", "serve/frontend.py",
+           '            return f"req-{shared}" if shared is not None else f"req-{self.index}.{n}"\n',
+           '            return f"req-{n}"\n',
+           ("frontends2_equals_run",), ("toy-paged",),
+           "vLLM: request ids made per API server (each front end counting its own), so two front ends' "
+           "requests collide in the engine core"),
+    Mutant("resume-feeds-one-more", "serve/admission.py",
+           "            req.fed_end = len(req.ids) + len(req.emitted) - 1\n",
+           "            req.fed_end = len(req.ids) + len(req.emitted)\n",
+           ("stage_loss_resumed",), ("toy-layers-pp2",),
+           "vLLM/SGLang recompute after preemption or a lost worker: the resumed request's prefill re-feeds its "
+           "last emitted token as well as the anchor (one token too many)"),
 )

@@ -2,9 +2,11 @@
 
 split (``--frontend-process``): the engine core in a process of its own, the HTTP front end in the
 server's; frontends2 (``--frontends 2``): two front-end processes on the one port around one core.
-Each sends prompts 1-`PROMPTS_AT_ONCE`, every one twice, whole and streamed, all at once: every answer
+Each sends prompts 1-`PROMPTS_AT_ONCE`, every one twice, whole and streamed, all at once, in `ROUNDS`
+rounds, each on new connections (the kernel hands a new connection to one front end: with two, one
+round's may all go to the same one): every answer
 identical to the oracle's (`split_equals_run`, `frontends2_equals_run`), every stream ended by
-``data: [DONE]``. A bug of the messages between front end and core (a request's tokens sent to the
+``data: [DONE]``, and no request id (``kern.request_id``) told to two answers. A bug of the messages between front end and core (a request's tokens sent to the
 wrong request or front end, ids that collide across front ends, a held token lost) changes an answer.
 
 stage_loss (a pipeline target): the twelve prompts, whole and streamed, all at once; once
@@ -33,6 +35,7 @@ from verdicts import Same
 __all__ = ["frontends", "frontends_flags", "split", "split_flags", "stage_loss"]
 
 PROMPTS_AT_ONCE = 6  # split and frontends2: prompts 1-6, each whole and streamed (12 requests at once)
+ROUNDS = 4  # split and frontends2: the burst again on new connections (two front ends share them out unevenly)
 KILL_AFTER = 4  # stage_loss: answers in before the kill
 STAGE_S = 60.0  # for the killed stage's replacement to be logged ready
 
@@ -64,7 +67,7 @@ def _one(r, ids: list[int], stream: bool) -> tuple[list[int], str | None, str]:
         got.pop()  # a stopped answer ends with its stop token, as a whole one does (`Client.complete`)
     if not data.get("done"):
         raise RuntimeError(f"request {name}: the stream ended without `data: [DONE]`")
-    return got, finish, name
+    return got, finish, str((data.get("kern") or {}).get("request_id") or name)
 
 
 def _load(r, calls, done=None) -> list:
@@ -107,11 +110,24 @@ def _judge(r, calls, out) -> tuple[Same, list[str]]:
 def _concurrent(r, check: str) -> None:
     r.serial_ends("whole and streamed requests at once")
     calls = _calls(r, PROMPTS[:PROMPTS_AT_ONCE])
-    out = _load(r, calls)
+    out = []
+    for _ in range(ROUNDS):  # each on new connections: the kernel hands them to the front ends afresh
+        r.need_any().client.reconnect()
+        out += _load(r, calls)
+    calls = calls * ROUNDS
     same, problems = _judge(r, calls, out)
+    problems += _ids_unique(out)
     ok = not problems and (same.ok or not r.oracle.exact)
-    note = f"{len(calls)} requests at once (prompts 1-{PROMPTS_AT_ONCE}, whole and streamed); {same}"
+    note = (f"{ROUNDS} rounds of {len(calls) // ROUNDS} requests at once on new connections (prompts "
+            f"1-{PROMPTS_AT_ONCE}, whole and streamed); {same}")
     r.checks.add(check, ok, note + "".join(f"; {p}" for p in problems), same.excused, same.first)
+
+
+def _ids_unique(out) -> list[str]:
+    """Every answer's request id (its `kern.request_id`) told once: one numbering across front ends."""
+    ids = [o[2] for o in out if not isinstance(o, BaseException)]
+    twice = sorted({i for i in ids if ids.count(i) > 1})
+    return [f"request id(s) {', '.join(twice)} told to more than one answer"] if twice else []
 
 
 def split(r) -> None:
