@@ -9,7 +9,8 @@ identical to the oracle's (`split_equals_run`, `frontends2_equals_run`), every s
 ``data: [DONE]``, and no request id (``kern.request_id``) told to two answers. A bug of the messages between front end and core (a request's tokens sent to the
 wrong request or front end, ids that collide across front ends, a held token lost) changes an answer.
 
-stage_loss (a pipeline target): the twelve prompts, whole and streamed, all at once; once
+stage_loss (a pipeline target): the twelve prompts, whole and streamed, all at once (max_tokens
+at least `LOAD_TOKENS`, so most are mid-answer at the kill); once
 `KILL_AFTER` answers are in, one stage (drawn from ``--seed``) is SIGKILLed by the pid its
 ``pp stage ready`` line logs. The head starts it again and resumes every request from its prompt and
 the tokens it already produced: `stage_loss_resumed` holds every answer identical to the oracle's, no
@@ -37,6 +38,7 @@ __all__ = ["frontends", "frontends_flags", "split", "split_flags", "stage_loss"]
 PROMPTS_AT_ONCE = 6  # split and frontends2: prompts 1-6, each whole and streamed (12 requests at once)
 ROUNDS = 4  # split and frontends2: the burst again on new connections (two front ends share them out unevenly)
 KILL_AFTER = 4  # stage_loss: answers in before the kill
+LOAD_TOKENS = 64  # stage_loss: max_tokens at least this (the others still mid-answer when the KILL_AFTER-th ends)
 STAGE_S = 60.0  # for the killed stage's replacement to be logged ready
 
 
@@ -53,13 +55,13 @@ def _calls(r, prompts: list[str]) -> list[tuple[list[int], bool]]:
     return [(list(p.encode()), stream) for p in prompts for stream in (False, True)]
 
 
-def _one(r, ids: list[int], stream: bool) -> tuple[list[int], str | None, str]:
+def _one(r, ids: list[int], stream: bool, m: int) -> tuple[list[int], str | None, str]:
     """One request's (ids, finish, name); a streamed one without its `[DONE]` raises."""
     client = r.need_any().client
     if not stream:
-        a = client.complete(ids, r.m)
+        a = client.complete(ids, m)
         return a.ids, a.finish, a.request
-    body = {"model": client.model, "prompt": ids, "max_tokens": r.m, "temperature": 0, "return_token_ids": True,
+    body = {"model": client.model, "prompt": ids, "max_tokens": m, "temperature": 0, "return_token_ids": True,
             "stream": True}
     data, name = client.request(body)
     got, finish = streamed(data)
@@ -70,7 +72,7 @@ def _one(r, ids: list[int], stream: bool) -> tuple[list[int], str | None, str]:
     return got, finish, str((data.get("kern") or {}).get("request_id") or name)
 
 
-def _load(r, calls, done=None) -> list:
+def _load(r, calls, m: int, done=None) -> list:
     """Every call at once, a thread each; `done(n)` after the n-th answer is in. Results in call order:
     (ids, finish, name) or the exception."""
     out: list = [None] * len(calls)
@@ -79,7 +81,7 @@ def _load(r, calls, done=None) -> list:
 
     def one(i: int) -> None:
         try:
-            out[i] = _one(r, *calls[i])
+            out[i] = _one(r, *calls[i], m)
         except BaseException as exc:  # reported with the check
             out[i] = exc
         with lock:
@@ -95,7 +97,7 @@ def _load(r, calls, done=None) -> list:
     return out
 
 
-def _judge(r, calls, out) -> tuple[Same, list[str]]:
+def _judge(r, calls, out, m: int) -> tuple[Same, list[str]]:
     same = Same(r.oracle, r.rows)
     problems = []
     for (ids, stream), got in zip(calls, out):
@@ -103,7 +105,7 @@ def _judge(r, calls, out) -> tuple[Same, list[str]]:
         if isinstance(got, BaseException):
             problems.append(f"{label}: {type(got).__name__}: {got}")
             continue
-        same.add(f"{label} (request {got[2]})", ids, got[0], r.oracle.run(ids, r.m, r.rows))
+        same.add(f"{label} (request {got[2]})", ids, got[0], r.oracle.run(ids, m, r.rows))
     return same, problems
 
 
@@ -113,9 +115,9 @@ def _concurrent(r, check: str) -> None:
     out = []
     for _ in range(ROUNDS):  # each on new connections: the kernel hands them to the front ends afresh
         r.need_any().client.reconnect()
-        out += _load(r, calls)
+        out += _load(r, calls, r.m)
     calls = calls * ROUNDS
-    same, problems = _judge(r, calls, out)
+    same, problems = _judge(r, calls, out, r.m)
     problems += _ids_unique(out)
     ok = not problems and (same.ok or not r.oracle.exact)
     note = (f"{ROUNDS} rounds of {len(calls) // ROUNDS} requests at once on new connections (prompts "
@@ -162,8 +164,9 @@ def stage_loss(r) -> None:
                 os.kill(pid, signal.SIGKILL)
                 killed.append(pid)
 
-    out = _load(r, calls, done)
-    same, problems = _judge(r, calls, out)
+    m = max(r.m, LOAD_TOKENS)
+    out = _load(r, calls, m, done)
+    same, problems = _judge(r, calls, out, m)
     if not killed:
         problems.append(f"no `pp stage ready stage={k}` line with a pid: nothing was killed")
     else:
@@ -172,7 +175,7 @@ def stage_loss(r) -> None:
     if pipe.get("losses") != 1 or pipe.get("answered_error"):
         problems.append(f"/stats pipeline {pipe}: want losses 1 and answered_error 0")
     ok = not problems and (same.ok or not r.oracle.exact)
-    note = (f"{len(calls)} requests at once (the 12 prompts, whole and streamed), stage {k} of {r.target.stages} "
+    note = (f"{len(calls)} requests at once (the 12 prompts, whole and streamed, {m} tokens), stage {k} of {r.target.stages} "
             f"SIGKILLed after {KILL_AFTER} answers, {pipe.get('requeued', '?')} requests resumed; {same}")
     if ok and not pipe.get("requeued"):  # right answers, but the kill came when nothing ran
         ok = None
