@@ -635,6 +635,12 @@ CATALOGUE: tuple[Mutant, ...] = (
            ("frontends2_equals_run",), ("toy-paged",),
            "vLLM: request ids made per API server (each front end counting its own), so two front ends' "
            "requests collide in the engine core"),
+    Mutant("core-held-answer-cut", "serve/frontend_core.py",
+           "                    held.extend(tokens)\n",
+           "                    held[:] = tokens\n",
+           ("split_equals_run",), ("toy-paged",),
+           "vLLM V1's engine-core output processor: a whole (not streamed) answer's tokens held in the core "
+           "between steps, only the last step's sent with the finish (the partial answer held so far dropped)"),
     Mutant("resume-feeds-one-more", "serve/admission.py",
            "            req.fed_end = len(req.ids) + len(req.emitted) - 1\n",
            "            req.fed_end = len(req.ids) + len(req.emitted)\n",

@@ -1,6 +1,7 @@
 """The sessions of the configurations kern ships beyond one process (e2e/scenarios/configs.py): each
 passes on the shipped code and fails against a server broken only there, a mutant of the catalogue
-planted in a copy of the tree (bench/mutants.py): request ids that collide across two front ends
+planted in a copy of the tree (bench/mutants.py): a whole answer's tokens held in the engine core cut
+to the last step's (`split_equals_run`), request ids that collide across two front ends
 (`frontends2_equals_run`), a request resumed after a stage loss re-feeding one token too many
 (`stage_loss_resumed`). An engine under the contract, or another kern, skips them."""
 
@@ -42,6 +43,10 @@ def test_split_and_two_front_ends_pass_on_the_shipped_code(tmp_path):
     assert code == EXIT_PASS, got
     assert all(got[n]["ok"] for n in names), got
     assert "48/48 identical" in got["frontends2_equals_run"]["note"], got["frontends2_equals_run"]
+
+
+def test_a_split_whose_core_drops_a_whole_answers_held_tokens_fails():
+    _killed("core-held-answer-cut", "split_equals_run")
 
 
 def test_two_front_ends_whose_request_ids_collide_fail():
