@@ -6,7 +6,9 @@ Each sends prompts 1-`PROMPTS_AT_ONCE`, every one twice, whole and streamed, all
 rounds, each on new connections (the kernel hands a new connection to one front end: with two, one
 round's may all go to the same one): every answer
 identical to the oracle's (`split_equals_run`, `frontends2_equals_run`), every stream ended by
-``data: [DONE]``, and no request id (``kern.request_id``) told to two answers. A bug of the messages between front end and core (a request's tokens sent to the
+``data: [DONE]``, no request id (``kern.request_id``) told to two answers, and (a server that logs
+at info) its own lines show the layout asked for: an ``engine core`` line and its ``serving`` line's
+``frontends``. A bug of the messages between front end and core (a request's tokens sent to the
 wrong request or front end, ids that collide across front ends, a held token lost) changes an answer.
 
 stage_loss (a pipeline target): the twelve prompts, whole and streamed, all at once (max_tokens
@@ -109,7 +111,21 @@ def _judge(r, calls, out, m: int) -> tuple[Same, list[str]]:
     return same, problems
 
 
-def _concurrent(r, check: str) -> None:
+def _layout(live, frontends: int) -> list[str]:
+    """The server's own lines say it ran as asked: an `engine core` line and its `serving` line's
+    front ends (not judged on a server that logs nothing at info: its `serving` line is missing)."""
+    serving = live.session.log.lines("serving")
+    if not serving:
+        return []
+    told = int(serving[-1].get("frontends", 1))
+    core = live.session.log.count("engine core")
+    if not core or told != frontends:
+        return [f"the server's lines show {'an' if core else 'no'} engine core process and {told} front end(s); "
+                f"its flags asked for an engine core process and {frontends}"]
+    return []
+
+
+def _concurrent(r, check: str, frontends: int) -> None:
     r.serial_ends("whole and streamed requests at once")
     calls = _calls(r, PROMPTS[:PROMPTS_AT_ONCE])
     out = []
@@ -118,7 +134,7 @@ def _concurrent(r, check: str) -> None:
         out += _load(r, calls, r.m)
     calls = calls * ROUNDS
     same, problems = _judge(r, calls, out, r.m)
-    problems += _ids_unique(out)
+    problems += _ids_unique(out) + _layout(r.need_any(), frontends)
     ok = not problems and (same.ok or not r.oracle.exact)
     note = (f"{ROUNDS} rounds of {len(calls) // ROUNDS} requests at once on new connections (prompts "
             f"1-{PROMPTS_AT_ONCE}, whole and streamed); {same}")
@@ -133,11 +149,11 @@ def _ids_unique(out) -> list[str]:
 
 
 def split(r) -> None:
-    _concurrent(r, "split_equals_run")
+    _concurrent(r, "split_equals_run", 1)
 
 
 def frontends(r) -> None:
-    _concurrent(r, "frontends2_equals_run")
+    _concurrent(r, "frontends2_equals_run", 2)
 
 
 def victim(r) -> int:
