@@ -641,4 +641,23 @@ CATALOGUE: tuple[Mutant, ...] = (
            ("refcount_stress",), ("toy-paged",),
            "vLLM's free-while-referenced class (a block's ref count one short): a lease restored from a hit shares "
            "its whole pages without holding them, so the last release frees them under a reader"),
+    # the configurations beyond one process (issue 39): front ends around one core, a pipeline's stage lost
+    Mutant("frontend-ids-collide", "serve/frontend.py",
+           '            return f"req-{shared}" if shared is not None else f"req-{self.index}.{n}"\n',
+           '            return f"req-{n}"\n',
+           ("frontends2_equals_run",), ("toy-paged",),
+           "vLLM: request ids made per API server (each front end counting its own), so two front ends' "
+           "requests collide in the engine core"),
+    Mutant("core-held-answer-cut", "serve/frontend_core.py",
+           "                    held.extend(tokens)\n",
+           "                    held[:] = tokens\n",
+           ("split_equals_run",), ("toy-paged",),
+           "vLLM V1's engine-core output processor: a whole (not streamed) answer's tokens held in the core "
+           "between steps, only the last step's sent with the finish (the partial answer held so far dropped)"),
+    Mutant("resume-feeds-one-more", "serve/admission.py",
+           "            req.fed_end = len(req.ids) + len(req.emitted) - 1\n",
+           "            req.fed_end = len(req.ids) + len(req.emitted)\n",
+           ("stage_loss_resumed",), ("toy-layers-pp2",),
+           "vLLM/SGLang recompute after preemption or a lost worker: the resumed request's prefill re-feeds its "
+           "last emitted token as well as the anchor (one token too many)"),
 )

@@ -109,8 +109,9 @@ class Client:
         self.model = model
         self.text = text  # the server takes string prompts and /tokenize; else the client sends the bytes' ids
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self.http = httpx.Client(base_url=session.url, timeout=timeout, headers=headers, verify=tls(),
-                                 limits=httpx.Limits(max_connections=64, keepalive_expiry=KEEPALIVE_S))
+        self._connect = lambda: httpx.Client(base_url=session.url, timeout=timeout, headers=headers, verify=tls(),
+                                             limits=httpx.Limits(max_connections=64, keepalive_expiry=KEEPALIVE_S))
+        self.http = self._connect()
         self.resent = 0  # requests sent again after an idle connection was closed under them
         self._lock = threading.Lock()
         self._next = 0
@@ -126,6 +127,12 @@ class Client:
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
         self.http.close()
+
+    def reconnect(self) -> None:
+        """Drop every kept-alive connection (call with nothing in flight): the next requests open new
+        ones, which a server with several front ends hands out among them afresh."""
+        old, self.http = self.http, self._connect()
+        old.close()
 
     def _take_id(self) -> str:
         with self._lock:

@@ -90,6 +90,8 @@ RUNS: dict[str, tuple[str, ...]] = {
     "params": ("params", "text", "stream"),
     "stop_hit": ("params", "text"),
     "evict_proof": (CACHE_SIZE,), "refcount": (CACHE_SIZE,), "preempt": (CACHE_SIZE,),
+    # the configurations this checkout's kern serves beyond one process (e2e/scenarios/configs.py)
+    "split": ("kern-runtime",), "frontends2": ("kern-runtime",), "stage_loss": ("kern-runtime",),
 }
 """The steps (by name) that cannot run at all without these capabilities: their requests need them."""
 

@@ -49,7 +49,8 @@ HOST_CHUNK = 98_307  # the host tier's piece size in the gate: 1.5 toy-paged pag
 HUNG_TERM_S = 2.0  # a server with a stuck request: SIGTERM, then SIGKILL after this long
 DEFAULT_WEIGHT = 3  # the default session is every other session's dependency: its host is left lighter
 SESSION_PORTS = {"default": 0, "host": 1, "slots": 2, "rows1": 3, "wake_room": 4, "churn": 5, "drop": 6, "ties": 7, "frag": 8,
-                 "params": 9, "explore": 10, "prefix": 11, "long_room": 12, "blocks": 13, "cold_burst": 14, "tight": 15}
+                 "params": 9, "explore": 10, "prefix": 11, "long_room": 12, "blocks": 13, "cold_burst": 14, "tight": 15,
+                 "split": 18, "frontends2": 19, "stage_loss": 20}
 
 
 @dataclass
@@ -243,7 +244,7 @@ class Run:
             cmd = [*cmd, *shlex.split(o.server_flags)]
         s = Attached(name, e.url, self.dir / f"server-{name}.log", e.reset) if e.url is not None else \
             Session(name, cmd, port, self.dir / f"server-{name}.log", load_timeout=o.load_timeout,
-                    spawner=o.spawner(staged=self.target.stages > 1),
+                    spawner=o.spawner(staged=self.target.stages > 1 or _forks(flags)),
                     weight=DEFAULT_WEIGHT if name == "default" else 1, health=e.external)
         try:
             facts = s.start()
@@ -676,6 +677,12 @@ def _step_lacks(run: Run, step, plan: _Plan, deps: tuple[str, ...]) -> list[str]
     if not e.external and e.has("kern-runtime"):
         return []
     return step_lacking(e, step.name) or (plan.lacked_deps(deps) if e.external else []) or fresh_lacking(e, step)
+
+
+def _forks(flags: list[str]) -> bool:
+    """A session's flags that make its server start processes of its own (a host's thread serves in
+    process whatever it is told: docs/serve.md)."""
+    return any(f in ("--frontend-process", "--frontends") or f.startswith("--frontends=") for f in flags)
 
 
 def _let_go(live: Live) -> None:

@@ -173,7 +173,11 @@ START_ZERO = ("prompt_tokens_total", "generation_tokens_total", "request_success
 def verdict(start: dict, end: dict, sent: list[Sent], stats: dict[str, Any] | None,
             policy: dict[str, int] | None, idle: bool = True) -> tuple[bool, str]:
     """(ok, note): the end scrape against the ledger, /stats and the policy; the start scrape at zero.
-    `idle`: the server ran and queued nothing at the close (its gauges are then held to /stats too)."""
+    `idle`: the server ran and queued nothing at the close (its gauges are then held to /stats too).
+    A pipeline head that resumed requests after a stage loss (/stats `pipeline.requeued`) looked each
+    up again: its prefix-cache queries and hits are held to at least what was sent, and each resumed
+    request may add one hit to those its answers told (docs/pipeline.md)."""
+    resumed = int(((stats or {}).get("pipeline") or {}).get("requeued") or 0)
     problems = []
     for key in START_ZERO:
         v = _read(start, key)
@@ -182,6 +186,8 @@ def verdict(start: dict, end: dict, sent: list[Sent], stats: dict[str, Any] | No
         elif v != 0:
             problems.append(f"{key} {v:g} at the session's start (a fresh server: 0)")
     exact, least = predict(sent)
+    if resumed:
+        least.update({k: exact.pop(k) for k in [k for k in exact if k.startswith("prefix_cache_")]})
     for key, want in exact.items():
         v = _read(end, key)
         if v is None or v != want:
@@ -212,7 +218,7 @@ def verdict(start: dict, end: dict, sent: list[Sent], stats: dict[str, Any] | No
             problems.append(f"{name}_total {'missing' if v is None else f'{v:g}'} (policy {value})")
     problems += buckets(end, sent)
     if stats is not None:
-        problems += told(end, sent)
+        problems += told(end, sent, resumed)
     if stats and idle:
         problems += gauges(end, stats)
     n = {k: sum(s.kind == k for s in sent) for k in ("answered", "hung_up", "refused")}
@@ -220,7 +226,8 @@ def verdict(start: dict, end: dict, sent: list[Sent], stats: dict[str, Any] | No
             f"{len(exact)} request metrics exact, {len(least)} at least, {len(counters)} counters = /stats"
             + (f", {len(policy)} = policy" if policy else "") + ", token-count buckets exact"
             + (", every answer's kern tier and wake = the hit counters" if stats is not None else "")
-            + (", idle gauges = /stats" if stats and idle else ""))
+            + (", idle gauges = /stats" if stats and idle else "")
+            + (f"; {resumed} request(s) resumed after a stage loss (looked up again)" if resumed else ""))
     if problems:
         return False, f"{len(problems)} difference(s): " + "; ".join(problems[:8]) + f" ({what})"
     return True, what
@@ -229,14 +236,14 @@ def verdict(start: dict, end: dict, sent: list[Sent], stats: dict[str, Any] | No
 TOLD = ("resident_hits", "host_hits", "wakes", "wake_tokens")
 
 
-def told(m: dict, sent: list[Sent]) -> list[str]:
+def told(m: dict, sent: list[Sent], resumed: int = 0) -> list[str]:
     """The tiers the API told, against the hit counters (a server with /stats: ours). Every answer's
     response carries the whole `kern` object (streamed, chat, in a burst: not only the gate's serial
     requests); a hit's `woken` is true exactly when its `cache_tier` is host; and the requests told a
     device hit are `resident_hits`, those told woken `host_hits` and `wakes`, their cached tokens
     `wake_tokens`. A hung-up stream's hit is told by its first chunk's `kern` (docs/api.md) and counts
     as an answer's; one hung up before any chunk came is not told: it may add one hit and at most its
-    prompt's tokens."""
+    prompt's tokens. Each of `resumed` requests (a stage loss's) may add one hit, and its tokens, as well."""
     hung = [s for s in sent if s.kind == "hung_up" and s.woken is None]  # hung up before its hit was told
     answered = [s for s in sent if s.kind == "answered" or (s.kind == "hung_up" and s.woken is not None)]
     problems = []
@@ -252,8 +259,8 @@ def told(m: dict, sent: list[Sent]) -> list[str]:
             "host_hits": sum(s.tier == "host" for s in answered),
             "wakes": sum(bool(s.woken) for s in answered),
             "wake_tokens": sum(s.cached for s in answered if s.woken)}
-    room = {"resident_hits": len(hung), "host_hits": len(hung), "wakes": len(hung),
-            "wake_tokens": sum(s.prompt for s in hung)}
+    room = {"resident_hits": len(hung) + resumed, "host_hits": len(hung) + resumed, "wakes": len(hung) + resumed,
+            "wake_tokens": sum(s.prompt for s in hung) + (sum(s.prompt + s.generated for s in sent) if resumed else 0)}
     for name in TOLD:
         v, lo, hi = get(m, f"{name}_total"), want[name], want[name] + room[name]
         if v is None or not lo <= v <= hi:

@@ -324,8 +324,8 @@ def core_main(addrs: list[tuple[str, str]], build, start_scheduler) -> None:
         out.close()
         if head is not None:
             head.stop()
-        for k, o in enumerate(outs):
-            o.close(linger=0 if k in out.dead else 5000)
+        for k, o in enumerate(outs):  # only the leader (0) waits for the goodbye; the others ended before
+            o.close(linger=0 if k in out.dead or k > 0 else 5000)  # the leader sent "x" (queued: never read)
         inp.close(linger=0)
         ctx.term()  # sends what is queued (the goodbye above: its cut-off count) before os._exit ends the I/O thread
     except SystemExit as exc:

@@ -45,14 +45,17 @@ def test_passing_gate_on_toy_paged(tmp_path):
                         "wake_room", "host_churn", "evict_drops", "policy_default", "policy_host", "policy_churn",
                         "policy_drop", "policy_wake_room", "index_ties", "policy_ties", "params_stop", "params_ids",
                         "params_prompt", "policy_params", "explore_equals_run", "policy_explore",
-                        "long_beside_short", "policy_long_room"} | {
+                        "long_beside_short", "policy_long_room", "split_equals_run", "policy_split",
+                        "frontends2_equals_run", "policy_frontends2"} | {
                         f"metrics_{s}" for s in ("default", "host", "churn", "drop", "ties", "wake_room", "params",
-                                                 "explore", "long_room", "blocks", "cold_burst", "tight")} | {
+                                                 "explore", "long_room", "blocks", "cold_burst", "tight", "split",
+                                                 "frontends2")} | {
                         "blocks_moved", "blocks_reparented", "block_edges", "stop_after_hit", "cold_prefix_burst",
                         "eviction_proven", "refcount_stress", "preempt_recompute", "policy_blocks", "policy_cold_burst",
                         "policy_tight"}
-    assert all(c["ok"] for name, c in got.items() if name != "policy_long_room")
-    assert got["policy_long_room"]["ok"] is None  # its requests run at once: nothing predicted
+    at_once = ("policy_long_room", "policy_split", "policy_frontends2")
+    assert all(c["ok"] for name, c in got.items() if name not in at_once)
+    assert all(got[n]["ok"] is None for n in at_once)  # their requests run at once: nothing predicted
     assert "cached [96, 80, 96, 64]" in got["repeat_hit"]["note"]
     assert r["counters"]["host"]["parks"] >= 1 and r["facts"]["default"]["page"] == 16
     out = tmp_path / "results"

@@ -191,3 +191,25 @@ def test_a_hung_up_stream_is_told_by_its_first_chunk():
     assert told(moved, ledger + [told_hit]) == []
     assert told(end, ledger + [told_hit]) != []
     assert "lacks kern" in "; ".join(told(end, ledger + [hung_up("req-5", 40, {"choices": []})]))
+
+
+def test_after_a_stage_loss_prefix_lookups_are_held_to_at_least_the_ledger():
+    """A pipeline head that resumed requests (/stats pipeline.requeued) looked each up again: its
+    prefix-cache queries may exceed what was sent, never fall short; each resumed request may add one
+    told hit. Without a loss both stay exact."""
+    sent = [(Sent("answered", 40, 3, 32, "stop", "device", False), [1, 2]),
+            (Sent("answered", 40, 3, 0, "length", "none", False), [3])]
+    ledger = [s for s, _ in sent]
+    start, end, stats = scrape([]), scrape(sent), stats_of(sent)
+    key = ("kern:prefix_cache_queries_total", ())
+    lost = {**stats, "pipeline": {"epoch": 1, "losses": 1, "requeued": 1, "answered_error": 0}}
+    more = {**end, key: end[key] + 40}
+    ok, note = verdict(start, more, ledger, stats, None)
+    assert not ok and "prefix_cache_queries_total" in note, note
+    ok, note = verdict(start, more, ledger, lost, None)
+    assert ok and "1 request(s) resumed" in note, note
+    assert not verdict(start, {**end, key: end[key] - 1}, ledger, lost, None)[0]
+    hits = ("kern:resident_hits_total", ())
+    assert told({**end, hits: end[hits] + 1}, ledger, resumed=1) == []
+    assert told({**end, hits: end[hits] + 2}, ledger, resumed=1) != []
+    assert told({**end, hits: end[hits] + 1}, ledger) != []

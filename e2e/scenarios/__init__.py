@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 from e2e.config import GateTarget
-from e2e.scenarios import (abort, blocks, churn, cold_burst, concurrent, conc1, cuts, explore, float_controls, host,
-                           kern_test, long_room, params, prefix, repeat, rows1, slots, stream, ties, tight, turn2,
+from e2e.scenarios import (abort, blocks, churn, cold_burst, concurrent, conc1, configs, cuts, explore, float_controls,
+                           host, kern_test, long_room, params, prefix, repeat, rows1, slots, stream, ties, tight, turn2,
                            wake_room)
 
 __all__ = ["CHECKS", "COMPARED", "CROSS_CHECKS", "METRICS_CHECKS", "POLICY_CHECKS", "STEPS", "Step", "plan",
@@ -78,6 +78,14 @@ STEPS: tuple[Step, ...] = (
          applies=lambda t: t.stages <= 1),
     # every engine's gate (docs/engine-contract.md); our own kern's sessions above cover the same ground
     # (repeat, turn2, churn, drop), so it runs for ours only when named
+    # the configurations kern ships beyond one process (issue 39): this checkout's kern only (RUNS); each
+    # its own server of its own processes (never a host's thread)
+    Step("split", "split", ("split_equals_run",), (), configs.split, flags=configs.split_flags,
+         applies=lambda t: t.stages <= 1, serial=False, facts=False),
+    Step("frontends2", "frontends2", ("frontends2_equals_run",), (), configs.frontends, flags=configs.frontends_flags,
+         applies=lambda t: t.stages <= 1, serial=False, facts=False),
+    Step("stage_loss", "stage_loss", ("stage_loss_resumed",), (), configs.stage_loss,
+         applies=lambda t: t.stages > 1, serial=False, facts=False),
     Step("prefix", "prefix", ("prefix_cold_warm_restored",), (), prefix.run, serial=False, foreign=True),
     # workloads from the wild (issue 39): what real prefix caches got wrong, judged from outside, every engine;
     # a staged target's single process runs the same cache code (and each pipeline start costs seconds)

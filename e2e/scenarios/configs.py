@@ -1,0 +1,211 @@
+"""The configurations kern ships beyond one process, each in a session of its own (issue 39).
+
+split (``--frontend-process``): the engine core in a process of its own, the HTTP front end in the
+server's; frontends2 (``--frontends 2``): two front-end processes on the one port around one core.
+Each sends prompts 1-`PROMPTS_AT_ONCE`, every one twice, whole and streamed, all at once, in `ROUNDS`
+rounds, each on new connections (the kernel hands a new connection to one front end: with two, one
+round's may all go to the same one): every answer
+identical to the oracle's (`split_equals_run`, `frontends2_equals_run`), every stream ended by
+``data: [DONE]``, no request id (``kern.request_id``) told to two answers, and (a server that logs
+at info) its own lines show the layout asked for: an ``engine core`` line and its ``serving`` line's
+``frontends``. A bug of the messages between front end and core (a request's tokens sent to the
+wrong request or front end, ids that collide across front ends, a held token lost) changes an answer.
+
+stage_loss (a pipeline target): the twelve prompts, whole and streamed, all at once (max_tokens
+at least `LOAD_TOKENS`, so most are mid-answer at the kill); once
+`KILL_AFTER` answers are in, one stage (drawn from ``--seed``) is SIGKILLed by the pid its
+``pp stage ready`` line logs. The head starts it again and resumes every request from its prompt and
+the tokens it already produced: `stage_loss_resumed` holds every answer identical to the oracle's, no
+request erred, and the server's ``/stats`` shows one loss, no request answered with an error, and at
+least one requeued (else the kill came after the load and is not judged: reported).
+
+Only this checkout's kern serves these configurations: an engine under the contract, or another kern
+(``--kern``), skips them (`e2e/engine.py` RUNS).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import threading
+import time
+
+from e2e.prompts import PROMPTS
+from e2e.scenarios.stream import streamed
+from verdicts import Same
+
+__all__ = ["frontends", "frontends_flags", "split", "split_flags", "stage_loss"]
+
+PROMPTS_AT_ONCE = 6  # split and frontends2: prompts 1-6, each whole and streamed (12 requests at once)
+ROUNDS = 4  # split and frontends2: the burst again on new connections (two front ends share them out unevenly)
+KILL_AFTER = 4  # stage_loss: answers in before the kill
+LOAD_TOKENS = 64  # stage_loss: max_tokens at least this (the others still mid-answer when the KILL_AFTER-th ends)
+STAGE_S = 60.0  # for the killed stage's replacement to be logged ready
+
+
+def split_flags(r) -> list[str]:
+    return ["--frontend-process"]
+
+
+def frontends_flags(r) -> list[str]:
+    return ["--frontends", "2"]
+
+
+def _calls(r, prompts: list[str]) -> list[tuple[list[int], bool]]:
+    """Each prompt twice: whole, then streamed."""
+    return [(list(p.encode()), stream) for p in prompts for stream in (False, True)]
+
+
+def _one(r, ids: list[int], stream: bool, m: int) -> tuple[list[int], str | None, str]:
+    """One request's (ids, finish, name); a streamed one without its `[DONE]` raises."""
+    client = r.need_any().client
+    if not stream:
+        a = client.complete(ids, m)
+        return a.ids, a.finish, a.request
+    body = {"model": client.model, "prompt": ids, "max_tokens": m, "temperature": 0, "return_token_ids": True,
+            "stream": True}
+    data, name = client.request(body)
+    got, finish = streamed(data)
+    if finish == "stop" and got:
+        got.pop()  # a stopped answer ends with its stop token, as a whole one does (`Client.complete`)
+    if not data.get("done"):
+        raise RuntimeError(f"request {name}: the stream ended without `data: [DONE]`")
+    return got, finish, str((data.get("kern") or {}).get("request_id") or name)
+
+
+def _load(r, calls, m: int, done=None) -> list:
+    """Every call at once, a thread each; `done(n)` after the n-th answer is in. Results in call order:
+    (ids, finish, name) or the exception."""
+    out: list = [None] * len(calls)
+    lock = threading.Lock()
+    count = [0]
+
+    def one(i: int) -> None:
+        try:
+            out[i] = _one(r, *calls[i], m)
+        except BaseException as exc:  # reported with the check
+            out[i] = exc
+        with lock:
+            count[0] += 1
+            if done is not None:
+                done(count[0])
+
+    threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(len(calls))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return out
+
+
+def _judge(r, calls, out, m: int) -> tuple[Same, list[str]]:
+    same = Same(r.oracle, r.rows)
+    problems = []
+    for (ids, stream), got in zip(calls, out):
+        label = f"prompt {bytes(ids).decode(errors='replace')[:20]!r} {'streamed' if stream else 'whole'}"
+        if isinstance(got, BaseException):
+            problems.append(f"{label}: {type(got).__name__}: {got}")
+            continue
+        same.add(f"{label} (request {got[2]})", ids, got[0], r.oracle.run(ids, m, r.rows))
+    return same, problems
+
+
+def _layout(live, frontends: int) -> list[str]:
+    """The server's own lines say it ran as asked: an `engine core` line and its `serving` line's
+    front ends (not judged on a server that logs nothing at info: its `serving` line is missing)."""
+    serving = live.session.log.lines("serving")
+    if not serving:
+        return []
+    told = int(serving[-1].get("frontends", 1))
+    core = live.session.log.count("engine core")
+    if not core or told != frontends:
+        return [f"the server's lines show {'an' if core else 'no'} engine core process and {told} front end(s); "
+                f"its flags asked for an engine core process and {frontends}"]
+    return []
+
+
+def _concurrent(r, check: str, frontends: int) -> None:
+    r.serial_ends("whole and streamed requests at once")
+    calls = _calls(r, PROMPTS[:PROMPTS_AT_ONCE])
+    out = []
+    for _ in range(ROUNDS):  # each on new connections: the kernel hands them to the front ends afresh
+        r.need_any().client.reconnect()
+        out += _load(r, calls, r.m)
+    calls = calls * ROUNDS
+    same, problems = _judge(r, calls, out, r.m)
+    problems += _ids_unique(out) + _layout(r.need_any(), frontends)
+    ok = not problems and (same.ok or not r.oracle.exact)
+    note = (f"{ROUNDS} rounds of {len(calls) // ROUNDS} requests at once on new connections (prompts "
+            f"1-{PROMPTS_AT_ONCE}, whole and streamed); {same}")
+    r.checks.add(check, ok, note + "".join(f"; {p}" for p in problems), same.excused, same.first)
+
+
+def _ids_unique(out) -> list[str]:
+    """Every answer's request id (its `kern.request_id`) told once: one numbering across front ends."""
+    ids = [o[2] for o in out if not isinstance(o, BaseException)]
+    twice = sorted({i for i in ids if ids.count(i) > 1})
+    return [f"request id(s) {', '.join(twice)} told to more than one answer"] if twice else []
+
+
+def split(r) -> None:
+    _concurrent(r, "split_equals_run", 1)
+
+
+def frontends(r) -> None:
+    _concurrent(r, "frontends2_equals_run", 2)
+
+
+def victim(r) -> int:
+    """The stage to kill (1 .. stages-1: the head is stage 0), drawn from --seed."""
+    return random.Random(r.opts.seed).randrange(1, r.target.stages)
+
+
+def _stage_pid(log, stage: int) -> int | None:
+    pids = [int(d["pid"]) for d in log.lines("pp stage ready") if int(d.get("stage", -1)) == stage and "pid" in d]
+    return pids[-1] if pids else None
+
+
+def stage_loss(r) -> None:
+    live = r.need("stage_loss")
+    r.serial_ends("a stage killed under load")
+    calls = _calls(r, PROMPTS)
+    k = victim(r)
+    killed: list[int] = []
+
+    def done(n: int) -> None:
+        if n == KILL_AFTER and not killed:
+            pid = _stage_pid(live.session.log, k)
+            if pid is not None:
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+
+    m = max(r.m, LOAD_TOKENS)
+    out = _load(r, calls, m, done)
+    same, problems = _judge(r, calls, out, m)
+    if not killed:
+        problems.append(f"no `pp stage ready stage={k}` line with a pid: nothing was killed")
+    else:
+        problems += _restarted(live, k, killed[0])
+    pipe = (live.client.stats() or {}).get("pipeline") or {}
+    if pipe.get("losses") != 1 or pipe.get("answered_error"):
+        problems.append(f"/stats pipeline {pipe}: want losses 1 and answered_error 0")
+    ok = not problems and (same.ok or not r.oracle.exact)
+    note = (f"{len(calls)} requests at once (the 12 prompts, whole and streamed, {m} tokens), stage {k} of {r.target.stages} "
+            f"SIGKILLed after {KILL_AFTER} answers, {pipe.get('requeued', '?')} requests resumed; {same}")
+    if ok and not pipe.get("requeued"):  # right answers, but the kill came when nothing ran
+        ok = None
+        problems.append("not judged: no request was running when the stage was killed")
+    r.checks.add("stage_loss_resumed", ok, note + "".join(f"; {p}" for p in problems), same.excused, same.first)
+
+
+def _restarted(live, stage: int, pid: int) -> list[str]:
+    """Within STAGE_S, the killed stage's replacement logged ready under another pid."""
+    deadline = time.monotonic() + STAGE_S
+    while time.monotonic() < deadline:
+        now = _stage_pid(live.session.log, stage)
+        if now is not None and now != pid and live.session.log.count("pp stage restarted"):
+            return []
+        time.sleep(0.05)
+    return [f"stage {stage} (pid {pid}) was not replaced within {STAGE_S:.0f} s"]
+
