@@ -365,3 +365,13 @@ def test_a_session_told_warn_is_quiet_and_gets_a_port_never_picked_twice():
     assert _with_port(["a", "--port", "0", "b"], 4321) == ["a", "--port", "4321", "b"]
     picked = [unused_port() for _ in range(20)]
     assert len(set(picked)) == 20
+
+
+def test_session_ports_are_one_block_per_target():
+    """`e2e --port P`: session offsets are exactly 0 .. n-1 for n sessions, every session of the plan has one,
+    and target i of --jobs adds n * i (e2e/cli.py), so no two targets' sessions share a port."""
+    from e2e.gate import SESSION_PORTS
+    from e2e.scenarios import STEPS
+
+    assert sorted(SESSION_PORTS.values()) == list(range(len(SESSION_PORTS)))
+    assert {s.session for s in STEPS if s.session} <= set(SESSION_PORTS)
