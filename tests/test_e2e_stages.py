@@ -141,8 +141,8 @@ def test_toy_layers_through_one_and_three_stages_answers_and_hits_alike(tmp_path
 
 
 def test_only_the_sessions_a_staged_target_does_not_run_are_left_out():
-    """The single process's params and explore sessions, the wild workloads (blocks, cold_burst, tight)
-    and fair admission's long_room (steps that do not apply to a staged target: its single process runs
+    """The single process's params and explore sessions, the wild workloads (blocks, cold_burst, tight),
+    fair admission's long_room and the process layouts split and frontends2 (steps that do not apply to a staged target: its single process runs
     the same cache and admission code, e2e/scenarios/__init__.py says why each) are left out of the
     comparison; a staged target that answered fewer requests in a session it runs still fails."""
     from e2e.config import load_targets
@@ -150,7 +150,8 @@ def test_only_the_sessions_a_staged_target_does_not_run_are_left_out():
 
     _, chosen = load_targets(None, ["toy-layers", "toy-layers-pp2"])
     single, staged = chosen
-    assert single_only(staged, single) == {"params", "explore", "blocks", "cold_burst", "tight", "long_room"}
+    assert single_only(staged, single) == {"params", "explore", "blocks", "cold_burst", "tight", "long_room",
+                                             "split", "frontends2"}
     extra = [{**SERVED[0], "session": "explore", "step": "explore"}]
     ref = _report("toy-layers", copy.deepcopy(SERVED) + extra, copy.deepcopy(COUNTERS))
     assert compare(_report("toy-layers-pp2", copy.deepcopy(SERVED), COUNTERS), ref, {"explore"})[0]
