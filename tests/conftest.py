@@ -11,6 +11,7 @@ again); `KERN_TEST_FRESH_SERVERS=1`, or another backend, starts `python -m serve
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import time
 from dataclasses import dataclass
@@ -221,6 +222,17 @@ def ask(server: ServerProcess, ids: list[int], max_tokens: int, stream: bool = F
             text += last["choices"][0]["text"]
     return {"ids": out, "cached": last["usage"]["prompt_tokens_details"]["cached_tokens"],
             "finish": last["choices"][0]["finish_reason"], "kern": last["kern"], "text": text}
+
+
+def can_bind(addr: str) -> bool:
+    """Whether this machine can bind `addr` (127.0.0.2 and the rest of 127/8 on Linux's lo): the tests
+    that tell clients apart by their peer address need it, and skip without it."""
+    try:
+        with socket.socket() as s:
+            s.bind((addr, 0))
+        return True
+    except OSError:
+        return False
 
 
 def alive(pid: int) -> bool:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import re
-import socket
 import threading
 import time
 from types import SimpleNamespace
@@ -23,7 +22,7 @@ from types import SimpleNamespace
 import httpx
 import pytest
 
-from conftest import EOS, manifest_dict, oracle, start_server
+from conftest import EOS, can_bind, manifest_dict, oracle, start_server
 
 TARGET = "toy-paged"
 LONG_CLIENT = "127.0.0.2"
@@ -33,16 +32,7 @@ LONG = 2000  # each long request's max_tokens (ignore_eos: it runs all of them)
 SHORT = 4
 
 
-def _can_bind(addr: str) -> bool:
-    try:
-        with socket.socket() as s:
-            s.bind((addr, 0))
-        return True
-    except OSError:
-        return False
-
-
-needs_loopback = pytest.mark.skipif(not _can_bind(LONG_CLIENT), reason="no 127.0.0.2 on lo (not Linux)")
+needs_loopback = pytest.mark.skipif(not can_bind(LONG_CLIENT), reason="no 127.0.0.2 on lo (not Linux)")
 
 
 def _client(addr: str) -> httpx.Client:

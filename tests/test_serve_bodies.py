@@ -16,20 +16,11 @@ import time
 
 import pytest
 
-from conftest import start_server
+from conftest import can_bind, start_server
 from serve import bodies
 
 BIG, SMALL = "127.0.0.2", "127.0.0.3"
 BURST = 24
-
-
-def _can_bind(addr: str) -> bool:
-    try:
-        with socket.socket() as s:
-            s.bind((addr, 0))
-        return True
-    except OSError:
-        return False
 
 
 def test_clients_are_taken_in_turn():
@@ -82,7 +73,7 @@ def _answer(s: socket.socket) -> bytes:
         s.close()
 
 
-@pytest.mark.skipif(not _can_bind(BIG), reason="no 127.0.0.2 on lo (not Linux)")
+@pytest.mark.skipif(not can_bind(BIG), reason="no 127.0.0.2 on lo (not Linux)")
 def test_a_small_body_is_not_held_behind_another_clients_burst(tmp_path):
     server = start_server("toy-paged", log_path=tmp_path / "server.log")
     try:

@@ -23,22 +23,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import oracle, start_server
+from conftest import can_bind, oracle, start_server
 
 HOG = "127.0.0.2"
 CLIENTS = [f"127.0.0.{i}" for i in range(3, 23)]  # 20 clients
 
 
-def _can_bind(addr: str) -> bool:
-    try:
-        with socket.socket() as s:
-            s.bind((addr, 0))
-        return True
-    except OSError:
-        return False
-
-
-pytestmark = pytest.mark.skipif(not _can_bind(HOG), reason="no 127.0.0.2 on lo (not Linux)")
+pytestmark = pytest.mark.skipif(not can_bind(HOG), reason="no 127.0.0.2 on lo (not Linux)")
 
 
 @pytest.fixture(scope="module")
