@@ -69,6 +69,13 @@ CAUGHT = [
 ]
 
 
+TRIES = {"same-step": 3}
+"""Bugs whose catch is the engine's timing, gated up to this many times (the test holds that one of them
+fails): whether two requests of cold_burst's rounds share a step depends on when the engine's HTTP threads
+hand them over. Measured with the 16 rounds: caught in 7 of 8 single runs beside three CPU burners, 16 of
+16 at ten rounds beside one or none; so a miss in three runs is about one in 500 at that load."""
+
+
 def case(bug: str, target: str, want: str):
     marks = [pytest.mark.xfail(strict=True, reason=want)] if want.startswith(MISSED_PREFIX) else []
     return pytest.param(bug, target, want, id=bug, marks=marks)
@@ -84,7 +91,10 @@ def test_each_planted_bug_fails_the_gate(tmp_path, capsys, bug, target, check):
     the whole gate, so the strict xfail flips as soon as any check catches it."""
     missed = check.startswith(MISSED_PREFIX)
     only = [] if missed else ["--scenarios", check]
-    code, reports = gate(tmp_path, "--engine", PAGED + f" --bug {bug}", "--targets", target, *only)
+    for attempt in range(TRIES.get(bug, 1)):
+        code, reports = gate(tmp_path / str(attempt), "--engine", PAGED + f" --bug {bug}", "--targets", target, *only)
+        if code == 1:
+            break
     out = capsys.readouterr().out
     assert code == 1, f"--bug {bug} passed the gate on {target}"
     if not missed:

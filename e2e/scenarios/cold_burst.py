@@ -5,7 +5,7 @@ An engine that batches two of them in one step must not let one read a block the
 written yet (its hash registered at admission, its K and V written later in the step), nor count it
 as cached. Each round sends `CALLS` prompts at once: one 3-block prefix no request has sent before,
 `CALLS - 1` different tails of 1 to B + 1 tokens (some prompts end inside a block) and one prompt twice;
-ten rounds, each with a fresh prefix, on the session's fresh server (after one unrelated prompt
+sixteen rounds, each with a fresh prefix, on the session's fresh server (after one unrelated prompt
 alone, which the policy oracle predicts on kern). Every answer identical to the
 reference, every hit within what the round's other calls could have cached (`e2e/scenarios/wild.py`).
 """
@@ -19,7 +19,7 @@ from e2e.scenarios.wild import Judge, block, draw, segment
 __all__ = ["run"]
 
 CALLS = 12
-ROUNDS = 10
+ROUNDS = 16
 M = 16
 
 
