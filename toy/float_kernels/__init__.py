@@ -8,10 +8,9 @@ and the integer toy kernels' sources it imports, and the build parameters.
 
 from __future__ import annotations
 
-import hashlib
-import importlib
-import json
 from pathlib import Path
+
+from toy.module import load_entry, source_hash
 
 _HERE = Path(__file__).parent
 SOURCES = (_HERE / "cpu.py", _HERE / "cuda.py", _HERE.parent / "kernels" / "cpu.py", _HERE.parent / "kernels" / "cuda.py")
@@ -19,21 +18,12 @@ ENTRIES = ("toyf_predict",)
 
 
 def build_hash(params: dict) -> str:
-    h = hashlib.sha256()
-    for path in SOURCES:
-        if path.exists():
-            name = path.relative_to(_HERE.parent).as_posix()
-            h.update(name.encode() + b"\0" + path.read_bytes() + b"\0")
-    h.update(json.dumps(params, sort_keys=True).encode())
-    return h.hexdigest()
+    return source_hash([(path.relative_to(_HERE.parent).as_posix(), path) for path in SOURCES], params)
 
 
 def entry(backend: str, name: str):
     """The launchable kernel `name` for `backend` ("cpu" or "gpu"): `fn(grid, block, *args)`."""
-    if name not in ENTRIES:
-        raise KeyError(f"toy.float_kernels has no entry {name!r} (it has {', '.join(ENTRIES)})")
-    mod = importlib.import_module(f"{__name__}.{'cpu' if backend == 'cpu' else 'cuda'}")
-    return getattr(mod, name)
+    return load_entry(__name__, ENTRIES, backend, name)
 
 
 def cuda_constants():

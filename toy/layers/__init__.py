@@ -8,10 +8,9 @@ module hashes do not move when these kernels change.
 
 from __future__ import annotations
 
-import hashlib
-import importlib
-import json
 from pathlib import Path
+
+from toy.module import load_entry, source_hash
 
 SOURCES = ("cpu.py", "cuda.py")
 ENTRIES = ("toy_embed", "toy_layer", "toy_head", "toy_derive", "toy_table")
@@ -19,18 +18,9 @@ _HERE = Path(__file__).parent
 
 
 def build_hash(params: dict) -> str:
-    h = hashlib.sha256()
-    for name in SOURCES:
-        path = _HERE / name
-        if path.exists():
-            h.update(name.encode() + b"\0" + path.read_bytes() + b"\0")
-    h.update(json.dumps(params, sort_keys=True).encode())
-    return h.hexdigest()
+    return source_hash([(name, _HERE / name) for name in SOURCES], params)
 
 
 def entry(backend: str, name: str):
     """The launchable kernel `name` for `backend` ("cpu" or "gpu"): `fn(grid, block, *args)`."""
-    if name not in ENTRIES:
-        raise KeyError(f"toy.layers has no entry {name!r} (it has {', '.join(ENTRIES)})")
-    mod = importlib.import_module(f"{__name__}.{'cpu' if backend == 'cpu' else 'cuda'}")
-    return getattr(mod, name)
+    return load_entry(__name__, ENTRIES, backend, name)
