@@ -80,3 +80,30 @@ def test_balanced_with_held_states_never_leaves_a_stage_empty(data):
     counts = [0] + [held[c] for c in got] + [total]
     assert len(got) == stages - 1 and set(got) <= set(cands)
     assert all(a < b for a, b in zip(counts, counts[1:])), (got, counts)
+
+
+def test_a_cut_is_written_once_per_content_and_shared(tmp_path):
+    """Every server running the same cut gets the same directory (nothing is left per run, however a
+    server ends); another cut gets another; a half-made directory in the way is a clear error."""
+    import threading
+
+    from manifests import load
+    from manifests.config import resolve
+    from serve.pipeline.plan import shared_stages
+
+    m = load(resolve("toy-layers").manifest)
+    got: list = []
+    threads = [threading.Thread(target=lambda: got.append(shared_stages(m, [3], tmp_path))) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(got) == 8 and all(g == got[0] for g in got), got
+    assert [p.name for p in got[0]] == ["toy-layers.stage0.json", "toy-layers.stage1.json"]
+    assert all(p.is_file() for p in got[0])
+    other = shared_stages(m, [2], tmp_path)
+    assert other[0].parent != got[0][0].parent
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted({got[0][0].parent.name, other[0].parent.name})
+    got[0][1].unlink()
+    with pytest.raises(PlanError, match="remove it"):
+        shared_stages(m, [3], tmp_path)

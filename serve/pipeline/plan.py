@@ -4,7 +4,9 @@ stages at `--at`, the config's `cut = [...]`, or the layer boundaries that balan
 
 from __future__ import annotations
 
-import atexit
+import hashlib
+import json
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -92,14 +94,39 @@ def _cuts(m, at: list[int]) -> bool:
 
 def write_stages(m, at: list[int], out: Path) -> list[Path]:
     """Cut `m` at `at` and write each stage's manifest into `out`, in stage order."""
-    import json
-
     paths = []
     for st in _cut(m, at):
         p = out / f"{m.model}.stage{st.index}.json"
-        p.write_text(json.dumps(st.raw, indent=1) + "\n")
+        p.write_text(_text(st))
         paths.append(p)
     return paths
+
+
+def _text(st) -> str:
+    return json.dumps(st.raw, indent=1) + "\n"
+
+
+def shared_stages(m, at: list[int], root: Path | None = None) -> list[Path]:
+    """The cut's stage manifests in a directory named for their content (``kern-cut-<model>-<hash>``
+    under the temporary directory), written once and shared by every server that runs the same cut.
+    Nothing is left per server run, however it ends (a SIGKILLed server runs no cleanup): the
+    directory is made whole under a private name and renamed into place, so a reader never sees half
+    of it and two servers starting at once both end up with the one copy."""
+    stages = _cut(m, at)
+    digest = hashlib.sha256("".join(_text(st) for st in stages).encode()).hexdigest()[:16]
+    root = Path(root) if root is not None else Path(tempfile.gettempdir())
+    final = root / f"kern-cut-{m.model}-{digest}"
+    names = [final / f"{m.model}.stage{st.index}.json" for st in stages]
+    if not all(p.is_file() for p in names):
+        work = Path(tempfile.mkdtemp(prefix=f".kern-cut-{digest}-", dir=root))
+        write_stages(m, at, work)
+        try:
+            os.rename(work, final)
+        except OSError:  # another server put it there first (or a partial one is in the way)
+            shutil.rmtree(work, ignore_errors=True)
+            if not all(p.is_file() for p in names):
+                raise PlanError(f"{final} exists without the cut's stage manifests in it: remove it and start again")
+    return names
 
 
 def pipeline_paths(what: str, stages: int | None, at: str | None, config, weights, listen: bool):
@@ -138,15 +165,11 @@ def pipeline_paths(what: str, stages: int | None, at: str | None, config, weight
         raise PlanError(f"cutting {m.model} at {','.join(map(str, points))} leaves stage(s) "
                         f"{','.join(map(str, empty))} holding no state (a stage needs pages to share the head's); "
                         "cut elsewhere (--at)")
-    out = Path(tempfile.mkdtemp(prefix="kern-cut-"))
-    atexit.register(shutil.rmtree, out, True)
-    return write_stages(m, points, out), target.weights
+    return shared_stages(m, points), target.weights
 
 
 def stage_paths(what: str) -> list[Path]:
     """A cut directory's stage manifests, in stage order (every `*.json` carrying a `cut`)."""
-    import json
-
     from manifests import load
     from serve.pipeline.stage import cut_of
 
