@@ -73,8 +73,9 @@ def gate(m: Mutant, max_tokens: int, timeout: float) -> tuple[str, str, float]:
         dt = time.monotonic() - t0
         if p.returncode == 1:
             return "killed", (failed[0][:160] if failed else "exit 1"), dt
-        if p.returncode == 0:
-            return "survived", "every named check passed", dt
+        if p.returncode == 0:  # what the named checks said (a check not judged passes the gate too)
+            said = [ln.strip() for ln in p.stdout.splitlines() if any(f"{c}:" in ln for c in m.checks)]
+            return "survived", "every named check passed" + "".join(f"; {ln[:300]}" for ln in said), dt
         return "error", f"exit {p.returncode}: {(p.stderr or p.stdout).strip()[-300:]}", dt
 
 

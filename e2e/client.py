@@ -181,11 +181,12 @@ class Client:
                       k.get("snapshot"), data, k.get("woken"))
 
     def request(self, body: dict[str, Any], path: str = "/v1/completions",
-                timeout: float | None = None) -> tuple[dict[str, Any], str]:
+                timeout: float | None = None, on_chunk=None) -> tuple[dict[str, Any], str]:
         """POST a completion or chat body, watched (`Hung` when the server idles with it); (the
         response, the client's name for it). A streamed one (``stream: true``) comes back as the
         response its chunks make: ``{"chunks": [...], "done": [DONE] seen}`` plus the last chunk's
-        ``usage`` and ``kern``. A refusal raises `Rejected`; every completion goes in the ledger."""
+        ``usage`` and ``kern``; `on_chunk(chunk)` is called with each chunk as it arrives. A refusal
+        raises `Rejected`; every completion goes in the ledger."""
         with self._lock:
             # the server names requests in arrival order: alone in flight, this one is req-<_next>;
             # with others in flight it is that or later (the Hung note lists the server's queues)
@@ -199,9 +200,11 @@ class Client:
             prompt = "".join(str(m.get("content", "")) for m in body.get("messages", []))
         n = len(prompt.encode()) if isinstance(prompt, str) else len(prompt)
         what = f"request {name} ({n} prompt tokens, max_tokens {body.get('max_tokens')})"
-        send = self._stream if body.get("stream") else self._post
         try:
-            fut = self._pool.submit(send, path, body, timeout)
+            if body.get("stream"):
+                fut = self._pool.submit(self._stream, path, body, timeout, on_chunk)
+            else:
+                fut = self._pool.submit(self._post, path, body, timeout)
             r = self.watch.wait(fut, what, None, alive=lambda: self.session.check(grace=0.5))
         except Hung:
             with self._lock:
@@ -235,7 +238,8 @@ class Client:
                              str(k.get("request_id") or mirrored)))
         return data, mirrored
 
-    def _stream(self, path: str, body: dict[str, Any], timeout: float | None = None) -> tuple[int, dict[str, Any]]:
+    def _stream(self, path: str, body: dict[str, Any], timeout: float | None = None,
+                on_chunk=None) -> tuple[int, dict[str, Any]]:
         kw = {"timeout": timeout} if timeout is not None else {}
         chunks: list[dict[str, Any]] = []
         done = False
@@ -251,6 +255,8 @@ class Client:
                     done = True
                 elif line.startswith("data: "):
                     chunks.append(json.loads(line[6:]))
+                    if on_chunk is not None:
+                        on_chunk(chunks[-1])
         last = chunks[-1] if chunks else {}
         return 200, {"chunks": chunks, "done": done, "usage": last.get("usage"), "kern": last.get("kern")}
 

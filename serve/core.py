@@ -114,7 +114,8 @@ class Core:
         self._aborted: list[Request] = []  # aborts that arrived while their request was in flight
         self.step_since: float | None = None  # monotonic start of the runtime step in progress (read off-thread)
         self.lost: tuple | None = None  # a pipeline stage was lost for good: the error every request gets
-        self.restarts = self.requeued = self.lost_answered = 0  # state dropped to resume; requeued; answered an error
+        # state dropped to resume; requeued (waiting ones too); of those, resumed mid-answer; answered an error
+        self.restarts = self.requeued = self.resumed = self.lost_answered = 0
         self.admitted = 0  # requests admitted so far (each one's `order`)
         self.device = rt = engine.runtime  # what the steps run on (serve/faults.py may wrap it)
         self.emits = rt.protocol.prefill_emits
@@ -188,6 +189,7 @@ class Core:
             self.turns.requeue(req.ticket)
         e.prefix.clear()
         self.waiting.extendleft(reversed(running))
+        mid = sum(1 for req in running if req.emitted)  # resumed from the tokens they already emitted
         for req in late:
             self.abort(req)
         n = len(self.waiting)
@@ -198,6 +200,7 @@ class Core:
         if error is None:
             self.restarts += 1
             self.requeued += n
+            self.resumed += mid
         else:
             self.lost_answered += n
         return n
@@ -477,7 +480,7 @@ class Core:
             "timing": {"steps": c["steps"], "step_s": c.step_s, "loop_s": c.loop_s, "tokens": c.tokens,
                        **(timing.as_dict() if timing is not None else {})},
             **({"pipeline": {"epoch": rt.epoch, "losses": rt.losses, "restarts": self.restarts, "requeued": self.requeued,
-                             "answered_error": self.lost_answered}}
+                             "resumed": self.resumed, "answered_error": self.lost_answered}}
                if rt.broken is not None else {}),
         }
 

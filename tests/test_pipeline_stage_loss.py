@@ -168,6 +168,7 @@ def test_killed_stages_restart_and_every_answer_is_identical(kern_server, stages
     pipe = stats["pipeline"]
     assert pipe["losses"] == 2 and pipe["restarts"] == 2 and pipe["epoch"] == 2, (where, pipe)
     assert pipe["answered_error"] == 0, (where, pipe)
+    assert 0 <= pipe["resumed"] <= pipe["requeued"], (where, pipe)  # mid-answer ones are some of those requeued
     if small:
         assert stats["counters"]["parks"] >= 1 and stats["counters"]["host_hits"] >= 1, stats["counters"]
     restarted = re.findall(r" pp stage restarted stages=([\d,]+) epoch=\d+ took_s=([\d.]+)", s.log())

@@ -12,12 +12,15 @@ at info) its own lines show the layout asked for: an ``engine core`` line and it
 wrong request or front end, ids that collide across front ends, a held token lost) changes an answer.
 
 stage_loss (a pipeline target): the twelve prompts, whole and streamed, all at once (max_tokens
-at least `LOAD_TOKENS`, so most are mid-answer at the kill); once
-`KILL_AFTER` answers are in, one stage (drawn from ``--seed``) is SIGKILLed by the pid its
-``pp stage ready`` line logs. The head starts it again and resumes every request from its prompt and
-the tokens it already produced: `stage_loss_resumed` holds every answer identical to the oracle's, no
-request erred, and the server's ``/stats`` shows one loss, no request answered with an error, and at
-least one requeued (else the kill came after the load and is not judged: reported).
+at least `LOAD_TOKENS`); once the stream of the prompt with the longest answer has `KILL_AT` tokens
+(so it, and every other long one, is mid-answer whatever the machine's load), one stage (drawn from
+``--seed``) is SIGKILLed by the pid its ``pp stage ready`` line logs. The head starts it again and
+resumes every request from its prompt and the tokens it already produced: `stage_loss_resumed` holds
+every answer identical to the oracle's, no request erred, and the server's ``/stats`` shows one loss,
+no request answered with an error, and at least one request resumed mid-answer (``resumed``; else
+nothing was running at the kill and the check is reported, not judged). A trigger counted in finished
+answers instead let the kill land, on a loaded machine, when only requests that had not started were
+left: requeued, but none resumed from emitted tokens, so a resume bug went unseen.
 
 Only this checkout's kern serves these configurations: an engine under the contract, or another kern
 (``--kern``), skips them (`e2e/engine.py` RUNS).
@@ -39,8 +42,8 @@ __all__ = ["frontends", "frontends_flags", "split", "split_flags", "stage_loss"]
 
 PROMPTS_AT_ONCE = 6  # split and frontends2: prompts 1-6, each whole and streamed (12 requests at once)
 ROUNDS = 4  # split and frontends2: the burst again on new connections (two front ends share them out unevenly)
-KILL_AFTER = 4  # stage_loss: answers in before the kill
-LOAD_TOKENS = 64  # stage_loss: max_tokens at least this (the others still mid-answer when the KILL_AFTER-th ends)
+KILL_AT = 12  # stage_loss: tokens the watched (longest) stream has when a stage is killed
+LOAD_TOKENS = 64  # stage_loss: max_tokens at least this (the watched stream has LOAD_TOKENS - KILL_AT left at the kill)
 STAGE_S = 60.0  # for the killed stage's replacement to be logged ready
 
 
@@ -57,15 +60,16 @@ def _calls(r, prompts: list[str]) -> list[tuple[list[int], bool]]:
     return [(list(p.encode()), stream) for p in prompts for stream in (False, True)]
 
 
-def _one(r, ids: list[int], stream: bool, m: int) -> tuple[list[int], str | None, str]:
-    """One request's (ids, finish, name); a streamed one without its `[DONE]` raises."""
+def _one(r, ids: list[int], stream: bool, m: int, on_chunk=None) -> tuple[list[int], str | None, str]:
+    """One request's (ids, finish, name); a streamed one without its `[DONE]` raises (`on_chunk`
+    is called with each of its chunks as it arrives)."""
     client = r.need_any().client
     if not stream:
         a = client.complete(ids, m)
         return a.ids, a.finish, a.request
     body = {"model": client.model, "prompt": ids, "max_tokens": m, "temperature": 0, "return_token_ids": True,
             "stream": True}
-    data, name = client.request(body)
+    data, name = client.request(body, on_chunk=on_chunk)
     got, finish = streamed(data)
     if finish == "stop" and got:
         got.pop()  # a stopped answer ends with its stop token, as a whole one does (`Client.complete`)
@@ -74,22 +78,17 @@ def _one(r, ids: list[int], stream: bool, m: int) -> tuple[list[int], str | None
     return got, finish, str((data.get("kern") or {}).get("request_id") or name)
 
 
-def _load(r, calls, m: int, done=None) -> list:
-    """Every call at once, a thread each; `done(n)` after the n-th answer is in. Results in call order:
-    (ids, finish, name) or the exception."""
+def _load(r, calls, m: int, watch: dict | None = None) -> list:
+    """Every call at once, a thread each; `watch` maps a streamed call's index to its `on_chunk`.
+    Results in call order: (ids, finish, name) or the exception."""
     out: list = [None] * len(calls)
-    lock = threading.Lock()
-    count = [0]
+    watch = watch or {}
 
     def one(i: int) -> None:
         try:
-            out[i] = _one(r, *calls[i], m)
+            out[i] = _one(r, *calls[i], m, watch.get(i))
         except BaseException as exc:  # reported with the check
             out[i] = exc
-        with lock:
-            count[0] += 1
-            if done is not None:
-                done(count[0])
 
     threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(len(calls))]
     for t in threads:
@@ -97,6 +96,12 @@ def _load(r, calls, m: int, done=None) -> list:
     for t in threads:
         t.join()
     return out
+
+
+def _longest(r, calls, m: int) -> int:
+    """The index of the streamed call whose oracle answer is the longest (the first of equals)."""
+    streamed_calls = [i for i, (_, stream) in enumerate(calls) if stream]
+    return max(streamed_calls, key=lambda i: (len(r.oracle.run(calls[i][0], m, r.rows)), -i))
 
 
 def _judge(r, calls, out, m: int) -> tuple[Same, list[str]]:
@@ -171,19 +176,24 @@ def stage_loss(r) -> None:
     r.serial_ends("a stage killed under load")
     calls = _calls(r, PROMPTS)
     k = victim(r)
+    m = max(r.m, LOAD_TOKENS)
+    watched = _longest(r, calls, m)
+    seen = [0]
     killed: list[int] = []
 
-    def done(n: int) -> None:
-        if n == KILL_AFTER and not killed:
+    def chunk(c: dict) -> None:
+        seen[0] += len(((c.get("choices") or [{}])[0]).get("token_ids") or [])
+        if seen[0] >= KILL_AT and not killed:
             pid = _stage_pid(live.session.log, k)
             if pid is not None:
                 os.kill(pid, signal.SIGKILL)
-                killed.append(pid)
+            killed.append(pid)
 
-    m = max(r.m, LOAD_TOKENS)
-    out = _load(r, calls, m, done)
+    out = _load(r, calls, m, {watched: chunk})
     same, problems = _judge(r, calls, out, m)
     if not killed:
+        problems.append(f"the watched stream ended with {seen[0]} tokens, before {KILL_AT}: nothing was killed")
+    elif killed[0] is None:
         problems.append(f"no `pp stage ready stage={k}` line with a pid: nothing was killed")
     else:
         problems += _restarted(live, k, killed[0])
@@ -192,8 +202,9 @@ def stage_loss(r) -> None:
         problems.append(f"/stats pipeline {pipe}: want losses 1 and answered_error 0")
     ok = not problems and (same.ok or not r.oracle.exact)
     note = (f"{len(calls)} requests at once (the 12 prompts, whole and streamed, {m} tokens), stage {k} of {r.target.stages} "
-            f"SIGKILLed after {KILL_AFTER} answers, {pipe.get('requeued', '?')} requests resumed; {same}")
-    if ok and not pipe.get("requeued"):  # right answers, but the kill came when nothing ran
+            f"SIGKILLed when the longest stream had {KILL_AT} tokens, {pipe.get('requeued', '?')} requests requeued, "
+            f"{pipe.get('resumed', '?')} of them resumed mid-answer; {same}")
+    if ok and not pipe.get("resumed"):  # right answers, but the kill came when nothing ran
         ok = None
         problems.append("not judged: no request was running when the stage was killed")
     r.checks.add("stage_loss_resumed", ok, note + "".join(f"; {p}" for p in problems), same.excused, same.first)
