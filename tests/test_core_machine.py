@@ -9,7 +9,9 @@ it checks after every step:
 
 - answers: every finished request's tokens equal `toy/model.py`'s `generate` (stop token included);
 - hits and snapshots: each admitted request's cached tokens and tier, each finished one's snapshot
-  verdict, equal the policy oracle's; a request waits exactly when the oracle says it must;
+  verdict, equal the policy oracle's; a request waits exactly when the oracle says it must, every
+  admission attempt mirrored in the order the core made it (under fair admission, the default,
+  those behind a head that waits are tried too; `pool.fair`'s order is held by test_pool_fair);
 - nothing leaked: pages used, snapshot pages, entries per tier, host bytes, the counters and the
   parked lengths equal the oracle's (which recounts them by scan), and an idle core holds no lease.
 """
@@ -25,6 +27,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from pool import Tier
 from pyruntime import engine
+from serve.admission import WAIT
 from serve.core import Core
 from serve.request import EOS, Request, Status
 from toy import model as tm
@@ -97,20 +100,18 @@ class CoreMachine(RuleBasedStateMachine):
     @rule()
     def advance(self):
         core, pol = self.core, self.policy
-        before = set(map(id, core.running))
-        head_waits = bool(core.waiting) and len(core.running) < self.e.max_seqs
-        core.admit()
-        for req in core.running:
-            if id(req) in before:
+        for req, got in self._tried(core.admit):
+            # every attempt mirrored in the order the core made it (kern's default, fair admission,
+            # tries those behind a head that waits; a failed attempt evicts, as the policy's does)
+            if got == WAIT:
+                assert pol.admit(req.ids, req.max_tokens) is None, f"{req.id} waits; the policy admits it"
                 continue
-            got = pol.admit(req.ids, req.max_tokens)
-            assert got is not None, f"{req.id} admitted; the policy says it waits"
-            lease, pred = got
+            assert got is None, (req.id, got)
+            pred = pol.admit(req.ids, req.max_tokens)
+            assert pred is not None, f"{req.id} admitted; the policy says it waits"
+            lease, pred = pred
             assert (req.cached, req.tier) == (pred.cached, pred.tier), f"{req.id}: hit {req.cached} {req.tier}, policy {pred}"
             self.leases[id(req)] = lease
-        if head_waits and core.waiting and len(core.running) < self.e.max_seqs:
-            head = core.waiting[0]
-            assert pol.admit(head.ids, head.max_tokens) is None, f"{head.id} waits; the policy admits it"
         for work in core.schedule().works:
             flight = core.launch(work)
             core.commit(flight)
@@ -122,6 +123,23 @@ class CoreMachine(RuleBasedStateMachine):
                 if done:
                     del self.leases[id(req)]
                     self._finished(req, lease, fed)
+
+    def _tried(self, admit) -> list:
+        """Run `admit`; the (request, verdict) of every admission attempt it made, in order."""
+        tried = []
+        real = self.core.admission.admit
+
+        def spy(req):
+            got = real(req)
+            tried.append((req, got))
+            return got
+
+        self.core.admission.admit = spy
+        try:
+            admit()
+        finally:
+            del self.core.admission.admit
+        return tried
 
     def _finished(self, req: Request, lease, fed: list[int]) -> None:
         sink = next(s for r, s in self.reqs if r is req)
