@@ -1,4 +1,4 @@
-"""Issue 41 item 1: fair admission. One client's three long streams (ignore_eos, each reserving half of
+"""Issue 41 item 1: fair admission. One client's three long streams (ignore_eos, each reserving a third of
 a small pool) hold the pool with the third waiting; 20 short requests from 20 other clients are all
 answered, exactly, while the long ones still run under `--admission fair` (the default), and none is
 under `--admission fifo` (the lock the issue found, which proves the test can fail). The order is
@@ -7,6 +7,12 @@ read off the server's own log (its scheduler thread writes every `finished` line
 Also: a request left waiting past --queue-timeout gets a plain 503 `queue_timeout` with Retry-After
 (a stream too: before its first byte); --max-tokens-ceiling refuses a larger max_tokens with a 400
 naming it; a bearer key names the client, else the peer address.
+
+The long requests are long in time whatever the machine's load: the fair and fifo servers run
+`--fault slow-steps` (every step 20 ms more, answers unchanged), so a long one runs over 6 s, and the 20
+short requests, sent once two long ones run and the third waits, arrive long before either ends. With
+plain steps (2,000 tokens in about a second) a loaded machine once sent the shorts late enough that a
+long one finished first.
 
 On loopback every client is 127.0.0.1, so the clients bind their own source addresses in 127.0.0.0/8
 (Linux routes the whole block to lo): the long requests' client is 127.0.0.2, the others 127.0.0.3 on."""
@@ -27,8 +33,9 @@ from conftest import EOS, can_bind, manifest_dict, oracle, start_server
 TARGET = "toy-paged"
 LONG_CLIENT = "127.0.0.2"
 CLIENTS = [f"127.0.0.{i}" for i in range(3, 23)]  # 20 clients
-CAPACITY = 4096  # 256 pages of 16 (the pad takes one): two long requests reserve 252 of them
-LONG = 2000  # each long request's max_tokens (ignore_eos: it runs all of them)
+CAPACITY = 960  # 60 pages of 16 (the pad takes one): two long requests reserve 40, leaving 19 (the third needs 20)
+LONG = 308  # each long request's max_tokens (ignore_eos: it runs all of them; 20 pages with its prompt)
+SLOW = ("--fault", "slow-steps")  # 20 ms a step: a long request runs over 6 s
 SHORT = 4
 
 
@@ -53,7 +60,7 @@ def long_answer(ids: list[int], m: int) -> list[int]:
 
 
 def _long_prompt(i: int) -> list[int]:
-    return list(f"long story {i}".encode())  # 12 tokens: 2012 reserve 126 pages
+    return list(f"long story {i}".encode())  # 12 tokens: 320 reserve 20 pages
 
 
 def _short_prompt(i: int) -> list[int]:
@@ -135,8 +142,8 @@ def _check_answers(longs: list[dict], shorts: list[dict]) -> None:
 def served(tmp_path):
     started = []
 
-    def start(*flags: str):
-        s = start_server(TARGET, "--capacity", str(CAPACITY), *flags, log_path=tmp_path / f"s{len(started)}.log")
+    def start(*flags: str, capacity: int = CAPACITY):
+        s = start_server(TARGET, "--capacity", str(capacity), *flags, log_path=tmp_path / f"s{len(started)}.log")
         started.append(s)
         return s
 
@@ -148,7 +155,7 @@ def served(tmp_path):
 @needs_loopback
 def test_short_requests_start_beside_long_ones_by_default(served):
     """The default policy (fair): every short request finishes before the first long one does."""
-    s = served()
+    s = served(*SLOW)
     longs, shorts = _longs_and_shorts(s)
     _check_answers(longs, shorts)
     order = _finished(s.log())
@@ -161,7 +168,7 @@ def test_short_requests_start_beside_long_ones_by_default(served):
 def test_fifo_keeps_the_lock_by_name(served):
     """--admission fifo, today's first-come order: no short request finishes while every long one
     runs (they wait behind the third long one until one of the first two ends)."""
-    s = served("--admission", "fifo")
+    s = served("--admission", "fifo", *SLOW)
     longs, shorts = _longs_and_shorts(s)
     _check_answers(longs, shorts)
     order = _finished(s.log())
@@ -176,7 +183,7 @@ def test_a_request_waiting_past_the_queue_timeout_gets_503_with_retry_after(serv
     (before its first byte); --max-tokens-ceiling refuses one token more than it allows. With the
     engine core in a process of its own: the client and the error cross its wire."""
     hold = 4000  # 12 prompt tokens + 4000: 251 pages
-    s = served("--queue-timeout", "0.5", "--max-tokens-ceiling", str(hold), "--frontend-process")
+    s = served("--queue-timeout", "0.5", "--max-tokens-ceiling", str(hold), "--frontend-process", capacity=4096)
     over = httpx.post(s.url + "/v1/completions", json={"prompt": [1, 2], "max_tokens": hold + 1}, timeout=60)
     assert over.status_code == 400, over.text
     err = over.json()["error"]
