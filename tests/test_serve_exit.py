@@ -73,21 +73,26 @@ def test_requests_arriving_during_the_drain_get_503_not_a_reset(kern_server):
 
 def _hammer(port: int, stop: threading.Event, out: list) -> None:
     """New connections one after another, each a completion with `connection: close`, until `stop`
-    or the port refuses: each outcome into `out` ("200", "503 <code>", "refused", or "reset: ...")."""
+    or the port refuses: each outcome into `out` ("200", "503 <code>", "refused", or "reset: ...").
+    A connect that fails with a reset is "refused" too: its handshake was still under way when the
+    listening socket closed (nothing can take a connection before its handshake ends), and no byte
+    of a request was sent on it; a reset after the connect, on a request sent, is a "reset"."""
     body = json.dumps({"prompt": "hi", "max_tokens": 2}).encode()
     req = (b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\ncontent-type: application/json\r\n"
            b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(body), body))
     while not stop.is_set():
         try:
             s = socket.create_connection(("127.0.0.1", port), timeout=30)
-        except ConnectionRefusedError:
+        except (ConnectionRefusedError, ConnectionResetError):
             out.append("refused")
             return
+        phase = "send"
         try:
             s.sendall(req)
+            phase = "read"
             raw = _read_answer(s)
         except OSError as exc:
-            out.append(f"reset: {exc!r}")
+            out.append(f"reset: on {phase}: {exc!r}")
             continue
         finally:
             s.close()
