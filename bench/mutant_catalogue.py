@@ -660,4 +660,23 @@ CATALOGUE: tuple[Mutant, ...] = (
            ("stage_loss_resumed",), ("toy-layers-pp2",),
            "vLLM/SGLang recompute after preemption or a lost worker: the resumed request's prefill re-feeds its "
            "last emitted token as well as the anchor (one token too many)"),
+    # the three classes the gate still missed when issue 39 was filed
+    Mutant("grown-entry-keeps-its-recency", "pool/prefix.py",
+           "        last.used = self._clock  # resident already, so its item is in the device heap (as in _grow)\n",
+           "        pass  # the entry grew in place; its recency is not renewed\n",
+           ("policy_explore", "policy_churn", "policy_default"), ("toy-paged",),
+           "SGLang radix cache / vLLM block pool: a cached prefix extended in place (a sequence's next page "
+           "appended to its entry) keeps its old last-access time, so the LRU evicts a hot entry first"),
+    Mutant("queries-counted-every-retry", "serve/core.py",
+           "            if got == WAIT:\n                continue\n",
+           "            if got == WAIT:\n                self.counters.queried += len(req.ids)\n                continue\n",
+           ("metrics_long_room",), ("toy-paged",),
+           "vLLM: prefix-cache queries counted in get_computed_blocks, which the scheduler calls on every "
+           "attempt to admit a waiting request (a request that waits is counted again each step)"),
+    Mutant("forked-server-loses-its-env", "oracle/zygote.py",
+           "        os.environ.update(env)\n",
+           "        pass  # the server forked from the warm parent keeps the parent's environment\n",
+           ("long_beside_short",), ("toy-paged",),
+           "a server forked from a warm parent (a zygote, vLLM's forked workers) that never gets the environment "
+           "its caller asked for (RUST_LOG here: its debug lines are missing, so what is read from them is lost)"),
 )

@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.mutant_catalogue import CATALOGUE, Mutant  # noqa: E402
 
-IGNORE = shutil.ignore_patterns(".git", "results", ".pytest_cache", "*.egg-info", ".hypothesis")
+IGNORE = shutil.ignore_patterns(".git", "results", ".pytest_cache", "*.egg-info", ".hypothesis", ".whl")
 
 
 def apply(root: Path, m: Mutant) -> str | None:
@@ -79,6 +79,16 @@ def gate(m: Mutant, max_tokens: int, timeout: float) -> tuple[str, str, float]:
         return "error", f"exit {p.returncode}: {(p.stderr or p.stdout).strip()[-300:]}", dt
 
 
+def _folded(got: list[tuple[str, str, float]]) -> tuple[str, str, float]:
+    """One mutant's runs as one result: killed when every run was, else the first run that was not;
+    with several runs the detail leads with how many killed it."""
+    worst = next((g for g in got if g[0] != "killed"), got[0])
+    if len(got) == 1:
+        return worst
+    killed = sum(g[0] == "killed" for g in got)
+    return worst[0], f"{killed}/{len(got)} runs killed; {worst[1]}", sum(g[2] for g in got)
+
+
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--only", multiple=True, help="Mutant names (space or comma separated; default: the whole catalogue).")
 @click.option("--jobs", type=click.IntRange(min=1), default=1, show_default=True, help="Mutants gated at once.")
@@ -86,7 +96,10 @@ def gate(m: Mutant, max_tokens: int, timeout: float) -> tuple[str, str, float]:
 @click.option("--timeout", type=float, default=1800.0, show_default=True, help="Seconds per mutant's gate.")
 @click.option("--list", "list_", is_flag=True, help="List the catalogue and exit.")
 @click.option("--require-killed", is_flag=True, help="Exit 1 unless every mutant run was killed.")
-def main(only, jobs, max_tokens, timeout, list_, require_killed) -> None:
+@click.option("--repeat", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Gate each mutant this many times (its own copy each time); it counts as killed only when "
+                   "every run killed it, and its detail says how many did.")
+def main(only, jobs, max_tokens, timeout, list_, require_killed, repeat) -> None:
     """Gate every mutant of the catalogue; print the kill rate and the survivors."""
     names = [n for v in only for n in v.replace(",", " ").split()]
     known = {m.name: m for m in CATALOGUE}
@@ -105,14 +118,17 @@ def main(only, jobs, max_tokens, timeout, list_, require_killed) -> None:
             results[m.name] = ("equivalent", m.equivalent, 0.0)
         else:
             todo.append(m)
-    click.echo(f"{len(todo)} mutant(s) to gate, {jobs} at a time", err=True)
+    click.echo(f"{len(todo)} mutant(s) to gate {repeat} time(s) each, {jobs} at a time", err=True)
+    runs: dict[str, list[tuple[str, str, float]]] = {m.name: [] for m in todo}
     with concurrent.futures.ThreadPoolExecutor(jobs) as ex:
-        futures = {ex.submit(gate, m, max_tokens, timeout): m for m in todo}
+        futures = {ex.submit(gate, m, max_tokens, timeout): m for m in todo for _ in range(repeat)}
         for i, fut in enumerate(concurrent.futures.as_completed(futures), 1):
             m = futures[fut]
-            results[m.name] = fut.result()
-            r, detail, dt = results[m.name]
-            click.echo(f"[{i}/{len(todo)}] {m.name}: {r} ({dt:.0f}s) {detail}", err=True)
+            runs[m.name].append(fut.result())
+            r, detail, dt = runs[m.name][-1]
+            click.echo(f"[{i}/{len(futures)}] {m.name}: {r} ({dt:.0f}s) {detail}", err=True)
+    for name, got in runs.items():
+        results[name] = _folded(got)
     rows = [(m.name, results[m.name][0], ", ".join(m.checks), results[m.name][1][:100]) for m in chosen]
     click.echo(tabulate(rows, headers=["mutant", "result", "checks", "detail"]))
     counts = {k: sum(r[0] == k for r in results.values()) for k in ("killed", "survived", "error", "stale", "equivalent")}
