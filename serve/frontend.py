@@ -41,7 +41,9 @@ import zmq
 from serve import logs
 from serve.faults import Faults
 from serve.frontend_core import die_with_parent
-from serve.frontend_wire import dead_error, done_of, pack, unpack
+from serve.frontend_wire import dead_error
+from serve.messages import (Answer, Arrive, Bye, DrainFor, FrontEndDied, HungUp, Question, Ready, StopCore,
+                            Updates, decode, done_of, encode)
 from serve.request import Done, Request, Update
 from serve.validate import ApiError
 
@@ -242,14 +244,11 @@ class RemoteScheduler:
             req.send(Update([], Done(None, error=dead_error(self.code))))
             return
         self.reqs[req.id] = req
-        s = req.stops
-        self._send(pack(["s", req.id, req.ids, req.max_tokens, req.ignore_eos, req.t_arrive,
-                             s.strings if s else [], sorted(s.ids) if s else [], s.include if s else False,
-                             req.whole, self.index, req.client]))
+        self._send(encode(Arrive.of(self.index, req)))
 
     def abort(self, req: Request) -> None:
         if not self.ended.is_set() and self.reqs.pop(req.id, None) is not None:
-            self._send(pack(["a", req.id]))
+            self._send(encode(HungUp(req.id)))
 
     async def ask(self, what: str):
         """A question of `serve.frontend_wire.QUESTIONS`, answered by the core; a 503 when it is gone."""
@@ -258,7 +257,7 @@ class RemoteScheduler:
         self._attach()
         self._qid += 1
         fut = self.asks[self._qid] = self.loop.create_future()
-        self._send(pack(["q", self._qid, what, self.index]))
+        self._send(encode(Question(self._qid, what, self.index)))
         return await fut
 
     def drain(self, seconds: float) -> None:
@@ -267,7 +266,7 @@ class RemoteScheduler:
         if not self.leader:
             return
         if not self.ended.is_set():
-            self._send(pack(["d", seconds]))
+            self._send(encode(DrainFor(seconds)))
         self.letting_go = True
         for peer, code in self.peers.items():
             if code is None:
@@ -289,7 +288,7 @@ class RemoteScheduler:
             if self.peers[peer] is None:
                 _signal(peer, signal.SIGKILL)
         if not self.ended.is_set():
-            self._send(pack(["x"]))
+            self._send(encode(StopCore()))
 
     @property
     def peers_cut(self) -> int:
@@ -337,10 +336,10 @@ class RemoteScheduler:
         """The core's facts once it is ready; if it ends first, this process ends with its code."""
         while not self.ended.is_set():
             if self.pull.poll(POLL_MS):
-                msg = unpack(self.pull.recv())
-                if msg[0] == "r":
+                msg = decode(self.pull.recv())
+                if isinstance(msg, Ready):
                     self.ready = True
-                    return msg[1]
+                    return msg.facts
         self.ended.wait()
         if self.leader:
             for peer in self.peers:
@@ -364,9 +363,9 @@ class RemoteScheduler:
             self._take(self.pull.recv(zmq.NOBLOCK))
 
     def _take(self, raw: bytes, deliver: bool = True) -> None:
-        msg = unpack(raw)
-        if msg[0] == "b":
-            self.cut_off = msg[1]
+        msg = decode(raw)
+        if isinstance(msg, Bye):
+            self.cut_off = msg.cut_off
             self.said_bye.set()
         elif deliver:
             self._deliver(msg)
@@ -382,10 +381,10 @@ class RemoteScheduler:
         except RuntimeError:
             pass  # the loop is closed: nobody is listening
 
-    def _deliver(self, msg: list) -> None:
-        if msg[0] == "u":
+    def _deliver(self, msg) -> None:
+        if isinstance(msg, Updates):
             reqs = self.reqs
-            for rid, tokens, done, adm in msg[1]:
+            for rid, tokens, done, adm in msg.entries:
                 req = reqs.get(rid)
                 if req is None:
                     continue  # aborted here already
@@ -395,20 +394,20 @@ class RemoteScheduler:
                 if d is not None:
                     del reqs[rid]
                 req.send(Update(tokens, d))
-            if msg[2] is not None and self.pending is not None:
-                generated, pairs = msg[2]
+            if msg.timed is not None and self.pending is not None:
+                generated, pairs = msg.timed
                 self.pending.generated += generated
                 for seconds, n in pairs:
                     self.pending.observe(seconds, n)
                 if self.pending.now:
                     self.pending.flush()
-        elif msg[0] == "q":
-            fut = self.asks.pop(msg[1], None)
+        elif isinstance(msg, Answer):
+            fut = self.asks.pop(msg.qid, None)
             if fut is not None and not fut.done():
-                if msg[2]:
-                    fut.set_result(msg[3])
+                if msg.ok:
+                    fut.set_result(msg.value)
                 else:
-                    fut.set_exception(RuntimeError(msg[3]))
+                    fut.set_exception(RuntimeError(msg.value))
 
     def _reap(self) -> None:
         self.code = self._wait_core()
@@ -450,7 +449,7 @@ class RemoteScheduler:
             self.lost_peers.add(pid)
             logs.event("front end died", "ERROR", pid=pid, code=code, left=left)
         if not self.ended.is_set():
-            self._send(pack(["f", list(self.peers).index(pid) + 1]))
+            self._send(encode(FrontEndDied(list(self.peers).index(pid) + 1)))
 
     def _send(self, raw: bytes) -> None:
         with self.sending:  # the event loop's, and a peer's reaper (`_reap_peer`)

@@ -32,8 +32,9 @@ import time
 import zmq
 
 from serve import logs
-from serve.frontend_wire import pack, pack_done, unpack
-from serve.request import Request, Stops, Update
+from serve.messages import (Answer, Arrive, Bye, DrainFor, FrontEndDied, HungUp, Question, Ready, StopCore,
+                            Updates, decode, dispatcher, encode, pack_done)
+from serve.request import Request, Update
 
 __all__ = ["Outgoing", "core_main", "die_with_parent", "facts_of"]
 
@@ -83,7 +84,7 @@ class Outgoing:
             with self.lock:
                 items, self.items = self.items, []
             for to, item in items:
-                data = pack(item)
+                data = encode(item)
                 for k in range(len(self.socks)) if to is None else (to,):
                     self.send_now(data, k)
             if self.closing and not self.items:
@@ -174,6 +175,12 @@ class Bridge:
         # whole answers' tokens after their first, timed here (`Timed`, one per front end: a request's
         # timings go to its own front end, with or before its finish) and held until their finish
         self.timeds = [Timed() for _ in self.updates]
+        # a front end's message to the handler for its type
+        self.handle = dispatcher({Arrive: self._arrive, HungUp: self._hung_up,
+                                  Question: lambda m: self.question(m.qid, m.what, m.fe),
+                                  FrontEndDied: self._front_end_died,
+                                  DrainFor: lambda m: self.scheduler.drain(m.seconds),
+                                  StopCore: lambda m: self.scheduler.stop()})
 
     def flush(self) -> None:
         """Send each front end the updates gathered for it since the last call as one message (the
@@ -186,11 +193,11 @@ class Bridge:
             timed = self.timeds[k]
             timed.close(now)
             if updates:
-                data = pack(["u", updates, timed.take(now)])
+                data = encode(Updates(updates, timed.take(now)))
                 updates.clear()  # the sinks hold this list
                 send(data, k)
             elif timed.due(now):
-                send(pack(["u", [], timed.take(now)]), k)
+                send(encode(Updates([], timed.take(now))), k)
         self.pull(wait=False)
 
     def send_timed(self, to: int = 0) -> None:
@@ -200,7 +207,7 @@ class Bridge:
         their request's finish)."""
         timed = self.timeds[to]
         if timed.pending():
-            self.out.send_now(pack(["u", [], timed.take(time.monotonic())]), to)
+            self.out.send_now(encode(Updates([], timed.take(time.monotonic()))), to)
 
     def pull(self, wait: bool = True) -> None:
         """Handle every message waiting from the front end; without `wait`, nothing when the other
@@ -209,7 +216,7 @@ class Bridge:
             return
         try:
             while self.inp.getsockopt(zmq.EVENTS) & zmq.POLLIN:
-                self.handle(unpack(self.inp.recv(zmq.NOBLOCK)))
+                self.handle(decode(self.inp.recv(zmq.NOBLOCK)))
         finally:
             self.reading.release()
 
@@ -247,32 +254,24 @@ class Bridge:
 
         return send
 
-    def handle(self, msg: list) -> None:
-        kind = msg[0]
-        if kind == "s":
-            _, rid, ids, max_tokens, ignore_eos, t_arrive, stop, stop_ids, include, whole, fe, client = msg
-            stops = Stops(stop, stop_ids, include) if stop or stop_ids else None
-            req = Request(rid, ids, max_tokens, self.engine.rows, self.sink(rid, whole, fe), t_arrive=t_arrive,
-                          ignore_eos=ignore_eos, stops=stops, whole=whole, client=client)
-            self.reqs[rid] = req
-            self.owner[rid] = fe
-            self.scheduler.submit(req)
-        elif kind == "a":
-            req = self.reqs.get(msg[1])
+    def _arrive(self, m: Arrive) -> None:
+        req = Request(m.id, m.ids, m.max_tokens, self.engine.rows, None, **m.kwargs())
+        req.send = self.sink(req.id, req.whole, m.fe)
+        self.reqs[req.id] = req
+        self.owner[req.id] = m.fe
+        self.scheduler.submit(req)
+
+    def _hung_up(self, m: HungUp) -> None:
+        req = self.reqs.get(m.id)
+        if req is not None:
+            self.scheduler.abort(req)
+
+    def _front_end_died(self, m: FrontEndDied) -> None:  # its clients are gone with it
+        self.out.dead.add(m.fe)  # what is still sent to it is dropped at the end, not waited for
+        for rid in [r for r, fe in self.owner.items() if fe == m.fe]:
+            req = self.reqs.get(rid)
             if req is not None:
                 self.scheduler.abort(req)
-        elif kind == "q":
-            self.question(msg[1], msg[2], msg[3])
-        elif kind == "f":  # a front end died: its clients are gone with it
-            self.out.dead.add(msg[1])  # what is still sent to it is dropped at the end, not waited for
-            for rid in [r for r, fe in self.owner.items() if fe == msg[1]]:
-                req = self.reqs.get(rid)
-                if req is not None:
-                    self.scheduler.abort(req)
-        elif kind == "d":
-            self.scheduler.drain(msg[1])
-        elif kind == "x":
-            self.scheduler.stop()
 
     def question(self, qid: int, what: str, to: int = 0) -> None:
         """Answer front end `to`'s question `qid` (the scheduler's `question`) when its answer is ready;
@@ -281,7 +280,7 @@ class Bridge:
         if what == "snapshot":
             self.scheduler.query(lambda: self.send_timed(to))
         self.scheduler.question(what).add_done_callback(lambda f: self.out.put(
-            ["q", qid, True, f.result()] if f.exception() is None else ["q", qid, False, str(f.exception())], to))
+            Answer(qid, True, f.result()) if f.exception() is None else Answer(qid, False, str(f.exception())), to))
 
 
 def die_with_parent(sig: int = signal.SIGKILL) -> None:
@@ -315,12 +314,12 @@ def core_main(addrs: list[tuple[str, str]], build, start_scheduler) -> None:
             o.connect(back)
         scheduler = start_scheduler(engine)
         out = Outgoing(outs)
-        out.put(["r", facts_of(engine)])
+        out.put(Ready(facts_of(engine)))
         bridge = Bridge(scheduler, engine, out, inp)
         scheduler.after_step = bridge.flush
         _receive(inp, bridge, parent)
         scheduler.join(30)
-        out.put(["b", scheduler.cut_off])
+        out.put(Bye(scheduler.cut_off))
         out.close()
         if head is not None:
             head.stop()

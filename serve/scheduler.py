@@ -37,6 +37,7 @@ from serve.frontend_wire import health_of
 from serve.metrics import snapshot
 from serve.pipeline.liveness import die
 from serve.pipeline.pipeline import StageLost
+from serve.messages import Abort, Drain, Query, Stop, Submit, dispatcher
 from serve.request import Request
 from serve.stats import Window
 
@@ -53,7 +54,8 @@ class Scheduler(threading.Thread):
         self.engine = engine
         self.core = engine.faults.bind(Core(engine))  # the faults asked for, bound once (serve/faults.py)
         self.counters = self.core.counters
-        self.inbox: queue.Queue = queue.Queue()
+        self.inbox: queue.Queue = queue.Queue()  # `serve.messages`' Submit, Abort, Query, Drain, Stop
+        self._handlers = None  # each inbox message's handler, by its type (made on the first)
         self.window = Window(self.counters, stats_every)
         self.ready = threading.Event()
         self.warm = threading.Event()  # set once every program has run (serve/warmup.py)
@@ -138,23 +140,23 @@ class Scheduler(threading.Thread):
         return f"req-{n}"
 
     def submit(self, req: Request) -> None:
-        self.inbox.put(("submit", req))
+        self.inbox.put(Submit(req))
 
     def abort(self, req: Request) -> None:
-        self.inbox.put(("abort", req))
+        self.inbox.put(Abort(req))
 
     def query(self, fn) -> concurrent.futures.Future:
         fut: concurrent.futures.Future = concurrent.futures.Future()
-        self.inbox.put(("query", fn, fut))
+        self.inbox.put(Query(fn, fut))
         return fut
 
     def stop(self) -> None:
-        self.inbox.put(("stop",))
+        self.inbox.put(Stop())
 
     def drain(self, seconds: float) -> None:
         """Refuse new requests (a 503 each) but finish the queued and running ones; whatever is still
         unfinished `seconds` from now is cut off with a 503 and counted in `cut_off`."""
-        self.inbox.put(("drain", time.monotonic() + seconds))
+        self.inbox.put(Drain(time.monotonic() + seconds))
 
     @property
     def cut_off(self) -> int:
@@ -257,7 +259,7 @@ class Scheduler(threading.Thread):
                 msg = self.inbox.get_nowait()
             except queue.Empty:
                 return
-            if msg[0] == "query":
+            if isinstance(msg, Query):
                 self._handle(msg)
             else:
                 self._kept.append(msg)
@@ -281,20 +283,18 @@ class Scheduler(threading.Thread):
                 return
 
     def _handle(self, msg) -> None:
-        kind = msg[0]
-        if kind == "submit":
-            self.core.submit(msg[1])
-        elif kind == "abort":
-            self.core.abort(msg[1])
-        elif kind == "query":
-            fut = msg[2]
-            if not fut.set_running_or_notify_cancel():
-                return  # its asker stopped waiting (a route's bounded wait)
-            try:
-                fut.set_result(msg[1]())
-            except Exception as exc:  # a query is a read; its failure is the asker's
-                fut.set_exception(exc)
-        elif kind == "drain":
-            self.core.drain(msg[1])
-        elif kind == "stop":
-            self.core.stop()
+        if self._handlers is None:
+            self._handlers = dispatcher({Submit: lambda m: self.core.submit(m.req), Abort: lambda m: self.core.abort(m.req),
+                                         Query: _answer, Drain: lambda m: self.core.drain(m.until),
+                                         Stop: lambda m: self.core.stop()})
+        self._handlers(msg)
+
+
+def _answer(q: Query) -> None:
+    """A read on the scheduler thread: its result (or its exception) to the asker's future."""
+    if not q.fut.set_running_or_notify_cancel():
+        return  # its asker stopped waiting (a route's bounded wait)
+    try:
+        q.fut.set_result(q.fn())
+    except Exception as exc:  # a query is a read; its failure is the asker's
+        q.fut.set_exception(exc)

@@ -215,7 +215,7 @@ def test_the_core_reads_every_message_once_in_order_from_two_threads():
     import zmq
 
     from serve.frontend_core import Bridge, _receive
-    from serve.frontend_wire import pack
+    from serve.messages import HungUp, encode
 
     class Scheduler:
         def __init__(self) -> None:
@@ -232,7 +232,7 @@ def test_the_core_reads_every_message_once_in_order_from_two_threads():
     got: list[int] = []
     scheduler = Scheduler()
     bridge = Bridge(scheduler, None, None, inp)
-    bridge.handle = lambda msg: got.append(msg[1])
+    bridge.handle = lambda msg: got.append(int(msg.id))
     main = threading.Thread(target=_receive, args=(inp, bridge, os.getppid()), daemon=True)
     main.start()
     busy = threading.Event()
@@ -250,7 +250,7 @@ def test_the_core_reads_every_message_once_in_order_from_two_threads():
             if i == n // 2:
                 busy.clear()  # the scheduler waits for work from here on: the main thread alone reads
                 sched.join(5)
-            push.send(pack(["a", i]))
+            push.send(encode(HungUp(str(i))))
             if i % 97 == 0:
                 time.sleep(0.002)
         deadline = time.monotonic() + 10
@@ -276,7 +276,7 @@ def _bridge_run(plans: list[tuple[bool, list[int], bool]], every_s: float):
 
     from serve.frontend import RemoteScheduler
     from serve.frontend_core import Bridge, Timed
-    from serve.frontend_wire import unpack
+    from serve.messages import decode
     from serve.metrics import Metrics
     from serve.request import Done, Request, Update
     from serve.routes_complete import Gather
@@ -320,11 +320,11 @@ def _bridge_run(plans: list[tuple[bool, list[int], bool]], every_s: float):
         bridge.flush()
         per_iteration.append(len(sent) - before)
         for raw in sent[before:]:
-            front._deliver(unpack(raw))
+            front._deliver(decode(raw))
         step += 1
     bridge.send_timed()
     for raw in sent[sum(per_iteration):]:
-        front._deliver(unpack(raw))
+        front._deliver(decode(raw))
     return sent, per_iteration, sides, meter.pending
 
 
@@ -340,7 +340,7 @@ def test_whole_answers_tokens_are_held_in_the_core_and_counted_once():
     to); no held timing is left unsent after /metrics' snapshot (`send_timed`)."""
     from hypothesis import given, settings, strategies as st
 
-    from serve.frontend_wire import unpack
+    from serve.messages import decode
 
     plan = st.tuples(st.booleans(), st.lists(st.integers(1, 3), min_size=1, max_size=6), st.booleans())
 
@@ -350,8 +350,8 @@ def test_whole_answers_tokens_are_held_in_the_core_and_counted_once():
         sent, per_iteration, sides, pending = _bridge_run(plans, every_s=3600.0)
         entries: dict[int, list] = {}
         for raw in sent:
-            msg = unpack(raw)
-            for rid, tokens, done, _ in msg[1]:
+            msg = decode(raw)
+            for rid, tokens, done, _ in msg.entries:
                 entries.setdefault(int(rid.split("-")[1]), []).append((tokens, done))
         for i, (whole, counts, aborted) in enumerate(plans):
             made = sum(counts)
