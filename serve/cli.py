@@ -19,7 +19,6 @@ import functools
 import logging
 import os
 import signal
-import socket
 import sys
 
 import click
@@ -539,10 +538,6 @@ async def _close_listening(server, sockets) -> None:
                     taken.append(sock.accept()[0])
                 except OSError:  # BlockingIOError: the backlog is empty
                     break
-            try:  # stop listening at once (one syscall after the backlog was found empty), not after
-                sock.shutdown(socket.SHUT_RDWR)  # asyncio's server bookkeeping: a handshake that ends
-            except OSError:  # in between lands in a backlog nobody takes, and the close resets it
-                pass
     for srv in server.servers:
         srv.close()
     for sock in sockets:
