@@ -34,6 +34,7 @@ from typing import Any, Callable, ClassVar
 
 import msgpack
 
+from kern.errors import KernError
 from serve.answer import Done, Stops
 
 __all__ = ["Abort", "Answer", "Arrive", "Asked", "Bye", "CODECS", "Drain", "DrainFor", "FrontEndDied",
@@ -41,7 +42,7 @@ __all__ = ["Abort", "Answer", "Arrive", "Asked", "Bye", "CODECS", "Drain", "Drai
            "asked", "decode", "dispatcher", "done_of", "encode", "pack_done"]
 
 
-class MessageError(ValueError):
+class MessageError(KernError, ValueError):
     """A wire message this build cannot read (an unknown tag, or another field count than its class's)."""
 
 
