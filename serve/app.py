@@ -23,19 +23,18 @@ from starlette.middleware.exceptions import ExceptionMiddleware
 from starlette.requests import ClientDisconnect
 
 from serve import logs, routes_complete, routes_info
-from serve.engine import Engine
+from serve.client import EngineClient, EngineView
 from serve.guard import Limits
 from serve.hosts import Hosts
 from serve.http import CAPABILITIES, VERSION, Served, ctx, reject
 from serve.metrics import Metrics
 from serve.reply import Reply
-from serve.scheduler import Scheduler
 from serve.validate import ApiError
 
 __all__ = ["CAPABILITIES", "VERSION", "Reply", "make_app"]
 
 
-def make_app(scheduler: Scheduler, engine: Engine, api_key: str | None = None, limits: Limits | None = None,
+def make_app(scheduler: EngineClient, engine: EngineView, api_key: str | None = None, limits: Limits | None = None,
              limit_log: logs.Limiter | None = None, protect_stats: bool = False, sampling: str = "refuse",
              metrics_prefix: str = "kern", hosts: Hosts | None = None) -> FastAPI:
     """The routes. `limits` bounds bodies and /tokenize; `limit_log` takes repeated events (hang-ups);
@@ -47,7 +46,7 @@ def make_app(scheduler: Scheduler, engine: Engine, api_key: str | None = None, l
     app = Kern(title="kern", docs_url=None, redoc_url=None, openapi_url=None)
     app.hosts = hosts
     # this app's own registry (with --frontends, every front end's values summed at each scrape)
-    meter = Metrics(engine.model, engine.max_request_tokens, metrics_prefix, shared=getattr(scheduler, "shared", None))
+    meter = Metrics(engine.model, engine.max_request_tokens, metrics_prefix, shared=scheduler.shared)
     app.state.ctx = Served(scheduler, engine, meter, limits or Limits(), limit_log or logs.Limiter(), api_key,
                            protect_stats, sampling, created=int(time.time()))
     app.state.metrics = meter

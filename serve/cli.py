@@ -403,14 +403,14 @@ def run(engine, host: str, port: int, api_key: str | None, stats_every: float = 
             logger.removeFilter(f)
     died = scheduler.died
     if not server.started or died:
-        getattr(scheduler, "release", lambda: None)()  # an engine core's process: its leader's directories
+        scheduler.release()  # an engine core's process: its leader's directories
         return died or EXIT_START_FAILED
     scheduler.stop()
     scheduler.join(timeout=30)
     limit_log.flush()
     cut = (scheduler.cut_off + app.state.ctx.cancelled + (0 if server.drained else 1)
-           + getattr(scheduler, "peers_cut", 0))  # --frontends: the other front ends' own ends
-    if getattr(scheduler, "index", 0) == 0:  # --frontends: the leader's line; its peers' at debug
+           + scheduler.peers_cut)  # --frontends: the other front ends' own ends
+    if scheduler.index == 0:  # --frontends: the leader's line; its peers' at debug
         logs.event("stopped", model=engine.model, cut_off=scheduler.cut_off, cancelled=app.state.ctx.cancelled,
                    drained=server.drained)
     else:
@@ -470,7 +470,7 @@ def _server_type(uvicorn, engine, host: str, port: int, phases, limit_log, limit
             if self.started:
                 bound = [s.getsockname()[1] for srv in self.servers for s in srv.sockets]
                 phases.mark("http")
-                count, index = getattr(scheduler, "count", 1), getattr(scheduler, "index", 0)
+                count, index = scheduler.count, scheduler.index
                 if index == 0:  # the leader's line: the others' follow at debug
                     logs.event("serving", model=engine.model, host=host, port=bound[0] if bound else port,
                                start_s=phases.as_fields()["start_s"], http=http, loop=_loop_name(loop),

@@ -41,6 +41,7 @@ import zmq
 from serve import logs
 from serve.faults import Faults
 from serve.frontend_core import die_with_parent
+from serve.client import Delivery
 from serve.frontend_wire import dead_error
 from serve.messages import (Answer, Arrive, Bye, DrainFor, FrontEndDied, HungUp, Question, Ready, StopCore,
                             Updates, decode, done_of, encode)
@@ -187,8 +188,8 @@ class RemoteScheduler:
     runs on the event loop, which alone uses the sockets while it runs (the receiving one is its
     reader from the first request or question on); before it, `wait_ready` reads, after it `join`."""
 
-    on_loop = True  # updates are handed to a request's `send` on the event loop: it may be a queue's put
-    holds_whole = True  # a whole answer's tokens after its first come with its finish, timed by the core
+    delivery = Delivery.HELD  # on the event loop (a request's `send` may be a queue's put); a whole
+    # answer's tokens after its first come with its finish, timed by the core
 
     def __init__(self, pid: int, addrs: tuple[str, str], tmp: str | None, index: int = 0, count: int = 1,
                  peers=(), shared: str | None = None, names: _Names | None = None) -> None:

@@ -12,10 +12,9 @@ from fastapi.responses import JSONResponse
 
 from kern.errors import KernError
 from serve import bodies, logs
-from serve.engine import Engine
+from serve.client import EngineClient, EngineView
 from serve.guard import Limits
 from serve.metrics import Metrics
-from serve.scheduler import Scheduler
 from serve.validate import ApiError
 
 __all__ = ["CAPABILITIES", "POLL_S", "VERSION", "Disconnected", "Served", "auth", "body_of", "ctx", "cut",
@@ -46,8 +45,8 @@ class Disconnected(KernError):
 class Served:
     """One app's context: what every handler reads (`ctx(request)`)."""
 
-    scheduler: Scheduler
-    engine: Engine
+    scheduler: EngineClient  # in this process or another (serve/client.py)
+    engine: EngineView
     meter: Metrics
     limits: Limits
     limit_log: logs.Limiter

@@ -80,10 +80,10 @@ def _submit(c: Served, ask: Ask, client: str = "") -> tuple[Request, asyncio.Que
         outbox = c.outbox = Outbox(asyncio.get_running_loop())
     q: asyncio.Queue[Update] = asyncio.Queue()
     stops = Stops(list(ask.stop), list(ask.stop_ids), ask.include_stop) if ask.stop or ask.stop_ids else None
-    gather = None if ask.stream else Gather(q, c.scheduler.holds_whole)
+    gather = None if ask.stream else Gather(q, c.scheduler.delivery.holds_whole)
     deliver = q.put_nowait if gather is None else gather
     # a scheduler in another process hands updates over on this loop (serve/frontend.py): straight in
-    send = deliver if c.scheduler.on_loop else lambda u: outbox.put(deliver, u)
+    send = deliver if c.scheduler.delivery.on_loop else lambda u: outbox.put(deliver, u)
     req = Request(c.scheduler.name(), ask.ids, ask.max_tokens, engine.rows, send,
                   t_arrive=time.monotonic(), ignore_eos=ask.ignore_eos, stops=stops, whole=not ask.stream, client=client)
     track = c.meter.track(req.t_arrive, len(ask.ids), req, ask.max_tokens)

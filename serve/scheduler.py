@@ -37,6 +37,7 @@ from serve.frontend_wire import health_of
 from serve.metrics import snapshot
 from serve.pipeline.liveness import die
 from serve.pipeline.pipeline import StageLost
+from serve.client import Delivery
 from serve.messages import Abort, Drain, Query, Stop, Submit, dispatcher
 from serve.request import Request
 from serve.stats import Window
@@ -69,11 +70,15 @@ class Scheduler(threading.Thread):
         # and before it may wait: `--frontend-process` sends what the iteration's commits told in one message
         # and takes what the front end sent meanwhile (serve/frontend_core.py's `Bridge.flush`)
 
-    # what `serve.cli.run` asks of any scheduler (`serve.frontend.RemoteScheduler` too)
+    # `serve.client.EngineClient`, in this process (`serve.frontend.RemoteScheduler` is the other one)
 
     died: int | None = None  # the exit code a separate core process ended with; in process a crash ends it all
-    on_loop = False  # updates reach a request's `send` on this thread, not the event loop's
-    holds_whole = False  # every update reaches the handler as the steps make it (the core in process)
+    delivery = Delivery.STEPS  # updates reach a request's `send` on this thread, each as the steps make it
+    index, count, shared = 0, 1, None  # the only front end; no metrics shared with others
+    peers_cut = 0  # no other front ends
+
+    def release(self) -> None:
+        """Nothing left by another process."""
 
     def measure(self, meter) -> None:
         """Nothing to bind: the handlers' tracks observe every update here (`make_app` calls it)."""
