@@ -18,6 +18,10 @@ implementation to this list, member by member and signature by signature.
     zero_slot(slot)        a fresh sequence's line
     hold_partial()         whether a partial prefill call should wait (a pipeline full of items)
     trouble()              what /health says of the device: None when it is whole
+
+`Losable` is a `Device` that can lose state (the pipeline head, `serve/pipeline/pipeline.py`: a
+stage process lost): what the scheduler takes a loss with, so it imports no pipeline module. A device
+whose `broken` is not None is one; a call into it after a loss raises `StageLost`.
 """
 
 from __future__ import annotations
@@ -25,10 +29,15 @@ from __future__ import annotations
 import threading
 from typing import Any, Callable, Protocol
 
+from kern.errors import KernError
 from runtime.protocol import Protocol as Programs
 from runtime.step import Cell
 
-__all__ = ["Device"]
+__all__ = ["Device", "Losable", "StageLost"]
+
+
+class StageLost(KernError, RuntimeError):
+    """The device lost state (a pipeline stage): the step that raised it, and every item in flight, are void."""
 
 
 class Device(Protocol):
@@ -55,3 +64,23 @@ class Device(Protocol):
     def hold_partial(self) -> bool: ...
 
     def trouble(self) -> dict | None: ...
+
+
+class Losable(Device, Protocol):
+    """A `Device` that can lose state, and what the scheduler takes the loss with."""
+
+    whole: threading.Event  # set while every part is up (cleared from a loss until its restart)
+    restarter: Any  # None: a loss cannot be restarted (the scheduler gives up)
+    failed: str | None  # why a restart failed: the scheduler gives up
+
+    def take_loss(self) -> dict[int | None, str]:
+        """The losses since the last take (stage -> why; None: which one is unknown), and a new epoch."""
+
+    def begin_restart(self, stages: list) -> None:
+        """Restart `stages` (None in it: all of them); `whole` is set when all are back."""
+
+    def lost_stages(self) -> list[int]:
+        """The stages lost and not restarted, in order."""
+
+    def die(self, reason: str, answered: int) -> None:
+        """Give up: one clear line, and the process ends with the pipeline's exit code."""

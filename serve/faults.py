@@ -183,6 +183,31 @@ class FaultyDevice:
     def hold_partial(self) -> bool:
         return self.inner.hold_partial()
 
+    # a `serve.device.Losable` (the inner one can lose state: `broken` is not None): the real one's
+    @property
+    def whole(self):
+        return self.inner.whole
+
+    @property
+    def restarter(self):
+        return self.inner.restarter
+
+    @property
+    def failed(self) -> str | None:
+        return self.inner.failed
+
+    def take_loss(self) -> dict:
+        return self.inner.take_loss()
+
+    def begin_restart(self, stages: list) -> None:
+        self.inner.begin_restart(stages)
+
+    def lost_stages(self) -> list[int]:
+        return self.inner.lost_stages()
+
+    def die(self, reason: str, answered: int) -> None:
+        self.inner.die(reason, answered)
+
     def trouble(self) -> dict | None:
         return self.inner.trouble()
 

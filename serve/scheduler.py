@@ -35,9 +35,8 @@ from serve.core import Core, Plan, snapshot_holdings
 from serve.engine import Engine
 from serve.frontend_wire import health_of
 from serve.metrics import snapshot
-from serve.pipeline.liveness import die
-from serve.pipeline.pipeline import StageLost
 from serve.client import Delivery
+from serve.device import Losable, StageLost
 from serve.messages import Abort, Drain, Query, Stop, Submit, dispatcher
 from serve.request import Request
 from serve.stats import Window
@@ -227,7 +226,7 @@ class Scheduler(threading.Thread):
             if self.window.due():
                 self.window.flush(core.gauges())
 
-    def _stages(self, pipe) -> bool:
+    def _stages(self, pipe: Losable) -> bool:
         """Take a pipeline's loss, or its failure to restart; True while nothing may be scheduled."""
         core = self.core
         if pipe.broken.is_set():
@@ -248,13 +247,13 @@ class Scheduler(threading.Thread):
             return False  # the loop returns
         return core.lost is not None or not pipe.whole.is_set()
 
-    def _give_up(self, pipe, reason: str) -> None:
-        stages = sorted(k for k in range(1, pipe.stages) if k in pipe.watch.lost)
+    def _give_up(self, pipe: Losable, reason: str) -> None:
+        stages = pipe.lost_stages()
         where = f"stage {','.join(map(str, stages))}" if stages else "a stage"
         error = (503, f"the pipeline lost {where} ({reason}); this server is exiting", "pipeline_stage_lost", None)
         n = self.core.lose_state(error)
         logs.event("pp giving up", "ERROR", answered=n, reason=reason, exit_in_s=EXIT_AFTER_S)
-        threading.Timer(EXIT_AFTER_S, die, args=("pp stage lost",), kwargs={"reason": reason, "answered": n}).start()
+        threading.Timer(EXIT_AFTER_S, pipe.die, args=(reason, n)).start()
 
     def _queries(self) -> None:
         """While a pipeline waits on its stages (inside a step): answer the queries (/stats, /metrics:

@@ -11,20 +11,23 @@ from types import SimpleNamespace
 
 import pytest
 
-from serve.device import Device
+from serve.device import Device, Losable
 
 DATA = sorted(Device.__annotations__)
 METHODS = sorted(n for n, v in vars(Device).items() if inspect.isfunction(v) and not n.startswith("_"))
 
 
-def problems(device) -> list[str]:
-    """What `device` lacks of the protocol: a member missing, a method not callable, or one the core's
-    call (as many positional arguments as the protocol's method takes) does not fit."""
+def problems(device, proto=Device) -> list[str]:
+    """What `device` lacks of the protocol `proto` (`Device`, or `Losable`: its own members and
+    Device's): a member missing, a method not callable, or one the core's call (as many positional
+    arguments as the protocol's method takes) does not fit."""
     out = []
-    for name in DATA:
+    data = sorted({*DATA, *proto.__annotations__})
+    methods = sorted({*METHODS, *(n for n, v in vars(proto).items() if inspect.isfunction(v) and not n.startswith("_"))})
+    for name in data:
         if not hasattr(device, name):
             out.append(f"{name}: missing")
-    for name in METHODS:
+    for name in methods:
         got = getattr(device, name, None)
         if got is None:
             out.append(f"{name}(): missing")
@@ -32,7 +35,7 @@ def problems(device) -> list[str]:
         if not callable(got):
             out.append(f"{name}: not callable")
             continue
-        want = list(inspect.signature(getattr(Device, name)).parameters)[1:]  # less self
+        want = list(inspect.signature(getattr(proto, name)).parameters)[1:]  # less self
         try:
             inspect.signature(got).bind(*[None] * len(want))
         except TypeError as exc:
@@ -101,6 +104,21 @@ def test_every_device_has_every_member_with_a_compatible_signature(name):
     assert problems(IMPLEMENTATIONS[name]()) == []
 
 
+@pytest.mark.parametrize("make", [_pipeline, lambda: _faulty_over(_pipeline())], ids=["Pipeline", "FaultyDevice(Pipeline)"])
+def test_a_device_that_can_lose_state_is_losable(make):
+    """The scheduler takes a lost stage through `Losable` alone (it imports no pipeline module): the
+    pipeline head, and the step faults' wrapper around it, carry every member."""
+    device = make()
+    assert device.broken is not None
+    assert problems(device, Losable) == []
+
+
+def _faulty_over(inner):
+    from serve.faults import STEP_FAULTS, FaultyDevice
+
+    return FaultyDevice(inner, STEP_FAULTS, {"requests": 0}, "prefill", 4)
+
+
 def test_the_check_names_a_missing_member_and_a_call_that_does_not_fit():
     device = _pyruntime()
     del device.broken  # an attribute gone
@@ -109,3 +127,14 @@ def test_the_check_names_a_missing_member_and_a_call_that_does_not_fit():
     device.hold_partial = lambda wait_s: False  # one that needs an argument the core never passes
     got = problems(device)
     assert [p.split(":")[0].split("(")[0] for p in got] == ["broken", "hold_partial", "land", "trouble"], got
+
+
+def test_the_scheduler_imports_no_pipeline_module():
+    """It drives any `Device` and takes a loss through `Losable`: nothing of serve/pipeline/ in it."""
+    import ast
+    from pathlib import Path
+
+    tree = ast.parse((Path(__file__).resolve().parent.parent / "serve" / "scheduler.py").read_text())
+    names = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    names |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    assert not [n for n in names if n.startswith("serve.pipeline")], sorted(names)

@@ -25,17 +25,15 @@ import queue
 import threading
 import time
 
-from kern.errors import KernError
 from serve import logs
-from serve.pipeline.liveness import HeadWatch
+from serve.device import StageLost  # re-exported: raised here, taken by the scheduler
+from serve.pipeline.liveness import HeadWatch, die
 from serve.pipeline.transport import Message, Wire
 from serve.pipeline.work import apply_plans, cells_to, encode_plan
 
 __all__ = ["Pipeline", "StageLost"]
 
 
-class StageLost(KernError, RuntimeError):
-    """The pipeline lost a stage: the step that raised it, and every item in flight, are void."""
 
 
 class Pipeline:
@@ -106,6 +104,14 @@ class Pipeline:
         self._pending.clear()
         self.plans = []
         return lost
+
+    def lost_stages(self) -> list[int]:
+        """The stages lost and not restarted, in order."""
+        return sorted(k for k in range(1, self.stages) if k in self.watch.lost)
+
+    def die(self, reason: str, answered: int) -> None:
+        """Give up (`Losable.die`): log and end the process with the pipeline's exit code."""
+        die("pp stage lost", reason=reason, answered=answered)
 
     def begin_restart(self, stages) -> None:
         """Restart `stages` (None in it: all of them) on the restart thread; `whole` is set when all
