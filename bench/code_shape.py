@@ -24,7 +24,7 @@ from pathlib import Path
 from tabulate import tabulate
 
 REPO = Path(__file__).resolve().parent.parent
-PACKAGES = ("toy", "manifests", "runtime", "pool", "serve", "oracle", "verdicts", "e2e")
+PACKAGES = ("toy", "manifests", "runtime", "pool", "serve", "replay", "oracle", "verdicts", "e2e")
 LONG = 80
 
 

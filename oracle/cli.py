@@ -302,7 +302,7 @@ def _register_optional() -> None:
         return
     main.add_command(serve_command, "serve")
     main.add_command(serve_command, "server")
-    from serve.replay_cli import replay_command
+    from replay.cli import replay_command
 
     main.add_command(replay_command, "replay")
 

@@ -1,7 +1,7 @@
 """`Device`: everything the serving core drives on `engine.runtime`, named once.
 
 The single-process runtime (`runtime/runtime.py`), the pipeline head (`serve/pipeline/pipeline.py`),
-the fault wrapper (`serve/faults.py`), the replay's plan-only runtime (`serve/replay.py`) and every test
+the fault wrapper (`serve/faults.py`), the replay's plan-only runtime (`replay/run.py`) and every test
 double implement it. The protocol is structural: `runtime` imports nothing of `serve`, it only has
 these members. Each implementation states every member, with a plain default where it has nothing
 to say (a runtime that cannot lose a stage has `broken` None, `trouble()` None, `epoch` 0), so the core

@@ -79,7 +79,7 @@ def _faulty():
 
 
 def _replay():
-    from serve.replay import _Runtime
+    from replay.run import _Runtime
 
     return _Runtime(True)
 
@@ -87,7 +87,7 @@ def _replay():
 IMPLEMENTATIONS = {
     "runtime.runtime.Runtime": _runtime,
     "serve.pipeline.pipeline.Pipeline": _pipeline,
-    "serve.replay._Runtime": _replay,
+    "replay.run._Runtime": _replay,
     "serve.faults.FaultyDevice": _faulty,
     "tests.pyruntime.PyRuntime": _pyruntime,
     "tests.test_pipeline_head.FakeRuntime": _stage0,

@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("kern", "toy", "manifests", "runtime", "pool", "serve", "oracle", "verdicts", "e2e")
+PACKAGES = ("kern", "toy", "manifests", "runtime", "pool", "serve", "replay", "oracle", "verdicts", "e2e")
 ALLOWED = {
     "kern": set(),  # leaves only (kern.errors: the root exception), so any package may import them
     "toy": set(),
@@ -20,7 +20,8 @@ ALLOWED = {
     "pool": set(),
     "verdicts": set(),
     "serve": {"manifests", "runtime", "pool"},
-    "oracle": {"manifests", "runtime", "toy", "verdicts", "serve"},  # serve: the commands it runs and hosts
+    "replay": {"manifests", "runtime", "serve", "pool"},  # the serving core's admission over the real pool, no device
+    "oracle": {"manifests", "runtime", "toy", "verdicts", "serve", "replay"},  # the commands it runs and hosts
     "e2e": {"manifests", "oracle", "verdicts"},  # the server only over HTTP and its log
 }
 """Which packages each may import (docs/architecture.md's table). A module that imports nothing of the

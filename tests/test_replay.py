@@ -10,8 +10,8 @@ import httpx
 import pytest
 from click.testing import CliRunner
 
-from serve.replay import replay_engine, replay_lru, setup_for
-from serve.traces import BLOCK, Req, TraceError, block_tokens, read, scale
+from replay.run import replay_engine, replay_lru, setup_for
+from replay.traces import BLOCK, Req, TraceError, block_tokens, read, scale
 
 
 def mooncake(path, n: int = 40, seed: int = 3, block: int = BLOCK) -> list[dict]:
@@ -112,7 +112,7 @@ def test_piped_progress_speaks_at_least_every_interval():
     import io
     from contextlib import redirect_stderr
 
-    from serve.replay_cli import _Lines
+    from replay.cli import _Lines
 
     err = io.StringIO()
     with redirect_stderr(err), _Lines(5000, every=0.0) as lines:
@@ -206,7 +206,7 @@ def test_out_holds_the_figures_and_the_plot_and_the_cwd_nothing(tmp_path, monkey
 
 
 def test_the_plots_y_axis_starts_at_0_and_ends_above_everything():
-    from serve.replay_plot import y_top
+    from replay.plot import y_top
 
     # the sweep: 0.3692..0.3704 drawn from 0 to 0.5, not from 0.3692 to 0.3704
     assert y_top([0.3692, 0.3704]) == 0.5
@@ -214,7 +214,7 @@ def test_the_plots_y_axis_starts_at_0_and_ends_above_everything():
 
 
 def test_known_traces_are_known_by_their_totals_only():
-    from serve.mooncake import known
+    from replay.mooncake import known
 
     assert known(12_031, 144_793_823).name == "Mooncake conversation trace"
     assert known(3_993, 61_194_628).paper[0] == (1_000_000, 0.146)

@@ -1,4 +1,4 @@
-"""`kern replay TRACE`: capacity planning without a model (serve/replay.py), and `--server URL`: the
+"""`kern replay TRACE`: capacity planning without a model (replay/run.py), and `--server URL`: the
 same trace, scaled down, sent to a running `kern serve`, whose hits and tiers must equal the replay's.
 
 Exit codes: 0 done (and, with --server, agreed); 1 the server disagreed; 2 bad flags or trace.
@@ -90,8 +90,8 @@ def replay_command(ctx, trace, page, capacity_text, host_tokens, host_gib, bytes
                    as_json, out_dir, plot, server, target, scale_k, api_key) -> None:
     """Replay TRACE (Mooncake JSONL, or our token traces) through the pool, the index and the host tier
     and print hit figures per device capacity."""
-    from serve.mooncake import known
-    from serve.traces import TraceError, read, scale
+    from replay.mooncake import known
+    from replay.traces import TraceError, read, scale
 
     try:
         capacities = _capacities(capacity_text)
@@ -120,7 +120,7 @@ def replay_command(ctx, trace, page, capacity_text, host_tokens, host_gib, bytes
         _fail("--out and --plot draw a replay's figures; with --server there are none to draw")
     paper = known(len(reqs), sum(r.input_length for r in reqs))
     if server is not None:
-        from serve.replay_server import check_server
+        from replay.server import check_server
 
         sys.exit(check_server(reqs, server, target, capacities, scale_k, host_tokens, host_gib, api_key,
                               ctx.obj.get("config") if isinstance(ctx.obj, dict) else None, as_json))
@@ -141,7 +141,7 @@ def replay_command(ctx, trace, page, capacity_text, host_tokens, host_gib, bytes
 def _sweep(reqs, capacities, policy, page, host, bpt, every: float = 10.0) -> list:
     """One replay per device capacity, with progress on stderr: a bar on a terminal; piped (a CI log), a
     line at each capacity's start and at least every `every` seconds (requests done, elapsed, left)."""
-    from serve.replay import replay_engine, replay_lru, setup_for
+    from replay.run import replay_engine, replay_lru, setup_for
 
     figs = []
     bound = None
@@ -209,7 +209,7 @@ def _write(figs, trace, policy, paper, scale_k, out_dir, plot) -> None:
         click.echo(f"figures: {path}", err=True)
         plot = plot or os.path.join(out_dir, stem + ".png")
     if plot:
-        from serve.replay_plot import draw
+        from replay.plot import draw
 
         draw(figs, plot, trace, paper, scale_k)
         click.echo(f"hit ratio by tier against capacity: {plot}", err=True)

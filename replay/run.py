@@ -31,7 +31,7 @@ from serve.admission import WAIT, Admission
 from serve.engine import size
 from serve.request import Request
 from serve.stats import Counters
-from serve.traces import Req, packed_fresh, packed_prompt
+from replay.traces import Req, packed_fresh, packed_prompt
 
 __all__ = ["Figures", "Setup", "replay_engine", "replay_lru", "setup_for"]
 

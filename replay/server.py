@@ -17,7 +17,7 @@ import click
 import httpx
 
 from kern.tokens import BYTES
-from serve.traces import Req, request_tokens, scale
+from replay.traces import Req, request_tokens, scale
 
 __all__ = ["check_server"]
 
@@ -38,7 +38,7 @@ def check_server(reqs: list[Req], url: str, target: str | None, capacities: list
     from manifests.config import resolve
     from pool import Geometry
     from runtime.protocol import Protocol
-    from serve.replay import Setup, replay_engine
+    from replay.run import Setup, replay_engine
 
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     url = url.rstrip("/")

@@ -2,7 +2,7 @@
 
 One bar per capacity on a log axis, the device tier's hits below and the host tier's above, each
 bar labelled with its total; the infinite-cache bound dashed; the Mooncake paper's points (Fig. 9)
-when the trace is one of its two (`serve.mooncake`). The y axis starts at 0 and ends at 1 or the
+when the trace is one of its two (`replay.mooncake`). The y axis starts at 0 and ends at 1 or the
 first tenth above everything drawn, so a 0.3% change looks like one.
 """
 
@@ -27,8 +27,8 @@ def y_top(values) -> float:
 
 
 def draw(figs, path: str, title: str, paper=None, scale: int = 1) -> None:
-    """Write the plot of `figs` (one `serve.replay.Figures` per capacity) to `path` (PNG).
-    `paper`: a `serve.mooncake.Known` whose points are drawn (capacities divided by `scale`)."""
+    """Write the plot of `figs` (one `replay.run.Figures` per capacity) to `path` (PNG).
+    `paper`: a `replay.mooncake.Known` whose points are drawn (capacities divided by `scale`)."""
     import matplotlib
 
     matplotlib.use("Agg")
