@@ -136,6 +136,7 @@ class Core:
             req.ticket = Ticket(req.client, -(-req.room // self.engine.unit))
             self.turns.arrive(req.ticket)
             self.waiting.append(req)
+            logs.event("queued", "DEBUG", request=req.id, prompt=len(req.ids), max_tokens=req.max_tokens)
 
     def drain(self, cut_at: float) -> None:
         """Refuse new requests but finish the queued and running ones until `cut_at` (monotonic)."""

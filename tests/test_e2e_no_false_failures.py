@@ -138,8 +138,11 @@ def _refused(port: int) -> bool:
 def test_interrupting_e2e_stops_every_server_it_started(tmp_path, sig):
     out = tmp_path / "results"
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    p = subprocess.Popen([sys.executable, "-m", "e2e.cli", "--targets", "toy-paged", "--scenarios", "conc1_equals_run",
-                          "--backend", "cpu", "--max-tokens", "400", "--out", str(out),
+    # long_room's three long requests (954 tokens each, 20 ms a step more under slow-steps) keep the
+    # gate busy for a minute whatever the machine's load; conc1's short answers (about 10 s in all)
+    # were sometimes all done, the gate exited 0, before a loaded test sent the signal
+    p = subprocess.Popen([sys.executable, "-m", "e2e.cli", "--targets", "toy-paged", "--scenarios", "long_beside_short",
+                          "--backend", "cpu", "--max-tokens", "16", "--out", str(out),
                           "--server-flags", "--fault slow-steps"],  # still serving when the signal comes
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=tmp_path)
     try:
