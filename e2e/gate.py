@@ -34,13 +34,16 @@ from e2e.engine import Engine, step_lacking
 from e2e.engine import fresh_lacking
 from e2e.policy import PolicyGate
 from e2e.results import Opened
-from e2e.session import ServerExited, Session, Unavailable, merge_flags, server_command, split_flags, unused_port
+from e2e.session import (PortTaken, ServerExited, Session, Unavailable, merge_flags, server_command, split_flags,
+                         unused_port)
 from e2e.spawn import Processes, Spawner
 from e2e.stats import Stats
 from kern.errors import KernError
 from verdicts.policy import POLICY_COUNTERS
 
 __all__ = ["MissingResult", "Options", "Run", "Untold", "lanes", "run_target"]
+
+PORT_TRIES = 3  # a session whose gate-picked port was taken before its server bound it: picked again
 
 T = TypeVar("T")
 HIT_COUNTERS = POLICY_COUNTERS  # what a session's hits come to (resident/host hits and tokens, parks, ...)
@@ -239,6 +242,15 @@ class Run:
         """Start session `name` (a fresh server) with its own flags over the base and --server-flags
         (and its cache sized to `cache` tokens, when the session asks: `Step.cache`)."""
         self.close()
+        o = self.opts
+        for tries in range(PORT_TRIES, 0, -1):
+            try:
+                return self._open(name, flags, cache)
+            except PortTaken:  # a port the gate picked was taken before the server bound it: another one
+                if o.port != 0 or tries == 1:
+                    raise
+
+    def _open(self, name: str, flags: list[str], cache: int | None) -> Live:
         o = self.opts
         cmd, port = self.command(name, flags, cache)
         e = o.engine

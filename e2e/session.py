@@ -47,6 +47,11 @@ class Unavailable(KernError, RuntimeError):
     is stopping); the gate reports the target skipped, not failed."""
 
 
+class PortTaken(Unavailable):
+    """The server exited saying its port is in use. A port the gate picked (free when picked, then
+    taken by another process before the server bound it) is picked again (`Run.open`)."""
+
+
 class _Started:
     """The sessions whose servers may be running, and whether new ones may start."""
 
@@ -212,7 +217,7 @@ class Session:
             except ServerExited as exc:
                 text = self.log.text().lower()
                 if any(p in text for p in PORT_IN_USE):
-                    raise Unavailable(f"server {self.name}: port {self.port} is in use") from exc
+                    raise PortTaken(f"server {self.name}: port {self.port} is in use") from exc
                 if self.health and exc.code in UNRUNNABLE:  # a shell's or env's "not found", "not executable"
                     raise Unavailable(f"the engine's command cannot be executed (exit {exc.code} before it was "
                                       f"ready): {exc.tail}") from exc

@@ -458,3 +458,38 @@ def _httptools_guarded() -> type:
             super().on_response_complete()
 
     return GuardedHttpTools
+
+
+HANDSHAKE_S = 0.02  # for a handshake under way when new ones were stopped to end in the backlog (loopback: microseconds)
+_SO_ATTACH_FILTER = 26  # Linux
+# a classic BPF socket filter over the TCP header: keep a segment with ACK set, drop a bare SYN
+_NO_NEW_SYN = ((0x30, 0, 0, 13),  # ldb [13]: the flags byte
+               (0x45, 2, 0, 0x10),  # jset ACK: keep
+               (0x45, 0, 1, 0x02),  # jset SYN: drop, else keep
+               (0x06, 0, 0, 0),  # ret 0: drop
+               (0x06, 0, 0, 0xFFFFFFFF))  # ret all: keep
+
+
+def stop_handshakes(sock) -> bool:
+    """Let listening socket `sock` start no new TCP handshake (a filter dropping bare SYNs: their
+    clients retry, and are refused once the socket is closed), while those under way complete into
+    its backlog. False where it cannot (not Linux, or the filter refused): the caller closes as before."""
+    import ctypes
+    import socket
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return False
+
+    class Insn(ctypes.Structure):
+        _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8), ("k", ctypes.c_uint32)]
+
+    class Prog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_uint16), ("filter", ctypes.POINTER(Insn))]
+
+    insns = (Insn * len(_NO_NEW_SYN))(*_NO_NEW_SYN)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, _SO_ATTACH_FILTER, bytes(Prog(len(_NO_NEW_SYN), insns)))
+    except OSError:
+        return False
+    return True

@@ -375,3 +375,35 @@ def test_session_ports_are_one_block_per_target():
 
     assert sorted(SESSION_PORTS.values()) == list(range(len(SESSION_PORTS)))
     assert {s.session for s in STEPS if s.session} <= set(SESSION_PORTS)
+
+
+def test_a_gate_picked_port_taken_before_the_server_bound_it_is_picked_again():
+    """`Run.open`: a session whose server exited saying its port is in use is started again on a new
+    port when the gate picked the port (--port 0), up to `PORT_TRIES` times; a fixed --port is not
+    retried (the user named it)."""
+    from types import SimpleNamespace
+
+    from e2e.gate import PORT_TRIES, Run
+    from e2e.session import PortTaken
+
+    def fake(port: int, fail: int):
+        calls = []
+
+        def _open(name, flags, cache):
+            calls.append(name)
+            if len(calls) <= fail:
+                raise PortTaken(f"server {name}: port 1 is in use")
+            return "live"
+
+        return SimpleNamespace(opts=SimpleNamespace(port=port), close=lambda: None, _open=_open), calls
+
+    run, calls = fake(0, PORT_TRIES - 1)
+    assert Run.open(run, "tight", []) == "live" and len(calls) == PORT_TRIES
+    run, calls = fake(0, PORT_TRIES)
+    with pytest.raises(PortTaken):
+        Run.open(run, "tight", [])
+    assert len(calls) == PORT_TRIES
+    run, calls = fake(9000, 1)
+    with pytest.raises(PortTaken):
+        Run.open(run, "tight", [])
+    assert len(calls) == 1

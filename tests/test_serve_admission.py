@@ -178,12 +178,14 @@ def test_fifo_keeps_the_lock_by_name(served):
 
 @needs_loopback
 def test_a_request_waiting_past_the_queue_timeout_gets_503_with_retry_after(served):
-    """--queue-timeout 0.5: one long request reserves 251 of the pool's 255 pages for seconds; a
-    stream needing 13 waits for room and is answered a plain 503 queue_timeout with Retry-After
-    (before its first byte); --max-tokens-ceiling refuses one token more than it allows. With the
-    engine core in a process of its own: the client and the error cross its wire."""
-    hold = 4000  # 12 prompt tokens + 4000: 251 pages
-    s = served("--queue-timeout", "0.5", "--max-tokens-ceiling", str(hold), "--frontend-process", capacity=4096)
+    """--queue-timeout 0.5: one long request reserves 20 of the pool's 32 pages for over 6 s (slow
+    steps: whatever the load, it still runs when the next one has waited its 0.5 s); a stream needing
+    13 waits for room and is answered a plain 503 queue_timeout with Retry-After (before its first
+    byte); --max-tokens-ceiling refuses one token more than it allows. With the engine core in a
+    process of its own: the client and the error cross its wire."""
+    hold = 308  # 12 prompt tokens + 308: 20 pages
+    s = served("--queue-timeout", "0.5", "--max-tokens-ceiling", str(hold), "--frontend-process", *SLOW,
+               capacity=528)
     over = httpx.post(s.url + "/v1/completions", json={"prompt": [1, 2], "max_tokens": hold + 1}, timeout=60)
     assert over.status_code == 400, over.text
     err = over.json()["error"]

@@ -128,3 +128,35 @@ def test_connections_arriving_as_the_server_exits_after_a_core_kill_are_answered
     assert not resets, f"{len(resets)} of {len(seen)} connections reset: {resets[:5]}"
     assert set(seen) <= {"200", "refused", "503 engine_core_dead", "503 server_shutting_down"}, set(seen)
     assert seen.count("200") >= 6
+
+
+def test_a_listening_socket_told_to_stop_handshakes_takes_none_new_and_keeps_the_rest():
+    """`guard.stop_handshakes` (Linux): a new connection's SYN is dropped (its connect times out here;
+    refused once the socket is closed), while a connection already in the backlog is still taken and
+    its bytes read; a socket it cannot filter says so (False)."""
+    import sys
+
+    import pytest
+
+    from serve import guard
+
+    if not sys.platform.startswith("linux"):
+        pytest.skip("a socket filter is Linux's")
+    with socket.socket() as ls:
+        ls.bind(("127.0.0.1", 0))
+        ls.listen(16)
+        port = ls.getsockname()[1]
+        early = socket.create_connection(("127.0.0.1", port), timeout=5)
+        assert guard.stop_handshakes(ls)
+        with pytest.raises(socket.timeout):
+            socket.create_connection(("127.0.0.1", port), timeout=0.3)
+        conn, _ = ls.accept()
+        early.sendall(b"x")
+        assert conn.recv(1) == b"x"
+        conn.close()
+        early.close()
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
+        udp.close()
+        assert guard.stop_handshakes(udp) is False  # a closed socket: the filter refused
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", port), timeout=5)

@@ -169,8 +169,13 @@ def test_twenty_clients_are_served_while_one_holds_5000_connections(server):
         kept = hog.open  # open on its side now (the server's closes not yet seen, or not yet reopened)
         assert hog.peak == 5000 and kept + hog.closed_by_server >= 5000, (hog.peak, kept, hog.closed_by_server)
         hog.paused.set()
-        time.sleep(2.0)  # refused ones are let go (their 1 s linger), none reopened
+        # refused ones are let go after their 1 s linger, none reopened; on a loaded machine the
+        # server's loop may take longer to close them, so the count is read until it settles (15 s at most)
+        settle = time.monotonic() + 15.0
         held = _held(server)
+        while held > 256 and time.monotonic() < settle:
+            time.sleep(0.2)
+            held = _held(server)
         assert held <= 256, held
         print(f"\n20 clients x 3 completions in {took:.2f} s while the hog had up to {hog.peak} "
               f"connections open at once ({kept} at the end, {hog.closed_by_server} closed by the server and "

@@ -33,8 +33,11 @@ def _no_layers() -> bool:
 @pytest.mark.skipif(_no_layers(), reason=f"no {LAYERS} target yet (the layered toy with cu_seqlens, issue 9)")
 def test_packed_prefill_answers_as_unpacked(kern_server):
     prompts = [list(p.encode()) * 3 for p in PROMPTS[:12]]
-    packed = kern_server(LAYERS, "--chunk", "64", "--capacity", "8192")
-    unpacked = kern_server(LAYERS, "--chunk", "64", "--capacity", "8192", "--no-pack")
+    # slow steps (20 ms more each, answers unchanged): the twelve requests, sent at once, are all
+    # queued while the first prefill call runs, whatever the machine's load (beside a second suite
+    # they once arrived one by one, and every packed call held one sequence)
+    packed = kern_server(LAYERS, "--chunk", "64", "--capacity", "8192", "--fault", "slow-steps")
+    unpacked = kern_server(LAYERS, "--chunk", "64", "--capacity", "8192", "--no-pack", "--fault", "slow-steps")
     got_packed = answers(packed, prompts, 8)
     got_unpacked = answers(unpacked, prompts, 8)
     assert got_packed == got_unpacked == [oracle(LAYERS, p, 8) for p in prompts]
