@@ -11,31 +11,29 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import json
 import os
 import resource
 import shlex
 import signal
 import sys
-import threading
 import time
 from pathlib import Path
-from typing import Callable
 
 import click
 
-from e2e.checks import Checks
 from e2e.config import ConfigError, GateTarget, load_targets
 from e2e.engine import DEFAULT_TARGETS, PRESETS, Engine, EngineError
 from e2e.running import running_engine
 from e2e.vllm_preset import missing as vllm_missing
 from verdicts.gate import EXIT_NOTHING_RAN
-from e2e.gate import SESSION_PORTS, Options, Run, run_target
-from e2e.oracles import oracles_for
+from e2e.driver import SESSIONS, _names, _skipped, engine_of, gate_all
+from e2e.gate import Options
+from e2e.shrinking import replay_case, shrink_failures
+from e2e.spawners import GPU_HOSTS, WORKER_CORES, close_spawners, no_gpu, start_spawners
 from e2e.progress import Progress
 from e2e.report import commit, junit, write_report, write_summary
-from e2e.scenarios import CHECKS, CROSS_CHECKS, plan, session_of
-from e2e.session import STARTED, merge_flags, project_env, split_flags, stop_all
+from e2e.scenarios import CHECKS
+from e2e.session import STARTED, stop_all
 from e2e.stages import record as record_stages
 from manifests.config import PACKAGED, PACKAGED_PP
 from oracle.reference import PACKAGED_MODEL, Reference, ReferenceError
@@ -44,12 +42,7 @@ from oracle.version import option as version_option
 __all__ = ["main"]
 
 EXIT_USAGE = 2
-SESSIONS = len(SESSION_PORTS)
 GREEDY = ("--targets", "--scenarios")
-
-
-def _names(values: tuple[str, ...]) -> list[str]:
-    return [n for v in values for n in v.replace(",", " ").split()]
 
 
 def _greedy(argv: list[str]) -> list[str]:
@@ -69,299 +62,36 @@ def _greedy(argv: list[str]) -> list[str]:
     return out
 
 
-def _skipped(t: GateTarget, reason: str, echo: Callable[[str], None]) -> dict:
-    echo(f"== {t.name}\n  skipped: {reason}")
-    return {"target": t.name, "skipped": reason, "facts": {}, "counters": {}, "checks": [], "wall_s": 0.0}
 
 
-def gate_target(t: GateTarget, opts: Options, reference: Path | None, wanted: set[str] | None,
-                echo: Callable[[str], None] | None = None) -> dict:
-    echo = echo or opts.say
-    if t.skipped:
-        return _skipped(t, t.skipped, echo)
-    opts = dataclasses.replace(opts, engine=engine_of(t, opts))
-    lacks = opts.engine.lacks_family(t.family)  # told by the config's facts (else learned as it starts)
-    if lacks is not None:
-        return _skipped(t, lacks, echo)
-    steps = plan(t, wanted, reference is not None or t.oracle is not None, opts.engine.external)
-    if wanted is not None and not any(set(s.checks) & wanted or f"policy_{s.session}" in wanted
-                                      or f"metrics_{s.session}" in wanted for s in steps) \
-            and not wanted & set(CROSS_CHECKS):
-        return _skipped(t, "no selected check applies", echo)
-    staged = f", {t.stages} pipeline stages" if t.stages > 1 else ""
-    under = f"; engine: {opts.engine.shown}" if opts.engine.external else ""
-    echo(f"== {t.name} ({t.ranks} rank(s), {'stateful' if t.lined else 'paged'}, rows {t.widest}{staged}{under})")
-    t0 = time.monotonic()
-    began = round(t0 - opts.started, 1)  # where this target sits on the gate's timeline
-    oracle, runner = oracles_for(t, reference, opts.out, opts.backend, opts.reference_worker,
-                              None if opts.kern is not None else opts.hosts, opts.kern_test_timeout, opts.kern)
-    prober = getattr(oracle, "prober", None)
-    if prober is not None:  # its device and kernels made now, off the first near-tie's path
-        threading.Thread(target=prober.warm, name=f"{t.name}:probe-warm", daemon=True).start()
-    checks = Checks(wanted, echo=echo, engine=opts.engine)
-    run = Run(t, opts, oracle, runner, checks, echo=echo)
-    try:
-        unavailable = run_target(run, steps, opts.at_once)
-    finally:
-        getattr(oracle, "close", lambda: None)()
-    wall = round(time.monotonic() - t0, 1)
-    write_scripts(opts.out, t.name, run.scripts)
-    hits = {"served": run.served, "counters": run.session_hits}  # for stages_equal_single (e2e/stages.py)
-    if unavailable is not None:
-        echo(f"  skipped: {unavailable}")
-        return {"target": t.name, "skipped": unavailable, "facts": run.facts, "counters": run.counters,
-                "checks": checks.list, "hits": hits, "wall_s": wall, "engine": opts.engine.describe()}
-    if t.floats:
-        made = getattr(getattr(oracle, "prober", None), "made", 0)
-        per = ", ".join(f"{k} {v}" for k, v in checks.excused.items()) or "none"
-        echo(f"  near-ties excused: {sum(checks.excused.values())} ({per}); {made} probes run")
-    echo(f"  {t.name}: {wall:.1f}s ({time_split(run.times)})")
-    return {"target": t.name, "skipped": None, "facts": run.facts, "counters": run.counters,
-            "checks": checks.list, "near_ties": dict(checks.excused), "hits": hits, "wall_s": wall,
-            "times": dict(run.times), "cpu": dict(run.cpu), "began_s": began, "engine": opts.engine.describe()}
 
 
-def engine_of(t: GateTarget, opts: Options) -> Engine:
-    """The engine under test for target `t`: ``--engine`` (the gate's, in `opts.engine`), else the
-    target's `engine` key, else this checkout's kern (or ``--kern``)."""
-    if opts.engine is not None and opts.engine.external:
-        return dataclasses.replace(opts.engine, facts=dict(opts.engine.facts))  # each target asks its own
-    if t.engine is not None:
-        here = str((t.config or Path(".")).resolve().parent)  # {here}: the config's folder
-        e = Engine.foreign(t.engine.replace("{here}", here), t.capabilities)
-        e.facts.update(t.facts or {})
-        e.name = t.engine_name or e.name
-        return e
-    return Engine.own(opts.kern)
 
 
-def write_scripts(out: Path, target: str, scripts: dict) -> None:
-    """Every session's flags and requests as sent: OUT/<target>/sessions.json (what --shrink reads)."""
-    d = out / target
-    d.mkdir(parents=True, exist_ok=True)
-    (d / "sessions.json").write_text(json.dumps(scripts) + "\n")
 
 
-CONFIRM = 3  # a shrunk case is replayed this many times more, and its notes say how often it failed
-TIMED_TRIES = 3  # a candidate with a burst (its failure may hang on timing) still fails only if it fails each try
 
 
-def shrink_failures(reports: list[dict], opts: Options, echo: Callable[[str], None] = click.echo) -> dict[str, Path]:
-    """`--shrink`: each failed target's first failed check, its session replayed against the engine that
-    failed and shrunk to a case that records that engine; {target: the case file written}."""
-    written = {}
-    for r in reports:
-        failed = [c["name"] for c in r.get("checks", []) if c["ok"] is False and c["name"] != "error"
-                  and not c.get("error")]
-        if r.get("skipped") is not None or not failed:
-            continue
-        if opts.progress is not None:
-            opts.progress.busy(f"shrink {r['target']}", f"shrinking {failed[0]}: one replay per line below")
-        try:
-            path = _shrink_one(r, failed[0], opts, echo)
-        finally:
-            if opts.progress is not None:
-                opts.progress.done(f"shrink {r['target']}")
-        if path is not None:
-            written[r["target"]] = path
-    return written
 
 
-def _case_of(r: dict, check: str, opts: Options):
-    """The failed session of report `r` as a case: its requests, the flags its server had, the engine
-    that served it (`Engine.describe`, None for this checkout's kern), the config and the gate's flags."""
-    from e2e.case import Case
-
-    session = session_of(check)
-    scripts = json.loads((opts.out / r["target"] / "sessions.json").read_text())
-    if session not in scripts:
-        return None
-    s = scripts[session]
-    flags = merge_flags(split_flags(opts.server_flags), split_flags(s["flags"]))  # the case carries both
-    about = r.get("engine") or {}
-    packaged = opts.config.resolve() in (PACKAGED.resolve(), PACKAGED_PP.resolve())
-    gate = {"backend": "cpu" if on_the_cpu(opts.backend) else opts.backend, "capacity": opts.capacity,
-            "load_timeout": opts.load_timeout, "server_flags": opts.server_flags}
-    return Case(r["target"], session, check, flags, s["requests"], opts.seed, opts.max_tokens,
-                engine=about if about.get("command") else None, config=None if packaged else str(opts.config),
-                gate=gate)
 
 
-def _shrink_one(r: dict, check: str, opts: Options, echo: Callable[[str], None]) -> Path | None:
-    """Shrink report `r`'s failed `check` to a case file (None: nothing to shrink, or it did not fail again)."""
-    from e2e.case import Case, kind_of, replay, replay_run, shrink, write
-
-    case = _case_of(r, check, opts)
-    if case is None:
-        echo(f"shrink {r['target']}: {check} belongs to no recorded session; nothing to shrink")
-        return None
-    want = kind_of(check, case.session)
-    tmp = opts.out / r["target"] / "shrink"
-
-    def once(c: Case) -> bool:
-        run = replay_run(c, tmp)
-        if not run.opts.engine.external:  # this checkout's kern: the gate's zygote or hosts start it
-            run.opts = dataclasses.replace(opts, out=tmp)
-        try:
-            got = replay(c, run)
-        finally:
-            getattr(run.oracle, "close", lambda: None)()
-        return want in got or "error" in got
-
-    def fails(c: Case) -> bool:  # a case with a burst fails by timing too: it must fail every one of its tries
-        timed = any(q["kind"] == "burst" for q in c.requests)
-        return all(once(c) for _ in range(TIMED_TRIES if timed else 1))
-
-    under = f" against `{case.engine['command']}`" if case.engine else ""
-    echo(f"shrink {r['target']}: {check} in session {case.session}: {case.size()[0]} requests{under}")
-    if not fails(case):
-        echo(f"shrink {r['target']}: the session's replay passes ({check} may need another session, or "
-             "timing); no case written")
-        return None
-    small = shrink(case, fails, echo)
-    again = sum(once(small) for _ in range(CONFIRM))  # a burst's failure may hang on timing: say how often
-    small.notes.append(f"shrunk from {case.size()[0]} requests ({case.size()[1]} prompt tokens) by e2e --shrink; "
-                       f"replayed {CONFIRM} times more, it failed {again}")
-    path, test = write(small, opts.out / r["target"])
-    n, p, m = small.size()
-    echo(f"shrink {r['target']}: {n} request(s), {p} prompt tokens, {m} answer tokens (failed {again} of "
-         f"{CONFIRM} replays more): {path} (pytest: {test}; replay: e2e --replay-case {path})")
-    return path
 
 
-def replay_case(path: str, backend: str, out: Path, engine: str | None = None, capabilities: str | None = None) -> int:
-    """`--replay-case FILE`: 0 when the case passes, 1 when it fails, 2 when it is no case. The case's own
-    engine is started (its recorded command); `engine` (``--engine`` at the replay) stands in for it."""
-    from e2e.case import Case, replay, replay_run
-
-    caps = _names((capabilities,)) if capabilities is not None else None
-    try:
-        case = Case.load(path)
-        run = replay_run(case, out / "replay", None if backend == "auto" else backend, engine, caps,
-                         echo=click.echo)
-    except (ValueError, ConfigError) as exc:  # EngineError is a ValueError
-        raise click.UsageError(str(exc)) from None
-    under = run.opts.engine.command if run.opts.engine.external else "kern (this checkout)"
-    click.echo(f"case {path}: replaying {case.check} of {case.target} against {under}")
-    try:
-        failed = replay(case, run)
-    finally:
-        getattr(run.oracle, "close", lambda: None)()
-    n, p, m = case.size()
-    click.echo(f"case {path}: {case.target}, session {case.session}, {n} request(s), {p} prompt tokens: "
-               + ("pass" if not failed else f"FAIL: {', '.join(failed)}"))
-    return 1 if failed else 0
 
 
-def time_split(times: dict[str, float], top: int = 6) -> str:
-    """The largest parts of a target's time, ``part 1.2s, ...`` (a session's name: its steps' time)."""
-    parts = sorted(times.items(), key=lambda kv: -kv[1])
-    text = ", ".join(f"{k} {v:.1f}s" for k, v in parts[:top])
-    rest = sum(v for _, v in parts[top:])
-    return text + (f", the rest {rest:.1f}s" if rest else "")
 
 
-def gate_all(chosen: list[GateTarget], opts: Options, ref: Path | None, wanted: set[str] | None, jobs: int) -> list[dict]:
-    """Every target, `jobs` at a time; reports in the order chosen, whatever order they finish in."""
-    if jobs == 1 or len(chosen) < 2:
-        return [gate_target(t, opts, ref, wanted) for t in chosen]
-
-    def one(i: int, t: GateTarget) -> dict:
-        def echo(line: str) -> None:
-            opts.say(f"[{t.name}] {line.lstrip()}")
-
-        # fixed ports: each target its own block of session ports
-        o = opts if opts.port == 0 else dataclasses.replace(opts, port=opts.port + i * SESSIONS)
-        return gate_target(t, o, ref, wanted, echo)
-
-    ex = concurrent.futures.ThreadPoolExecutor(jobs)
-    try:
-        return list(ex.map(one, range(len(chosen)), chosen))
-    except BaseException:
-        stop_all()  # the workers' servers go first, so the workers fail fast instead of gating on
-        ex.shutdown(wait=False, cancel_futures=True)
-        raise
-    finally:
-        ex.shutdown(wait=True)
 
 
-def start_zygote(cfg: Path, chosen: list[GateTarget], backend: str, say: Callable[[str], None] = click.echo,
-                 progress=None):
-    """The warm parent the servers are forked from (`e2e/zygote.py`); None (fresh processes) if it
-    cannot start. On the CPU it runs each target's kernels once first; elsewhere it only imports."""
-    from e2e.zygote import Zygote, ZygoteGone
-
-    on_cpu = on_the_cpu(backend)
-    warm = [t.name for t in chosen if not t.skipped and t.config in (None, cfg)] if on_cpu else []
-    t0 = time.monotonic()
-    if progress is not None:
-        progress.busy("zygote", "importing the server" + (f", then running each of {len(warm)} target(s)' kernels "
-                                "once (numba compiles them on a fresh clone and caches them)" if warm else ""))
-    try:
-        z = Zygote(project_env(), cfg, warm, gpu_imports=not on_cpu,
-                   on_progress=None if progress is None else lambda what: progress.busy("zygote", what))
-    except (ZygoteGone, OSError) as exc:
-        click.echo(f"e2e: no zygote ({exc}); each server starts as a fresh process", err=True)
-        return None
-    finally:
-        if progress is not None:
-            progress.done("zygote")
-    gpu = f"; GPU imports: {z.gpu_imports}" if z.gpu_imports else ""
-    say(f"zygote: warm in {time.monotonic() - t0:.1f}s ({len(warm)} target(s)' kernels run once{gpu})")
-    return z
 
 
-WORKER_CORES = 8  # --reference-worker by default from this many cores on
-GPU_HOSTS = 8  # --hosts on a GPU: processes (CUDA contexts) the gate's single-process servers share
 
 
-def start_hosts(n: int, cfg: Path, chosen: list[GateTarget], on_cpu: bool, out: Path,
-                check: concurrent.futures.Future | None = None, say: Callable[[str], None] = click.echo, progress=None):
-    """`n` warm hosts (`e2e/hosts.py`) for the single-process targets' servers, `kern test` and
-    `kern run`; None (the zygote, else fresh processes) if none can start (said, unless `check`
-    says why: no device)."""
-    from e2e.hosts import Hosts
-    from e2e.zygote import ZygoteGone
-
-    warm = [t.name for t in chosen if not t.skipped and t.stages <= 1 and t.config in (None, cfg)]
-    t0 = time.monotonic()
-    if progress is not None:
-        progress.busy("hosts", f"starting {n} warm host(s): imports, the device, each of {len(warm)} target(s)' "
-                               "kernels once (compiled on a fresh clone, cached after)")
-    try:
-        h = Hosts(n, project_env(), "cpu" if on_cpu else "gpu", cfg, warm, log_dir=out / "hosts")
-    except (ZygoteGone, OSError, ValueError) as exc:
-        if check is None or check.result() is None:
-            click.echo(f"e2e: no hosts ({exc}); each server is a process of its own", err=True)
-        return None
-    finally:
-        if progress is not None:
-            progress.done("hosts")
-    for e in h.errors:
-        click.echo(f"e2e: a host did not start: {e}", err=True)
-    slowest = h.slowest()
-    say(f"hosts: {len(h)} warm in {time.monotonic() - t0:.1f}s ({'cpu' if on_cpu else 'gpu'}; "
-               f"{len(warm)} target(s) run once in each{'; the last: ' + slowest if slowest else ''}); "
-               f"their own logs under {out / 'hosts'}")
-    return h
 
 
-def on_the_cpu(backend: str) -> bool:
-    """Whether `backend` runs on the CPU here (`auto` without a GPU does)."""
-    return backend == "cpu" or (backend == "auto" and no_gpu() is not None)
 
 
-def no_gpu() -> str | None:
-    """Why `--backend gpu` cannot run here (no cupy, no device), else None."""
-    try:
-        import cupy
-    except Exception as exc:  # ImportError, or a cupy that cannot find its CUDA libraries
-        return f"--backend gpu: cupy is not usable ({type(exc).__name__}: {exc})"
-    try:
-        n = cupy.cuda.runtime.getDeviceCount()
-    except Exception as exc:
-        return f"--backend gpu: no GPU ({type(exc).__name__}: {exc})"
-    return None if n > 0 else "--backend gpu: no GPU"
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -608,31 +338,8 @@ def _engine_option(engine_cmd: str | None, capabilities: str | None, kern: str |
         raise click.UsageError(str(exc)) from None
 
 
-def start_spawners(opts: Options, cfg: Path, chosen: list[GateTarget], backend: str, zygote: bool,
-                   hosts: int | None, check: concurrent.futures.Future | None = None) -> None:
-    """The hosts (`--hosts`) and the zygote (a staged target's servers, or everything without hosts),
-    started at once. `check`, if given, says (its result not None) that the backend cannot run here:
-    then a host's failure to start says nothing of its own and no zygote stands in for the hosts."""
-    on_cpu = on_the_cpu(backend)
-    n = hosts if hosts is not None else (0 if on_cpu else GPU_HOSTS)
-    staged = any(t.stages > 1 and not t.skipped for t in chosen)
-    with concurrent.futures.ThreadPoolExecutor(2) as ex:
-        h = ex.submit(start_hosts, n, cfg, chosen, on_cpu, opts.out, check, opts.say, opts.progress) if n else None
-        z = (ex.submit(start_zygote, cfg, chosen, backend, opts.say, opts.progress)
-             if zygote and (staged or not n) else None)
-        opts.hosts = h.result() if h is not None else None
-        opts.zygote = z.result() if z is not None else None
-    if check is not None and check.result() is not None:
-        return
-    if zygote and opts.zygote is None and opts.hosts is None and n:  # no hosts after all: the zygote
-        opts.zygote = start_zygote(cfg, chosen, backend, opts.say, opts.progress)
 
 
-def close_spawners(opts: Options) -> None:
-    """Close the hosts and the zygote the gate started (each waits for what it still runs to end)."""
-    for spawner in (opts.hosts, opts.zygote):
-        if spawner is not None:
-            spawner.close()
 
 
 def _own_cpu() -> float:

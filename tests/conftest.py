@@ -128,15 +128,15 @@ class _Lent:
 def _gates_borrow_the_workers_zygote(monkeypatch):
     """A gate run in this process forks its servers from the worker's zygote instead of warming its
     own (about 1.5 s a gate); `KERN_TEST_FRESH_SERVERS=1` leaves every gate its own."""
-    import e2e.cli
+    import e2e.spawners
 
-    own = e2e.cli.start_zygote
+    own = e2e.spawners.start_zygote
 
     def lend(cfg, chosen, backend, *args, **kw):
         z = ZYGOTES.get("cpu") if backend in ("cpu", "auto") else None
         return _Lent(z) if z is not None else own(cfg, chosen, backend, *args, **kw)
 
-    monkeypatch.setattr(e2e.cli, "start_zygote", lend)
+    monkeypatch.setattr(e2e.spawners, "start_zygote", lend)
 
 
 def start_server(target: str, *flags: str, log_path: Path, backend: str = BACKEND, timeout: float = 120.0) -> ServerProcess:

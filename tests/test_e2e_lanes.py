@@ -1,4 +1,4 @@
-"""The gate's lanes (`e2e.gate.run_target`): a target's sessions at once, each step after its deps.
+"""The gate's lanes (`e2e.lanes.run_target`): a target's sessions at once, each step after its deps.
 
 Steps here have no server (session None: each its own lane) or fake sessions that only `lanes`
 groups, so these run in milliseconds; the gate over real servers is `e2e` itself (CI runs it).
@@ -13,7 +13,8 @@ from pathlib import Path
 
 from e2e.checks import Checks
 from e2e.config import load_targets
-from e2e.gate import Options, Run, lanes, run_target
+from e2e.gate import Options, Run
+from e2e.lanes import lanes, run_target
 from e2e.scenarios import STEPS, Step, plan
 
 
