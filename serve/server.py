@@ -253,11 +253,17 @@ async def _close_listening(server, sockets, whole: bool = True) -> None:
 
     loop = asyncio.get_running_loop()
     taken = []
-    if type(loop).__module__.startswith("asyncio"):  # the selector loop: its accept can be stopped
+    selector = type(loop).__module__.startswith("asyncio")  # its accept can be stopped; uvloop's cannot
+    if selector:
         for sock in sockets:
             loop.remove_reader(sock.fileno())
-        if whole and all([guard.stop_handshakes(sock) for sock in sockets]):
-            await asyncio.sleep(guard.HANDSHAKE_S)
+    if whole and all([guard.stop_handshakes(sock) for sock in sockets]):
+        # the handshakes under way end meanwhile: in the backlog (taken below), or under uvloop accepted
+        # by its own loop and answered 503 as every connection is during the shutdown (uvloop keeps
+        # accepting until the close: without this wait, the 32 connections a hammer had under way
+        # when a uvloop server closed were all reset)
+        await asyncio.sleep(guard.HANDSHAKE_S)
+    if selector:
         for sock in sockets:
             while True:
                 try:
