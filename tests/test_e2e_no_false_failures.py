@@ -144,7 +144,10 @@ def test_interrupting_e2e_stops_every_server_it_started(tmp_path, sig):
     p = subprocess.Popen([sys.executable, "-m", "e2e.cli", "--targets", "toy-paged", "--scenarios", "long_beside_short",
                           "--backend", "cpu", "--max-tokens", "16", "--out", str(out),
                           "--server-flags", "--fault slow-steps"],  # still serving when the signal comes
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=tmp_path)
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=tmp_path,
+                         # as a terminal's foreground job: a suite started in the background of a
+                         # script has SIGINT ignored, and an ignored disposition is inherited
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         port = _serving_port(out)
         assert not _refused(port)
