@@ -42,7 +42,7 @@ def test_split_and_two_front_ends_pass_on_the_shipped_code(tmp_path):
     got = checks(reports["toy-paged"])
     assert code == EXIT_PASS, got
     assert all(got[n]["ok"] for n in names), got
-    assert "48/48 identical" in got["frontends2_equals_run"]["note"], got["frontends2_equals_run"]
+    assert "96/96 identical" in got["frontends2_equals_run"]["note"], got["frontends2_equals_run"]
 
 
 def test_a_split_whose_core_drops_a_whole_answers_held_tokens_fails():
