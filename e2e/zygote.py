@@ -153,6 +153,10 @@ class Zygote:
                     self.warm_split = dict(msg.get("split") or {})
                     self.warm_s = float(msg.get("warm_s", 0.0))
                 else:
+                    if "pid" in msg:  # a new child: an earlier one's exit under the same pid (the kernel
+                        # reuses pids: 32,768 of them, wrapped within a loaded hour) is not this one's
+                        self.exits.pop(int(msg["pid"]), None)
+                        self.usage.pop(int(msg["pid"]), None)
                     self.replies.append(msg)
                 self.cond.notify_all()
         with self.cond:

@@ -3,6 +3,7 @@ process: its exit code, its log, its signals; and closing the zygote leaves no c
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -93,3 +94,27 @@ def test_gpu_imports_say_what_they_did_and_children_still_run(tmp_path):
         assert len(c.usage["cpu_s"]) == 2 and c.usage["maxrss_kib"] > 0
     finally:
         z.close()
+
+
+def test_a_pid_the_kernel_reuses_is_not_taken_for_an_earlier_childs_exit():
+    """The zygote's replies and exits arrive in order on one stream: a new child's pid that an earlier,
+    exited child had (the kernel reuses pids) starts with no exit code, and its own exit is seen.
+    (Beside a second suite a fresh server was once told 'exited with code 0' at once, and its real
+    exit never seen: an old child's code under the same pid.)"""
+    import io
+    import threading
+    from types import SimpleNamespace
+
+    from e2e.zygote import Zygote
+
+    z = object.__new__(Zygote)
+    lines = [{"pid": 7}, {"exit": 7, "code": 0}, {"pid": 7}]
+    z.proc = SimpleNamespace(stdout=io.BytesIO("".join(json.dumps(m) + "\n" for m in lines).encode()))
+    z.cond, z.exits, z.usage, z.replies, z.gone, z.on_progress = threading.Condition(), {}, {}, [], False, None
+    z._read()
+    assert [r["pid"] for r in z.replies] == [7, 7]
+    z.gone = False  # the stream's end stands for the zygote's exit; here only the pids are asked
+    assert z.exit_code(7) is None  # the second child runs
+    z.proc.stdout = io.BytesIO((json.dumps({"exit": 7, "code": 3}) + "\n").encode())
+    z._read()
+    assert z.exit_code(7) == 3
