@@ -181,11 +181,11 @@ class Client:
                       k.get("snapshot"), data, k.get("woken"))
 
     def request(self, body: dict[str, Any], path: str = "/v1/completions",
-                timeout: float | None = None, on_chunk=None) -> tuple[dict[str, Any], str]:
+                timeout: float | None = None) -> tuple[dict[str, Any], str]:
         """POST a completion or chat body, watched (`Hung` when the server idles with it); (the
         response, the client's name for it). A streamed one (``stream: true``) comes back as the
         response its chunks make: ``{"chunks": [...], "done": [DONE] seen}`` plus the last chunk's
-        ``usage`` and ``kern``; `on_chunk(chunk)` is called with each chunk as it arrives. A refusal
+        ``usage`` and ``kern``. A refusal
         raises `Rejected`; every completion goes in the ledger."""
         with self._lock:
             # the server names requests in arrival order: alone in flight, this one is req-<_next>;
@@ -202,7 +202,7 @@ class Client:
         what = f"request {name} ({n} prompt tokens, max_tokens {body.get('max_tokens')})"
         try:
             if body.get("stream"):
-                fut = self._pool.submit(self._stream, path, body, timeout, on_chunk)
+                fut = self._pool.submit(self._stream, path, body, timeout)
             else:
                 fut = self._pool.submit(self._post, path, body, timeout)
             r = self.watch.wait(fut, what, None, alive=lambda: self.session.check(grace=0.5))
@@ -238,8 +238,7 @@ class Client:
                              str(k.get("request_id") or mirrored)))
         return data, mirrored
 
-    def _stream(self, path: str, body: dict[str, Any], timeout: float | None = None,
-                on_chunk=None) -> tuple[int, dict[str, Any]]:
+    def _stream(self, path: str, body: dict[str, Any], timeout: float | None = None) -> tuple[int, dict[str, Any]]:
         kw = {"timeout": timeout} if timeout is not None else {}
         chunks: list[dict[str, Any]] = []
         done = False
@@ -255,8 +254,6 @@ class Client:
                     done = True
                 elif line.startswith("data: "):
                     chunks.append(json.loads(line[6:]))
-                    if on_chunk is not None:
-                        on_chunk(chunks[-1])
         last = chunks[-1] if chunks else {}
         return 200, {"chunks": chunks, "done": done, "usage": last.get("usage"), "kern": last.get("kern")}
 
@@ -296,6 +293,11 @@ class Client:
             return r.json()
         except ValueError:
             return None
+
+    def live(self) -> dict[str, Any] | None:
+        """``GET /stats/live`` (answered off the scheduler's thread, even mid-step), or None when the
+        server has none."""
+        return self.watch._live()
 
     def hang_up(self, prompt: str, chunks: int = 3, max_tokens: int = 4096, timeout: float = 120.0,
                 ignore_eos: bool = False) -> tuple[str, int]:

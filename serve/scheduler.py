@@ -33,6 +33,7 @@ from collections.abc import Callable
 from serve import hosted, logs
 from serve.core import Core, Plan, snapshot_holdings
 from serve.engine import Engine
+from serve.exits import EXIT_PIPELINE
 from serve.frontend_wire import health_of
 from serve.metrics import snapshot
 from serve.client import Delivery
@@ -46,6 +47,7 @@ __all__ = ["Plan", "Scheduler", "snapshot_holdings"]
 EXIT_CRASH = 101
 EXPIRE_EVERY_S = 0.1  # how often the waiting queue is read for requests past --queue-timeout
 EXIT_AFTER_S = 1.5  # a pipeline that cannot go on: the answers' time to reach their clients before exit 3
+EXIT_BACKSTOP_S = 60.0  # ...and how long its HTTP server's orderly exit may take before the process ends anyway
 
 
 class Scheduler(threading.Thread):
@@ -75,6 +77,7 @@ class Scheduler(threading.Thread):
     delivery = Delivery.STEPS  # updates reach a request's `send` on this thread, each as the steps make it
     index, count, shared = 0, 1, None  # the only front end; no metrics shared with others
     peers_cut = 0  # no other front ends
+    _on_death: Callable[[], None] | None = None  # the HTTP server's stop (`watch`); None in a core process of its own
 
     def release(self) -> None:
         """Nothing left by another process."""
@@ -104,7 +107,10 @@ class Scheduler(threading.Thread):
         return await asyncio.wrap_future(self.question(what))
 
     def watch(self, on_death) -> None:
-        """Nothing to watch here: a crash of this thread ends the process (`hosted.crashed`)."""
+        """`on_death()` is how a pipeline that gave up ends the HTTP server (`_give_up`): an orderly exit,
+        so a request arriving meanwhile is answered 503, not reset. A crash of this thread ends the
+        process (`hosted.crashed`)."""
+        self._on_death = on_death
 
     # views of the core (read on this thread, or through `query`)
 
@@ -253,7 +259,24 @@ class Scheduler(threading.Thread):
         error = (503, f"the pipeline lost {where} ({reason}); this server is exiting", "pipeline_stage_lost", None)
         n = self.core.lose_state(error)
         logs.event("pp giving up", "ERROR", answered=n, reason=reason, exit_in_s=EXIT_AFTER_S)
-        threading.Timer(EXIT_AFTER_S, pipe.die, args=(reason, n)).start()
+        threading.Timer(EXIT_AFTER_S, self._end_lost, args=(pipe, reason, n)).start()
+
+    def _end_lost(self, pipe: Losable, reason: str, answered: int) -> None:
+        """A pipeline that cannot go on, once its answers had their time: with an HTTP server watching
+        (`watch`), through its shutdown (what arrives meanwhile is answered 503 `server_shutting_down`,
+        not reset; the process exits 3 from `serve.server.run`), with `pipe.die` as a backstop should
+        that hang; a core of its own process (`--frontend-process`) ends at once, and its front end
+        answers for it."""
+        on_death = self._on_death
+        if on_death is None:
+            pipe.die(reason, answered)
+            return
+        logs.event("pp stage lost", "ERROR", reason=reason, answered=answered)
+        self.died = EXIT_PIPELINE
+        backstop = threading.Timer(EXIT_BACKSTOP_S, pipe.die, args=(reason, answered))
+        backstop.daemon = True
+        backstop.start()
+        on_death()
 
     def _queries(self) -> None:
         """While a pipeline waits on its stages (inside a step): answer the queries (/stats, /metrics:

@@ -12,9 +12,11 @@ at info) its own lines show the layout asked for: an ``engine core`` line and it
 wrong request or front end, ids that collide across front ends, a held token lost) changes an answer.
 
 stage_loss (a pipeline target): the twelve prompts, whole and streamed, all at once (max_tokens
-at least `LOAD_TOKENS`); once the stream of the prompt with the longest answer has `KILL_AT` tokens
-(so it, and every other long one, is mid-answer whatever the machine's load), one stage (drawn from
-``--seed``) is SIGKILLed by the pid its ``pp stage ready`` line logs. The head starts it again and
+at least `LOAD_TOKENS`); once the server has run `KILL_AT` steps of the load with a request still
+running (its ``/stats/live``, read every `POLL_S`), one stage (drawn from ``--seed``) is SIGKILLed by
+the pid its ``pp stage ready`` line logs. A trigger counted in the tokens a client had read let the
+kill land, beside a second test suite, after the server had finished every answer (the clients lag
+behind the server's writes): nothing resumed, not judged. The head starts it again and
 resumes every request from its prompt and the tokens it already produced: `stage_loss_resumed` holds
 every answer identical to the oracle's, no request erred, and the server's ``/stats`` shows one loss,
 no request answered with an error, and at least one request resumed mid-answer (``resumed``; else
@@ -44,8 +46,9 @@ PROMPTS_AT_ONCE = 6  # split and frontends2: prompts 1-6, each whole and streame
 ROUNDS = 4  # split: the burst again on new connections
 ROUNDS_FRONTENDS = 8  # frontends2: more, as the kernel shares new connections between the two front ends
 # unevenly, and on a loaded machine all of four rounds' could go to one (no request ids could then collide)
-KILL_AT = 12  # stage_loss: tokens the watched (longest) stream has when a stage is killed
-LOAD_TOKENS = 64  # stage_loss: max_tokens at least this (the watched stream has LOAD_TOKENS - KILL_AT left at the kill)
+KILL_AT = 12  # stage_loss: the server's steps into the load when a stage is killed (a request still running)
+LOAD_TOKENS = 64  # stage_loss: max_tokens at least this (the longest answer has about LOAD_TOKENS - KILL_AT left at the kill)
+POLL_S = 0.005  # stage_loss: how often /stats/live is read for the kill
 STAGE_S = 60.0  # for the killed stage's replacement to be logged ready
 
 
@@ -62,16 +65,15 @@ def _calls(r, prompts: list[str]) -> list[tuple[list[int], bool]]:
     return [(list(p.encode()), stream) for p in prompts for stream in (False, True)]
 
 
-def _one(r, ids: list[int], stream: bool, m: int, on_chunk=None) -> tuple[list[int], str | None, str]:
-    """One request's (ids, finish, name); a streamed one without its `[DONE]` raises (`on_chunk`
-    is called with each of its chunks as it arrives)."""
+def _one(r, ids: list[int], stream: bool, m: int) -> tuple[list[int], str | None, str]:
+    """One request's (ids, finish, name); a streamed one without its `[DONE]` raises."""
     client = r.need_any().client
     if not stream:
         a = client.complete(ids, m)
         return a.ids, a.finish, a.request
     body = {"model": client.model, "prompt": ids, "max_tokens": m, "temperature": 0, "return_token_ids": True,
             "stream": True}
-    data, name = client.request(body, on_chunk=on_chunk)
+    data, name = client.request(body)
     got, finish = streamed(data)
     if finish == "stop" and got:
         got.pop()  # a stopped answer ends with its stop token, as a whole one does (`Client.complete`)
@@ -80,15 +82,13 @@ def _one(r, ids: list[int], stream: bool, m: int, on_chunk=None) -> tuple[list[i
     return got, finish, str((data.get("kern") or {}).get("request_id") or name)
 
 
-def _load(r, calls, m: int, watch: dict | None = None) -> list:
-    """Every call at once, a thread each; `watch` maps a streamed call's index to its `on_chunk`.
-    Results in call order: (ids, finish, name) or the exception."""
+def _load(r, calls, m: int) -> list:
+    """Every call at once, a thread each. Results in call order: (ids, finish, name) or the exception."""
     out: list = [None] * len(calls)
-    watch = watch or {}
 
     def one(i: int) -> None:
         try:
-            out[i] = _one(r, *calls[i], m, watch.get(i))
+            out[i] = _one(r, *calls[i], m)
         except BaseException as exc:  # reported with the check
             out[i] = exc
 
@@ -179,22 +179,39 @@ def stage_loss(r) -> None:
     calls = _calls(r, PROMPTS)
     k = victim(r)
     m = max(r.m, LOAD_TOKENS)
-    watched = _longest(r, calls, m)
-    seen = [0]
-    killed: list[int] = []
+    longest = len(r.oracle.run(calls[_longest(r, calls, m)][0], m, r.rows))
+    base = (live.client.live() or {}).get("steps")
+    done = threading.Event()
+    killed: list[int | None] = []
+    seen: list[dict] = []
 
-    def chunk(c: dict) -> None:
-        seen[0] += len(((c.get("choices") or [{}])[0]).get("token_ids") or [])
-        if seen[0] >= KILL_AT and not killed:
-            pid = _stage_pid(live.session.log, k)
-            if pid is not None:
-                os.kill(pid, signal.SIGKILL)
-            killed.append(pid)
+    def kill_when_running() -> None:
+        """SIGKILL stage `k` once the server has run `KILL_AT` steps of this load with requests still
+        running: the server's own progress (``/stats/live``), not what a client has read, which lags
+        on a loaded machine until every answer may be out before the kill."""
+        while not done.is_set():
+            now = live.client.live()
+            if now is not None and base is not None:
+                seen[:] = [now]
+                if now.get("running") and now.get("steps", 0) >= base + KILL_AT:
+                    pid = _stage_pid(live.session.log, k)
+                    if pid is not None:
+                        os.kill(pid, signal.SIGKILL)
+                    killed.append(pid)
+                    return
+            done.wait(POLL_S)
 
-    out = _load(r, calls, m, {watched: chunk})
+    watcher = threading.Thread(target=kill_when_running, name="stage-loss-kill", daemon=True)
+    watcher.start()
+    out = _load(r, calls, m)
+    done.set()
+    watcher.join()
     same, problems = _judge(r, calls, out, m)
-    if not killed:
-        problems.append(f"the watched stream ended with {seen[0]} tokens, before {KILL_AT}: nothing was killed")
+    if base is None:
+        problems.append("/stats/live did not answer before the load: nothing to time the kill by, nothing was killed")
+    elif not killed:
+        problems.append(f"the load ended before the server had run {KILL_AT} steps of it with a request running "
+                        f"(/stats/live last said {seen[-1] if seen else None}, {base} steps before): nothing was killed")
     elif killed[0] is None:
         problems.append(f"no `pp stage ready stage={k}` line with a pid: nothing was killed")
     else:
@@ -203,9 +220,10 @@ def stage_loss(r) -> None:
     if pipe.get("losses") != 1 or pipe.get("answered_error"):
         problems.append(f"/stats pipeline {pipe}: want losses 1 and answered_error 0")
     ok = not problems and (same.ok or not r.oracle.exact)
-    note = (f"{len(calls)} requests at once (the 12 prompts, whole and streamed, {m} tokens), stage {k} of {r.target.stages} "
-            f"SIGKILLed when the longest stream had {KILL_AT} tokens, {pipe.get('requeued', '?')} requests requeued, "
-            f"{pipe.get('resumed', '?')} of them resumed mid-answer; {same}")
+    note = (f"{len(calls)} requests at once (the 12 prompts, whole and streamed, {m} tokens, the longest answer "
+            f"{longest}), stage {k} of {r.target.stages} SIGKILLed {KILL_AT} steps into the load with requests "
+            f"running, {pipe.get('requeued', '?')} requests requeued, {pipe.get('resumed', '?')} of them resumed "
+            f"mid-answer; {same}")
     if ok and not pipe.get("resumed"):  # right answers, but the kill came when nothing ran
         ok = None
         problems.append("not judged: no request was running when the stage was killed")

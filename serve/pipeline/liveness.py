@@ -24,12 +24,13 @@ import time
 import zmq
 
 from serve import logs
+from serve.exits import EXIT_PIPELINE
 from serve.pipeline.transport import Message, ZmqWire
 
 __all__ = ["EXIT_PIPELINE", "HeadWatch", "StageWatch", "die_with_parent", "interval_for", "hb_identity"]
 
-EXIT_PIPELINE = 3
-"""The exit code of a head whose stage is gone, or of a stage whose head or neighbour is gone."""
+# EXIT_PIPELINE (serve/exits.py): the exit code of a head whose stage is gone, or of a stage whose head or
+# neighbour is gone
 
 
 def interval_for(timeout: float) -> float:
