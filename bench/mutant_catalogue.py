@@ -664,7 +664,7 @@ CATALOGUE: tuple[Mutant, ...] = (
     Mutant("grown-entry-keeps-its-recency", "pool/prefix.py",
            "        last.used = self._clock  # resident already, so its item is in the device heap (as in _grow)\n",
            "        pass  # the entry grew in place; its recency is not renewed\n",
-           ("policy_explore", "policy_churn", "policy_default"), ("toy-paged",),
+           ("recency_after_growth", "policy_explore", "policy_churn", "policy_default"), ("toy-paged",),
            "SGLang radix cache / vLLM block pool: a cached prefix extended in place (a sequence's next page "
            "appended to its entry) keeps its old last-access time, so the LRU evicts a hot entry first"),
     Mutant("queries-counted-every-retry", "serve/core.py",

@@ -87,6 +87,7 @@ RUNS: dict[str, tuple[str, ...]] = {
     "slot_growth": ("kern-serve",), "rows1": ("kern-serve",), "wake_room": ("kern-serve",),
     "explore": ("kern-serve",),
     "long_room": ("kern-serve", "stream"),
+    "recency": ("kern-serve", "stream"),
     "params": ("params", "text", "stream"),
     "stop_hit": ("params", "text"),
     "evict_proof": (CACHE_SIZE,), "refcount": (CACHE_SIZE,), "preempt": (CACHE_SIZE,),

@@ -51,7 +51,7 @@ HUNG_TERM_S = 2.0  # a server with a stuck request: SIGTERM, then SIGKILL after 
 DEFAULT_WEIGHT = 3  # the default session is every other session's dependency: its host is left lighter
 SESSION_PORTS = {"default": 0, "host": 1, "slots": 2, "rows1": 3, "wake_room": 4, "churn": 5, "drop": 6, "ties": 7, "frag": 8,
                  "params": 9, "explore": 10, "prefix": 11, "long_room": 12, "blocks": 13, "cold_burst": 14, "tight": 15,
-                 "split": 16, "frontends2": 17, "stage_loss": 18}
+                 "split": 16, "frontends2": 17, "stage_loss": 18, "recency": 19}
 """Each session's offset from `e2e --port P` (P + offset); target i of --jobs adds len(SESSION_PORTS) * i, so the
 offsets are exactly 0 .. len - 1 (tests/test_e2e_units.py holds it)."""
 

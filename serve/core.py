@@ -404,7 +404,7 @@ class Core:
             lease.release()
         logs.event("finished", "DEBUG", request=req.id, reason=req.reason, prompt=len(req.ids),
                    generated=len(req.out), cached=req.cached, snapshot=snapshot,
-                   elapsed_s=time.monotonic() - req.t_arrive)
+                   elapsed_s=time.monotonic() - req.t_arrive, step=self.counters["steps"])
         s = req.stops
         if s is None:
             return Done(req.reason, req.cached, req.tier, snapshot, woken=req.woken)

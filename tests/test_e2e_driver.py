@@ -56,15 +56,16 @@ def test_passing_gate_on_toy_paged(tmp_path):
                         "wake_room", "host_churn", "evict_drops", "policy_default", "policy_host", "policy_churn",
                         "policy_drop", "policy_wake_room", "index_ties", "policy_ties", "params_stop", "params_ids",
                         "params_prompt", "policy_params", "explore_equals_run", "policy_explore",
-                        "long_beside_short", "policy_long_room", "split_equals_run", "policy_split",
+                        "long_beside_short", "policy_long_room", "recency_after_growth", "policy_recency",
+                        "split_equals_run", "policy_split",
                         "frontends2_equals_run", "policy_frontends2"} | {
                         f"metrics_{s}" for s in ("default", "host", "churn", "drop", "ties", "wake_room", "params",
-                                                 "explore", "long_room", "blocks", "cold_burst", "tight", "split",
-                                                 "frontends2")} | {
+                                                 "explore", "long_room", "recency", "blocks", "cold_burst", "tight",
+                                                 "split", "frontends2")} | {
                         "blocks_moved", "blocks_reparented", "block_edges", "stop_after_hit", "cold_prefix_burst",
                         "eviction_proven", "refcount_stress", "preempt_recompute", "policy_blocks", "policy_cold_burst",
                         "policy_tight"}
-    at_once = ("policy_long_room", "policy_split", "policy_frontends2")
+    at_once = ("policy_long_room", "policy_recency", "policy_split", "policy_frontends2")
     # long_beside_short is reported, not judged, when the machine is so loaded that every short request
     # reached the core after a long one ended (its note says so); it never fails a good server
     assert all(c["ok"] for name, c in got.items() if name not in at_once + ("long_beside_short",))

@@ -12,8 +12,8 @@ from typing import Callable
 
 from e2e.config import GateTarget
 from e2e.scenarios import (abort, blocks, churn, cold_burst, concurrent, conc1, configs, cuts, explore, float_controls,
-                           host, kern_test, long_room, params, prefix, repeat, rows1, slots, stream, ties, tight, turn2,
-                           wake_room)
+                           host, kern_test, long_room, params, prefix, recency, repeat, rows1, slots, stream, ties, tight,
+                           turn2, wake_room)
 
 __all__ = ["CHECKS", "COMPARED", "CROSS_CHECKS", "METRICS_CHECKS", "POLICY_CHECKS", "STEPS", "Step", "plan",
            "session_of"]
@@ -68,6 +68,9 @@ STEPS: tuple[Step, ...] = (
     # in one process (a pipeline's head admits by the same core)
     Step("long_room", "long_room", ("long_beside_short",), (), long_room.run, flags=long_room.flags,
          applies=lambda t: not t.lined and t.stages <= 1, serial=False, facts=False),
+    # an entry grown in place while other sequences ran keeps up its recency (issue 39): kern's own pool, paged
+    Step("recency", "recency", ("recency_after_growth",), ("conc1",), recency.run, flags=recency.flags,
+         applies=lambda t: not t.lined and t.stages <= 1, serial=False),
     # request parameters are the HTTP layer's, the same code in a pipeline's head as in one process: a staged
     # target's single process gates them, and each pipeline start costs a staged target seconds of CPU
     Step("params", "params", ("params_stop", "params_ids", "params_prompt"), (), params.run,
