@@ -150,3 +150,24 @@ def test_kern_test_json_counts_match_its_lines(tmp_path, verdict):
         len(marks), marks.count("ok"), marks.count("FAIL"), marks.count("skip")), (c, marks)
     assert c["ran"] == c["pass"] + c["fail"] and c[{"PASS": "pass", "FAIL": "fail", "INCONCLUSIVE": "skip"}[verdict]] > 0
     assert [f"{x['case']}: {x['detail']}" for x in d["cases"]] == [line.split(None, 1)[1] for line in lines[:-1]]
+
+
+def test_the_kern_cli_keeps_its_functions_short_and_their_parameters_few():
+    """oracle/cli.py: no function over 60 lines or 12 parameters; a `**flags` only on a click command
+    whose first statement builds its options dataclass from them (as `kern run` does)."""
+    import ast
+
+    tree = ast.parse((Path(__file__).parent.parent / "oracle" / "cli.py").read_text())
+    bad = []
+    for f in (n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)):
+        a = f.args
+        params = len(a.posonlyargs + a.args + a.kwonlyargs) + bool(a.vararg) + bool(a.kwarg)
+        if f.end_lineno - f.lineno + 1 > 60 or params > 12:
+            bad.append(f"{f.name}: {f.end_lineno - f.lineno + 1} lines, {params} parameters")
+        if a.kwarg is not None:
+            first = next(s for s in f.body if not isinstance(s, ast.Expr))  # past the docstring
+            builds = isinstance(first, ast.Assign) and isinstance(first.value, ast.Call) and any(
+                isinstance(k.value, ast.Name) and k.value.id == a.kwarg.arg and k.arg is None for k in first.value.keywords)
+            if not builds:
+                bad.append(f"{f.name}: **{a.kwarg.arg} not built at once into an options object")
+    assert bad == []
