@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kern.errors import KernError
 from manifests import ManifestError, load
 from manifests.config import ConfigError, resolve
 from manifests.describe import describe, lines
@@ -21,7 +22,7 @@ from runtime.weights import WeightsError, bind, bound_tensors, read_tensors
 __all__ = ["Verified", "Problems", "verify", "text"]
 
 
-class Problems(Exception):
+class Problems(KernError):
     """What is wrong with the manifest or its weights, one line each (never raised past the command)."""
 
     def __init__(self, lines: list[str]):
