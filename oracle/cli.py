@@ -1,4 +1,4 @@
-"""The `kern` command: gen, run, test, cut (and serve, registered by the server package)."""
+"""The `kern` command: gen, run, test, verify, cut (and serve and replay, registered by their packages)."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -18,6 +19,9 @@ from oracle.version import option as version_option
 from runtime.protocol import ProtocolError
 from runtime.sequence import Generation, RequestError, generate, single
 from runtime.weights import WeightsError
+
+if TYPE_CHECKING:
+    from oracle.abtest import Outcome
 
 USER_ERRORS = (ManifestError, ConfigError, RequestError, ProtocolError, WeightsError, KernelError, StagesError)
 
@@ -71,53 +75,6 @@ def _target(config: str | None, what: str, weights: tuple[str, ...]):
     return t, load(t.manifest)
 
 
-@main.command()
-@click.argument("target", required=False)
-@click.option("--stages", "stages_dir", default=None, type=click.Path(), help="Run the stages of a cut (the *.json `kern cut` wrote in this directory) in order in one process, each crossing buffer copied into the next stage. Weights: --weights, else TARGET's, else every *.safetensors in the directory.")
-@click.option("--prompt", default=None, help="Prompt text (its UTF-8 bytes are the ids). Default: 'The capital of France is'.")
-@click.option("--prompt-ids", default=None, help="Prompt as comma-separated token ids (0..256).")
-@click.option("--steps", default=32, show_default=True, type=int, help="Most tokens to generate.")
-@click.option("--rows", default=None, type=int, help="Rows per step: 1 = plain decode, else a speculative round (default: the widest declared).")
-@click.option("--chunk", default=None, type=int, help="Prefill chunk in tokens (default: the manifest's tokens bound; may only be lowered).")
-@click.option("--backend", default="cpu", type=click.Choice(["auto", "cpu", "gpu"]), show_default=True)
-@click.option("--capacity", default=None, type=int, help="Tokens the state may hold (default: exactly this sequence's room plus the pad).")
-@click.option("--weights", multiple=True, help="Weights file(s) (default: the target's, or every *.safetensors beside a manifest path).")
-@click.option("--gpu", "--device", "device", default=None, help="GPU index (accepted for the Rust kern's sake).")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text (with `load`: the bytes load held at its peak, derived weights plus the widest set of live sources).")
-@click.option("--probe-dir", type=click.Path(file_okay=False), default=None,
-              help="Write each step's logits here in the Rust kern's probe layout: <tag>.logits.bin (bf16 rows) "
-                   "and <tag>.tokens.bin (i64), tags chunk (an emitting prefill), decode0, decode1, ...")
-@click.option("--probe-steps", type=click.IntRange(min=1), default=None,
-              help="With --probe-dir: stop after this many decode steps (default: every step of the run).")
-@click.option("--probe-labels", default="", help="Accepted for the Rust kern's sake: only logits and tokens are dumped.")
-@click.option("--prompts-file", type=click.Path(dir_okay=False, exists=True), default=None,
-              help="Run each prompt of this file (one JSON list of token ids a line), each its own sequence "
-                   "through one process's runtime; with --json, one object a line, in the file's order.")
-@click.pass_context
-def run(ctx, **flags) -> None:
-    """Generate greedily for one sequence through the runtime, no server (TARGET, or --stages DIR)."""
-    o = RunOptions(config=ctx.obj["config"], **flags)
-    o.check()
-    if o.prompts_file is not None:
-        _run_file(o)
-        return
-    ids = parse_ids(o.prompt_ids) if o.prompt_ids is not None else list(
-        (o.prompt if o.prompt is not None else "The capital of France is").encode())
-    try:
-        r = _run_stages(o, ids) if o.stages_dir is not None else _run_target(o, ids)
-    except USER_ERRORS as exc:
-        fail(str(exc))
-    g = r.generation
-    text = bytes(g.ids).decode("utf-8", "replace")
-    if o.as_json:
-        extra = {"stages": r.stages} if r.stages else {}
-        click.echo(json.dumps({"target": r.name, **extra, "prompt_ids": ids, "ids": g.ids, "text": text, "rows": r.rows,
-                               "rounds": g.rounds, "drafted": g.drafted, "accepted": g.accepted, "load": r.load}))
-        return
-    click.echo(bytes(t for t in ids if t < BYTES).decode("utf-8", "replace") + text)
-    click.echo(f"generated ids: {g.ids}", err=True)
-
-
 @dataclass
 class RunOptions:
     """`kern run`'s flags, built at once by the command (one field a flag, under its parameter name)."""
@@ -164,6 +121,53 @@ class _Ran:
     rows: int
     generation: Generation
     load: dict
+
+
+@main.command()
+@click.argument("target", required=False)
+@click.option("--stages", "stages_dir", default=None, type=click.Path(), help="Run the stages of a cut (the *.json `kern cut` wrote in this directory) in order in one process, each crossing buffer copied into the next stage. Weights: --weights, else TARGET's, else every *.safetensors in the directory.")
+@click.option("--prompt", default=None, help="Prompt text (its UTF-8 bytes are the ids). Default: 'The capital of France is'.")
+@click.option("--prompt-ids", default=None, help="Prompt as comma-separated token ids (0..256).")
+@click.option("--steps", default=32, show_default=True, type=int, help="Most tokens to generate.")
+@click.option("--rows", default=None, type=int, help="Rows per step: 1 = plain decode, else a speculative round (default: the widest declared).")
+@click.option("--chunk", default=None, type=int, help="Prefill chunk in tokens (default: the manifest's tokens bound; may only be lowered).")
+@click.option("--backend", default="cpu", type=click.Choice(["auto", "cpu", "gpu"]), show_default=True)
+@click.option("--capacity", default=None, type=int, help="Tokens the state may hold (default: exactly this sequence's room plus the pad).")
+@click.option("--weights", multiple=True, help="Weights file(s) (default: the target's, or every *.safetensors beside a manifest path).")
+@click.option("--gpu", "--device", "device", default=None, help="GPU index (accepted for the Rust kern's sake).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text (with `load`: the bytes load held at its peak, derived weights plus the widest set of live sources).")
+@click.option("--probe-dir", type=click.Path(file_okay=False), default=None,
+              help="Write each step's logits here in the Rust kern's probe layout: <tag>.logits.bin (bf16 rows) "
+                   "and <tag>.tokens.bin (i64), tags chunk (an emitting prefill), decode0, decode1, ...")
+@click.option("--probe-steps", type=click.IntRange(min=1), default=None,
+              help="With --probe-dir: stop after this many decode steps (default: every step of the run).")
+@click.option("--probe-labels", default="", help="Accepted for the Rust kern's sake: only logits and tokens are dumped.")
+@click.option("--prompts-file", type=click.Path(dir_okay=False, exists=True), default=None,
+              help="Run each prompt of this file (one JSON list of token ids a line), each its own sequence "
+                   "through one process's runtime; with --json, one object a line, in the file's order.")
+@click.pass_context
+def run(ctx, **flags) -> None:
+    """Generate greedily for one sequence through the runtime, no server (TARGET, or --stages DIR)."""
+    o = RunOptions(config=ctx.obj["config"], **flags)
+    o.check()
+    if o.prompts_file is not None:
+        _run_file(o)
+        return
+    ids = parse_ids(o.prompt_ids) if o.prompt_ids is not None else list(
+        (o.prompt if o.prompt is not None else "The capital of France is").encode())
+    try:
+        r = _run_stages(o, ids) if o.stages_dir is not None else _run_target(o, ids)
+    except USER_ERRORS as exc:
+        fail(str(exc))
+    g = r.generation
+    text = bytes(g.ids).decode("utf-8", "replace")
+    if o.as_json:
+        extra = {"stages": r.stages} if r.stages else {}
+        click.echo(json.dumps({"target": r.name, **extra, "prompt_ids": ids, "ids": g.ids, "text": text, "rows": r.rows,
+                               "rounds": g.rounds, "drafted": g.drafted, "accepted": g.accepted, "load": r.load}))
+        return
+    click.echo(bytes(t for t in ids if t < BYTES).decode("utf-8", "replace") + text)
+    click.echo(f"generated ids: {g.ids}", err=True)
 
 
 def _run_stages(o: RunOptions, ids: list[int]) -> _Ran:
@@ -274,7 +278,7 @@ def test_cmd(ctx, target, cand, ref, steps, backend, weights, device, as_json) -
     sys.exit(out.code)
 
 
-def _test_json(model: str, out) -> dict:
+def _test_json(model: str, out: "Outcome") -> dict:
     """`kern test --json`: the verdict and its exit code, what each code means, the counts, each case."""
     from oracle.abtest import VERDICTS
 
