@@ -293,7 +293,8 @@ def _test_json(model: str, out: "Outcome") -> dict:
 @click.option("--weights", multiple=True,
               help="Weights file(s) to check (default: the target's, or every *.safetensors beside a manifest path).")
 @click.option("--no-weights", "skip_weights", is_flag=True,
-              help="Check the manifest alone, not its weights files (as the Rust kern's verify does).")
+              help="Check the manifest alone, without reading its weights files (each is read whole and hashed "
+                   "otherwise); the Rust kern's verify checks no weights.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
 @click.pass_context
 def verify_cmd(ctx, manifest, weights, skip_weights, as_json) -> None:
