@@ -12,6 +12,7 @@ compared with A's state over the same ids (B's answer fed to A as a prompt).
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
@@ -38,8 +39,49 @@ def cases(m: Manifest) -> list[tuple[str, int | None, int]]:
     return [(p, chunk, r) for p in PROMPTS for chunk in (None, 7) for r in rows]
 
 
+@dataclass
+class Case:
+    """One case's result: `status` pass, fail or skip (it could not run), and what was seen."""
+
+    status: str
+    label: str
+    detail: str
+    near_ties: bool = False  # a float pass whose ids were excused at near-ties
+
+    def line(self) -> str:
+        return f"  {MARKS[self.status]:<6}{self.label}: {self.detail}"
+
+
+MARKS = {"pass": "ok", "fail": "FAIL", "skip": "skip"}
+VERDICTS = {PASS: "PASS", FAIL: "FAIL", INCONCLUSIVE: "INCONCLUSIVE"}
+
+
+@dataclass
+class Outcome:
+    """Every case and the verdict: `code` is the exit code, `summary` the verdict line's reason."""
+
+    cases: list[Case] = field(default_factory=list)
+    code: int = INCONCLUSIVE
+    summary: str = ""
+
+    def counts(self) -> dict[str, int]:
+        n = {s: sum(c.status == s for c in self.cases) for s in MARKS}
+        return {"cases": len(self.cases), "ran": n["pass"] + n["fail"], **n,
+                "near_ties": sum(c.near_ties for c in self.cases)}
+
+    def line(self) -> str:
+        return f"{VERDICTS[self.code]}: {self.summary}"
+
+
 def ab_test(a: Manifest, b: Manifest, weights: list, steps: int, backend: str, echo: Callable[[str], None] = print) -> int:
-    ran = failed = excused = 0
+    """The exit code of `kern test` (PASS, FAIL or INCONCLUSIVE), each case's line and the verdict echoed."""
+    return run_cases(a, b, weights, steps, backend, echo).code
+
+
+def run_cases(a: Manifest, b: Manifest, weights: list, steps: int, backend: str,
+              echo: Callable[[str], None] = print) -> Outcome:
+    """Every case of B against A, each echoed as its line as it ends, then the verdict line."""
+    out = Outcome()
     for prompt, chunk, rows in cases(b):
         ids = list(prompt.encode())
         label = f"prompt {len(ids)} tokens, chunk {chunk or 'default'}, rows {rows}"
@@ -50,44 +92,42 @@ def ab_test(a: Manifest, b: Manifest, weights: list, steps: int, backend: str, e
                 g = generate(rt, cell, ids, steps, rows, chunk)
                 got.append((g.ids, rt.read_state(cell.pages, cell.slot, g.length)))
         except Exception as exc:  # a case that cannot run is inconclusive, not a pass
-            echo(f"  skip  {label}: {type(exc).__name__}: {exc}")
-            continue
-        ran += 1
-        (ida, sa), (idb, sb) = got
-        if ida != idb and "logits" in b.buffers:
-            same = Same(_Side(a, weights, backend, chunk), rows)
-            if same.add(label, ids, idb, ida):
-                sa = _state_of(a, weights, backend, ids + idb, len(sb))
-                if sa == sb:
-                    excused += 1
-                    echo(f"  ok    {label}: {len(idb)} ids after {same.excused} near-tie tokens ({'; '.join(same.notes)}), "
-                         f"{len(sb)} state bytes identical")
-                    continue
-                failed += 1
-                echo(f"  FAIL  {label}: ids match after near-ties, state bytes differ from A's over the same ids")
-                continue
-            failed += 1
-            echo(f"  FAIL  {label}: {same}")
-            continue
-        if ida != idb:
-            failed += 1
-            k = next((i for i, (x, y) in enumerate(zip(ida, idb)) if x != y), min(len(ida), len(idb)))
-            echo(f"  FAIL  {label}: ids first differ at token {k}: A {ida[k:k+4]}, B {idb[k:k+4]}")
-        elif sa != sb:
-            failed += 1
-            k = next(i for i, (x, y) in enumerate(zip(sa, sb)) if x != y) if len(sa) == len(sb) else min(len(sa), len(sb))
-            echo(f"  FAIL  {label}: ids identical, state bytes differ at byte {k} of {len(sa)}")
+            case = Case("skip", label, f"{type(exc).__name__}: {exc}")
         else:
-            echo(f"  ok    {label}: {len(ida)} ids and {len(sa)} state bytes identical")
-    if ran == 0:
-        echo("INCONCLUSIVE: no case could run")
-        return INCONCLUSIVE
-    if failed:
-        echo(f"FAIL: {failed}/{ran} cases differ between {b.model} (B) and its reference (A)")
-        return FAIL
-    tail = f", {excused} of them after near-ties" if excused else ""
-    echo(f"PASS: {ran}/{ran} cases identical (ids and state bytes){tail}")
-    return PASS
+            case = _judge(a, b, weights, backend, (ids, chunk, rows, label), got)
+        out.cases.append(case)
+        echo(case.line())
+    c = out.counts()
+    if c["ran"] == 0:
+        out.code, out.summary = INCONCLUSIVE, "no case could run"
+    elif c["fail"]:
+        out.code, out.summary = FAIL, f"{c['fail']}/{c['ran']} cases differ between {b.model} (B) and its reference (A)"
+    else:
+        tail = f", {c['near_ties']} of them after near-ties" if c["near_ties"] else ""
+        out.code, out.summary = PASS, f"{c['ran']}/{c['ran']} cases identical (ids and state bytes){tail}"
+    echo(out.line())
+    return out
+
+
+def _judge(a: Manifest, b: Manifest, weights: list, backend: str, case: tuple, got: list) -> Case:
+    """One case that ran: A's and B's ids and state bytes, compared (a float target's ids under `Same`)."""
+    ids, chunk, rows, label = case
+    (ida, sa), (idb, sb) = got
+    if ida != idb and "logits" in b.buffers:
+        same = Same(_Side(a, weights, backend, chunk), rows)
+        if not same.add(label, ids, idb, ida):
+            return Case("fail", label, str(same))
+        if _state_of(a, weights, backend, ids + idb, len(sb)) != sb:
+            return Case("fail", label, "ids match after near-ties, state bytes differ from A's over the same ids")
+        return Case("pass", label, f"{len(idb)} ids after {same.excused} near-tie tokens ({'; '.join(same.notes)}), "
+                                   f"{len(sb)} state bytes identical", near_ties=True)
+    if ida != idb:
+        k = next((i for i, (x, y) in enumerate(zip(ida, idb)) if x != y), min(len(ida), len(idb)))
+        return Case("fail", label, f"ids first differ at token {k}: A {ida[k:k+4]}, B {idb[k:k+4]}")
+    if sa != sb:
+        k = next(i for i, (x, y) in enumerate(zip(sa, sb)) if x != y) if len(sa) == len(sb) else min(len(sa), len(sb))
+        return Case("fail", label, f"ids identical, state bytes differ at byte {k} of {len(sa)}")
+    return Case("pass", label, f"{len(ida)} ids and {len(sa)} state bytes identical")
 
 
 class _Side:

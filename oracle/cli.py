@@ -1,10 +1,12 @@
-"""The `kern` command: gen, run, test, cut (and serve, registered by the server package)."""
+"""The `kern` command: gen, run, test, verify, cut (and serve and replay, registered by their packages)."""
 
 from __future__ import annotations
 
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -15,8 +17,11 @@ from runtime.backend import KernelError
 from runtime.chain import StagesError, load_stages
 from oracle.version import option as version_option
 from runtime.protocol import ProtocolError
-from runtime.sequence import RequestError, generate, single
+from runtime.sequence import Generation, RequestError, generate, single
 from runtime.weights import WeightsError
+
+if TYPE_CHECKING:
+    from oracle.abtest import Outcome
 
 USER_ERRORS = (ManifestError, ConfigError, RequestError, ProtocolError, WeightsError, KernelError, StagesError)
 
@@ -65,9 +70,57 @@ def gen(out: str) -> None:
     click.echo(f"{sum(p.suffix == '.json' for p in paths)} manifests, salt and config -> {out}")
 
 
-def _target(ctx, what: str, weights: tuple[str, ...]):
-    t = resolve(what, ctx.obj["config"], list(weights) or None)
+def _target(config: str | None, what: str, weights: tuple[str, ...]):
+    t = resolve(what, config, list(weights) or None)
     return t, load(t.manifest)
+
+
+@dataclass
+class RunOptions:
+    """`kern run`'s flags, built at once by the command (one field a flag, under its parameter name)."""
+
+    config: str | None
+    target: str | None
+    stages_dir: str | None
+    prompt: str | None
+    prompt_ids: str | None
+    steps: int
+    rows: int | None
+    chunk: int | None
+    backend: str
+    capacity: int | None
+    weights: tuple[str, ...]
+    device: str | None
+    as_json: bool
+    probe_dir: str | None
+    probe_steps: int | None
+    probe_labels: str
+    prompts_file: str | None
+
+    def check(self) -> None:
+        """Refuse flags that do not go together, in the order `kern run` has always named them."""
+        if self.target is None and self.stages_dir is None:
+            fail("give a TARGET (a target name or a manifest path), or --stages DIR")
+        if self.prompts_file is not None:
+            if self.stages_dir is not None or self.probe_dir is not None or self.prompt is not None \
+                    or self.prompt_ids is not None:
+                fail("--prompts-file runs a TARGET's prompts: not with --stages, --probe-dir, --prompt or --prompt-ids")
+        elif self.prompt is not None and self.prompt_ids is not None:
+            fail("give --prompt or --prompt-ids, not both")
+        if self.steps < 1:
+            fail(f"--steps must be >= 1, got {self.steps}")
+
+
+@dataclass
+class _Ran:
+    """What one `kern run` sequence gave: the model's name, the stages (0: a whole manifest), the rows
+    per step it ran at, the generation and the load report."""
+
+    name: str
+    stages: int
+    rows: int
+    generation: Generation
+    load: dict
 
 
 @main.command()
@@ -93,65 +146,66 @@ def _target(ctx, what: str, weights: tuple[str, ...]):
               help="Run each prompt of this file (one JSON list of token ids a line), each its own sequence "
                    "through one process's runtime; with --json, one object a line, in the file's order.")
 @click.pass_context
-def run(ctx, target, stages_dir, prompt, prompt_ids, steps, rows, chunk, backend, capacity, weights, device, as_json,
-        probe_dir, probe_steps, probe_labels, prompts_file) -> None:
+def run(ctx, **flags) -> None:
     """Generate greedily for one sequence through the runtime, no server (TARGET, or --stages DIR)."""
-    if target is None and stages_dir is None:
-        fail("give a TARGET (a target name or a manifest path), or --stages DIR")
-    if prompts_file is not None:
-        if stages_dir is not None or probe_dir is not None or prompt is not None or prompt_ids is not None:
-            fail("--prompts-file runs a TARGET's prompts: not with --stages, --probe-dir, --prompt or --prompt-ids")
-        _run_file(ctx, target, prompts_file, steps, rows, chunk, backend, capacity, weights, as_json)
+    o = RunOptions(config=ctx.obj["config"], **flags)
+    o.check()
+    if o.prompts_file is not None:
+        _run_file(o)
         return
-    if prompt is not None and prompt_ids is not None:
-        fail("give --prompt or --prompt-ids, not both")
-    if steps < 1:
-        fail(f"--steps must be >= 1, got {steps}")
-    ids = parse_ids(prompt_ids) if prompt_ids is not None else list((prompt if prompt is not None else "The capital of France is").encode())
+    ids = parse_ids(o.prompt_ids) if o.prompt_ids is not None else list(
+        (o.prompt if o.prompt is not None else "The capital of France is").encode())
     try:
-        from runtime.protocol import Protocol
-
-        on_step = None
-        if stages_dir is not None:
-            if probe_dir is not None:
-                fail("--probe-dir runs on a whole manifest, not --stages")
-            stages = load_stages(stages_dir)
-            name, m = stages[-1].model, None
-            ws = list(weights) or (list(resolve(target, ctx.obj["config"]).weights) if target else sorted(str(p) for p in Path(stages_dir).glob("*.safetensors")))
-            rows = rows or Protocol(stages[-1]).widest
-            rt, cell = single(None, ws, len(ids), steps, rows, backend, capacity, stages=stages)
-        else:
-            t, m = _target(ctx, target, weights)
-            name, stages = t.name, None
-            rows = rows or Protocol(m).widest
-            if probe_dir is not None and "logits" not in m.buffers:
-                fail(f"--probe-dir: {t.name} has no logits buffer to dump")
-            if probe_dir is not None and probe_steps is not None:
-                steps = min(steps, probe_steps)
-            rt, cell = single(m, list(t.weights), len(ids), steps, rows, backend, capacity)
-            if probe_dir is not None:
-                from oracle.probe import write as write_probe
-
-                def on_step(tag: str, tokens: list[int]) -> None:
-                    write_probe(Path(probe_dir), tag, rt.logits(1)[0], tokens)
-
-        g = generate(rt, cell, ids, steps, rows, chunk, on_step=on_step)
+        r = _run_stages(o, ids) if o.stages_dir is not None else _run_target(o, ids)
     except USER_ERRORS as exc:
         fail(str(exc))
+    g = r.generation
     text = bytes(g.ids).decode("utf-8", "replace")
-    if as_json:
-        extra = {"stages": len(stages)} if stages else {}
-        click.echo(json.dumps({"target": name, **extra, "prompt_ids": ids, "ids": g.ids, "text": text, "rows": rows,
-                               "rounds": g.rounds, "drafted": g.drafted, "accepted": g.accepted, "load": rt.load_report}))
+    if o.as_json:
+        extra = {"stages": r.stages} if r.stages else {}
+        click.echo(json.dumps({"target": r.name, **extra, "prompt_ids": ids, "ids": g.ids, "text": text, "rows": r.rows,
+                               "rounds": g.rounds, "drafted": g.drafted, "accepted": g.accepted, "load": r.load}))
         return
     click.echo(bytes(t for t in ids if t < BYTES).decode("utf-8", "replace") + text)
     click.echo(f"generated ids: {g.ids}", err=True)
 
 
-def _run_file(ctx, target, path, steps, rows, chunk, backend, capacity, weights, as_json) -> None:
-    """`kern run --prompts-file`: each line's ids through its own sequence, answers in order."""
-    if steps < 1:
-        fail(f"--steps must be >= 1, got {steps}")
+def _run_stages(o: RunOptions, ids: list[int]) -> _Ran:
+    """`kern run --stages DIR`: the cut's stages in order in one process."""
+    from runtime.protocol import Protocol
+
+    if o.probe_dir is not None:
+        fail("--probe-dir runs on a whole manifest, not --stages")
+    stages = load_stages(o.stages_dir)
+    ws = list(o.weights) or (list(resolve(o.target, o.config).weights) if o.target
+                             else sorted(str(p) for p in Path(o.stages_dir).glob("*.safetensors")))
+    rows = o.rows or Protocol(stages[-1]).widest
+    rt, cell = single(None, ws, len(ids), o.steps, rows, o.backend, o.capacity, stages=stages)
+    return _Ran(stages[-1].model, len(stages), rows, generate(rt, cell, ids, o.steps, rows, o.chunk), rt.load_report)
+
+
+def _run_target(o: RunOptions, ids: list[int]) -> _Ran:
+    """`kern run TARGET`: one manifest, its logits dumped each step with --probe-dir."""
+    from runtime.protocol import Protocol
+
+    t, m = _target(o.config, o.target, o.weights)
+    rows = o.rows or Protocol(m).widest
+    if o.probe_dir is not None and "logits" not in m.buffers:
+        fail(f"--probe-dir: {t.name} has no logits buffer to dump")
+    steps = min(o.steps, o.probe_steps) if o.probe_dir is not None and o.probe_steps is not None else o.steps
+    rt, cell = single(m, list(t.weights), len(ids), steps, rows, o.backend, o.capacity)
+    on_step = None
+    if o.probe_dir is not None:
+        from oracle.probe import write as write_probe
+
+        def on_step(tag: str, tokens: list[int]) -> None:
+            write_probe(Path(o.probe_dir), tag, rt.logits(1)[0], tokens)
+
+    return _Ran(t.name, 0, rows, generate(rt, cell, ids, steps, rows, o.chunk, on_step=on_step), rt.load_report)
+
+
+def _read_prompts(path: str) -> list[tuple[int, list[int]]]:
+    """--prompts-file's lines: (line number, token ids) for each line that is not blank."""
     prompts = []
     for n, line in enumerate(Path(path).read_text().splitlines(), 1):
         if not line.strip():
@@ -163,20 +217,26 @@ def _run_file(ctx, target, path, steps, rows, chunk, backend, capacity, weights,
         if not isinstance(ids, list) or not ids or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
             fail(f"{path}:{n}: want a non-empty JSON list of token ids, got {line[:80]!r}")
         prompts.append((n, ids))
+    return prompts
+
+
+def _run_file(o: RunOptions) -> None:
+    """`kern run --prompts-file`: each line's ids through its own sequence, answers in order."""
+    prompts = _read_prompts(o.prompts_file)
     try:
         from runtime.protocol import Protocol
 
-        t, m = _target(ctx, target, weights)
-        rows = rows or Protocol(m).widest
+        t, m = _target(o.config, o.target, o.weights)
+        rows = o.rows or Protocol(m).widest
     except USER_ERRORS as exc:
         fail(str(exc))
     for n, ids in prompts:
         try:
-            rt, cell = single(m, list(t.weights), len(ids), steps, rows, backend, capacity)
-            g = generate(rt, cell, ids, steps, rows, chunk)
+            rt, cell = single(m, list(t.weights), len(ids), o.steps, rows, o.backend, o.capacity)
+            g = generate(rt, cell, ids, o.steps, rows, o.chunk)
         except USER_ERRORS as exc:  # a token outside the vocabulary, a prompt over the capacity: its line
-            fail(f"{path}:{n}: {exc}")
-        if as_json:
+            fail(f"{o.prompts_file}:{n}: {exc}")
+        if o.as_json:
             click.echo(json.dumps({"target": t.name, "prompt_ids": ids, "ids": g.ids, "rows": rows}))
         else:
             click.echo(f"{ids} -> {g.ids}")
@@ -190,11 +250,13 @@ def _run_file(ctx, target, path, steps, rows, chunk, backend, capacity, weights,
 @click.option("--backend", default="cpu", type=click.Choice(["auto", "cpu", "gpu"]), show_default=True)
 @click.option("--weights", multiple=True, help="Weights file(s) for both builds.")
 @click.option("--gpu", "--device", "device", default=None, help="GPU index (accepted for the Rust kern's sake).")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object: the verdict, the exit code and each case.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print one JSON object on stdout instead of the lines: the verdict, the exit code and what each "
+                   "code means, the counts (cases, ran, pass, fail, skip, near_ties) and each case.")
 @click.pass_context
 def test_cmd(ctx, target, cand, ref, steps, backend, weights, device, as_json) -> None:
     """A/B the candidate build against its -ref twin: ids and final state bytes. Exit 0 PASS, 1 FAIL, 2 INCONCLUSIVE."""
-    from oracle.abtest import ab_test
+    from oracle.abtest import run_cases
 
     try:
         if target:
@@ -210,48 +272,48 @@ def test_cmd(ctx, target, cand, ref, steps, backend, weights, device, as_json) -
         a, b = load(ref_path), load(cand_path)
     except USER_ERRORS as exc:
         fail(str(exc))
-    said: list[str] = []
-    code = ab_test(a, b, ws, steps, backend, echo=said.append if as_json else click.echo)
+    out = run_cases(a, b, ws, steps, backend, echo=(lambda line: None) if as_json else click.echo)
     if as_json:
-        click.echo(json.dumps(_test_json(said, code)))
-    sys.exit(code)
+        click.echo(json.dumps(_test_json(b.model, out)))
+    sys.exit(out.code)
 
 
-def _test_json(said: list[str], code: int) -> dict:
-    """`kern test --json`: ab_test's lines as one object. Each case line is `  ok|FAIL|skip  LABEL: DETAIL`;
-    the last line is the verdict (PASS, FAIL or INCONCLUSIVE, then its reason)."""
-    cases = []
-    for line in said[:-1]:
-        status, _, rest = line.strip().partition(" ")
-        label, _, detail = rest.strip().partition(": ")
-        cases.append({"status": {"ok": "pass", "FAIL": "fail", "skip": "skip"}.get(status, status), "case": label,
-                      "detail": detail})
-    verdict, _, why = said[-1].partition(": ") if said else ("INCONCLUSIVE", "", "nothing ran")
-    return {"verdict": verdict, "exit": code, "summary": why, "cases": cases}
+def _test_json(model: str, out: "Outcome") -> dict:
+    """`kern test --json`: the verdict and its exit code, what each code means, the counts, each case."""
+    from oracle.abtest import VERDICTS
+
+    return {"model": model, "verdict": VERDICTS[out.code], "exit": out.code, "summary": out.summary,
+            "exit_codes": {str(c): v for c, v in VERDICTS.items()}, "counts": out.counts(),
+            "cases": [{"status": c.status, "case": c.label, "detail": c.detail, "near_ties": c.near_ties}
+                      for c in out.cases]}
 
 
 @main.command("verify")
 @click.argument("manifest")
+@click.option("--weights", multiple=True,
+              help="Weights file(s) to check (default: the target's, or every *.safetensors beside a manifest path).")
+@click.option("--no-weights", "skip_weights", is_flag=True,
+              help="Check the manifest alone, without reading its weights files (each is read whole and hashed "
+                   "otherwise); the Rust kern's verify checks no weights.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
 @click.pass_context
-def verify_cmd(ctx, manifest, as_json) -> None:
+def verify_cmd(ctx, manifest, weights, skip_weights, as_json) -> None:
     """Load and verify MANIFEST (a path, or a target's name) without a device, and print what it derives:
-    its states, the page and reach, every program with its calls' shapes. Exit 0 verified, 1 when the
-    manifest has problems (each named), 2 a usage error."""
-    from manifests.describe import describe, lines
+    its states, the page and reach, every program with its calls' shapes.
 
-    path = Path(manifest)
-    if not path.exists():
-        try:
-            path = Path(resolve(manifest, ctx.obj["config"], None).manifest)
-        except USER_ERRORS as exc:
-            fail(f"{manifest} is neither a manifest file nor a target: {exc}")
+    Checks every field and reference, each kernel module's sha256 against its sources and, unless
+    --no-weights, the weights: every pinned file present and hashing to its pin, every bound tensor
+    there. Nothing is compiled. Exit 0 verified; 1 a problem, each on one line on stderr
+    (`kern verify: PROBLEM`: the file and the field); 2 a usage error."""
+    from oracle.verify import Problems, text, verify
+
     try:
-        d = describe(load(path))
-    except ManifestError as exc:
-        click.echo(str(exc), err=True)
+        v = verify(manifest, ctx.obj["config"], list(weights), not skip_weights)
+    except Problems as exc:
+        for line in exc.lines:
+            click.echo(f"kern verify: {line}", err=True)
         sys.exit(1)
-    click.echo(json.dumps(d) if as_json else "\n".join(lines(d)))
+    click.echo(json.dumps(v.as_json()) if as_json else "\n".join(text(v)))
 
 
 @main.command("cut")
@@ -273,7 +335,7 @@ def cut_cmd(ctx, manifest, at, out, weights) -> None:
     except click.BadParameter as exc:
         fail(f"--at: {exc.message}")
     try:
-        t, m = _target(ctx, manifest, weights)
+        t, m = _target(ctx.obj["config"], manifest, weights)
         stages = cut(m, points)
     except CutError as exc:
         fail(f"cannot cut {manifest} at {at}: {exc}")
