@@ -218,15 +218,16 @@ def _await(watch: HeadWatch, kind: str, want: set[int], timeout: float, procs, n
     while set(got) != want:
         for k, p in procs:
             if p.poll() is not None:
-                die("pp stage lost", stage=k, reason=f"exited with {p.returncode} before it was {kind}")
+                die("pp stage lost", {"stage": k, "reason": f"exited with {p.returncode} before it was {kind}"})
         now = time.monotonic()
         left = deadline - now
         missing = sorted(want - set(got))
         if left <= 0:
             names = ", ".join(f"{k}/{n}" for k in missing)
-            die("pp stage lost", stages=",".join(map(str, missing)),
-                reason=f"stage{'s' if len(missing) > 1 else ''} {names} did not {doing} within {timeout:g} s "
-                       "(--stage-connect-timeout)", stage_connect_timeout=timeout)
+            die("pp stage lost", {"stages": ",".join(map(str, missing)),
+                                  "reason": f"stage{'s' if len(missing) > 1 else ''} {names} did not {doing} within "
+                                            f"{timeout:g} s (--stage-connect-timeout)",
+                                  "stage_connect_timeout": timeout})
         if now >= say:
             for k in missing:
                 logs.event("pp waiting", stage=k, stages=n, left_s=round(left),
@@ -237,7 +238,7 @@ def _await(watch: HeadWatch, kind: str, want: set[int], timeout: float, procs, n
         except queue.Empty:
             continue
         if msg.kind != kind:
-            die("pp protocol error", reason=f"expected {kind}, got {msg.kind!r}")
+            die("pp protocol error", {"reason": f"expected {kind}, got {msg.kind!r}"})
         k = int(msg.head["stage"])
         got[k] = msg
         logs.event(f"pp stage {_DONE.get(kind, kind)}", stage=k, stages=n)
@@ -358,8 +359,8 @@ def _start_stages(paths: list[Path], opts, pp: PipelineOptions, weights, cid: st
     hellos = _await(watch, "hello", set(range(1, n)), startup_s(pp), procs, n)
     for k, h in hellos.items():
         if h.head["cut"] != cid or int(h.head["stages"]) != n:
-            die("pp stage refused", stage=k, reason=f"cut {h.head['cut']} of {h.head['stages']} stages, the head "
-                f"serves cut {cid} of {n}", code=EXIT_PIPELINE)
+            die("pp stage refused", {"stage": k, "reason": f"cut {h.head['cut']} of {h.head['stages']} stages, the head "
+                f"serves cut {cid} of {n}"}, code=EXIT_PIPELINE)
     return head, procs, hellos
 
 
