@@ -75,13 +75,7 @@ def main() -> None:
     be.synchronize()
 
     runs = snapshots(n, rng, 1, 64)
-    host_off, off = {}, 0
-    for first, k in runs:
-        host_off[first] = off
-        off += k * hp
-    park_plans = [SimpleNamespace(pages=[(first + i, host_off[first] + i * hp) for i in range(k)], slot=None) for first, k in runs]
-    wake_plans = [SimpleNamespace(pages=[(host_off[first] + i * hp, n + first + i) for i in range(k)], slot=None) for first, k in runs]
-    single = [SimpleNamespace(pages=[(p, (p - 1) * hp)], slot=None) for p in rng.permutation(np.arange(1, n + 1)).tolist()]
+    park_plans, wake_plans, single = _plans(runs, n, hp, rng)
 
     def go(plans, fn):
         def run():
@@ -101,8 +95,43 @@ def main() -> None:
         b = be.download(arena[(n + first) * pb : (n + first + k) * pb], k * pb)
         assert np.array_equal(a, b), f"snapshot at page {first} did not round-trip"
 
-    host, dev = rt.host, arena[pb : (n + 1) * pb]
-    if args.backend == "gpu":  # one cudaMemcpyAsync of all the bytes on a fresh stream
+    plain = _plain(args.backend, xp, rt.host, arena[pb : (n + 1) * pb], total)
+    plain_d2h = best_of(args.repeat, lambda: plain(True))
+    plain_h2d = best_of(args.repeat, lambda: plain(False))
+
+    print(f"target {args.target}, backend {args.backend}: {n} pages of {pb / 2**20:.0f} MiB = {total / 2**30:.2f} GiB each way, "
+          f"{len(runs)} snapshots of 1-64 pages")
+    _table(total, park, park1, wake, plain_d2h, plain_h2d)
+
+
+def _table(total: int, park: float, park1: float, wake: float, plain_d2h: float, plain_h2d: float) -> None:
+    """GB/s of each copy (best seconds given), and its ratio to the plain pinned copy's."""
+    g = lambda dt: total / dt / 1e9  # noqa: E731
+    print(f"{'figure':<44}{'GB/s':>10}{'ratio':>8}")
+    print(f"{'park (device->host), snapshots':<44}{g(park):>10.1f}{plain_d2h / park:>8.2f}")
+    print(f"{'park, single pages (no runs)':<44}{g(park1):>10.1f}{plain_d2h / park1:>8.2f}")
+    print(f"{'ceiling: plain pinned copy device->host':<44}{g(plain_d2h):>10.1f}")
+    print(f"{'wake (host->device), snapshots':<44}{g(wake):>10.1f}{plain_h2d / wake:>8.2f}")
+    print(f"{'ceiling: plain pinned copy host->device':<44}{g(plain_h2d):>10.1f}")
+
+
+def _plans(runs, n: int, hp: int, rng) -> tuple[list, list, list]:
+    """(park plans, wake plans: one per snapshot run, its pages to consecutive host offsets and back to
+    the woken copies; single-page park plans in a random order)."""
+    host_off, off = {}, 0
+    for first, k in runs:
+        host_off[first] = off
+        off += k * hp
+    park_plans = [SimpleNamespace(pages=[(first + i, host_off[first] + i * hp) for i in range(k)], slot=None) for first, k in runs]
+    wake_plans = [SimpleNamespace(pages=[(host_off[first] + i * hp, n + first + i) for i in range(k)], slot=None) for first, k in runs]
+    single = [SimpleNamespace(pages=[(p, (p - 1) * hp)], slot=None) for p in rng.permutation(np.arange(1, n + 1)).tolist()]
+    return park_plans, wake_plans, single
+
+
+def _plain(backend: str, xp, host, dev, total: int):
+    """The ceiling: one plain copy of all `total` bytes, `plain(to_host)` (on a GPU one cudaMemcpyAsync
+    on a fresh stream)."""
+    if backend == "gpu":
         stream = xp.cuda.Stream(non_blocking=True)
 
         def plain(to_host):
@@ -115,18 +144,7 @@ def main() -> None:
                 np.copyto(host[:total], dev)
             else:
                 np.copyto(dev, host[:total])
-    plain_d2h = best_of(args.repeat, lambda: plain(True))
-    plain_h2d = best_of(args.repeat, lambda: plain(False))
-
-    g = lambda dt: total / dt / 1e9  # noqa: E731
-    print(f"target {args.target}, backend {args.backend}: {n} pages of {pb / 2**20:.0f} MiB = {total / 2**30:.2f} GiB each way, "
-          f"{len(runs)} snapshots of 1-64 pages")
-    print(f"{'figure':<44}{'GB/s':>10}{'ratio':>8}")
-    print(f"{'park (device->host), snapshots':<44}{g(park):>10.1f}{plain_d2h / park:>8.2f}")
-    print(f"{'park, single pages (no runs)':<44}{g(park1):>10.1f}{plain_d2h / park1:>8.2f}")
-    print(f"{'ceiling: plain pinned copy device->host':<44}{g(plain_d2h):>10.1f}")
-    print(f"{'wake (host->device), snapshots':<44}{g(wake):>10.1f}{plain_h2d / wake:>8.2f}")
-    print(f"{'ceiling: plain pinned copy host->device':<44}{g(plain_h2d):>10.1f}")
+    return plain
 
 
 if __name__ == "__main__":

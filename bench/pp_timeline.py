@@ -212,40 +212,55 @@ def draw(items: list[Item], path: str, reqs: list[tuple[int, int]] = ()) -> None
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.patches import Patch
 
     t0 = min(i.issued_us for i in items)
     ms = lambda us: (us - t0) / 1e3  # noqa: E731
     stages = sorted({i.stage for i in items})
+    fig, (ax, bx) = plt.subplots(2, 1, figsize=(12, 0.7 * len(stages) + 5.5),
+                                 height_ratios=[0.7 * len(stages) + 0.8, 3])
+    _timeline(ax, items, reqs, stages, ms)
+    _busy(bx, items, stages)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+
+
+def _stage_gaps(mine: list[Item], flight, running, reqs, ms) -> tuple[list, list]:
+    """One stage's gaps by cause, as (start ms, width ms) bars: waiting on another stage (an item in
+    flight elsewhere), and (with `reqs`) the head between steps (requests running, nothing in flight)."""
+    waits, betweens = [], []
+    for g in gaps(mine, flight, running):
+        waits += [(ms(lo), (hi - lo) / 1e3) for lo, hi in pieces(flight, g.start, g.end)]
+        if reqs:
+            w = pieces(flight, g.start, g.end)
+            for lo, hi in pieces(running, g.start, g.end):
+                # the running parts less the in-flight ones
+                cur = lo
+                for a, b in w:
+                    if b <= cur or a >= hi:
+                        continue
+                    if a > cur:
+                        betweens.append((ms(cur), (a - cur) / 1e3))
+                    cur = max(cur, b)
+                if hi > cur:
+                    betweens.append((ms(cur), (hi - cur) / 1e3))
+    return waits, betweens
+
+
+def _timeline(ax, items: list[Item], reqs, stages: list[int], ms) -> None:
+    """The timeline: items by program; each stage's gaps by cause, a thin bar through the row."""
+    from matplotlib.patches import Patch
+
     flight = in_flight(items)
     running = merge([*flight, *reqs])
     programs = sorted({i.program for i in items})
     colour = {p: COLOURS.get(p, f"C{4 + n}") for n, p in enumerate(programs)}
-    fig, (ax, bx) = plt.subplots(2, 1, figsize=(12, 0.7 * len(stages) + 5.5),
-                                 height_ratios=[0.7 * len(stages) + 0.8, 3])
-
-    # the timeline: items by program; each stage's gaps by cause, a thin bar through the row
     for k in stages:
         mine = sorted((i for i in items if i.stage == k), key=lambda i: i.issued_us)
         for p in programs:
             bars = [(ms(i.issued_us), max((i.done_us - i.issued_us) / 1e3, 1e-3)) for i in mine if i.program == p]
             ax.broken_barh(bars, (k - 0.35, 0.7), facecolors=colour[p])
-        waits, betweens = [], []
-        for g in gaps(mine, flight, running):
-            waits += [(ms(lo), (hi - lo) / 1e3) for lo, hi in pieces(flight, g.start, g.end)]
-            if reqs:
-                w = pieces(flight, g.start, g.end)
-                for lo, hi in pieces(running, g.start, g.end):
-                    # the running parts less the in-flight ones
-                    cur = lo
-                    for a, b in w:
-                        if b <= cur or a >= hi:
-                            continue
-                        if a > cur:
-                            betweens.append((ms(cur), (a - cur) / 1e3))
-                        cur = max(cur, b)
-                    if hi > cur:
-                        betweens.append((ms(cur), (hi - cur) / 1e3))
+        waits, betweens = _stage_gaps(mine, flight, running, reqs, ms)
         ax.broken_barh(waits, (k - 0.1, 0.2), facecolors=WAIT)
         ax.broken_barh(betweens, (k - 0.1, 0.2), facecolors=BETWEEN)
     idle = [(ms(b0), (a1 - b0) / 1e3) for (_, b0), (a1, _) in zip(running, running[1:]) if a1 > b0]
@@ -266,7 +281,9 @@ def draw(items: list[Item], path: str, reqs: list[tuple[int, int]] = ()) -> None
     ax.legend(handles=handles, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.3), ncol=len(handles),
               frameon=False)
 
-    # each item's busy time per stage, stacked
+
+def _busy(bx, items: list[Item], stages: list[int]) -> None:
+    """Each item's busy time per stage, stacked (a few outliers clipped, and said so)."""
     numbers = sorted({i.item for i in items})
     at = {n: x for x, n in enumerate(numbers)}
     bottom = [0.0] * len(numbers)
@@ -298,9 +315,6 @@ def draw(items: list[Item], path: str, reqs: list[tuple[int, int]] = ()) -> None
     bx.set_ylabel("busy ms, per stage")
     bx.set_title("busy time per item, stacked by stage (the tallest part is that item's slowest stage)", fontsize=10)
     bx.legend(fontsize=8, loc="upper right")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-    plt.close(fig)
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})

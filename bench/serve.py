@@ -136,9 +136,7 @@ def pack_compare(args) -> None:
         raise SystemExit(1)
 
 
-def main() -> None:
-    from tabulate import tabulate
-
+def _args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--targets", nargs="+", default=["toy-paged", "toy-stateful"])
     ap.add_argument("--concurrency", nargs="+", type=int, default=[1, 12, 64])
@@ -156,7 +154,11 @@ def main() -> None:
     ap.add_argument("--serve-flag", action="append", default=[], help="Extra kern serve flag (repeatable), e.g. --serve-flag=--gpus=0.")
     ap.add_argument("--pack", action="store_true", help="Compare packed prefill against --no-pack in one process (--pack-target).")
     ap.add_argument("--pack-target", default="toy-layers")
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+def main() -> None:
+    args = _args()
     if args.stages:
         import serve_pp
 
@@ -177,6 +179,13 @@ def main() -> None:
                 for r in measure(target, args.backend, args.concurrency, args.max_tokens,
                                  Path(tmp) / f"{target}-{mode}.log", extra):
                     rows.append(dict(r, mode=mode))
+    _tables(rows)
+
+
+def _tables(rows: list[dict]) -> None:
+    """The throughput table (against concurrency 1 and the plain mode) and where a step's time goes."""
+    from tabulate import tabulate
+
     base = {}
     plain = {}
     for r in rows:

@@ -56,12 +56,8 @@ def replay(tr, page: int) -> dict:
     """trace.replay()'s loop over our pool and index (see the module docstring)."""
     unit = page
     n = len(tr.requests)
-    looks = [Tokens.of(tr.ops[2 * i][1] + [PAST]) for i in range(n)]
-    fulls = [tr.ops[2 * i + 1][1] for i in range(n)]
-    keys = [Tokens.of(f[: len(f) // unit * unit]) for f in fulls]
-    rooms = [len(f) for f in fulls]
-    capacity = tr.stats["novel_tokens"] + max(rooms) + 64 * unit * n // 16
-    s = Served(page, capacity)
+    looks, keys, rooms = _requests(tr, unit)
+    s = Served(page, tr.stats["novel_tokens"] + max(rooms) + 64 * unit * n // 16)
     pool, ix = s.pool, s.ix
     lookup, insert, evict = ix.lookup, ix.insert, ix.evict
     budget = tr.budget_tokens
@@ -105,34 +101,44 @@ def replay(tr, page: int) -> dict:
             held = pool.used * unit
             if held > budget:
                 g = pc()
-                want = held - budget + slack
-                freed = 0
-                while freed < want and evict() is not None:
-                    freed = held - pool.used * unit
-                evicted += freed
+                evicted += _evict(pool, evict, held, held - budget + slack, unit)
                 t_evict += pc() - g
                 evict_calls += 1
     total = pc() - t0 - t_pool
-    out = dict(
-        total_wall_s=total,
-        lookups_per_s=n / t_lookup,
-        inserts_per_s=n / t_insert,
-        evicted_tokens=evicted,
-        hit_ratio=hit_tokens / queried,
-        evict_s=t_evict,
-        evict_calls=evict_calls,
-        hit_tokens=hit_tokens,
-        queried_tokens=queried,
-        held_tokens_end=s.held(),
-        pool_s=t_pool,
-    )
-    # every snapshot is the index's: dropping them all leaves the pool empty
-    ix.clear()
+    out = dict(total_wall_s=total, lookups_per_s=n / t_lookup, inserts_per_s=n / t_insert, evicted_tokens=evicted,
+               hit_ratio=hit_tokens / queried, evict_s=t_evict, evict_calls=evict_calls, hit_tokens=hit_tokens,
+               queried_tokens=queried, held_tokens_end=s.held(), pool_s=t_pool)
+    _check_emptied(s, budget, out["held_tokens_end"])
+    return out
+
+
+def _requests(tr, unit: int) -> tuple[list, list, list]:
+    """Per request: the lookup key (its prompt and a token past it), the key it is inserted under
+    (its whole pages), and the room it leases."""
+    n = len(tr.requests)
+    looks = [Tokens.of(tr.ops[2 * i][1] + [PAST]) for i in range(n)]
+    fulls = [tr.ops[2 * i + 1][1] for i in range(n)]
+    keys = [Tokens.of(f[: len(f) // unit * unit]) for f in fulls]
+    rooms = [len(f) for f in fulls]
+    return looks, keys, rooms
+
+
+def _evict(pool, evict, held: int, want: int, unit: int) -> int:
+    """Evict until `want` tokens are freed (or nothing is left to evict); the tokens freed."""
+    freed = 0
+    while freed < want and evict() is not None:
+        freed = held - pool.used * unit
+    return freed
+
+
+def _check_emptied(s, budget: int | None, held_end: int) -> None:
+    """Every snapshot is the index's: dropping them all leaves the pool empty; the budget held."""
+    pool = s.pool
+    s.ix.clear()
     if pool.used or pool.leases:
         raise AssertionError(f"after clearing the index the pool holds {pool.used} pages, {pool.leases} leases")
-    if budget is not None and out["held_tokens_end"] > budget:
-        raise AssertionError(f"held {out['held_tokens_end']} > budget {budget}")
-    return out
+    if budget is not None and held_end > budget:
+        raise AssertionError(f"held {held_end} > budget {budget}")
 
 
 def fmt(x) -> str:

@@ -295,7 +295,7 @@ def leaked(url: str, timeout: float = 60.0) -> str | None:
         time.sleep(0.2)
 
 
-def main() -> None:
+def _args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", default="toy-paged")
     ap.add_argument("--seconds", type=float, default=60.0, help="how long the mix runs (then the SIGTERM)")
@@ -307,6 +307,11 @@ def main() -> None:
     args = ap.parse_args()
     if not 1 <= args.seconds <= 3600:
         ap.error("--seconds must be within 1..3600")
+    return args
+
+
+def main() -> None:
+    args = _args()
     tally = Tally()
     print(f"oracle: {args.target} ...", flush=True)
     oracle = Oracle(args.target, 24, args.seed)
@@ -317,48 +322,64 @@ def main() -> None:
         rss: list[tuple[float, int]] = []
         try:
             Mix(url, oracle, tally, args.seed).completion()  # warm: kernels loaded
-            t0 = time.monotonic()
-            stop_at = t0 + args.seconds
-            rss.append((0.0, rss_kib(server.pid)))
-            def worker(k: int) -> None:
-                mix = Mix(url, oracle, tally, args.seed * 1000 + k)
-                while time.monotonic() < stop_at:
-                    try:
-                        mix.one()
-                    except Exception as exc:  # noqa: BLE001  (a soak counts, it does not stop)
-                        tally.add("client errors", repr(exc))
-
-            threads = [threading.Thread(target=worker, args=(k,), daemon=True) for k in range(args.clients)]
-            for t in threads:
-                t.start()
-            next_print = time.monotonic() + 30
-            while any(t.is_alive() for t in threads):
-                time.sleep(1.0)
-                rss.append((time.monotonic() - t0, rss_kib(server.pid)))
-                if time.monotonic() >= next_print:
-                    next_print += 30
-                    n = tally.n
-                    print(f"  {time.monotonic() - t0:5.0f} s: {n['answers checked']} answers, {n['wrong answers']} wrong, "
-                          f"{n['unintended 5xx']} 5xx, rss {rss[-1][1] / 1024:.0f} MiB, log {log.stat().st_size} B", flush=True)
+            _mix(args, url, server, oracle, tally, log, rss)
             leak = leaked(url)
-            # the end: work queued, then SIGTERM; each request must end with its answer or a 503
-            tail = [threading.Thread(target=Mix(url, oracle, tally, 7 + k).completion) for k in range(8)]
-            for t in tail:
-                t.start()
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline:  # until most of them are in
-                g = httpx.get(url + "/stats", timeout=30).json()["gauges"]
-                if g["running"] + g["waiting"] >= 6:
-                    break
-                time.sleep(0.05)
-            server.proc.send_signal(signal.SIGTERM)
-            for t in tail:
-                t.join(120)
-            rc = server.proc.wait(120)
+            rc = _drain(url, server, oracle, tally)
         finally:
             server.stop(kill=True)  # SIGKILL if it still runs, and its process group
         log_bytes = log.stat().st_size
         tracebacks = log.read_text(errors="replace").count("Traceback")
+    _report(args, tally, rss, leak, (log_bytes, tracebacks, rc))
+
+
+def _mix(args, url: str, server, oracle, tally, log: Path, rss: list) -> None:
+    """`--clients` threads run the mix for `--seconds`; the server's rss sampled each second into `rss`,
+    a progress line every 30 s."""
+    t0 = time.monotonic()
+    stop_at = t0 + args.seconds
+    rss.append((0.0, rss_kib(server.pid)))
+    def worker(k: int) -> None:
+        mix = Mix(url, oracle, tally, args.seed * 1000 + k)
+        while time.monotonic() < stop_at:
+            try:
+                mix.one()
+            except Exception as exc:  # noqa: BLE001  (a soak counts, it does not stop)
+                tally.add("client errors", repr(exc))
+
+    threads = [threading.Thread(target=worker, args=(k,), daemon=True) for k in range(args.clients)]
+    for t in threads:
+        t.start()
+    next_print = time.monotonic() + 30
+    while any(t.is_alive() for t in threads):
+        time.sleep(1.0)
+        rss.append((time.monotonic() - t0, rss_kib(server.pid)))
+        if time.monotonic() >= next_print:
+            next_print += 30
+            n = tally.n
+            print(f"  {time.monotonic() - t0:5.0f} s: {n['answers checked']} answers, {n['wrong answers']} wrong, "
+                  f"{n['unintended 5xx']} 5xx, rss {rss[-1][1] / 1024:.0f} MiB, log {log.stat().st_size} B", flush=True)
+
+
+def _drain(url: str, server, oracle, tally) -> int:
+    """The end: work queued, then SIGTERM; each request must end with its answer or a 503. The exit code."""
+    tail = [threading.Thread(target=Mix(url, oracle, tally, 7 + k).completion) for k in range(8)]
+    for t in tail:
+        t.start()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:  # until most of them are in
+        g = httpx.get(url + "/stats", timeout=30).json()["gauges"]
+        if g["running"] + g["waiting"] >= 6:
+            break
+        time.sleep(0.05)
+    server.proc.send_signal(signal.SIGTERM)
+    for t in tail:
+        t.join(120)
+    return server.proc.wait(120)
+
+
+def _report(args, tally, rss: list, leak, ending: tuple) -> None:
+    """The soak's table; exit 1 on any wrong answer, unintended 5xx, leak, traceback or a bad exit."""
+    log_bytes, tracebacks, rc = ending
     warm = [r for t, r in rss if t >= args.seconds * 0.2] or [r for _, r in rss]
     n = tally.n
     rows = [

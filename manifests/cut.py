@@ -137,15 +137,7 @@ def cut(m: Manifest, at: list[int]) -> list[Stage]:
         lo, hi = span[s]
         return [c for p in driven for c in p.calls[lo:hi]]
 
-    crossing: list[set[str]] = []
-    for a in at:
-        x: set[str] = set()
-        for p in driven:
-            x |= live_in(m, p.calls[a:]) & set().union(*(writes(m, c) for c in p.calls[:a]))
-        for b in sorted(x):
-            if m.buffers[b].kind != "workspace":
-                raise CutError(f"buffer {b} ({m.buffers[b].kind}) is live across the cut at call {a}: only a workspace travels between stages")
-        crossing.append(x)
+    crossing = _crossing(m, driven, at)
 
     for s in range(n - 1):
         for c in calls_of(s):
@@ -153,14 +145,7 @@ def cut(m: Manifest, at: list[int]) -> list[Stage]:
                 if m.buffers[b].kind in ("output", "carry"):
                     raise CutError(f"op {c.op} (stage {s}) writes {m.buffers[b].kind} {b} before the last stage: only the last stage writes outputs and carries")
 
-    owner: dict[tuple[str, int], set[int]] = {}
-    for s in range(n):
-        for c in calls_of(s):
-            for r in regions(m, c):
-                owner.setdefault(r, set()).add(s)
-    for (st, off), stages in sorted(owner.items()):
-        if len(stages) > 1:
-            raise CutError(f"state {st} at offset {off} is touched by stages {', '.join(map(str, sorted(stages)))}: each state region belongs to one stage")
+    owner = _owners(m, n, calls_of)
 
     all_regions: dict[str, set[int]] = {}
     for (st, off) in owner:
@@ -189,6 +174,34 @@ def cut(m: Manifest, at: list[int]) -> list[Stage]:
             raise CutError(f"stage {s} does not verify: {exc}") from exc
         stages.append(stage)
     return stages
+
+
+def _crossing(m: Manifest, driven: list, at: list[int]) -> list[set[str]]:
+    """The buffers live across each cut (written before it, read after it); CutError for any that is
+    not a workspace."""
+    crossing: list[set[str]] = []
+    for a in at:
+        x: set[str] = set()
+        for p in driven:
+            x |= live_in(m, p.calls[a:]) & set().union(*(writes(m, c) for c in p.calls[:a]))
+        for b in sorted(x):
+            if m.buffers[b].kind != "workspace":
+                raise CutError(f"buffer {b} ({m.buffers[b].kind}) is live across the cut at call {a}: only a workspace travels between stages")
+        crossing.append(x)
+    return crossing
+
+
+def _owners(m: Manifest, n: int, calls_of) -> dict[tuple[str, int], set[int]]:
+    """(state, offset) -> the stages whose calls touch it; CutError where two stages share one."""
+    owner: dict[tuple[str, int], set[int]] = {}
+    for s in range(n):
+        for c in calls_of(s):
+            for r in regions(m, c):
+                owner.setdefault(r, set()).add(s)
+    for (st, off), stages in sorted(owner.items()):
+        if len(stages) > 1:
+            raise CutError(f"state {st} at offset {off} is touched by stages {', '.join(map(str, sorted(stages)))}: each state region belongs to one stage")
+    return owner
 
 
 def _slice_at_load(m: Manifest, kept_driven: list[Call]) -> dict[str, list[int]]:

@@ -242,52 +242,12 @@ def _programs(m: Manifest, err: "_Errors", used: set) -> None:
             for ai, (a, prm) in enumerate(zip(call.args, op.params)):
                 ap = f"{cp}.args[{ai}]"
                 if a.kind == "buf":
-                    b = m.buffers.get(a.value)
-                    if b is None:
-                        err.add(ap, f"unknown buffer {a.value!r}")
-                        continue
-                    used.add(("buffer", a.value))
-                    if prm.what != "buffer":
-                        err.add(ap, f"buffer {a.value} passed to a {_fmt(prm)} param")
-                        continue
-                    if b.dtype != prm.dtype:
-                        err.add(ap, f"buffer {a.value} is {b.dtype}, the param wants {prm.dtype}")
-                    if prm.writes and (b.kind in ("input", "source") or b.kind == "weight" and not prog.derive):
-                        err.add(ap, f"op {call.op} writes {b.kind} buffer {a.value}" + (
-                            " (only a derive program writes weights)" if b.kind == "weight" else ""))
-                    if prm.reads and b.kind in ("output", "workspace") and a.value not in written:
-                        err.add(ap, f"reads {b.kind} buffer {a.value} before anything in {prog.name} writes it")
-                    if prm.reads and b.kind == "source" and not prog.derive:
-                        err.add(ap, f"reads source buffer {a.value} outside a derive program (a source lives only during load)")
-                    if prm.reads and at_load and b.kind in ("input", "inout"):
-                        err.add(ap, f"a {at_load} program runs at load, before any caller writes {b.kind} buffer {a.value}")
-                    if prm.writes:
+                    if _buf_arg(m, prog, call.op, a, prm, ap, err, used, written, at_load):
                         writes.append(a.value)
-                        if prog.derive and b.kind == "weight":
+                        if prog.derive and m.buffers[a.value].kind == "weight":
                             derived.add(a.value)
-                elif a.kind == "state":
-                    if a.value not in m.states:
-                        err.add(ap, f"unknown state {a.value!r}")
-                        continue
-                    used.add(("state", a.value))
-                    if prm.what != "state":
-                        err.add(ap, f"state {a.value} passed to a {_fmt(prm)} param")
-                elif a.kind == "var":
-                    if a.value not in m.vars:
-                        err.add(ap, f"unknown var {a.value!r}")
-                    used.add(("var", a.value))
-                    if not prm.is_scalar:
-                        err.add(ap, f"var passed to a {_fmt(prm)} param")
-                elif a.kind == "expr":
-                    problem = expr.check(a.value)
-                    if problem:
-                        err.add(ap, problem)
-                    for n in expr.names(a.value):
-                        used.add(("var", n))
-                    if not prm.is_scalar:
-                        err.add(ap, f"expression passed to a {_fmt(prm)} param")
-                elif not prm.is_scalar:
-                    err.add(ap, f"literal passed to a {_fmt(prm)} param")
+                else:
+                    _other_arg(m, a, prm, ap, err, used)
             written.update(writes)
         written_anywhere |= written
     for b in m.buffers.values():
@@ -295,6 +255,59 @@ def _programs(m: Manifest, err: "_Errors", used: set) -> None:
             err.add(f"buffers.{b.name}", f"{b.kind} is never written by any program")
         if b.kind == "weight" and not b.bind and b.name not in derived:
             err.add(f"buffers.{b.name}.bind", "a weight needs a bind naming its tensor, or a derive program that writes it")
+
+
+def _buf_arg(m: Manifest, prog, op: str, a, prm, ap: str, err: "_Errors", used: set, written: set,
+             at_load: str | None) -> bool:
+    """Check a buffer argument `a` of a call to `op` in `prog` (at `ap`) against its param; whether the
+    call writes it (False where the buffer is unknown or passed to a param that is not a buffer)."""
+    b = m.buffers.get(a.value)
+    if b is None:
+        err.add(ap, f"unknown buffer {a.value!r}")
+        return False
+    used.add(("buffer", a.value))
+    if prm.what != "buffer":
+        err.add(ap, f"buffer {a.value} passed to a {_fmt(prm)} param")
+        return False
+    if b.dtype != prm.dtype:
+        err.add(ap, f"buffer {a.value} is {b.dtype}, the param wants {prm.dtype}")
+    if prm.writes and (b.kind in ("input", "source") or b.kind == "weight" and not prog.derive):
+        err.add(ap, f"op {op} writes {b.kind} buffer {a.value}" + (
+            " (only a derive program writes weights)" if b.kind == "weight" else ""))
+    if prm.reads and b.kind in ("output", "workspace") and a.value not in written:
+        err.add(ap, f"reads {b.kind} buffer {a.value} before anything in {prog.name} writes it")
+    if prm.reads and b.kind == "source" and not prog.derive:
+        err.add(ap, f"reads source buffer {a.value} outside a derive program (a source lives only during load)")
+    if prm.reads and at_load and b.kind in ("input", "inout"):
+        err.add(ap, f"a {at_load} program runs at load, before any caller writes {b.kind} buffer {a.value}")
+    return bool(prm.writes)
+
+
+def _other_arg(m: Manifest, a, prm, ap: str, err: "_Errors", used: set) -> None:
+    """Check a state, var, expression or literal argument `a` (at `ap`) against its param."""
+    if a.kind == "state":
+        if a.value not in m.states:
+            err.add(ap, f"unknown state {a.value!r}")
+            return
+        used.add(("state", a.value))
+        if prm.what != "state":
+            err.add(ap, f"state {a.value} passed to a {_fmt(prm)} param")
+    elif a.kind == "var":
+        if a.value not in m.vars:
+            err.add(ap, f"unknown var {a.value!r}")
+        used.add(("var", a.value))
+        if not prm.is_scalar:
+            err.add(ap, f"var passed to a {_fmt(prm)} param")
+    elif a.kind == "expr":
+        problem = expr.check(a.value)
+        if problem:
+            err.add(ap, problem)
+        for n in expr.names(a.value):
+            used.add(("var", n))
+        if not prm.is_scalar:
+            err.add(ap, f"expression passed to a {_fmt(prm)} param")
+    elif not prm.is_scalar:
+        err.add(ap, f"literal passed to a {_fmt(prm)} param")
 
 
 def _unused(m: Manifest, err: "_Errors", used: set) -> None:

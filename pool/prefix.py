@@ -14,174 +14,15 @@ Stores are duck-typed: anything with `tokens`, `has_slot`, `clone()` and `releas
 
 from __future__ import annotations
 
-import bisect
-import enum
 import heapq
 from typing import Any, Callable
 
 from pool.denied import Denied, PoolError
+from pool.hits import _DEVICE, _HOST, Evicted, Hit, Tier
+from pool.radix import Entry, Node, bump, common, first_entry
 from pool.tokens import WIDTH, Tokens
 
 __all__ = ["Evicted", "Hit", "Prefix", "Tier", "Tokens"]
-
-
-class Tier(str, enum.Enum):
-    """Where a hit's store lives."""
-
-    DEVICE = "device"
-    """Resident: a device checkpoint."""
-    HOST = "host"
-    """Parked: a host copy."""
-
-    def __repr__(self) -> str:
-        return f"Tier.{self.name}"
-
-
-_DEVICE, _HOST = Tier.DEVICE, Tier.HOST
-
-
-class Hit:
-    """A usable prefix of `len` tokens and a held clone of the store it comes from.
-
-    It stays valid whatever the index does later; `release()` lets go of the store. `key` (a tuple)
-    names the entry the store comes from.
-    """
-
-    __slots__ = ("len", "tier", "store", "_key")
-
-    def __init__(self, len: int, tier: Tier, store: Any, key) -> None:
-        self.len = len
-        self.tier = tier
-        self.store = store
-        self._key = key
-
-    @property
-    def key(self) -> tuple[int, ...]:
-        k = self._key
-        return k.totuple() if isinstance(k, Tokens) else tuple(k)
-
-    def __repr__(self) -> str:
-        return f"Hit(len={self.len}, tier={self.tier!r}, key={self.key!r})"
-
-    def release(self) -> None:
-        self.store.release()
-
-
-class Evicted:
-    """Which entry `evict` took (parked, or dropped) and how many parked entries went for room.
-
-    `key` is the entry's key as a tuple (made on first use); `tokens` its length."""
-
-    __slots__ = ("_key", "parked", "dropped")
-
-    def __init__(self, key, parked: bool, dropped: int) -> None:
-        self._key = key
-        self.parked = parked
-        self.dropped = dropped
-
-    @property
-    def key(self) -> tuple[int, ...]:
-        k = self._key
-        return k.totuple() if isinstance(k, Tokens) else tuple(k)
-
-    @property
-    def tokens(self) -> int:
-        return len(self._key)
-
-    def __eq__(self, other: object) -> bool:
-        return (isinstance(other, Evicted) and (self.parked, self.dropped) == (other.parked, other.dropped)
-                and self.key == other.key)
-
-    def __hash__(self) -> int:
-        return hash((self.key, self.parked, self.dropped))
-
-    def __repr__(self) -> str:
-        return f"Evicted(key={self.key!r}, parked={self.parked}, dropped={self.dropped})"
-
-
-class _Entry:
-    __slots__ = ("key", "device", "host", "slot", "used", "node", "in_device", "in_host")
-
-    def __init__(self, key: Tokens, device: Any, slot: bool, node: _Node) -> None:
-        self.key = key
-        self.device = device
-        self.host: Any = None
-        self.slot = slot
-        # the tick of the last use: it only grows (see `Prefix._stamp`)
-        self.used = 0
-        # None once removed
-        self.node: _Node | None = node
-        # whether the tier's recency heap holds an item for this entry
-        self.in_device = False
-        self.in_host = False
-
-    @property
-    def tier(self) -> Tier:
-        return _DEVICE if self.device is not None else _HOST
-
-
-class _Node:
-    """A node of the tree. Its edge is bytes `lo:hi` of `buf`, the packed buffer of a key that spells
-    the whole path from the root to this node: `lo` and `hi` are absolute (4 times the parent's depth
-    and this node's). So nothing is copied: the keys of one growing sequence share one buffer, a
-    split cuts a buffer in two views, and a node merged into its only child widens the child's view
-    of its own buffer."""
-
-    __slots__ = ("buf", "lo", "hi", "edge", "children", "parent", "depth", "entry", "paged_below",
-                 "resident_below", "_keys")
-
-    def __init__(self, buf: bytes, lo: int, hi: int, parent: _Node | None, depth: int) -> None:
-        self.buf, self.lo, self.hi = buf, lo, hi
-        self.edge = memoryview(buf)[lo:hi]
-        # children keyed by their edge's first packed token
-        self.children: dict[bytes, _Node] = {}
-        self.parent = parent
-        self.depth = depth
-        self.entry: _Entry | None = None
-        # stateless entries in this subtree, this node's included; and those of them resident
-        self.paged_below = 0
-        self.resident_below = 0
-        # the children's keys in token order (packed keys sort as their tokens)
-        self._keys: list[bytes] = []
-
-    def first(self) -> bytes:
-        return self.buf[self.lo:self.lo + WIDTH]
-
-    def set_edge(self, buf: bytes, lo: int, hi: int) -> None:
-        self.buf, self.lo, self.hi = buf, lo, hi
-        self.edge = memoryview(buf)[lo:hi]
-
-    def ordered(self) -> list[_Node]:
-        kids = self.children
-        return [kids[t] for t in self._keys]
-
-    def put(self, child: _Node) -> None:
-        t = child.buf[child.lo:child.lo + WIDTH]
-        if t not in self.children:
-            bisect.insort(self._keys, t)
-        self.children[t] = child
-
-    def drop(self, child: _Node) -> None:
-        t = child.buf[child.lo:child.lo + WIDTH]
-        del self.children[t]
-        del self._keys[bisect.bisect_left(self._keys, t)]
-
-
-def _common(edge, q: bytes, at: int, end: int) -> int:
-    """Tokens `edge` shares with `q[at:end]`, given that the first token is shared: one compare
-    when the whole edge matches, else a binary search over the edge's prefixes."""
-    if q.startswith(edge, at, end):
-        return len(edge) >> 2
-    lo, hi = 1, min(len(edge), end - at) >> 2  # lo tokens shared; the answer is < hi+1
-    if q.startswith(edge[: hi * WIDTH], at, end):
-        return hi
-    while hi - lo > 1:
-        mid = (lo + hi) >> 1
-        if q.startswith(edge[: mid * WIDTH], at, end):
-            lo = mid
-        else:
-            hi = mid
-    return lo
 
 
 class Prefix:
@@ -189,18 +30,18 @@ class Prefix:
 
     def __init__(self, unit: int) -> None:
         self.unit = unit
-        self._root = _Node(b"", 0, 0, None, 0)
-        self._entries: set[_Entry] = set()
+        self._root = Node(b"", 0, 0, None, 0)
+        self._entries: set[Entry] = set()
         self._clock = 0
         self._seq = 0
         # per tier, a heap of (tick, seq, entry): at most one item an entry, whose tick is at most
         # the entry's (`_stamp`); an item of an entry removed or in the other tier is stale
-        self._lru_device: list[tuple[int, int, _Entry]] = []
-        self._lru_host: list[tuple[int, int, _Entry]] = []
+        self._lru_device: list[tuple[int, int, Entry]] = []
+        self._lru_host: list[tuple[int, int, Entry]] = []
         self._resident = 0
         self._parked = 0
         # the entry inserted last (a growing sequence's, usually)
-        self._last: _Entry | None = None
+        self._last: Entry | None = None
 
     def __repr__(self) -> str:
         return f"Prefix(unit={self.unit}, resident={self.count(Tier.DEVICE)}, parked={self.count(Tier.HOST)})"
@@ -213,7 +54,7 @@ class Prefix:
     def count(self, tier: Tier) -> int:
         return self._resident if tier is _DEVICE else self._parked
 
-    def _sorted(self) -> list[_Entry]:
+    def _sorted(self) -> list[Entry]:
         return sorted(self._entries, key=lambda e: e.key.packed())
 
     def items(self) -> list[tuple[tuple[int, ...], Tier]]:
@@ -236,7 +77,7 @@ class Prefix:
     # item below it can hide a colder entry. A tier change (insert of a parked entry, park) then
     # stamps, which gives the new tier its item.
 
-    def _stamp(self, e: _Entry, tick: int) -> None:
+    def _stamp(self, e: Entry, tick: int) -> None:
         e.used = tick
         if e.device is not None:
             if not e.in_device:
@@ -273,7 +114,7 @@ class Prefix:
         else:
             self._lru_host = fresh
 
-    def _coldest(self, tier: Tier) -> _Entry | None:
+    def _coldest(self, tier: Tier) -> Entry | None:
         device = tier is _DEVICE
         heap = self._lru_device if device else self._lru_host
         while heap:
@@ -293,20 +134,13 @@ class Prefix:
 
     # tree
 
-    @staticmethod
-    def _bump(node: _Node | None, paged: int, resident: int) -> None:
-        while node is not None:
-            node.paged_below += paged
-            node.resident_below += resident
-            node = node.parent
-
-    def _node_for(self, key: bytes, end: int) -> _Node:
+    def _node_for(self, key: bytes, end: int) -> Node:
         """The node spelling `key[:end]` (bytes), made (and an edge split) if need be."""
         node, at = self._root, 0
         while at < end:
             child = node.children.get(key[at:at + WIDTH])
             if child is None:
-                leaf = _Node(key, at, end, node, end >> 2)
+                leaf = Node(key, at, end, node, end >> 2)
                 node.put(leaf)
                 return leaf
             edge = child.edge
@@ -314,11 +148,11 @@ class Prefix:
                 node = child
                 at += len(edge)
                 continue
-            c = _common(edge, key, at, end)
+            c = common(edge, key, at, end)
             if c * WIDTH < len(child.edge):
                 # split: the head keeps the subtree's counts
                 cut = child.lo + c * WIDTH
-                mid = _Node(child.buf, child.lo, cut, node, node.depth + c)
+                mid = Node(child.buf, child.lo, cut, node, node.depth + c)
                 mid.paged_below, mid.resident_below = child.paged_below, child.resident_below
                 node.drop(child)
                 child.set_edge(child.buf, cut, child.hi)
@@ -329,7 +163,7 @@ class Prefix:
             node, at = child, at + c * WIDTH
         return node
 
-    def _remove(self, e: _Entry) -> None:
+    def _remove(self, e: Entry) -> None:
         self._entries.discard(e)
         device = e.device
         if device is not None:
@@ -338,7 +172,7 @@ class Prefix:
             self._parked -= 1
         node = e.node
         if not e.slot:
-            # _bump(node, -1, -resident), inline
+            # bump(node, -1, -resident), inline
             resident = device is not None
             up = node
             while up is not None:
@@ -403,12 +237,12 @@ class Prefix:
                 e.device = store
                 self._parked -= 1
                 self._resident += 1
-                self._bump(node, 0, int(not e.slot))
+                bump(node, 0, int(not e.slot))
             else:
                 store.release()
             self._stamp(e, self._clock)
         else:
-            e = _Entry(key, store, store.has_slot, node)
+            e = Entry(key, store, store.has_slot, node)
             node.entry = e
             self._entries.add(e)
             self._resident += 1
@@ -436,7 +270,7 @@ class Prefix:
                 self._remove(old)
 
     @staticmethod
-    def _outgrown(e: _Entry) -> bool:
+    def _outgrown(e: Entry) -> bool:
         """The growth rule's test (kern-pool §1.9), in one place for its three paths (the general one
         above, `_grow`, `_grow_found`): the entry a page shorter than a new stateless whole-page key
         gives way to it when it is stateless, resident and has no host copy."""
@@ -510,12 +344,38 @@ class Prefix:
         # entry with a tick already has its heap item, so a stamp here is the assignment)
         base = self._clock + (end >> 2) + 2
         self._clock = base
-        touched = 0
-        unit = self.unit
         # The off-path candidate, found on the way down: a node of the path with stateless entries
         # off it (under a child other than `avoid`, the one the walk takes), sharing `far` whole-page
         # tokens, `warm` if one of them is resident. The best shares the most pages, resident at equal
         # length, the deepest among equals: (far, warm) only grows root-first, so a tie goes deeper.
+        node, at, nxt, c, e, on, cand, avoid, far, warm, touched = self._walk(q, end, base)
+        pick, far = self._pick(node, at, nxt, c, e, cand, avoid, far, warm)
+        # on-path offers: (len, resident, entry); the deepest is the longest
+        best: tuple[int, bool, Entry] | None = None
+        if on is not None:
+            e = on.entry
+            best = (on.depth, e.device is not None, e)
+        if pick is not None:
+            resident = pick.resident_below > 0
+            e = first_entry(pick, resident)
+            e.used = base - touched
+            offer = (far, resident, e)
+            if offer[0] > 0 and (best is None or offer[:2] >= best[:2]):
+                best = offer
+        if best is None:
+            return None
+        length, resident, e = best
+        store = (e.device if resident else e.host).clone()
+        return Hit(length, _DEVICE if resident else _HOST, store, e.key)
+
+    def _walk(self, q: bytes, end: int, base: int):
+        """`lookup`'s walk down the path of `q[:end]`, restamping each on-path entry (ticks from `base`
+        down): (the last node reached, the bytes matched to it, the child it stopped inside or None,
+        the tokens shared with that child's edge, the node's entry, the deepest on-path node with an
+        entry, the off-path candidate node and the child it avoids, the pages it shares, whether one
+        of them is resident, the entries stamped)."""
+        touched = 0
+        unit = self.unit
         cand = avoid = None
         far, warm = -1, False
         node, at, nxt, c = self._root, 0, None, 0
@@ -542,9 +402,17 @@ class Prefix:
                     on = node
                 children = node.children
                 continue
-            c = _common(edge, q, at, end)
+            c = common(edge, q, at, end)
             nxt = child
             break
+        return node, at, nxt, c, e, on, cand, avoid, far, warm, touched
+
+    def _pick(self, node: Node, at: int, nxt: Node | None, c: int, e: Entry | None, cand: Node | None,
+              avoid: Node | None, far: int, warm: bool) -> tuple[Node | None, int]:
+        """(`lookup`'s off-path subtree to offer from, or None; the pages it shares): inside the child
+        the walk stopped in, else under the candidate (its first child in token order holding what
+        made it the candidate)."""
+        unit = self.unit
         pick = None
         if nxt is not None:
             # the walk left inside nxt's edge: nxt's subtree shares the pages matched
@@ -574,40 +442,7 @@ class Prefix:
                     if k is not avoid and k.paged_below > 0:
                         pick = k
                         break
-        # on-path offers: (len, resident, entry); the deepest is the longest
-        best: tuple[int, bool, _Entry] | None = None
-        if on is not None:
-            e = on.entry
-            best = (on.depth, e.device is not None, e)
-        if pick is not None:
-            resident = pick.resident_below > 0
-            e = self._descend(pick, resident)
-            e.used = base - touched
-            offer = (far, resident, e)
-            if offer[0] > 0 and (best is None or offer[:2] >= best[:2]):
-                best = offer
-        if best is None:
-            return None
-        length, resident, e = best
-        store = (e.device if resident else e.host).clone()
-        return Hit(length, _DEVICE if resident else _HOST, store, e.key)
-
-    @staticmethod
-    def _descend(node: _Node, resident: bool) -> _Entry:
-        """The first stateless entry (resident if asked) of `node`'s subtree in token order, which
-        its counts say is there."""
-        while True:
-            e = node.entry
-            if e is not None and not e.slot and (not resident or e.device is not None):
-                return e
-            kids = node.children
-            for t in node._keys:
-                k = kids[t]
-                if (k.resident_below if resident else k.paged_below) > 0:
-                    node = k
-                    break
-            else:
-                raise AssertionError(f"no {'resident' if resident else 'stateless'} entry below a node that counts one")
+        return pick, far
 
     def evict(self, park: Callable[[Any], Any] | None = None) -> Evicted | None:
         """Take the coldest resident entry: park it (dropping the coldest parked entries while the
@@ -648,7 +483,7 @@ class Prefix:
                 e.device = None
                 self._resident -= 1
                 self._parked += 1
-                self._bump(e.node, 0, -int(not e.slot))
+                bump(e.node, 0, -int(not e.slot))
                 # the same tick moves to the parked tier
                 self._stamp(e, e.used)
                 return Evicted(key, True, dropped)

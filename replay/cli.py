@@ -13,6 +13,8 @@ import time
 
 import click
 
+from replay.flags import ReplayFlags
+
 __all__ = ["replay_command"]
 
 GIB = 1 << 30
@@ -86,56 +88,72 @@ def _fail(msg: str) -> None:
               help="Divide every length and capacity by k (for --server).")
 @click.option("--api-key", default=None, help="With --server: its API key.")
 @click.pass_context
-def replay_command(ctx, trace, page, capacity_text, host_tokens, host_gib, bytes_per_token, order, policy, limit,
-                   as_json, out_dir, plot, server, target, scale_k, api_key) -> None:
+def replay_command(ctx, **given) -> None:
     """Replay TRACE (Mooncake JSONL, or our token traces) through the pool, the index and the host tier
     and print hit figures per device capacity."""
+    flags = ReplayFlags(**given)
     from replay.mooncake import known
-    from replay.traces import TraceError, read, scale
+    from replay.traces import scale
 
-    try:
-        capacities = _capacities(capacity_text)
-    except click.BadParameter as exc:
-        _fail(f"--capacity: {exc.message}")
-    if host_gib is not None and host_tokens is not None:
-        _fail("give --host-tokens or --host-gib, not both")
-    if host_gib is not None and bytes_per_token is None and server is None:
-        _fail("--host-gib needs --bytes-per-token (how many bytes one token's KV takes)")
-    if policy == "lru" and (host_gib or host_tokens):
-        _fail("--policy lru models the device tier only; drop --host-tokens/--host-gib")
-    try:
-        reqs = read(trace, order)
-    except TraceError as exc:
-        _fail(str(exc))
-    if limit:
-        reqs = reqs[:limit]
-    if not reqs:
-        _fail(f"{trace}: no requests")
-    if policy == "lru" and page is not None:
-        ids = reqs[0].hash_ids is not None
-        if ids and (page > reqs[0].block or reqs[0].block % page):
-            _fail(f"--policy lru --page {page}: a page must divide the trace's block of {reqs[0].block} tokens "
-                  f"(a Mooncake hash id), e.g. --page {reqs[0].block} (the paper's) or 16")
-    if server is not None and (out_dir or plot):
+    capacities = _checked(flags)
+    reqs = _requests(flags)
+    if flags.server is not None and (flags.out_dir or flags.plot):
         _fail("--out and --plot draw a replay's figures; with --server there are none to draw")
     paper = known(len(reqs), sum(r.input_length for r in reqs))
-    if server is not None:
+    if flags.server is not None:
         from replay.server import check_server
 
-        sys.exit(check_server(reqs, server, target, capacities, scale_k, host_tokens, host_gib, api_key,
-                              ctx.obj.get("config") if isinstance(ctx.obj, dict) else None, as_json))
-    reqs = scale(reqs, scale_k)
-    capacities = [max(1, c // scale_k) for c in capacities]
-    bpt = bytes_per_token or 1
+        sys.exit(check_server(reqs, flags, ctx.obj.get("config") if isinstance(ctx.obj, dict) else None))
+    k = flags.scale_k
+    reqs = scale(reqs, k)
+    capacities = [max(1, c // k) for c in capacities]
+    bpt = flags.bytes_per_token or 1
+    host_gib, host_tokens = flags.host_gib, flags.host_tokens
     host = host_tokens if host_tokens is not None else (int(host_gib * GIB) // bpt if host_gib else 0)
-    host //= scale_k
-    figs = _sweep(reqs, capacities, policy, page, host, bpt)
-    if as_json:
+    host //= k
+    figs = _sweep(reqs, capacities, flags.policy, flags.page, host, bpt)
+    if flags.as_json:
         for f in figs:
             click.echo(json.dumps(f.as_dict()))
     else:
         click.echo(table(figs))
-    _write(figs, trace, policy, paper, scale_k, out_dir, plot)
+    _write(figs, flags.trace, flags.policy, paper, k, flags.out_dir, flags.plot)
+
+
+def _checked(flags: ReplayFlags) -> list[int]:
+    """The capacities --capacity names; one line and exit 2 for flags that do not go together."""
+    try:
+        capacities = _capacities(flags.capacity_text)
+    except click.BadParameter as exc:
+        _fail(f"--capacity: {exc.message}")
+    if flags.host_gib is not None and flags.host_tokens is not None:
+        _fail("give --host-tokens or --host-gib, not both")
+    if flags.host_gib is not None and flags.bytes_per_token is None and flags.server is None:
+        _fail("--host-gib needs --bytes-per-token (how many bytes one token's KV takes)")
+    if flags.policy == "lru" and (flags.host_gib or flags.host_tokens):
+        _fail("--policy lru models the device tier only; drop --host-tokens/--host-gib")
+    return capacities
+
+
+def _requests(flags: ReplayFlags) -> list:
+    """The trace's requests (the first --limit); one line and exit 2 for a bad trace or --page."""
+    from replay.traces import TraceError, read
+
+    try:
+        reqs = read(flags.trace, flags.order)
+    except TraceError as exc:
+        _fail(str(exc))
+    if flags.limit:
+        reqs = reqs[:flags.limit]
+    if not reqs:
+        _fail(f"{flags.trace}: no requests")
+    page = flags.page
+    if flags.policy == "lru" and page is not None:
+        ids = reqs[0].hash_ids is not None
+        if ids and (page > reqs[0].block or reqs[0].block % page):
+            _fail(f"--policy lru --page {page}: a page must divide the trace's block of {reqs[0].block} tokens "
+                  f"(a Mooncake hash id), e.g. --page {reqs[0].block} (the paper's) or 16")
+    return reqs
 
 
 def _sweep(reqs, capacities, policy, page, host, bpt, every: float = 10.0) -> list:

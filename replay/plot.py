@@ -33,7 +33,6 @@ def draw(figs, path: str, title: str, paper=None, scale: int = 1) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import FixedLocator, NullLocator
 
     figs = sorted(figs, key=lambda f: f.capacity)
     xs = [f.capacity for f in figs]
@@ -68,6 +67,25 @@ def draw(figs, path: str, title: str, paper=None, scale: int = 1) -> None:
         ax.plot([c for c, _ in pts], [r for _, r in pts], color="black", marker="D", markersize=5, linewidth=1,
                 label="the paper's LRU (Mooncake FAST'25, Fig. 9)" + (
                     ";\nabove the dashed line: the paper's trace, not the ids as released" if above else ""))
+    _axes(ax, xs, pts, lo, hi, top)
+    f0 = figs[0]
+    what = f"policy {f0.policy}, page {f0.page}"
+    if f0.host_tokens:
+        what += f", host tier {_tokens(f0.host_tokens)} tokens"
+    name = paper.name if paper is not None else title.rsplit("/", 1)[-1]
+    ax.set_title(f"{name}: {f0.requests:,} requests, {f0.input_tokens:,} input tokens\n{what}", fontsize=9)
+    # below the axes, where it covers no bar
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2, frameon=False)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+
+
+def _axes(ax, xs: list[int], pts: list, lo: list[float], hi: list[float], top: float) -> None:
+    """The axes: capacities on a log scale, ticked at each one replayed and each of the paper's points;
+    hit ratios from 0 to `top`."""
+    from matplotlib.ticker import FixedLocator, NullLocator
+
     ax.set_xscale("log")
     ticks = sorted(set(xs) | {c for c, _ in pts})
     ax.xaxis.set_major_locator(FixedLocator(ticks))
@@ -77,15 +95,4 @@ def draw(figs, path: str, title: str, paper=None, scale: int = 1) -> None:
     ax.set_ylim(0, top)
     ax.set_xlabel("device capacity (tokens, log scale)")
     ax.set_ylabel("hit ratio (hit tokens / input tokens)")
-    f0 = figs[0]
-    what = f"policy {f0.policy}, page {f0.page}"
-    if f0.host_tokens:
-        what += f", host tier {_tokens(f0.host_tokens)} tokens"
-    name = paper.name if paper is not None else title.rsplit("/", 1)[-1]
-    ax.set_title(f"{name}: {f0.requests:,} requests, {f0.input_tokens:,} input tokens\n{what}", fontsize=9)
     ax.grid(axis="y", alpha=0.3)
-    # below the axes, where it covers no bar
-    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2, frameon=False)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120, bbox_inches="tight")
-    plt.close(fig)

@@ -49,11 +49,11 @@ class Setup:
 
 
 def setup_for(page: int, capacity: int, host_tokens: int = 0, bytes_per_token: int = 1, reach: int = 1 << 22,
-              **kw) -> Setup:
-    """A paged geometry of `page`-token pages whose rows reach `reach` tokens."""
+              chunk: int = 1 << 62, emits: bool = True, vocab: int | None = None) -> Setup:
+    """A paged geometry of `page`-token pages whose rows reach `reach` tokens (the rest: `Setup`'s)."""
     width = -(-reach // page)
     g = Geometry(paged=(("kv", bytes_per_token),), page_tables=(("block_table", "kv", width, page),))
-    return Setup(g, capacity, host_tokens * bytes_per_token, **kw)
+    return Setup(g, capacity, host_tokens * bytes_per_token, chunk=chunk, emits=emits, vocab=vocab)
 
 
 @dataclass(slots=True)
@@ -164,8 +164,12 @@ class _Request(Request):
         return self.seq.prefix(stop)
 
 
-def _quiet(*args, **kwargs) -> None:
-    pass
+def _no_log(name: str, level: str = "INFO", **fields) -> None:
+    """The admission's log (`serve.logs.event`'s signature), silenced: a replay writes no log lines."""
+
+
+def _no_send(update) -> None:
+    """A replayed request's updates go nowhere (the figures are read from the core's counters)."""
 
 
 def _percentiles(left: list[int]) -> tuple[float, float, float]:
@@ -256,7 +260,7 @@ def _replay_engine(reqs: list[Req], setup: Setup, tick: Callable[[int], None] | 
     unit = pool.unit
     engine = _Engine(_Runtime(setup.emits), pool, host, Prefix(unit), unit)
     counters = Counters()
-    adm = Admission(engine, counters, log=_quiet)
+    adm = Admission(engine, counters, log=_no_log)
     emits = 1 if setup.emits else 0
     fig = Figures(setup.capacity, setup.host_bytes // max(sum(b for _, b in setup.geometry.paged), 1),
                   "engine", unit)
@@ -275,7 +279,7 @@ def _replay_engine(reqs: list[Req], setup: Setup, tick: Callable[[int], None] | 
         ids = seq.prefix(n)
         if bix is not None:
             bound_tokens += _bound_one(bix, ids, m, unit, emits, chunk)
-        req = _Request(f"r{i}", ids, m, 1, _quiet, seq=seq)
+        req = _Request(f"r{i}", ids, m, 1, _no_send, seq=seq)
         fig.requests += 1
         fig.input_tokens += n
         got = adm.admit(req)

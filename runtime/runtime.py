@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import importlib
 import time
-from dataclasses import dataclass, field, fields
-from typing import Any, Callable, Iterable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -21,9 +20,12 @@ from manifests import derive, expr
 from manifests.schema import Manifest
 from runtime.backend import Backend, KernelError, map_kernel_exceptions
 from runtime.backends import make_backend
+from runtime.load import run_derives
 from runtime.protocol import Protocol
+from runtime.runs import host_runs, page_runs
 from runtime.step import _IDS, Cell, LineTable, PageTable, bucket, stage
 from runtime.tables import NoPages, Resident
+from runtime.timing import StepTiming
 from runtime.weights import bind, bound_tensors, read_tensors
 
 
@@ -57,8 +59,25 @@ class Runtime:
         self.rows_var = self.protocol.rows_var
         self.groups_var = self.protocol.groups_var
         self.groups_max = m.vars[self.groups_var].max
-        be = self.backend
+        self._load(weights)
+        self._allocate_states(pages, host_bytes, host_chunk)
+        self._index_tables()
+        self._staged: dict[str, tuple] = {}  # program -> what its steps stage (`_staging`)
+        self._forwards: dict[str, Any] = {}  # program -> its Forward (looked up once)
+        self.pad: Cell | None = None
+        # graphs: (program, bucket) -> a captured graph, or None where capture failed (run plainly)
+        self.graphs = graphs
+        self._graphs: dict[tuple[str, int], Any] = {}
+        self._warm: set[tuple[str, int]] = set()
+        self.timing = StepTiming()
+        self.last_env: dict[str, int] = {}  # the vars of the last step (what a cut stage hands on is sized by them)
 
+    # -- load ------------------------------------------------------------------------------------
+
+    def _load(self, weights: list | dict) -> None:
+        """The kernel modules and buffers (at the var maxima), the weights bound and uploaded, then the
+        `derive` programs and the `once` programs run."""
+        m, be = self.manifest, self.backend
         self.modules = {n: importlib.import_module(mod.impl) for n, mod in m.modules.items()}
         self._kernels: dict[tuple[str, str], Any] = {}
         env = m.var_max()
@@ -71,13 +90,15 @@ class Runtime:
         for name, data in bound.items():
             if m.buffers[name].kind == "weight":
                 be.upload(be.view(self._raw(name), "u8"), data)
-        self.load_report = self._derive(bound)
+        self.load_report = run_derives(self, bound)
         for prog in m.programs.values():
             if prog.once:
                 for call in prog.calls:
                     self.run_call(call, env)
 
-        # states: paged arenas hold `pages` pages, lined arenas `slots` slots
+    def _allocate_states(self, pages: int, host_bytes: int, host_chunk: int | None) -> None:
+        """The state arenas: paged arenas hold `pages` pages, lined arenas `slots` slots; and the host tier."""
+        m, be = self.manifest, self.backend
         self.paged = [s for s in sorted(m.states.values(), key=lambda s: s.name) if s.paged]
         self.lined_states = [s for s in sorted(m.states.values(), key=lambda s: s.name) if s.lined]
         self.page_bytes = {s.name: self.unit * s.bytes_per_token for s in self.paged}
@@ -90,6 +111,9 @@ class Runtime:
         self.host_slot_bytes = sum(self.slot_bytes.values())
         self.host = be.host_zeros(host_bytes, host_chunk) if host_bytes else None
 
+    def _index_tables(self) -> None:
+        """The fills, the page and line tables, and the tables kept between steps (`Resident`)."""
+        m = self.manifest
         self.fills: dict[str, list[str]] = {}
         for b in m.buffers.values():
             if b.kind == "input" and b.fill:
@@ -109,56 +133,6 @@ class Runtime:
             self.resident = Resident(self.unit, self.page_tables, self.groups_max,
                                      {t.name: np.dtype(self.buffers[t.name].dtype) for t in self.page_tables})
         self._widths = {t.name: t.width for t in self.page_tables}
-        self._staged: dict[str, tuple] = {}  # program -> what its steps stage (`_staging`)
-        self._forwards: dict[str, Any] = {}  # program -> its Forward (looked up once)
-        self.pad: Cell | None = None
-        # graphs: (program, bucket) -> a captured graph, or None where capture failed (run plainly)
-        self.graphs = graphs
-        self._graphs: dict[tuple[str, int], Any] = {}
-        self._warm: set[tuple[str, int]] = set()
-        self.timing = StepTiming()
-        self.last_env: dict[str, int] = {}  # the vars of the last step (what a cut stage hands on is sized by them)
-
-    # -- load ------------------------------------------------------------------------------------
-
-    def _derive(self, bound: dict) -> dict:
-        """Run the derive programs in order, each source staged from its first reader to its last.
-
-        Returns the load's accounting: `derived_bytes` (the weights derive programs write),
-        `source_peak_bytes` (the widest set of sources live at once), `peak_bytes` (their sum)."""
-        m, be, env = self.manifest, self.backend, self.manifest.var_max()
-        derives = [p for p in m.programs.values() if p.derive]
-        readers: dict[str, list[int]] = {}
-        derived: set[str] = set()
-        for i, prog in enumerate(derives):
-            for call in prog.calls:
-                for a, prm in zip(call.args, m.ops[call.op].params):
-                    if a.kind != "buf":
-                        continue
-                    if prm.reads and m.buffers[a.value].kind == "source":
-                        readers.setdefault(a.value, []).append(i)
-                    if prm.writes and m.buffers[a.value].kind == "weight":
-                        derived.add(a.value)
-        live: dict[str, int] = {}
-        widest = 0
-        for i, prog in enumerate(derives):
-            for name, at in readers.items():
-                if at[0] == i:
-                    b = m.buffers[name]
-                    self.buffers[name] = be.view(be.zeros(b.nbytes(env)), b.dtype)
-                    be.upload(be.view(self.buffers[name], "u8"), bound[name])
-                    live[name] = b.nbytes(env)
-            widest = max(widest, sum(live.values()))
-            for call in prog.calls:
-                self.run_call(call, env)
-            for name, at in readers.items():
-                if at[-1] == i:
-                    be.synchronize()  # its last reader has run: free it
-                    be.forget(self.buffers[name])
-                    del self.buffers[name], live[name]
-        be.synchronize()
-        done = sum(m.buffers[n].nbytes(env) for n in derived)
-        return {"derived_bytes": done, "source_peak_bytes": widest, "peak_bytes": done + widest}
 
     # -- memory ----------------------------------------------------------------------------------
 
@@ -193,7 +167,7 @@ class Runtime:
         be = self.backend
         for s in self.paged:
             pb, arena = self.page_bytes[s.name], self.arenas[s.name]
-            for src, dst, n in _runs(copies.pages):
+            for src, dst, n in page_runs(copies.pages):
                 be.copy(arena, dst * pb, arena, src * pb, n * pb)
         if copies.slot is not None:
             src, dst = copies.slot
@@ -219,7 +193,7 @@ class Runtime:
         for s in self.paged:
             pb, arena = self.page_bytes[s.name], self.arenas[s.name]
             if len(self.paged) == 1:
-                for dev, h, n in _host_runs(pairs, hp):
+                for dev, h, n in host_runs(pairs, hp):
                     if to_host:
                         be.copy(host, h, arena, dev * pb, n * pb)
                     else:
@@ -304,6 +278,37 @@ class Runtime:
         if not cells:
             return []
         per = len(cells[0].ids)
+        padded, b, env = self._padded(program, fwd, cells, per)
+        self.last_env = env
+        pad_slot = self.pad.slot if self.pad is not None and self.pad.slot is not None else 0
+        t0 = time.perf_counter()
+        host, res, tables = self._stage(program, padded, per, pad_slot, fwd.rows is not None)
+        t1 = time.perf_counter()
+        be = self.backend
+        self._upload(host, res, tables, arrive)
+        t2 = time.perf_counter()
+        m0 = be.mark()
+        self._run_calls(program, b, lambda: [self.run_call(call, env) for call in prog.calls], prog.graph)
+        m1 = be.mark()
+        t3 = time.perf_counter()
+        for name in leave or ():
+            leave[name] = be.download(self.buffers[name], m.buffers[name].nbytes(env) // self.buffers[name].itemsize)
+        self._read_tokens(fwd, cells, b)
+        t4 = time.perf_counter()
+        decode = fwd.rows is not None
+        if fwd.emits or leave:  # the step waited for its kernels: theirs and every earlier step's time is known
+            kernel = be.elapsed_ms(m0, m1) / 1000.0
+            self.timing.settle(be)
+        else:  # nothing read back (a non-emitting prefill call): not waited for, its kernels timed later
+            kernel = 0.0
+            self.timing.unsettled.append((m0, m1, decode))
+        self.timing.add(decode, {"stage": t1 - t0, "upload": t2 - t1, "launch": t3 - t2, "readback": t4 - t3,
+                                 "kernel": kernel})
+        return [c.tokens for c in cells]
+
+    def _padded(self, program: str, fwd, cells: list[Cell], per: int) -> tuple[list[Cell], int, dict[str, int]]:
+        """(the cells padded to the call's size, that size, the call's vars): a chunk program's cells
+        as they are, a batched program's padded with the pad cell to a bucket."""
         n = len(cells)
         if fwd.rows is None:
             if n > fwd.groups:
@@ -326,19 +331,24 @@ class Runtime:
                 pad = Cell(self.pad.pages, self.pad.slot, [0] * per, 0)
                 padded += [pad] * (b - n)
             env = {self.rows_var: b * per, self.groups_var: b}
-        self.last_env = env
-        pad_slot = self.pad.slot if self.pad is not None and self.pad.slot is not None else 0
-        t0 = time.perf_counter()
+        return padded, b, env
+
+    def _stage(self, program: str, padded: list[Cell], per: int, pad_slot: int, uniform: bool):
+        """(host arrays to upload, the resident tables used or None, the page tables read): the step's
+        fills and tables staged on the host. `uniform`: a batched step (every cell feeds `per` rows)."""
         fills, tables, lines = self._staging(program)
         res = self.resident if tables else None
-        uniform = fwd.rows is not None  # a batched step: every cell feeds `per` rows (checked above)
         try:
             host = stage(padded, per, self.unit, fills, tables, lines, self.groups_max, pad_slot, res, uniform)
         except NoPages:  # a cell with no pages (no page-table row): staged whole, the rows rebuilt next time
             res.invalidate()
             res = None
             host = stage(padded, per, self.unit, fills, tables, lines, self.groups_max, pad_slot, uniform=uniform)
-        t1 = time.perf_counter()
+        return host, res, tables
+
+    def _upload(self, host: dict, res, tables: list, arrive: dict | None) -> None:
+        """Upload what was staged (a resident table: only its rows rewritten since), then what arrives
+        from the stage before (a pipeline stage's `arrive`)."""
         be = self.backend
         widths = self._widths if res is not None else {}
         for name, arr in host.items():
@@ -359,13 +369,10 @@ class Runtime:
             be.upload(buf, np.asarray(arr).reshape(-1).view(buf.dtype))
             if name in self._widths and self.resident is not None:
                 self.resident.invalidate()
-        t2 = time.perf_counter()
-        m0 = be.mark()
-        self._run_calls(program, b, lambda: [self.run_call(call, env) for call in prog.calls], prog.graph)
-        m1 = be.mark()
-        t3 = time.perf_counter()
-        for name in leave or ():
-            leave[name] = be.download(self.buffers[name], m.buffers[name].nbytes(env) // self.buffers[name].itemsize)
+
+    def _read_tokens(self, fwd, cells: list[Cell], b: int) -> None:
+        """Each cell's emitted tokens, read back into its `tokens` (none for a program that emits none)."""
+        be = self.backend
         if fwd.emits:
             k = fwd.width
             toks = be.download(self.buffers[fwd.emits], b * k)
@@ -383,16 +390,6 @@ class Runtime:
         else:
             for c in cells:
                 c.tokens = []
-        t4 = time.perf_counter()
-        decode = fwd.rows is not None
-        if fwd.emits or leave:  # the step waited for its kernels: theirs and every earlier step's time is known
-            kernel = be.elapsed_ms(m0, m1) / 1000.0
-            self.timing.settle(be)
-        else:  # nothing read back (a non-emitting prefill call): not waited for, its kernels timed later
-            kernel = 0.0
-            self.timing.unsettled.append((m0, m1, decode))
-        self.timing.add(decode, stage=t1 - t0, upload=t2 - t1, launch=t3 - t2, readback=t4 - t3, kernel=kernel)
-        return [c.tokens for c in cells]
 
     def _staging(self, program: str) -> tuple[dict[str, list[str]], list, list]:
         """The fills, page tables and line tables `program`'s calls read: a step stages and uploads
@@ -482,64 +479,3 @@ class Runtime:
                 grid *= expr.evaluate(g, env)
             with map_kernel_exceptions(call.op, launch.entry):
                 self.backend.launch(fn, grid, launch.block[0], args)
-
-
-@dataclass
-class StepTiming:
-    """Where a step's time goes, summed over steps (seconds): host staging of the fills, their
-    upload, issuing the launches (or a graph replay), the kernels themselves (device time between
-    two marks on the runtime's stream: CUDA events on a GPU), and the readback of the tokens."""
-
-    steps: int = 0
-    decode_steps: int = 0  # steps of constant-rows programs (decode, rounds), not prefill chunks
-    stage: float = 0.0
-    upload: float = 0.0
-    launch: float = 0.0
-    kernel: float = 0.0
-    readback: float = 0.0
-    decode_kernel: float = 0.0
-    unsettled: list = field(default_factory=list, repr=False)  # (start, end, decode) marks of steps not waited for
-
-    def settle(self, backend) -> None:
-        """Add the kernel time of the steps that were not waited for (a non-emitting prefill call
-        returns once its launches are issued: waiting only to time them cost every such call the
-        kernels' run and a synchronization); call once their work has finished."""
-        for start, end, decode in self.unsettled:
-            k = backend.elapsed_ms(start, end) / 1000.0
-            self.kernel += k
-            if decode:
-                self.decode_kernel += k
-        self.unsettled.clear()
-
-    def add(self, decode: bool, **spent: float) -> None:
-        self.steps += 1
-        for k, v in spent.items():
-            setattr(self, k, getattr(self, k) + v)
-        if decode:
-            self.decode_steps += 1
-            self.decode_kernel += spent["kernel"]
-
-    def as_dict(self) -> dict[str, float]:
-        return {f"rt_{f.name}": getattr(self, f.name) for f in fields(self) if f.name != "unsettled"}
-
-
-def _runs(pairs: Iterable[tuple[int, int]]) -> list[tuple[int, int, int]]:
-    """Fold consecutive (src, dst) page pairs into (src, dst, count) runs."""
-    out: list[list[int]] = []
-    for s, d in pairs:
-        if out and out[-1][0] + out[-1][2] == s and out[-1][1] + out[-1][2] == d:
-            out[-1][2] += 1
-        else:
-            out.append([s, d, 1])
-    return [tuple(r) for r in out]
-
-
-def _host_runs(pairs, host_page: int) -> list[tuple[int, int, int]]:
-    """Fold consecutive (device page, host offset) pairs into (page, offset, count) runs."""
-    out: list[list[int]] = []
-    for d, h in pairs:
-        if out and out[-1][0] + out[-1][2] == d and out[-1][1] + out[-1][2] * host_page == h:
-            out[-1][2] += 1
-        else:
-            out.append([d, h, 1])
-    return [tuple(r) for r in out]

@@ -75,6 +75,24 @@ def check_ids(ids: list[int], vocab_max: int = EOS) -> None:
         raise RequestError(f"token ids must be integers in 0..{vocab_max}; got {bad[:5]}")
 
 
+def _prefill(rt: Runtime, program: str, cell: Cell, fed: list[int], chunk: int, emits: bool,
+             on_step: Callable[[str, list[int]], None] | None) -> tuple[int, int | None]:
+    """Prefill `fed` in chunks of `chunk`; (the position after it, the last chunk's first emitted token
+    where the program `emits`, else None). `on_step`: called after the first chunk of an emitting one."""
+    pos = 0
+    first = None
+    while pos < len(fed):
+        n = min(chunk, len(fed) - pos)
+        c = Cell(cell.pages, cell.slot, fed[pos : pos + n], pos)
+        rt.step(program, [c])
+        if emits and on_step is not None and pos == 0:
+            on_step("chunk", list(c.tokens))
+        pos += n
+        if emits:
+            first = c.tokens[0]
+    return pos, first
+
+
 def generate(rt: Runtime, cell: Cell, ids: list[int], steps: int, rows: int, chunk: int | None = None,
              on_step: Callable[[str, list[int]], None] | None = None) -> Generation:
     """Greedy continuation of `ids` in `cell` (which holds room for it), stopping before EOS.
@@ -95,18 +113,7 @@ def generate(rt: Runtime, cell: Cell, ids: list[int], steps: int, rows: int, chu
         raise ProtocolError("the manifest has no prefill (chunk) program")
     gen = Generation([], pages=cell.pages, slot=cell.slot)
     emits = proto.prefill_emits
-    fed = ids if emits else ids[:-1]
-    pos = 0
-    first = None
-    while pos < len(fed):
-        n = min(chunk, len(fed) - pos)
-        c = Cell(cell.pages, cell.slot, fed[pos : pos + n], pos)
-        rt.step(pre.program, [c])
-        if emits and on_step is not None and pos == 0:
-            on_step("chunk", list(c.tokens))
-        pos += n
-        if emits:
-            first = c.tokens[0]
+    pos, first = _prefill(rt, pre.program, cell, ids if emits else ids[:-1], chunk, emits, on_step)
     out = gen.ids
     if emits:
         if first == EOS:

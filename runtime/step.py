@@ -45,6 +45,49 @@ class LineTable:
     per_slot: int  # lines per slot: bytes_per_seq / stride
 
 
+def _layout(cells: list[Cell], per: int, pos: np.ndarray, uniform: bool):
+    """(rows per cell, total rows, each cell's first row (and the end), each row's cell, each row's
+    position) of a step over `cells`."""
+    b = len(cells)
+    if uniform:
+        lens = np.full(b, per, np.int64)
+        total = b * per
+        starts = np.arange(0, total + 1, per, dtype=np.int64)
+        if per == 1:
+            cell_of_row, rows = np.arange(b, dtype=np.int64), pos
+        else:
+            cell_of_row = np.repeat(np.arange(b, dtype=np.int64), per)
+            rows = (pos[:, None] + np.arange(per, dtype=np.int64)).reshape(-1)
+    else:
+        lens = np.fromiter(map(len, map(_IDS, cells)), np.int64, b)
+        total = int(lens.sum())
+        starts = np.zeros(b + 1, np.int64)
+        np.cumsum(lens, out=starts[1:])
+        cell_of_row = np.repeat(np.arange(b, dtype=np.int64), lens)
+        rows = pos[cell_of_row] + (np.arange(total, dtype=np.int64) - starts[cell_of_row])
+    return lens, total, starts, cell_of_row, rows
+
+
+def _paged(cells: list[Cell], unit: int, fills: dict, page_tables: list, cell_of_row, rows, out: dict) -> None:
+    """The slot map and the page tables built whole from the cells' pages (no resident rows), into `out`."""
+    b = len(cells)
+    npages = np.fromiter((len(c.pages) for c in cells), np.int64, b)
+    first = np.zeros(b + 1, np.int64)
+    np.cumsum(npages, out=first[1:])
+    flat = np.fromiter(itertools.chain.from_iterable(c.pages for c in cells), np.int64, int(first[-1]))
+    if fills.get("slot"):
+        slots = flat[first[cell_of_row] + rows // unit] * unit + rows % unit
+        for name in fills["slot"]:
+            out[name] = slots
+    for t in page_tables:
+        # a cell's entries: each of its pages' `per_page` entries in order, then its first entry repeated
+        ent = (flat[:, None] * t.per_page + np.arange(t.per_page, dtype=np.int64)).reshape(-1)
+        n = np.minimum(npages * t.per_page, t.width)
+        j = np.arange(t.width, dtype=np.int64)
+        at = first[:-1, None] * t.per_page + np.where(j[None, :] < n[:, None], j[None, :], 0)
+        out[t.name] = ent[at].reshape(-1)
+
+
 def stage(
     cells: list[Cell],
     per: int,
@@ -71,22 +114,7 @@ def stage(
     batched step, as the runtime has checked): the rows' layout is then known without reading the cells."""
     b = len(cells)
     pos = np.fromiter(map(_POS, cells), np.int64, b)  # map over attrgetter: the loop runs in C
-    if uniform:
-        lens = np.full(b, per, np.int64)
-        total = b * per
-        starts = np.arange(0, total + 1, per, dtype=np.int64)
-        if per == 1:
-            cell_of_row, rows = np.arange(b, dtype=np.int64), pos
-        else:
-            cell_of_row = np.repeat(np.arange(b, dtype=np.int64), per)
-            rows = (pos[:, None] + np.arange(per, dtype=np.int64)).reshape(-1)
-    else:
-        lens = np.fromiter(map(len, map(_IDS, cells)), np.int64, b)
-        total = int(lens.sum())
-        starts = np.zeros(b + 1, np.int64)
-        np.cumsum(lens, out=starts[1:])
-        cell_of_row = np.repeat(np.arange(b, dtype=np.int64), lens)
-        rows = pos[cell_of_row] + (np.arange(total, dtype=np.int64) - starts[cell_of_row])
+    lens, total, starts, cell_of_row, rows = _layout(cells, per, pos, uniform)
     out: dict[str, np.ndarray] = {}
     for name in fills.get("token", []):
         out[name] = np.fromiter(itertools.chain.from_iterable(map(_IDS, cells)), np.int64, total)
@@ -105,21 +133,7 @@ def stage(
         for t in page_tables:
             out[t.name] = resident.host[t.name][: b * t.width]
     elif fills.get("slot") or page_tables:
-        npages = np.fromiter((len(c.pages) for c in cells), np.int64, b)
-        first = np.zeros(b + 1, np.int64)
-        np.cumsum(npages, out=first[1:])
-        flat = np.fromiter(itertools.chain.from_iterable(c.pages for c in cells), np.int64, int(first[-1]))
-        if fills.get("slot"):
-            slots = flat[first[cell_of_row] + rows // unit] * unit + rows % unit
-            for name in fills["slot"]:
-                out[name] = slots
-        for t in page_tables:
-            # a cell's entries: each of its pages' `per_page` entries in order, then its first entry repeated
-            ent = (flat[:, None] * t.per_page + np.arange(t.per_page, dtype=np.int64)).reshape(-1)
-            n = np.minimum(npages * t.per_page, t.width)
-            j = np.arange(t.width, dtype=np.int64)
-            at = first[:-1, None] * t.per_page + np.where(j[None, :] < n[:, None], j[None, :], 0)
-            out[t.name] = ent[at].reshape(-1)
+        _paged(cells, unit, fills, page_tables, cell_of_row, rows, out)
     for t in line_tables:
         slots = np.full(groups_max, pad_slot, np.int64)
         slots[:b] = [c.slot for c in cells]

@@ -23,13 +23,13 @@ from oracle.version import option as version_option
 from serve.guard import Limits
 from pool.fair import POLICIES, Rule
 from serve.exits import EXIT_BIND, EXIT_CODES, EXIT_CRASHED, EXIT_CUT_OFF, EXIT_START_FAILED, EXIT_USAGE  # noqa: F401 (importers read them here)
+from serve.flags import QUEUE_TIMEOUT_S, ServeFlags
 from serve.server import bind, run, start_scheduler
 
 __all__ = ["main", "serve_command"]
 
 _D = Limits()
 _R = Rule()
-QUEUE_TIMEOUT_S = 1800.0  # --queue-timeout's default: past a long request's life on a small machine (issue 41: 11 minutes)
 _FAULT_HELP = "; ".join(f"{k}: {v}" for k, v in FAULTS.items())
 _POSITIVE = click.FloatRange(min=0, min_open=True)
 
@@ -42,15 +42,13 @@ def fail(message: str, code: int = EXIT_USAGE) -> None:
 
 class OneLineErrors(click.Command):
     """A bad flag value is one line naming the flag and exit 2, not click's usage block (also when
-    the command runs under the `kern` group, which calls make_context)."""
+    the command runs under the `kern` group: every context parses its arguments here)."""
 
-    def make_context(self, info_name, args, parent=None, **extra):
+    def parse_args(self, ctx, args):
         try:
-            return super().make_context(info_name, args, parent=parent, **extra)
+            return super().parse_args(ctx, args)
         except click.UsageError as exc:
             fail(exc.format_message(), EXIT_USAGE)
-
-
 
 
 @click.command(cls=OneLineErrors, context_settings={"help_option_names": ["-h", "--help"]})
@@ -110,13 +108,7 @@ class OneLineErrors(click.Command):
 @click.option("--log-level", "log_level", default=None, type=click.Choice(["debug", "info", "warn", "error"]),
               help="Write log lines at this level or above (default: info, or the kern_serve level RUST_LOG names, as the Rust kern gate driver sets it; the gates read debug lines: e2e sets RUST_LOG=kern_serve=debug too).")
 @click.pass_context
-def serve_command(ctx, target, port, host, capacity, host_gib, max_seqs, chunk, rows, backend, device, reserve_gib,
-                  weights, api_key, served_model_name, config, stats_every, no_graphs, no_pack, stages, at, pp_listen, pp_head,
-                  pp_timeout, pp_bind, pp_parent, pp_share, faults, protect_stats, drain_timeout,
-                  max_connections, header_timeout, body_timeout, keep_alive, max_body_bytes, max_tokenize_tokens, log_level=None, sampling="refuse",
-                  host_chunk=None, stage_connect=None, metrics_prefix="kern", max_per_client=_D.max_per_client,
-                  pp_restart=True, frontend_process=None, http="auto", frontends=1, ceiling=None, allowed_hosts=None,
-                  stuck_after=_D.stuck_after, **admission) -> None:
+def serve_command(ctx, **given) -> None:
     """Serve TARGET (a config target name or a manifest path) over OpenAI-compatible HTTP.
 
     Every start-up error is one line on stderr, `kern serve: error: ...`, naming the flag or file.
@@ -134,62 +126,78 @@ def serve_command(ctx, target, port, host, capacity, host_gib, max_seqs, chunk, 
       101  the scheduler thread crashed (or, with --frontend-process, the
            engine core process was killed)
     """
-    from serve import logs
-    from serve.engine import Options
-    from serve.faults import Faults
+    flags = ServeFlags(**given)
+    from serve import hosted, logs
     from serve.startup import Phases
 
     phases = Phases()  # the ready line's start_s and its split
-    limits = _limits(max_connections, header_timeout, body_timeout, keep_alive, max_body_bytes, max_tokenize_tokens,
-                     drain_timeout, max_per_client, ceiling, stuck_after, keyless_stats=protect_stats and api_key is None)
-    http = _parser(http)  # before the load: a parser that is not installed fails in a second
-    from serve import hosted
-
-    logs.set_level(log_level or logs.level_from_env(hosted.getenv("RUST_LOG")) or "info")
-    if config is None and ctx.obj and isinstance(ctx.obj, dict):
-        config = ctx.obj.get("config")
-    opts = Options(capacity=capacity, host_gib=host_gib, max_seqs=max_seqs, chunk=chunk, rows=rows, backend=backend,
-                   device=device, reserve_gib=reserve_gib, weights=tuple(weights), config=config, faults=Faults(faults),
-                   graphs=not no_graphs, pack=not no_pack, host_chunk=host_chunk, **_admission(**admission))
+    limits = _limits(flags)
+    flags.http = _parser(flags.http)  # before the load: a parser that is not installed fails in a second
+    logs.set_level(flags.log_level or logs.level_from_env(hosted.getenv("RUST_LOG")) or "info")
+    if flags.config is None and ctx.obj and isinstance(ctx.obj, dict):
+        flags.config = ctx.obj.get("config")
+    opts = _options(flags)
     errors = _load_errors()
-    if host_chunk is not None and ((stages or 1) > 1 or pp_head or pp_listen):
+    if flags.host_chunk is not None and flags.pipelined:
         fail("--host-chunk-bytes is for single-process servers (not --stages, --pp-head or --pp-listen)")
-    if pp_timeout <= 0:
-        fail(f"--pp-timeout {pp_timeout} must be positive")
-    if pp_head is not None:
-        from serve.pipeline.stage import StageOptions, serve_stage
+    if flags.pp_timeout <= 0:
+        fail(f"--pp-timeout {flags.pp_timeout} must be positive")
+    if flags.pp_head is not None:
+        _serve_stage(flags, errors)
+    sock = _bind(flags)  # before the load: a taken port fails in a second, not after the model loaded
 
-        sopts = StageOptions(weights=tuple(weights), config=config, capacity=capacity, host_gib=host_gib,
-                             backend=backend, device=device, reserve_gib=reserve_gib,
-                             timeout=pp_timeout, bind=pp_bind, parent=pp_parent, share=pp_share,
-                             connect=stage_connect)
+    def load():
         try:
-            sys.exit(serve_stage(target, pp_head, sopts))
+            engine, head = _engine(flags, opts, phases)
         except errors as exc:
             fail(exc)
-    try:  # before the load: a taken port fails in a second, not after the model loaded
-        sock = bind(host, port)
+        if flags.served_model_name:
+            engine.model = flags.served_model_name
+        return engine, head
+
+    split = _frontends_split(flags.frontends, flags.frontend_process) or _split(flags.frontend_process, flags.backend)
+    engine, head, scheduler = _start(load, split, flags.stats_every, phases, sock, flags.frontends)
+    code = run(engine, flags, limits, sock, phases=phases, scheduler=scheduler)
+    if head is not None:
+        head.stop()
+    sys.exit(code)
+
+
+def _options(flags: ServeFlags):
+    """The engine's options (`serve.engine.Options`) the flags name."""
+    from serve.engine import Options
+    from serve.faults import Faults
+
+    return Options(capacity=flags.capacity, host_gib=flags.host_gib, max_seqs=flags.max_seqs, chunk=flags.chunk,
+                   rows=flags.rows, backend=flags.backend, device=flags.device, reserve_gib=flags.reserve_gib,
+                   weights=tuple(flags.weights), config=flags.config, faults=Faults(flags.faults),
+                   graphs=not flags.no_graphs, pack=not flags.no_pack, host_chunk=flags.host_chunk,
+                   admission=flags.rule(), queue_timeout=flags.queue_timeout or None)
+
+
+def _serve_stage(flags: ServeFlags, errors) -> None:
+    """--pp-head: serve as a pipeline stage (no HTTP), and exit with its code."""
+    from serve.pipeline.stage import StageOptions, serve_stage
+
+    sopts = StageOptions(weights=tuple(flags.weights), config=flags.config, capacity=flags.capacity,
+                         host_gib=flags.host_gib, backend=flags.backend, device=flags.device,
+                         reserve_gib=flags.reserve_gib, timeout=flags.pp_timeout, bind=flags.pp_bind,
+                         parent=flags.pp_parent, share=flags.pp_share, connect=flags.stage_connect)
+    try:
+        sys.exit(serve_stage(flags.target, flags.pp_head, sopts))
+    except errors as exc:
+        fail(exc)
+
+
+def _bind(flags: ServeFlags):
+    """The listening socket, bound; one line and exit 3 when it cannot be."""
+    host, port = flags.host, flags.port
+    try:
+        return bind(host, port)
     except OSError as exc:
         fail(f"cannot bind --host {host} --port {port}: {exc.strerror or exc}"
              + (" (the port is taken; pick another, or --port 0 for any free one)" if exc.errno == errno.EADDRINUSE else ""),
              EXIT_BIND)
-
-    def load():
-        try:
-            engine, head = _engine(target, opts, phases, stages, at, pp_listen, pp_timeout, stage_connect, pp_restart)
-        except errors as exc:
-            fail(exc)
-        if served_model_name:
-            engine.model = served_model_name
-        return engine, head
-
-    split = _frontends_split(frontends, frontend_process) or _split(frontend_process, backend)
-    engine, head, scheduler = _start(load, split, stats_every, phases, sock, frontends)
-    code = run(engine, host, port, api_key, stats_every, limits, protect_stats, sock, sampling=sampling, phases=phases,
-               metrics_prefix=metrics_prefix, scheduler=scheduler, http=http, allowed_hosts=allowed_hosts)
-    if head is not None:
-        head.stop()
-    sys.exit(code)
 
 
 def _frontends_split(frontends: int, frontend_process: bool | None) -> bool:
@@ -240,49 +248,40 @@ def _split(flag: bool | None, backend: str) -> bool:
     return (hosted.getenv("KERN_FRONTEND_PROCESS") or "").strip().lower() in ("1", "true", "yes", "on")
 
 
-def _engine(target, opts, phases, stages, at, pp_listen, pp_timeout, stage_connect, pp_restart):
+def _engine(flags: ServeFlags, opts, phases):
     """(engine, None) for one process, or (engine, head) for a pipeline's head and its stages."""
     from serve.engine import build
     from serve.pipeline.plan import pipeline_paths
 
-    plan = pipeline_paths(target, stages, at, opts.config, list(opts.weights) or None, bool(pp_listen))
+    plan = pipeline_paths(flags.target, flags.stages, flags.at, opts.config, list(opts.weights) or None,
+                          bool(flags.pp_listen))
     if plan is None:
-        return build(target, opts, phases), None
+        return build(flags.target, opts, phases), None
     from serve.pipeline.head import PipelineOptions, build_head
 
     paths, target_weights = plan
     if target_weights and not opts.weights:
         opts.weights = tuple(str(w) for w in target_weights)
-    engine, head = build_head(paths, opts, PipelineOptions(listen=pp_listen, timeout=pp_timeout,
-                                                          startup=stage_connect, restart=pp_restart))
+    engine, head = build_head(paths, opts, PipelineOptions(listen=flags.pp_listen, timeout=flags.pp_timeout,
+                                                          startup=flags.stage_connect, restart=flags.pp_restart))
     phases.mark("stages")  # the head's load and its stages' start
     return engine, head
 
 
-def _admission(admission: str = _R.name, page_share: float = _R.page_share, row_share: float = _R.row_share,
-               bypass: int = _R.bypass, queue_timeout: float = QUEUE_TIMEOUT_S) -> dict:
-    """The engine options of --admission, its shares and bound, and --queue-timeout (0: none)."""
-    return {"admission": Rule(admission, page_share, row_share, bypass), "queue_timeout": queue_timeout or None}
-
-
-def _limits(*values, keyless_stats: bool) -> Limits:
+def _limits(flags: ServeFlags) -> Limits:
     """The connection and body limits, checked (and the file descriptors they need); one line and exit 2
     for a value that cannot be served."""
     from serve.guard import fit_descriptors
 
-    limits = Limits(*values)
+    limits = flags.limits()
     try:
         limits.check()
-        if keyless_stats:
+        if flags.protect_stats and flags.api_key is None:
             raise ValueError("--protect-stats needs --api-key (the key it requires on /stats and /metrics)")
         fit_descriptors(limits)
     except ValueError as exc:
         fail(exc)
     return limits
-
-
-
-
 
 
 def _parser(http: str) -> str:

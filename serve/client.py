@@ -16,7 +16,10 @@ sent (`serve.frontend.RemoteEngine`) otherwise.
 from __future__ import annotations
 
 import enum
-from typing import Any, Callable, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Callable, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from serve.faults import Faults
 
 __all__ = ["Delivery", "EngineClient", "EngineView"]
 
@@ -60,7 +63,7 @@ class EngineClient(Protocol):
     def abort(self, req) -> None:
         """The client hung up (or the route gave up): end it, nothing more sent."""
 
-    async def ask(self, what: str) -> Any:
+    async def ask(self, what: str) -> dict:
         """A question of `serve.frontend_wire.QUESTIONS` (stats, snapshot, live, health), answered."""
 
     def measure(self, meter) -> None:
@@ -108,7 +111,7 @@ class EngineView(Protocol):
     backend: str
     max_seqs: int
     chunk: int
-    faults: Any  # `serve.faults.Faults`
+    faults: Faults
 
     def facts(self) -> dict:
         """The engine's facts (/stats' and /v1/models' `kern` object)."""

@@ -27,11 +27,16 @@ whose `broken` is not None is one; a call into it after a loss raises `StageLost
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, Protocol
+from typing import TYPE_CHECKING, Callable, Protocol
 
 from kern.errors import KernError
 from runtime.protocol import Protocol as Programs
 from runtime.step import Cell
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from runtime.runtime import StepTiming
 
 __all__ = ["Device", "Losable", "StageLost"]
 
@@ -42,14 +47,14 @@ class StageLost(KernError, RuntimeError):
 
 class Device(Protocol):
     protocol: Programs  # the manifest's programs as a serving loop drives them (what emits, chunk, forwards)
-    timing: Any  # where step time goes (`runtime.runtime.StepTiming`, with `as_dict()`), or None: kept nowhere
+    timing: StepTiming | None  # where step time goes (with `as_dict()`), or None: kept nowhere
     epoch: int  # bumped each time the device lost state (a pipeline stage); 0 for one that cannot
     broken: threading.Event | None  # set on a loss not taken yet; None: this device cannot lose state
     while_waiting: Callable[[], None] | None  # called while a step waits on something else (the scheduler's queries)
 
     def step(self, program: str, cells: list[Cell]) -> list[list[int]]: ...
 
-    def logits(self, groups: int) -> Any: ...
+    def logits(self, groups: int) -> np.ndarray | None: ...
 
     def copy(self, copies) -> None: ...
 
@@ -70,7 +75,8 @@ class Losable(Device, Protocol):
     """A `Device` that can lose state, and what the scheduler takes the loss with."""
 
     whole: threading.Event  # set while every part is up (cleared from a loss until its restart)
-    restarter: Any  # None: a loss cannot be restarted (the scheduler gives up)
+    restarter: Callable[[list], str | None] | None  # stages -> None, or why not; None: a loss cannot be
+    # restarted (the scheduler gives up)
     failed: str | None  # why a restart failed: the scheduler gives up
 
     def take_loss(self) -> dict[int | None, str]:

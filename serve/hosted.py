@@ -94,11 +94,11 @@ def inherit_context() -> None:
         return
     plain = threading.Thread.start
 
-    def start(self, *a, **kw):
+    def start(self):  # Thread.start takes nothing else
         ctx = contextvars.copy_context()
         run = self.run
         self.run = lambda: ctx.run(run)
-        return plain(self, *a, **kw)
+        return plain(self)
 
     start._kern_inherits = True
     threading.Thread.start = start

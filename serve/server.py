@@ -41,47 +41,62 @@ def bind(host: str, port: int):
     return sock
 
 
-def run(engine, host: str, port: int, api_key: str | None, stats_every: float = 5.0, limits: Limits = _D,
-        protect_stats: bool = False, sock=None, sampling: str = "refuse", phases=None, metrics_prefix: str = "kern",
-        scheduler=None, http: str = "auto", allowed_hosts: str | None = None) -> int:
-    """Serve until a signal; the exit code. `sock`: the listening socket (`bind`), else bound here.
-    `phases` (`serve.startup.Phases`): the start so far, whose split the ready line gives;
-    `metrics_prefix`: --metrics-prefix; `scheduler`: one already started (the engine core's process
-    stand-in, `serve.frontend.RemoteScheduler`), else one is started here; `http`: --http;
-    `allowed_hosts`: --allowed-hosts (`serve.hosts`)."""
-    import logging
-
+def run(engine, flags, limits: Limits = _D, sock=None, phases=None, scheduler=None) -> int:
+    """Serve until a signal; the exit code. `flags`: the command's `serve.flags.ServeFlags` (where it
+    listens, the api key, --sampling, --metrics-prefix, --http, --allowed-hosts, --stats-every);
+    `sock`: the listening socket (`bind`), else bound here; `phases` (`serve.startup.Phases`): the
+    start so far, whose split the ready line gives; `scheduler`: one already started (the engine
+    core's process stand-in, `serve.frontend.RemoteScheduler`), else one is started here."""
     import uvicorn
 
     from serve import guard, logs
-    from serve.app import make_app
-    from serve.hosts import Hosts
     from serve.startup import Phases
 
     phases = phases or Phases()
     phases.mark("imports")
     front_end_only = scheduler is not None  # --frontend-process: the engine core is another process
     if scheduler is None:
-        scheduler = start_scheduler(engine, stats_every, phases)
+        scheduler = start_scheduler(engine, flags.stats_every, phases)
 
     limit_log = logs.Limiter()
-    http = guard.parser(http)
+    http = guard.parser(flags.http)
     # a front end alone freezes its heap once it serves (the core's process froze its own after its warm-up)
-    Server = _server_type(uvicorn, engine, host, port, phases, limit_log, limits, scheduler, http, front_end_only)
-    app = make_app(scheduler, engine, api_key, limits, limit_log, protect_stats, sampling=sampling,
-                   metrics_prefix=metrics_prefix,
-                   hosts=Hosts(host, None if allowed_hosts is None else tuple(allowed_hosts.split(","))))
+    Server = _server_type(uvicorn, engine, flags.host, flags.port, phases, limit_log, limits, scheduler, http,
+                          front_end_only)
+    app = _app(engine, flags, limits, limit_log, scheduler)
     # past the drain's deadline every handler has its answer or its 503; the grace is for writing them
-    config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False, lifespan="off",
-                            http=guard.protocol(limits, limit_log, http), timeout_keep_alive=limits.keep_alive,
+    config = uvicorn.Config(app, host=flags.host, port=flags.port, log_level="warning", access_log=False,
+                            lifespan="off", http=guard.protocol(limits, limit_log, http),
+                            timeout_keep_alive=limits.keep_alive,
                             timeout_graceful_shutdown=limits.drain_timeout + GRACE_S)
+    server = Server(config)
+    if sock is None:
+        sock = bind(flags.host, flags.port)
+    _serve(server, sock, scheduler, limit_log)
+    died = scheduler.died
+    if not server.started or died:
+        scheduler.release()  # an engine core's process: its leader's directories
+        return died or EXIT_START_FAILED
+    return _stopped(engine, server, app, scheduler, limit_log)
+
+
+def _app(engine, flags, limits: Limits, limit_log, scheduler):
+    """The app (`serve.app.make_app`) over the scheduler, as the flags configure it."""
+    from serve.app import make_app
+    from serve.hosts import Hosts
+
+    allowed = None if flags.allowed_hosts is None else tuple(flags.allowed_hosts.split(","))
+    return make_app(scheduler, engine, flags.api_key, limits, limit_log, flags.protect_stats,
+                    sampling=flags.sampling, metrics_prefix=flags.metrics_prefix, hosts=Hosts(flags.host, allowed))
+
+
+def _serve(server, sock, scheduler, limit_log) -> None:
+    """Run the server on `sock` until it stops: uvicorn's and asyncio's error lines through the limiter,
+    the signals (or a warm host's stop message) turned into its drain."""
     filters = [(logging.getLogger(name), limit_log.logging_filter(name.replace(".error", "")))
                for name in ("uvicorn.error", "asyncio")]
     for logger, f in filters:
         logger.addFilter(f)
-    server = Server(config)
-    if sock is None:
-        sock = bind(host, port)
     from serve import hosted
 
     # a host's command: the host's signal message stops it as SIGTERM (SIGINT) would; SIGKILL, or a
@@ -96,10 +111,12 @@ def run(engine, host: str, port: int, api_key: str | None, stats_every: float = 
     finally:
         for logger, f in filters:
             logger.removeFilter(f)
-    died = scheduler.died
-    if not server.started or died:
-        scheduler.release()  # an engine core's process: its leader's directories
-        return died or EXIT_START_FAILED
+
+
+def _stopped(engine, server, app, scheduler, limit_log) -> int:
+    """After an orderly stop: the core stopped and joined, the `stopped` line; 75 when requests were cut off."""
+    from serve import logs
+
     scheduler.stop()
     scheduler.join(timeout=30)
     limit_log.flush()

@@ -276,3 +276,22 @@ def test_replay_agrees_with_a_running_server(kern_server, tmp_path):
     assert got["ended_early"] == 0
     bad = httpx.post(f"{server.url}/v1/completions", json={"prompt": [1, 2], "max_tokens": 2, "ignore_eos": "yes"})
     assert bad.status_code == 400 and "ignore_eos" in bad.json()["error"]["message"]
+
+
+def test_the_flags_object_holds_every_flag_with_its_default():
+    """`kern replay` builds one `ReplayFlags` from its keywords: a flag it lacks would be a TypeError,
+    a default that drifted from the flag's would replay a direct caller differently."""
+    import dataclasses
+
+    import click
+
+    from replay.cli import replay_command
+    from replay.flags import ReplayFlags
+
+    fields = {f.name: f for f in dataclasses.fields(ReplayFlags)}
+    params = {p.name: p for p in replay_command.params if p.expose_value}
+    assert set(params) == set(fields)
+    ctx = click.Context(replay_command)
+    for name, p in params.items():
+        if name != "trace":
+            assert fields[name].default == p.process_value(ctx, p.get_default(ctx, call=True)), name

@@ -41,3 +41,24 @@ def test_bad_flags_are_one_clear_line(args, needle):
     lines = [l for l in r.stderr.splitlines() if l.strip()]
     assert len(lines) == 1 and lines[0].startswith("kern serve: error:"), r.stderr
     assert needle in lines[0]
+
+
+def test_the_flags_object_holds_every_flag_with_its_default():
+    """`kern serve` builds one `ServeFlags` from its keywords: a flag it lacks would be a TypeError at
+    start, a default that drifted from the flag's would serve a direct caller differently."""
+    import dataclasses
+
+    import click
+
+    from serve.cli import serve_command
+    from serve.flags import ServeFlags
+
+    fields = {f.name: f for f in dataclasses.fields(ServeFlags)}
+    params = {p.name: p for p in serve_command.params if p.expose_value}
+    assert set(params) == set(fields)
+    ctx = click.Context(serve_command)
+    for name, p in params.items():
+        if p.name == "target":
+            continue
+        want = p.process_value(ctx, p.get_default(ctx, call=True))  # what the command is given
+        assert fields[name].default == want, name

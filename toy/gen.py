@@ -66,8 +66,25 @@ def _op(params: list[str], launch: dict) -> dict:
 
 def manifest(shape: Shape, block: int) -> dict:
     s = shape
-    geometry = [("i64", s.bytes_per_token), ("i32", s.page), ("i32", s.width)]
-    line = [("i64", LINE_BYTES)] if s.lined else []
+    buffers = _buffers(s)
+    ops = _ops(s, block)
+    programs = _programs(s)
+    states: dict = {"kv": {"bytes_per_token": s.bytes_per_token}}
+    if s.lined:
+        states["mem"] = {"bytes_per_seq": LINE_BYTES}
+    return {
+        "schema_version": 5,
+        "model": s.name,
+        "vars": {"tokens": {"max": s.tokens_max, "axis": "rows"}, "seqs": {"max": SEQS, "axis": "groups"}},
+        "states": states,
+        "buffers": buffers,
+        "modules": {"toy": {"impl": "toy.kernels", "block": block, "sha256": build_hash({"block": block})}},
+        "ops": ops,
+        "programs": programs,
+    }
+
+
+def _buffers(s: Shape) -> dict:
     buffers: dict = {
         "token_ids": {"dtype": "i64", "shape": ["tokens"], "kind": "input", "fill": "token", "domain": {"min": 0, "max": model.EOS}},
         "positions": {"dtype": "i64", "shape": ["tokens"], "kind": "input", "fill": "position", "domain": {"min": 0, "max": s.context - 1}},
@@ -82,7 +99,12 @@ def manifest(shape: Shape, block: int) -> dict:
         buffers["round_tokens"] = {"dtype": "i64", "shape": ["seqs", s.rows], "kind": "output", "fill": "tokens", "domain": {"min": 0, "max": model.EOS}}
         buffers["count"] = {"dtype": "i32", "shape": ["seqs"], "kind": "output", "fill": "count", "domain": {"min": 1, "max": s.rows}}
     buffers["salt"] = {"dtype": "i64", "shape": [model.WORDS], "kind": "weight", "bind": [{"tensor": "salt"}]}
+    return buffers
 
+
+def _ops(s: Shape, block: int) -> dict:
+    geometry = [("i64", s.bytes_per_token), ("i32", s.page), ("i32", s.width)]
+    line = [("i64", LINE_BYTES)] if s.lined else []
     i64, i32 = "in buffer<i64>", "in buffer<i32>"
     write = [i64, i64, i64, "inout state", i64]
     ops = {"write": _op(write, _launch("toy_write", block, "tokens", write, [("i64", s.bytes_per_token)]))}
@@ -98,7 +120,10 @@ def manifest(shape: Shape, block: int) -> dict:
         rnd = [i64, i64, i64, i32, "inout state"] + ([i32, "inout state"] if s.lined else []) + [i64, "out buffer<i64>", "out buffer<i32>"]
         entry = "toy_round_mem" if s.lined else "toy_round"
         ops["round"] = _op(rnd, _launch(entry, block, "seqs", rnd, geometry + [("i32", s.rows)] + line))
+    return ops
 
+
+def _programs(s: Shape) -> dict:
     b = lambda name: {"buf": name}  # noqa: E731
     st = lambda name: {"state": name}  # noqa: E731
     write_call = {"op": "write", "args": [b("token_ids"), b("positions"), b("slot_mapping"), st("kv"), b("salt")]}
@@ -120,20 +145,7 @@ def manifest(shape: Shape, block: int) -> dict:
         args += [b("mem.line"), st("mem")] if s.lined else []
         args += [b("salt"), b("round_tokens"), b("count")]
         programs["round"] = {"batch": {"groups": SEQS, "rows": s.rows}, "graph": True, "calls": [{"op": "round", "args": args}]}
-
-    states: dict = {"kv": {"bytes_per_token": s.bytes_per_token}}
-    if s.lined:
-        states["mem"] = {"bytes_per_seq": LINE_BYTES}
-    return {
-        "schema_version": 5,
-        "model": s.name,
-        "vars": {"tokens": {"max": s.tokens_max, "axis": "rows"}, "seqs": {"max": SEQS, "axis": "groups"}},
-        "states": states,
-        "buffers": buffers,
-        "modules": {"toy": {"impl": "toy.kernels", "block": block, "sha256": build_hash({"block": block})}},
-        "ops": ops,
-        "programs": programs,
-    }
+    return programs
 
 
 def salt() -> np.ndarray:

@@ -218,15 +218,16 @@ def _await(watch: HeadWatch, kind: str, want: set[int], timeout: float, procs, n
     while set(got) != want:
         for k, p in procs:
             if p.poll() is not None:
-                die("pp stage lost", stage=k, reason=f"exited with {p.returncode} before it was {kind}")
+                die("pp stage lost", {"stage": k, "reason": f"exited with {p.returncode} before it was {kind}"})
         now = time.monotonic()
         left = deadline - now
         missing = sorted(want - set(got))
         if left <= 0:
             names = ", ".join(f"{k}/{n}" for k in missing)
-            die("pp stage lost", stages=",".join(map(str, missing)),
-                reason=f"stage{'s' if len(missing) > 1 else ''} {names} did not {doing} within {timeout:g} s "
-                       "(--stage-connect-timeout)", stage_connect_timeout=timeout)
+            die("pp stage lost", {"stages": ",".join(map(str, missing)),
+                                  "reason": f"stage{'s' if len(missing) > 1 else ''} {names} did not {doing} within "
+                                            f"{timeout:g} s (--stage-connect-timeout)",
+                                  "stage_connect_timeout": timeout})
         if now >= say:
             for k in missing:
                 logs.event("pp waiting", stage=k, stages=n, left_s=round(left),
@@ -237,7 +238,7 @@ def _await(watch: HeadWatch, kind: str, want: set[int], timeout: float, procs, n
         except queue.Empty:
             continue
         if msg.kind != kind:
-            die("pp protocol error", reason=f"expected {kind}, got {msg.kind!r}")
+            die("pp protocol error", {"reason": f"expected {kind}, got {msg.kind!r}"})
         k = int(msg.head["stage"])
         got[k] = msg
         logs.event(f"pp stage {_DONE.get(kind, kind)}", stage=k, stages=n)
@@ -259,9 +260,9 @@ def _host_tier(pages: int, page_bytes: int):
 
 def build_head(paths: list[Path], opts, pp: PipelineOptions):
     """The engine for stage 0 with a Pipeline as its runtime, and the Head that stops the stages."""
-    from manifests import derive, load
+    from manifests import derive
     from manifests.config import resolve
-    from pool import Geometry, Lease, Pool, Prefix, chunk_size, chunks_for
+    from pool import Geometry, Prefix
     from runtime.backends import make_backend
     from runtime.protocol import Protocol
     from runtime.runtime import Runtime
@@ -270,13 +271,7 @@ def build_head(paths: list[Path], opts, pp: PipelineOptions):
 
     if opts.device is not None and opts.backend != "cpu":
         os.environ.setdefault("CUDA_VISIBLE_DEVICES", str(opts.device).split(",")[0])
-    manifests = [load(p) for p in paths]
-    empty = [k for k, m in enumerate(manifests) if not m.raw.get("states")]
-    if empty:
-        from serve.pipeline.plan import PlanError
-
-        raise PlanError(f"stage(s) {','.join(map(str, empty))} of {paths[0].parent} hold no state (a stage needs "
-                        "pages to share the head's); cut so that every stage holds a layer")
+    manifests = _stage_manifests(paths)
     m0, last = manifests[0], manifests[-1]
     cid, _, n = cut_of(m0)
     target = resolve(str(paths[0]), opts.config, list(opts.weights) or None)
@@ -294,23 +289,8 @@ def build_head(paths: list[Path], opts, pp: PipelineOptions):
 
     head, procs, hellos = _start_stages(paths, opts, pp, target.weights, cid, n)
     ctx, watch, startup = head.ctx, head.watch, startup_s(pp)
-    fewest = min([capacity // unit] + [int(h.head["pages"]) for h in hellos.values()])
-    capacity = fewest * unit
-    if fewest < 2:
-        raise EngineError(f"the fewest pages any stage holds is {fewest}: under two pages (the pad takes one)")
-    host_pages = min([int(opts.host_gib * GIB) // hpb0] + [int(h.head["host_pages"]) for h in hellos.values()])
-    chunk_bytes = chunk_size(geometry)
-    pool = Pool(geometry, chunk_bytes, chunks_for(geometry, capacity, 0, chunk_bytes), 0, tokens=capacity)
-    host = _host_tier(host_pages, hpb0) if host_pages > 0 else None  # counted in pages: each stage maps its bytes
-    pad = pool.lease_pad()
-    if not isinstance(pad, Lease):
-        raise EngineError(f"the pool cannot lease the pad ({pad!r}); raise --capacity")
-    table = {"pages": pool.pages_max, "slots": 0, "pad_page": pad.pages[0], "pad_slot": None, "max_seqs": max_seqs,
-             "host_pages": host_pages}
-    sends = [arriving(manifests[k + 1]) if k + 1 < n else [] for k in range(n)]
-    for k in range(1, n):
-        down = hellos[k + 1].head["up"] if k + 1 < n else None
-        watch.post(f"s{k}".encode(), Message("table", {**table, "down": down, "send": sends[k]}))
+    fewest, host_pages, pool, host, pad = _shared_pool(hellos, capacity, unit, geometry, opts.host_gib * GIB, hpb0)
+    table, sends = _send_tables(watch, manifests, hellos, pool, pad, max_seqs, host_pages, n)
     local = Runtime(m0, list(target.weights), pages=pool.pages_max, slots=0, backend=backend, max_seqs=max_seqs,
                     host_bytes=host_pages * hpb0, graphs=opts.graphs)
     local.set_pad(pad.pages[0], None)
@@ -332,11 +312,63 @@ def build_head(paths: list[Path], opts, pp: PipelineOptions):
         model=m0.model, manifest_path=str(paths[0]), runtime=runtime, pool=pool, pad=pad, host=host,
         prefix=Prefix(unit), rows=rows, chunk=chunk, max_seqs=max_seqs, lined=False, unit=unit, reach=reach,
         backend=backend.name, host_bytes=host_pages * hpb0, seq_slots=pool.slots, faults=opts.faults,
-        # packed prefill as one process packs it, when every stage's chunk program takes cu_seqlens
-        pack=opts.pack and all(Protocol(m).packs for m in manifests), context=_context(manifests),
+        pack=_packs(opts, manifests), context=_context(manifests),
         admission=opts.admission, queue_timeout=opts.queue_timeout,
     )
     return engine, head
+
+
+def _send_tables(watch, manifests: list, hellos: dict, pool, pad, max_seqs: int, host_pages: int, n: int):
+    """(table, sends): the shared table (pages, pad, sizes) posted to every stage past the head, each
+    with the address of the stage after it and what it sends on; `sends[k]`: stage k's outputs."""
+    table = {"pages": pool.pages_max, "slots": 0, "pad_page": pad.pages[0], "pad_slot": None, "max_seqs": max_seqs,
+             "host_pages": host_pages}
+    sends = [arriving(manifests[k + 1]) if k + 1 < n else [] for k in range(n)]
+    for k in range(1, n):
+        down = hellos[k + 1].head["up"] if k + 1 < n else None
+        watch.post(f"s{k}".encode(), Message("table", {**table, "down": down, "send": sends[k]}))
+    return table, sends
+
+
+def _packs(opts, manifests) -> bool:
+    """Packed prefill as one process packs it, when every stage's chunk program takes cu_seqlens."""
+    from runtime.protocol import Protocol
+
+    return opts.pack and all(Protocol(m).packs for m in manifests)
+
+
+def _shared_pool(hellos: dict, capacity: int, unit: int, geometry, host_bytes: float, hpb0: int):
+    """(fewest pages, host pages, pool, host tier, pad): the pages every stage holds (the fewest any
+    stage said), the host pages every stage maps, and the head's pool over them with its pad leased."""
+    from pool import Lease, Pool, chunk_size, chunks_for
+    from serve.engine import EngineError
+
+    fewest = min([capacity // unit] + [int(h.head["pages"]) for h in hellos.values()])
+    capacity = fewest * unit
+    if fewest < 2:
+        raise EngineError(f"the fewest pages any stage holds is {fewest}: under two pages (the pad takes one)")
+    host_pages = min([int(host_bytes) // hpb0] + [int(h.head["host_pages"]) for h in hellos.values()])
+    chunk_bytes = chunk_size(geometry)
+    pool = Pool(geometry, chunk_bytes, chunks_for(geometry, capacity, 0, chunk_bytes), 0, tokens=capacity)
+    host = _host_tier(host_pages, hpb0) if host_pages > 0 else None  # counted in pages: each stage maps its bytes
+    pad = pool.lease_pad()
+    if not isinstance(pad, Lease):
+        raise EngineError(f"the pool cannot lease the pad ({pad!r}); raise --capacity")
+    return fewest, host_pages, pool, host, pad
+
+
+def _stage_manifests(paths: list[Path]) -> list:
+    """Every stage's manifest, loaded; a PlanError naming the stages that hold no state."""
+    from manifests import load
+
+    manifests = [load(p) for p in paths]
+    empty = [k for k, m in enumerate(manifests) if not m.raw.get("states")]
+    if empty:
+        from serve.pipeline.plan import PlanError
+
+        raise PlanError(f"stage(s) {','.join(map(str, empty))} of {paths[0].parent} hold no state (a stage needs "
+                        "pages to share the head's); cut so that every stage holds a layer")
+    return manifests
 
 
 def _start_stages(paths: list[Path], opts, pp: PipelineOptions, weights, cid: str, n: int):
@@ -358,8 +390,8 @@ def _start_stages(paths: list[Path], opts, pp: PipelineOptions, weights, cid: st
     hellos = _await(watch, "hello", set(range(1, n)), startup_s(pp), procs, n)
     for k, h in hellos.items():
         if h.head["cut"] != cid or int(h.head["stages"]) != n:
-            die("pp stage refused", stage=k, reason=f"cut {h.head['cut']} of {h.head['stages']} stages, the head "
-                f"serves cut {cid} of {n}", code=EXIT_PIPELINE)
+            die("pp stage refused", {"stage": k, "reason": f"cut {h.head['cut']} of {h.head['stages']} stages, the head "
+                f"serves cut {cid} of {n}"}, code=EXIT_PIPELINE)
     return head, procs, hellos
 
 

@@ -42,8 +42,8 @@ def hb_identity(stage: int) -> bytes:
     return f"s{stage}.hb".encode()
 
 
-def die(event: str, code: int = EXIT_PIPELINE, **fields) -> None:
-    """Log one clear line and end the process now (threads and sockets included)."""
+def die(event: str, fields: dict, code: int = EXIT_PIPELINE) -> None:
+    """Log one clear line (`event` with its `fields`) and end the process now (threads and sockets included)."""
     logs.event(event, "ERROR", **fields)
     sys.stderr.flush()
     os._exit(code)
@@ -59,7 +59,7 @@ def die_with_parent(parent: int | None) -> None:
     except (OSError, AttributeError):
         pass  # not Linux: StageWatch's parent check still ends us
     if os.getppid() != parent:
-        die("pp head gone", reason="parent exited before the stage started", parent=parent)
+        die("pp head gone", {"reason": "parent exited before the stage started", "parent": parent})
 
 
 class HeadWatch(threading.Thread):
@@ -111,9 +111,9 @@ class HeadWatch(threading.Thread):
     def stop(self) -> None:
         self._stop.set()
 
-    def _lose(self, k: int | None, event: str, **fields) -> None:
+    def _lose(self, k: int | None, event: str, fields: dict) -> None:
         if self.on_lost is None:
-            die(event, stage=k, **fields)
+            die(event, {"stage": k, **fields})
         if k is not None and k in self.lost:
             return
         if k is not None:
@@ -139,12 +139,12 @@ class HeadWatch(threading.Thread):
                         self._send(hb_identity(k), Message("hb"))
             for k, p in list(self.procs.items()):
                 if k not in self.lost and p.poll() is not None:
-                    self._lose(k, "pp stage lost", reason=f"its process exited with {p.returncode}")
+                    self._lose(k, "pp stage lost", {"reason": f"its process exited with {p.returncode}"})
             for k, t in list(self.seen.items()):
                 if hb_identity(k) in self.known and k not in self.lost and now - t > self.timeout:
                     # startup has its own deadline
-                    self._lose(k, "pp stage lost", reason="no heartbeat", silent_s=round(now - t, 1),
-                               pp_timeout=self.timeout)
+                    self._lose(k, "pp stage lost", {"reason": "no heartbeat", "silent_s": round(now - t, 1),
+                                                        "pp_timeout": self.timeout})
 
     def _stage_of(self, sender: bytes | None) -> int | None:
         try:
@@ -159,7 +159,7 @@ class HeadWatch(threading.Thread):
                 self.seen[k] = now
             self.known.add(msg.sender)
         if msg.kind == "error":
-            self._lose(k, "pp stage failed", error=msg.head.get("error", "?"))
+            self._lose(k, "pp stage failed", {"error": msg.head.get("error", "?")})
         elif msg.kind in ("hello", "ready"):
             self.control.put(msg)
         elif msg.kind != "hb":
@@ -175,7 +175,7 @@ class HeadWatch(threading.Thread):
             # ROUTER_MANDATORY: the peer's connection is gone (EHOSTUNREACH) or stuck (EAGAIN)
             if k in self.lost:
                 return
-            self._lose(k, "pp stage lost", reason=f"its connection closed ({exc.strerror})")
+            self._lose(k, "pp stage lost", {"reason": f"its connection closed ({exc.strerror})"})
 
 
 class StageWatch(threading.Thread):
@@ -210,7 +210,7 @@ class StageWatch(threading.Thread):
                 if ev == zmq.EVENT_CONNECTED:
                     connected = True
                 elif ev == zmq.EVENT_DISCONNECTED and connected:
-                    die("pp head gone", stage=self.stage, reason="its connection closed")
+                    die("pp head gone", {"stage": self.stage, "reason": "its connection closed"})
             if self.wire.sock in ready:
                 msg = self.wire.recv(0)
                 seen = now
@@ -224,7 +224,7 @@ class StageWatch(threading.Thread):
                 except zmq.ZMQError:
                     pass  # the silence check below decides
             if now - seen > self.timeout:
-                die("pp head gone", stage=self.stage, reason="no heartbeat", silent_s=round(now - seen, 1),
-                    pp_timeout=self.timeout)
+                die("pp head gone", {"stage": self.stage, "reason": "no heartbeat", "silent_s": round(now - seen, 1),
+                                     "pp_timeout": self.timeout})
             if self.parent is not None and os.getppid() != self.parent:
-                die("pp head gone", stage=self.stage, reason="parent exited", parent=self.parent)
+                die("pp head gone", {"stage": self.stage, "reason": "parent exited", "parent": self.parent})

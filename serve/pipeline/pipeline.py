@@ -111,7 +111,7 @@ class Pipeline:
 
     def die(self, reason: str, answered: int) -> None:
         """Give up (`Losable.die`): log and end the process with the pipeline's exit code."""
-        die("pp stage lost", reason=reason, answered=answered)
+        die("pp stage lost", {"reason": reason, "answered": answered})
 
     def begin_restart(self, stages) -> None:
         """Restart `stages` (None in it: all of them) on the restart thread; `whole` is set when all

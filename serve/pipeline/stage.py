@@ -95,7 +95,7 @@ def serve_stage(what: str, head: str, opts: StageOptions) -> int:
             time.sleep(0.2)
         except zmq.ZMQError:
             pass
-        die("pp stage failed", code=1, stage=k, error=msg)
+        die("pp stage failed", {"stage": k, "error": msg}, code=1)
         return 1
 
 
@@ -160,9 +160,9 @@ def _run(m, target, k, stages, cut, ctx, ctl, up, watch, opts, backend, geometry
 def _expect(ctl: ZmqWire, kind: str, timeout: float, k: int) -> Message:
     msg = ctl.recv(timeout)
     if msg is None:
-        die("pp head gone", stage=k, reason=f"no {kind} within {timeout} s")
+        die("pp head gone", {"stage": k, "reason": f"no {kind} within {timeout} s"})
     if msg.kind == "refuse":
-        die("pp stage refused", code=EXIT_PIPELINE, stage=k, reason=msg.head.get("reason", "?"))
+        die("pp stage refused", {"stage": k, "reason": msg.head.get("reason", "?")}, code=EXIT_PIPELINE)
     if msg.kind != kind:
         raise ValueError(f"stage {k} expected {kind!r} from the head, got {msg.kind!r}")
     return msg
