@@ -100,13 +100,14 @@ def _params(node) -> int:
 
 
 def _flags_command(node) -> bool:
-    """A click command whose first statement builds its flags object from its keywords at once."""
+    """A click command whose first statement builds its flags object from its keywords at once (one
+    `**` of them, beside keywords it takes from the click context, such as `kern run`'s config)."""
     decorated = any("command" in ast.unparse(d) for d in node.decorator_list)
     body = [s for s in node.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
     first = body[0] if body else None
     value = getattr(first, "value", None)
-    builds = (isinstance(value, ast.Call) and not value.args and len(value.keywords) == 1
-              and value.keywords[0].arg is None)
+    builds = (isinstance(value, ast.Call) and not value.args
+              and sum(k.arg is None for k in value.keywords) == 1)
     return decorated and builds
 
 
