@@ -24,8 +24,8 @@ def start(target: str, flags: list[str] | tuple[str, ...], log: Path, timeout: f
     200: warm). A server that exits or does not start in `timeout` seconds ends the bench with its log's tail."""
     cmd = [*own_kern(), "serve", target, "--port", "0", *flags]
     try:
-        s = launch(target, cmd, log, spawner=Processes.project(env, cwd=REPO), env={}, header=False, health=True,
-                   load_timeout=timeout, term_timeout=30.0)
+        s = launch(Session(target, cmd, 0, log, spawner=Processes.project(env, cwd=REPO), env={}, header=False,
+                           health=True, load_timeout=timeout, term_timeout=30.0))
     except ServerError as exc:
         raise SystemExit(f"server `{' '.join(cmd)}` did not start: {exc}\n{log.read_text()[-2000:]}") from None
     return s, s.url

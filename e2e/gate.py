@@ -362,7 +362,7 @@ class Run:
         assert self.live is not None and self.live.session.name == name, f"{name=} not open"
         return self.live
 
-    def answer(self, prompt: str | list[int], max_tokens: int | None = None, **kw) -> Answer:
+    def answer(self, prompt: str | list[int], max_tokens: int | None = None, timeout: float | None = None) -> Answer:
         live = self.need_any()
         m = max_tokens or self.m
         ids = list(prompt.encode()) if isinstance(prompt, str) else list(prompt)
@@ -371,7 +371,7 @@ class Run:
         elif callable(getattr(self.oracle, "prefetch", None)):
             self.oracle.prefetch(ids, m, self.rows)
         try:
-            a = live.client.complete(prompt, m, **kw)
+            a = live.client.complete(prompt, m, timeout=timeout)
         except Rejected as exc:
             if live.policy is not None and exc.status == 400:
                 live.policy.rejected(list(prompt.encode()) if isinstance(prompt, str) else list(prompt))

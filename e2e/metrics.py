@@ -170,6 +170,23 @@ START_ZERO = ("prompt_tokens_total", "generation_tokens_total", "request_success
               "prefix_cache_hits_total", "e2e_request_latency_seconds_count")
 
 
+def _against_stats(end: dict, counters: dict[str, Any]) -> list[str]:
+    """The end scrape's counters, hits and hits by tier against /stats' counters."""
+    problems = []
+    for name, value in counters.items():
+        v = get(end, f"{name}_total")
+        if v is None or v != value:
+            problems.append(f"{name}_total {'missing' if v is None else f'{v:g}'} (/stats {value})")
+    hits = get(end, "prefix_cache_hits_total")
+    if counters and hits is not None and hits != counters.get("prefix_hit_tokens"):
+        problems.append(f"prefix_cache_hits_total {hits:g} (/stats prefix_hit_tokens {counters.get('prefix_hit_tokens')})")
+    for tier, name in (("device", "resident_hit_tokens"), ("host", "host_hit_tokens")):
+        v = get(end, "prefix_cache_hits_by_tier_total", tier=tier)
+        if counters and name in counters and v != counters[name]:
+            problems.append(f"prefix_cache_hits_by_tier_total{{tier={tier}}} {v} (/stats {name} {counters[name]})")
+    return problems
+
+
 def verdict(start: dict, end: dict, sent: list[Sent], stats: dict[str, Any] | None,
             policy: dict[str, int] | None, idle: bool = True) -> tuple[bool, str]:
     """(ok, note): the end scrape against the ledger, /stats and the policy; the start scrape at zero.
@@ -201,17 +218,7 @@ def verdict(start: dict, end: dict, sent: list[Sent], stats: dict[str, Any] | No
     if None in (itl, gen, ttft) or itl != gen - ttft:
         problems.append(f"inter_token_latency_seconds_count {itl} != generation_tokens {gen} - first tokens {ttft}")
     counters = (stats or {}).get("counters") or {}
-    for name, value in counters.items():
-        v = get(end, f"{name}_total")
-        if v is None or v != value:
-            problems.append(f"{name}_total {'missing' if v is None else f'{v:g}'} (/stats {value})")
-    hits = get(end, "prefix_cache_hits_total")
-    if counters and hits is not None and hits != counters.get("prefix_hit_tokens"):
-        problems.append(f"prefix_cache_hits_total {hits:g} (/stats prefix_hit_tokens {counters.get('prefix_hit_tokens')})")
-    for tier, name in (("device", "resident_hit_tokens"), ("host", "host_hit_tokens")):
-        v = get(end, "prefix_cache_hits_by_tier_total", tier=tier)
-        if counters and name in counters and v != counters[name]:
-            problems.append(f"prefix_cache_hits_by_tier_total{{tier={tier}}} {v} (/stats {name} {counters[name]})")
+    problems += _against_stats(end, counters)
     for name, value in (policy or {}).items():
         v = get(end, f"{name}_total")
         if v is None or v != value:

@@ -42,15 +42,15 @@ def oracles_for(t: GateTarget, reference: Path | None, out: Path, backend: str, 
 def make_run(target: str, backend: str, out: Path, seed: int = 0, max_tokens: int = 64,
              echo: Callable[[str], None] = print, opts: Options | None = None,
              reference: Path | None = PACKAGED_MODEL, config: str | None = None, engine: Engine | None = None,
-             **given) -> Run:
+             capacity: int | None = None, load_timeout: float | None = None) -> Run:
     """A `Run` of one target outside a gate (a case's replay): its oracles, no checks filter; servers
     from `opts`' spawners when given, else fresh processes; `engine` the engine under test (None: the one
-    in `opts`, else this checkout's kern); `given` more `Options` (capacity, load_timeout; None: default)."""
+    in `opts`, else this checkout's kern); `capacity` and `load_timeout` the gate's `Options` (None: default)."""
     cfg, chosen = load_targets(config, [target])
     t = chosen[0]
     if t.skipped:
         raise ConfigError(f"target {target}: {t.skipped}")
-    more = {k: v for k, v in given.items() if v is not None}
+    more = {k: v for k, v in (('capacity', capacity), ('load_timeout', load_timeout)) if v is not None}
     o = dataclasses.replace(opts, out=out, seed=seed, **more) if opts is not None else Options(
         cfg.resolve(), out, max_tokens, backend, seed=seed, **more)
     if engine is not None:

@@ -381,9 +381,8 @@ def server_command(kern: list[str] | None, config: Path, target: str, port: int,
     return [*base, "--config", str(config), "serve", target, "--port", str(port), *flags]
 
 
-def launch(name: str, cmd: list[str], log_path: str | Path, **kw) -> Session:
-    """A started, ready `Session` (its arguments: `Session`'s); stopped again if it never got ready."""
-    s = Session(name, cmd, 0 if "port" not in kw else kw.pop("port"), log_path, **kw)
+def launch(s: Session) -> Session:
+    """`s` started and ready; stopped again if it never got ready."""
     try:
         s.start()
     except BaseException:

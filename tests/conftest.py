@@ -142,15 +142,15 @@ def _gates_borrow_the_workers_zygote(monkeypatch):
 def start_server(target: str, *flags: str, log_path: Path, backend: str = BACKEND, timeout: float = 120.0) -> ServerProcess:
     """`kern serve TARGET --port 0` of this checkout, ready once its `serving` line names the port and
     /health answers 200; started the gate's way (`e2e.session.launch`), by this worker's zygote or fresh."""
-    from e2e.session import ServerError, launch
+    from e2e.session import ServerError, Session, launch
     from e2e.spawn import Processes, own_kern
 
     # debug: tests read the debug lines (` admitted `, ` finished `); a test's own --log-level comes later and wins
     cmd = [*own_kern(), "serve", target, "--backend", backend, "--port", "0", "--log-level", "debug", *flags]
     spawner = ZYGOTES.get(backend) or Processes.project(cwd=REPO)
     try:
-        s = launch(log_path.stem, cmd, log_path, spawner=spawner, health=True, env={}, header=False,
-                   load_timeout=timeout)
+        s = launch(Session(log_path.stem, cmd, 0, log_path, spawner=spawner, health=True, env={}, header=False,
+                           load_timeout=timeout))
     except ServerError as exc:
         raise RuntimeError(f"{exc}\n{log_path.read_text(errors='replace')[-3000:]}") from None
     return ServerProcess(s)

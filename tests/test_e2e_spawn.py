@@ -66,6 +66,7 @@ def test_a_command_past_its_timeout_is_killed_with_its_group(tmp_path):
 
 def test_launch_stops_a_server_that_never_gets_ready(tmp_path):
     with pytest.raises(ServerError, match="not ready after 1s"):
-        launch("never", [sys.executable, "-c", CHILD], tmp_path / "never.log", load_timeout=1.0, term_timeout=2.0)
+        launch(Session("never", [sys.executable, "-c", CHILD], 0, tmp_path / "never.log", load_timeout=1.0,
+                       term_timeout=2.0))
     child = _child_pid(tmp_path / "never.log")
     assert gone([child], 5), "a server that never got ready was left running"

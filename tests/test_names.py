@@ -141,7 +141,7 @@ def test_one_eos_outside_the_toy():
 
 def test_the_toys_copies_of_eos_are_kerns():
     copies = toy_copies()
-    assert "toy/arith.py:EOS" in copies and "toy/kernels/cpu.py:EOS" in copies
+    assert "toy/model.py:EOS" in copies and "toy/kernels/cpu.py:EOS" in copies
     assert {k: v for k, v in copies.items() if v != TOKEN_NAMES[k.rpartition(":")[2]]} == {}
 
 

@@ -117,3 +117,19 @@ def test_lined_and_paged_answers_differ():
 
 def test_accept_pct_bounds():
     assert model.ACCEPT_PCT == (40, 60)
+
+
+def test_the_reference_loads_by_path_with_no_toy_package_importable(tmp_path):
+    """Any gate driver loads toy/model.py by path (the Rust kern's tools/e2e/e2e.py with nothing of this
+    project on its path): the file stands alone. A split into a shared `toy/arith.py` broke that once."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    file = Path(__file__).resolve().parent.parent / "toy" / "model.py"
+    code = ("import importlib.util, sys; spec = importlib.util.spec_from_file_location('ref', sys.argv[1]); "
+            "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m); print(m.EOS, m.mark(1, 2, 3))")
+    got = subprocess.run([sys.executable, "-I", "-c", code, str(file)], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=60)
+    assert got.returncode == 0, got.stderr[-2000:]
+    assert got.stdout.split() == [str(model.EOS), str(model.mark(1, 2, 3))]

@@ -1,9 +1,9 @@
 """The toy model's reference arithmetic (SPEC §2, normative).
 
 `generate(ids, max_tokens, manifest)` is the exact oracle every e2e scenario is gated against.
-It computes only heads and carries (never tails), so it stays cheap. `e2e --reference path/to/model.py`
-loads this file by path; the integer arithmetic every family shares is `toy/arith.py` (imported from
-the `toy` package, re-exported here under the same names).
+It computes only heads and carries (never tails), so it stays cheap.  Self-contained on purpose:
+`e2e --reference path/to/model.py` loads this file by path, and so does any other gate driver (the Rust
+kern's `tools/e2e/e2e.py` runs with no `toy` package on its path).
 
 The toy families, told apart by the manifest's states alone:
 - **layered** (`toy-layers`): states named `kv.0`, `kv.1`, ... (one paged state per layer; their
@@ -18,10 +18,53 @@ The toy families, told apart by the manifest's states alone:
 import itertools
 from functools import lru_cache
 
-from toy.arith import (  # noqa: F401 (the reference's public names: model.EOS, model.mark, ...)
-    EOS, EOS_EVERY, MASK, POISON, SALT, VOCAB_BYTES, WORDS, fold, mark, next_of, rotl, slot_sum, splitmix)
-
+MASK = (1 << 64) - 1
+WORDS = 64
+EOS = 256
+EOS_EVERY = 96
+VOCAB_BYTES = 256
+POISON = 0xBAD0BAD0BAD0BAD0
 ACCEPT_PCT = (40, 60)
+
+
+def splitmix(x: int) -> int:
+    x = (x + 0x9E3779B97F4A7C15) & MASK
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & MASK
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & MASK
+    return x ^ (x >> 31)
+
+
+SALT = tuple(splitmix(0x7071 + i) >> 1 for i in range(WORDS))
+
+
+def mark(t: int, p: int, w: int) -> int:
+    return splitmix(
+        ((t * 0x100000001B3) & MASK)
+        ^ ((p * 0x9E3779B1) & MASK)
+        ^ ((w * 0xC2B2AE35) & MASK)
+        ^ SALT[w & 63]
+    )
+
+
+def rotl(x: int, k: int) -> int:
+    k &= 63
+    if k == 0:
+        return x
+    return ((x << k) | (x >> (64 - k))) & MASK
+
+
+def fold(c: int, t: int, p: int) -> int:
+    return rotl(c, 7) ^ mark(t, p, 0)
+
+
+def next_of(s: int) -> int:
+    return EOS if (s >> 56) % EOS_EVERY == 0 else s % VOCAB_BYTES
+
+
+@lru_cache(maxsize=1 << 20)  # a pure function of (t, p); a gate asks the same slots again and again
+def slot_sum(t: int, p: int) -> int:
+    """The head words of the slot (t, p), rotated by p and summed."""
+    return sum(rotl(mark(t, p, w), p) for w in range(WORDS)) & MASK
 
 
 def is_lined(manifest: dict) -> bool:

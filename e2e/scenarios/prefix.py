@@ -128,7 +128,14 @@ def run(r) -> None:
     for ids in prompts:
         serial("restored", ids)
     after = _preemptions(live.client)
+    _verdict(r, phases, hits, errors, [len(ids) + len(a.fed) for ids, a in zip(second, turn2)],
+             None if after is None else after - (before or 0))
 
+
+def _verdict(r, phases: dict[str, Same], hits: dict[str, list[int]], errors: list[str], returning: list[int],
+             preempted: float | None) -> None:
+    """`prefix_cold_warm_restored`: every phase's answers, and (an engine that tells its hits) a warm
+    hit at least, and what the flood evicted of the `returning` sequences' lengths."""
     ok = all(s.ok for s in phases.values()) and not errors
     parts = [f"{k} {s}" + (f" (hits {sum(c > 0 for c in hits[k])}, {sum(hits[k])} tokens cached)"
                            if r.opts.engine.has("cached-tokens") else "")
@@ -140,9 +147,9 @@ def run(r) -> None:
         ok = False
         note += f"; no {warm} request was served from the cache: the prefix cache was never exercised"
     if r.opts.engine.has("cached-tokens"):
-        note += "; " + _evicted(r, hits, [len(ids) + len(a.fed) for ids, a in zip(second, turn2)])
-    if after is not None:
-        note += f"; preemptions {after - (before or 0):.0f} (the engine's /metrics)"
+        note += "; " + _evicted(r, hits, returning)
+    if preempted is not None:
+        note += f"; preemptions {preempted:.0f} (the engine's /metrics)"
     if errors:
         note += "; " + "; ".join(errors[:5])
     r.checks.add("prefix_cold_warm_restored", ok, note, sum(s.excused for s in phases.values()),
