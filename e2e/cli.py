@@ -27,6 +27,7 @@ from e2e.running import running_engine
 from e2e.vllm_preset import missing as vllm_missing
 from verdicts.gate import EXIT_NOTHING_RAN
 from e2e.driver import SESSIONS, _names, _skipped, engine_of, gate_all
+from e2e.flags import GateFlags
 from e2e.gate import Options
 from e2e.shrinking import replay_case, shrink_failures
 from e2e.spawners import GPU_HOSTS, WORKER_CORES, close_spawners, no_gpu, start_spawners
@@ -60,38 +61,6 @@ def _greedy(argv: list[str]) -> list[str]:
                 i += 1
             out.append(",".join(words))
     return out
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -160,80 +129,86 @@ def _greedy(argv: list[str]) -> list[str]:
 @click.option("--explore", "explore_n", type=click.IntRange(min=1), default=None,
               help="Gate N fresh random seeds, each its own run under OUT/seed-S, of the generated sessions' "
                    "checks (or --scenarios); prints each seed and the command that replays a failing one.")
-def cli(config, targets, scenarios, reference, no_reference, out, max_tokens, backend, port, capacity,
-        server_flags, kern, load_timeout, jobs, zygote, at_once, junit_path, hosts=None,
-        reference_worker=None, seed=0, explore_n=None, shrink_=False, replay_path=None, engine_cmd=None,
-        capabilities=None, engine_url=None) -> None:
+def cli(**given) -> None:
     """Gate every target of a config through the server, token-exact against an oracle.
 
     Our own kern by default; another kern with --kern; any serving engine that meets
     docs/engine-contract.md with --engine."""
+    f = GateFlags(**given)
     t0 = time.monotonic()
-    if replay_path is not None:  # the case names its engine; --engine and --capabilities stand in for its
-        sys.exit(replay_case(replay_path, backend, Path(out), engine_cmd, capabilities))
-    if engine_url is not None:
-        engine, targets = running_engine(engine_url, engine_cmd, kern, capabilities, config, targets,
-                                         server_flags, shrink_)
-        at_once = False  # one engine, one cache: a session's hits must not be another's evictions
+    if f.replay_path is not None:  # the case names its engine; --engine and --capabilities stand in for its
+        sys.exit(replay_case(f.replay_path, f.backend, Path(f.out), f.engine_cmd, f.capabilities))
+    if f.engine_url is not None:
+        engine, targets = running_engine(f.engine_url, f.engine_cmd, f.kern, f.capabilities, f.config, f.targets,
+                                         f.server_flags, f.shrink_)
+        f = dataclasses.replace(f, targets=targets, at_once=False)  # one engine, one cache: a session's hits
+        # must not be another's evictions
+        config = f.config
     else:
-        config, engine = _engine_option(engine_cmd, capabilities, kern, config)
+        config, engine = _engine_option(f.engine_cmd, f.capabilities, f.kern, f.config)
     try:
-        shlex.split(server_flags)
+        shlex.split(f.server_flags)
     except ValueError as exc:
-        raise click.UsageError(f"--server-flags {server_flags!r}: {exc}") from None
-    wanted = set(_names(scenarios)) or None
-    if explore_n is not None and wanted is None:
-        wanted = set(SEEDED)
-    unknown = sorted((wanted or set()) - set(CHECKS))
-    if unknown:
-        raise click.UsageError(f"unknown scenario(s) {', '.join(unknown)} (checks: {', '.join(CHECKS)})")
+        raise click.UsageError(f"--server-flags {f.server_flags!r}: {exc}") from None
+    wanted = _wanted(f)
     try:
-        cfg, chosen = load_targets(config, _names(targets) or _engine_default(config, engine))
+        cfg, chosen = load_targets(config, _names(f.targets) or _engine_default(config, engine))
         for t in chosen:
             if t.engine is not None and engine is None:
                 Engine.foreign(t.engine, t.capabilities)  # a bad declaration is a usage error, before anything starts
     except (ConfigError, EngineError) as exc:
         raise click.UsageError(str(exc)) from None
-    ref = None if no_reference else Path(reference)
+    ref = None if f.no_reference else Path(f.reference)
     if ref is not None:
         try:
             Reference(ref, {})
         except ReferenceError as exc:
             raise click.UsageError(str(exc)) from None
     progress = Progress(suppress=lambda: STARTED.closed).start()  # a stopped gate's lanes print no FAIL lines
-    opts = Options(cfg.resolve(), Path(out), max_tokens, backend, port, server_flags, capacity, load_timeout,
-                   shlex.split(kern) if kern else None, at_once=at_once,
-                   reference_worker=(os.cpu_count() or 1) >= WORKER_CORES if reference_worker is None else reference_worker,
-                   started=t0, seed=seed, engine=engine, progress=progress)
+    workers = f.reference_worker
+    opts = Options(cfg.resolve(), Path(f.out), f.max_tokens, f.backend, f.port, f.server_flags, f.capacity,
+                   f.load_timeout, shlex.split(f.kern) if f.kern else None, at_once=f.at_once,
+                   reference_worker=(os.cpu_count() or 1) >= WORKER_CORES if workers is None else workers,
+                   started=t0, seed=f.seed, engine=engine, progress=progress)
     names = [t.name for t in chosen]
-    under = (engine.shown if engine else kern if kern else "the config's, per target"
+    under = (engine.shown if engine else f.kern if f.kern else "the config's, per target"
              if any(t.engine for t in chosen) else "kern (this checkout)")
     opts.say(f"e2e: {len(chosen)} target(s) ({', '.join(names[:6])}{', ...' if len(names) > 6 else ''}) from {cfg}; "
-             f"backend {backend}; engine: {under}; results under {out}")
+             f"backend {f.backend}; engine: {under}; results under {f.out}")
     try:
-        _gate(cfg, chosen, opts, ref, wanted, backend, zygote, hosts, jobs, junit_path, explore_n, targets, shrink_,
-              max_tokens, t0)
+        _gate(cfg, chosen, opts, ref, wanted, f, t0)
     finally:
         progress.stop()
 
 
-def _gate(cfg, chosen, opts, ref, wanted, backend, zygote, hosts, jobs, junit_path, explore_n, targets, shrink_,
-          max_tokens, t0) -> None:
+def _wanted(f: GateFlags) -> set[str] | None:
+    """The checks asked for (None: all), `--explore`'s by default; an unknown one is a usage error."""
+    wanted = set(_names(f.scenarios)) or None
+    if f.explore_n is not None and wanted is None:
+        wanted = set(SEEDED)
+    unknown = sorted((wanted or set()) - set(CHECKS))
+    if unknown:
+        raise click.UsageError(f"unknown scenario(s) {', '.join(unknown)} (checks: {', '.join(CHECKS)})")
+    return wanted
+
+
+def _gate(cfg, chosen, opts: Options, ref: Path | None, wanted: set[str] | None, f: GateFlags, t0: float) -> None:
     """The gate itself, once its options are made: spawners, targets, the summary; exits with its code."""
+    backend, jobs, explore_n, max_tokens, junit_path = f.backend, f.jobs, f.explore_n, f.max_tokens, f.junit_path
     why = None
     with concurrent.futures.ThreadPoolExecutor(1) as ex:
         # --backend gpu: is there one? Asked (cupy's import, the driver's start: about 1 s on an H200)
         # while the hosts warm, which fail on their own without one and are then closed unheard
         check = ex.submit(no_gpu) if backend == "gpu" else None
         if opts.kern is None and not all(engine_of(t, opts).external for t in chosen if not t.skipped):
-            start_spawners(opts, cfg, chosen, backend, zygote, hosts, check)
+            start_spawners(opts, cfg, chosen, backend, f.zygote, f.hosts, check)
         why = check.result() if check is not None else None
     if why is not None:
         close_spawners(opts)
         reports = [_skipped(t, why, opts.say) for t in chosen]
     elif explore_n is not None:
         try:
-            code = explore(chosen, opts, ref, wanted, jobs or max(1, os.cpu_count() or 1), explore_n, targets)
+            code = explore(chosen, opts, ref, wanted, jobs or max(1, os.cpu_count() or 1), explore_n, f.targets)
         except BaseException:
             stop_all()
             raise
@@ -243,7 +218,7 @@ def _gate(cfg, chosen, opts, ref, wanted, backend, zygote, hosts, jobs, junit_pa
     else:
         try:
             reports = gate_all(chosen, opts, ref, wanted, jobs or max(1, os.cpu_count() or 1))
-            if shrink_:
+            if f.shrink_:
                 cases = shrink_failures(reports, opts, opts.say)
                 for r in reports:
                     if r["target"] in cases:
@@ -336,10 +311,6 @@ def _engine_option(engine_cmd: str | None, capabilities: str | None, kern: str |
         return config, Engine.foreign(engine_cmd, _names((capabilities,)) if capabilities is not None else None)
     except EngineError as exc:
         raise click.UsageError(str(exc)) from None
-
-
-
-
 
 
 def _own_cpu() -> float:

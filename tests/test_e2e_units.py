@@ -407,3 +407,20 @@ def test_a_gate_picked_port_taken_before_the_server_bound_it_is_picked_again():
     with pytest.raises(PortTaken):
         Run.open(run, "tight", [])
     assert len(calls) == 1
+
+
+def test_every_e2e_flag_is_a_gate_flags_field_with_its_default():
+    """`e2e`'s click command builds one `GateFlags` from what it parsed: each option is a field, and the
+    field's default is the option's (a flag added to one and not the other, or a default changed in one,
+    fails here)."""
+    import dataclasses
+
+    from e2e.cli import cli
+    from e2e.flags import GateFlags
+
+    fields = {f.name: f.default for f in dataclasses.fields(GateFlags)}
+    options = {p.name: p for p in cli.params if p.name not in ("help", "version")}
+    assert set(options) == set(fields)
+    for name, p in options.items():
+        default = (tuple(p.default) if isinstance(p.default, (list, tuple)) else ()) if p.multiple else p.default
+        assert default == fields[name], name
