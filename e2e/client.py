@@ -46,6 +46,15 @@ def hung_up(rid: str, prompt: int, first: dict[str, Any] | None) -> Sent:
                 tuple(f for f in fields if f not in k), str(k.get("request_id") or rid))
 
 
+def _chunk(line: bytes) -> dict[str, Any]:
+    """A ``data:`` line's JSON object ({} for ``[DONE]`` or anything else that is not one)."""
+    try:
+        got = json.loads(line[5:])
+    except ValueError:
+        return {}
+    return got if isinstance(got, dict) else {}
+
+
 def never_sent(exc: BaseException) -> bool:
     """Did this transport error happen before the server could have read the request?"""
     if isinstance(exc, httpx.WriteError):
@@ -299,10 +308,13 @@ class Client:
         server has none."""
         return self.watch._live()
 
-    def hang_up(self, prompt: str, chunks: int = 3, max_tokens: int = 4096, timeout: float = 120.0,
-                ignore_eos: bool = False) -> tuple[str, int]:
-        """Stream a completion, read `chunks` ``data:`` lines, close the socket; its id and the lines read.
-        `ignore_eos` asks the answer to run all `max_tokens` (so it is still running when the socket closes)."""
+    def hang_up(self, prompt: str | list[int], chunks: int = 3, max_tokens: int = 4096, timeout: float = 120.0,
+                ignore_eos: bool = False, until: threading.Event | None = None,
+                ids: list[int] | None = None) -> tuple[str, int]:
+        """Stream a completion, read `chunks` ``data:`` lines (or, given `until`, read on until it is
+        set or the stream ends), close the socket; its id and the lines read. `ignore_eos` asks the
+        answer to run all `max_tokens` (so it is still running when the socket closes); `ids` collects
+        the token ids of the chunks read."""
         rid = self._take_id()
         with self._lock:
             self.script.append({"kind": "hang_up", "prompt": prompt, "chunks": chunks, "max_tokens": max_tokens,
@@ -310,6 +322,8 @@ class Client:
         fields = {"model": self.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True}
         if ignore_eos:
             fields["ignore_eos"] = True
+        if ids is not None:
+            fields["return_token_ids"] = True
         body = json.dumps(fields).encode()
         head = (f"POST /v1/completions HTTP/1.1\r\nHost: {self.session.host}:{self.session.port}\r\n"
                 f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n")
@@ -318,24 +332,24 @@ class Client:
             with socket.create_connection((self.session.host, self.session.port), timeout=timeout) as s:
                 s.sendall(head.encode() + body)
                 f = s.makefile("rb")
-                while got < chunks:
+                while (got < chunks) if until is None else not until.is_set():
                     line = f.readline()
                     if not line:
                         break
                     if line.startswith(b"data:"):
                         got += 1
+                        chunk = _chunk(line)
                         if first is None:
-                            try:
-                                first = json.loads(line[5:])
-                            except ValueError:
-                                first = {}
+                            first = chunk
+                        if ids is not None:
+                            ids += ((chunk.get("choices") or [{}])[0]).get("token_ids") or []
                 f.close()
                 try:
                     s.shutdown(socket.SHUT_RDWR)
                 except OSError:
                     pass
         finally:
-            self.ledger.add(hung_up(rid, len(prompt.encode()), first))
+            self.ledger.add(hung_up(rid, len(prompt.encode()) if isinstance(prompt, str) else len(prompt), first))
         return rid, got
 
     def run_all(self, calls: list[tuple[str | list[int], int]]) -> list[Answer | BaseException]:

@@ -167,7 +167,7 @@ class Core:
         req.move(Status.ABORTED)
         self.counters.add("aborted")
         logs.event("finished", "DEBUG", request=req.id, reason="abort", prompt=len(req.ids),
-                   generated=len(req.out), elapsed_s=time.monotonic() - req.t_arrive)
+                   generated=len(req.out), elapsed_s=time.monotonic() - req.t_arrive, step=self.counters["steps"])
         self._send(req, Update([], Done(None, req.cached, req.tier, error=error)))
 
     def lose_state(self, error=None) -> int:

@@ -6,52 +6,73 @@ or the LRU evicts a sequence still being extended ahead of one untouched since. 
 never shows it: nothing is stamped between a sequence's checkpoints. So, on a small pool (`_pages`)
 with no host tier:
 
-1. two long streamed requests, A and C (``ignore_eos``, `LONG_TOKENS` tokens each), run together, so
-   their checkpoints interleave (each one's growth follows the other's insert);
-2. while both run, a short request B is answered (its entry inserted, then never touched again);
-3. A and C run on, each at least a page further (the server's own ``finished`` lines give the step
-   each request ended at: A's and C's must come more than a page of steps after B's, else the order
-   is reported, not judged);
-4. then, idle, one request D whose reservation is one page more than the pool has free (its
+1. two long streamed requests, A and C (``ignore_eos``, rooms of `LONG_TOKENS` tokens each), run
+   together, so their checkpoints interleave (each one's growth follows the other's insert);
+2. once both run (``/stats/live``), a short request B is answered (its entry inserted, then never
+   touched again);
+3. A and C run on more than two pages of the server's steps past B, then the gate hangs up on them
+   (the server aborts them; their grown entries stay cached). The server's ``admitted`` and
+   ``finished`` lines (each with the step it ended at) must show both admitted before B ended and
+   ending more than a page of steps after it, else the order is reported, not judged. As the gate
+   ends them itself, nothing races its client's speed;
+4. then, idle, prompt-only fillers take the free pages down to what one request can reserve (a
+   sequence's reach), and one request D reserves one page more than the pool has free (its
    ``/stats``): exactly one entry must go, the least recently used, which is B's;
 5. B's sequence (prompt and answer) is sent again: `recency_after_growth` holds its ``cached_tokens``
    to 0. A B still cached means A's or C's entry, stamped at its first insert and grown since, was
    taken instead (mutant `grown-entry-keeps-its-recency`: SGLang's radix cache / vLLM's block pool,
    a prefix extended in place that keeps its old last-access time).
 
-Every answer is held to the reference (A and C past EOS, as ``ignore_eos`` serves them). Judged on a
+Every answer is held to the reference (of A and C, hung up on, the tokens before their first EOS:
+the rest would cost the reference a run per EOS over thousands of tokens). Judged on a
 server with ``/stats`` and ``/stats/live`` and its debug lines (this project's kern); a lined target
 (its snapshots are not grown) and a pipeline do not run it.
 """
 
 from __future__ import annotations
 
+import random
 import threading
 import time
 
 from e2e.log import kv
-from e2e.scenarios.params import eos_of
 from verdicts import Same
-from verdicts.params import continuation
 
 __all__ = ["flags", "run"]
 
-LONG_TOKENS = 2048  # A's and C's rooms, about (whole pages): some 2,000 steps, so B comes in the middle even
-# when the gate's client is slow to react (at 36 pages, 557 steps, a whole gate's load on 16 cores let A end first)
 B_TOKENS = 4
-WAIT_S = 60.0  # for A and C to be seen running
+WAIT_S = 60.0  # for A and C to be seen running, and for the server's steps past B
 
 
-def _pages(page: int) -> tuple[int, int]:
-    """(A's and C's room each, the session's pool) in pages: the pool holds both, B, the pad and a
-    quarter more, the free part D's reservation reaches past by one page."""
-    long = -(-LONG_TOKENS // page)
+def _pages(page: int, reach: int) -> tuple[int, int]:
+    """(A's and C's room each, the session's pool) in pages: each room is a sequence's whole reach
+    (they run until the gate hangs up on them, so however slowly the gate's client moves, B comes while
+    they run: beside a second suite it once reacted after 2,000 steps, when rooms of 2,048 tokens had
+    ended); the pool holds both, B, the pad and a quarter more."""
+    long = reach // page
     return long, 2 * long + long // 2 + 4
 
 
 def flags(r) -> list[str]:
     """A small pool (`_pages`) with no host tier: an entry evicted is gone, not parked."""
-    return ["--capacity", str(_pages(r.page)[1] * r.page), "--host-gib", "0", "--max-seqs", "4"]
+    reach = int(r.facts["default"].get("reach") or 8192)
+    return ["--capacity", str(_pages(r.page, reach)[1] * r.page), "--host-gib", "0", "--max-seqs", "4"]
+
+
+def _fill(r, live, same: Same, facts: dict, rows: int) -> int:
+    """Prompt-only requests (one token each, their prompts' whole pages cached, newer than A, B and C)
+    until what is free fits one request's reach with a page to spare; the pages free then."""
+    page, reach = int(facts["page"]), int(facts["reach"]) // int(facts["page"])
+    rng = random.Random(f"recency-{r.opts.seed}")
+    k = 0
+    while True:
+        free = int(facts["pages"]) - int(((live.client.stats() or {}).get("gauges") or {}).get("pages_used", 0))
+        if free + 1 <= reach - 1 or k >= 8:
+            return free
+        ids = [rng.randrange(256) for _ in range(min(free - 2, reach - 2) * page)]
+        a = live.client.complete(ids, 1)
+        same.add(f"filler {k + 1} ({len(ids)} tokens)", ids, a.ids, r.oracle.run(ids, 1, rows))
+        k += 1
 
 
 def _prompt(name: str, pages: int, page: int) -> list[int]:
@@ -62,49 +83,46 @@ def _prompt(name: str, pages: int, page: int) -> list[int]:
     return (head + [(i * 37 + ord(name)) % 256 for i in range(n)])[:n]
 
 
-def _running(live, n: int, over) -> bool:
-    """/stats/live shows `n` requests running within WAIT_S; False at once when `over()`."""
+def _live_until(live, ok, over=lambda: False) -> bool:
+    """/stats/live read every 5 ms until `ok(it)` (True), `over()` or WAIT_S (False)."""
     deadline = time.monotonic() + WAIT_S
     while time.monotonic() < deadline and not over():
         d = live.client.live() or {}
-        if d.get("running") == n:
+        if ok(d):
             return True
         time.sleep(0.005)
     return False
 
 
-def _ended_at(log, ids: list[str]) -> dict[str, int]:
-    """Each named request's step count when it finished (its server's `finished` line)."""
-    out: dict[str, int] = {}
+def _lines(log, ids: list[str]) -> tuple[list[tuple[str, str]], dict[str, int]]:
+    """The named requests' `admitted` and `finished` lines in the server's order, and the step count
+    each finished at."""
+    order, ended = [], {}
     for line in log.text().splitlines():
-        if " finished " in line:
-            d = kv(line)
-            if d.get("request") in ids and "step" in d:
-                out[d["request"]] = int(d["step"])
-    return out
+        tag = next((t for t in (" admitted ", " finished ") if t in line), None)
+        if tag is None:
+            continue
+        d = kv(line)
+        q = d.get("request")
+        if q in ids:
+            order.append((tag.strip(), q))
+            if tag == " finished " and "step" in d:
+                ended[q] = int(d["step"])
+    return order, ended
 
 
-def _stream(live, ids: list[int], m: int, out: list, i: int) -> None:
-    body = {"model": live.client.model, "prompt": ids, "max_tokens": m, "ignore_eos": True, "stream": True,
-            "return_token_ids": True}
-    try:
-        out[i] = live.client.request(body)[0]
-    except BaseException as exc:  # reported with the check
-        out[i] = exc
+def _longs(live, ids: list[list[int]], m: int, stop: threading.Event) -> tuple[list, list[threading.Thread]]:
+    """A and C streamed (`ignore_eos`, `m` tokens) on threads that read until `stop`, then hang up:
+    per request [token ids read, its id or None]."""
+    got: list = [[[], None] for _ in ids]
 
+    def one(i: int) -> None:
+        got[i][1] = live.client.hang_up(ids[i], max_tokens=m, ignore_eos=True, until=stop, ids=got[i][0])[0]
 
-def _long(r, same: Same, problems: list[str], name: str, ids: list[int], m: int, data, rows: int) -> str | None:
-    """Judge a long stream; its request id."""
-    if isinstance(data, BaseException):
-        problems.append(f"{name}: {type(data).__name__}: {data}")
-        return None
-    chunks = data.get("chunks") or []
-    got = [t for c in chunks for t in (c["choices"][0].get("token_ids") or [])]
-    if len(got) != m or not data.get("done"):
-        problems.append(f"{name}: {len(got)} tokens of {m}, [DONE] {data.get('done')}")
-    elif not r.target.floats:  # past a float target's EOS its near-ties are not judged (as params_ids)
-        same.add(name, ids, got, continuation(r.oracle, rows, ids, m, eos_of(r), True))
-    return str((data.get("kern") or {}).get("request_id") or "") or None
+    threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(len(ids))]
+    for t in threads:
+        t.start()
+    return got, threads
 
 
 def run(r) -> None:
@@ -117,25 +135,33 @@ def run(r) -> None:
     page, rows = int(facts["page"]), int(facts.get("rows", r.target.widest))
     same, problems = Same(r.oracle, rows), []
     a_ids, c_ids, b_ids, d_ids = (_prompt(n, k, page) for n, k in (("A", 1), ("C", 1), ("B", 2), ("D", 1)))
-    long, _ = _pages(page)
-    m = long * page - len(a_ids) - rows + 1  # A's and C's room: exactly `long` pages
-    got: list = [None, None]
-    threads = [threading.Thread(target=_stream, args=(live, ids, m, got, i), daemon=True)
-               for i, ids in enumerate((a_ids, c_ids))]
-    for t in threads:
-        t.start()
-    both = _running(live, 2, lambda: any(g is not None for g in got))
+    long, _ = _pages(page, int(facts["reach"]))
+    m = long * page - len(a_ids) - rows + 1  # A's and C's room: exactly `long` pages, a sequence's reach
+    stop = threading.Event()
+    got, threads = _longs(live, [a_ids, c_ids], m, stop)
+    ended_early = lambda: any(not t.is_alive() for t in threads)  # noqa: E731
+    both = _live_until(live, lambda d: d.get("running") == 2, ended_early)
     b = live.client.complete(b_ids, B_TOKENS)
     same.add("B", b_ids, b.ids, r.oracle.run(b_ids, B_TOKENS, rows))
+    after_b = (live.client.live() or {}).get("steps", 0)
+    _live_until(live, lambda d: d.get("steps", 0) > after_b + 2 * page, ended_early)  # each grows after B
+    stop.set()  # hang up: the server aborts A and C
     for t in threads:
         t.join()
-    a_req = _long(r, same, problems, "A", a_ids, m, got[0], rows)
-    c_req = _long(r, same, problems, "C", c_ids, m, got[1], rows)
-    ended = _ended_at(live.session.log, [q for q in (b.request, a_req, c_req) if q])
-    after = [ended.get(q, 0) - ended.get(b.request, 0) for q in (a_req, c_req)]
+    _live_until(live, lambda d: d.get("running") == 0)
+    for name, ids, (toks, _) in (("A", a_ids, got[0]), ("C", c_ids, got[1])):
+        want = r.oracle.run(ids, m, rows)  # up to the first EOS: what is judged of an answer hung up on
+        k = min(len(toks), len(want))
+        same.add(f"{name} (its first {k} tokens)", ids, toks[:k], want[:k])
+    names = [b.request, *(q for _, q in got if q)]
+    order, ended = _lines(live.session.log, names)
+    first_b_end = order.index(("finished", b.request)) if ("finished", b.request) in order else -1
+    before_b = {q for e, q in order[:first_b_end] if e == "admitted"}
+    after = [ended.get(q, 0) - ended.get(b.request, 0) for _, q in got]
+    ordered = (both and len(ended) == 3 and all(q in before_b for _, q in got) and min(after) > page)
+    free = _fill(r, live, same, facts, rows)
     stats = live.client.stats() or {}
     gauges, counters = stats.get("gauges") or {}, stats.get("counters") or {}
-    free = int(facts["pages"]) - int(gauges.get("pages_used", 0))
     entries = gauges.get("resident_entries")
     m_d = (free + 1) * page - len(d_ids) - rows + 1  # D's room: one page more than is free
     d = live.client.complete(d_ids, m_d)
@@ -144,10 +170,10 @@ def run(r) -> None:
     probe = b_ids + b.fed
     again = live.client.complete(probe, 1)
     same.add("B's sequence again", probe, again.ids, r.oracle.run(probe, 1, rows))
-    ordered = both and len(ended) == 3 and min(after) > page
-    note = (f"pool {facts['pages']} pages; A and C {m} tokens each ({long} pages), B {B_TOKENS}, ended "
-            f"{after} steps after B; then {entries} entries resident, {free} pages free, D's room {free + 1} pages: "
-            f"{evicted} evicted; B's sequence again hit {again.cached} of {len(probe)} tokens; {same}")
+    note = (f"pool {facts['pages']} pages; A and C hung up after {len(got[0][0])} and {len(got[1][0])} tokens "
+            f"(rooms of {long} pages), B {B_TOKENS}; A and C ended {after} steps after B; then {entries} entries "
+            f"resident, {free} pages free, D's room {free + 1} pages: {evicted} evicted; B's sequence again hit "
+            f"{again.cached} of {len(probe)} tokens; {same}")
     if evicted < 1:
         problems.append("D evicted nothing: the flood did not reach the pool's end")
     if ordered and again.cached:
@@ -157,6 +183,7 @@ def run(r) -> None:
     if ok and not ordered:  # answers right, the order not established: never a failure for a machine's speed
         ok = None
         problems.append("not judged: " + ("A and C were not seen running together" if not both else
-                                          "B did not end more than a page of steps before A and C (a loaded machine), "
-                                          "or the server wrote no `finished` lines with their step"))
+                                          "A and C were not both admitted before B ended, or did not run on more "
+                                          "than a page of steps after it (the server's `admitted` and `finished` "
+                                          "lines)"))
     r.checks.add("recency_after_growth", ok, note + "".join(f"; {p}" for p in problems), same.excused)
