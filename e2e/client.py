@@ -312,7 +312,8 @@ class Client:
                 ignore_eos: bool = False, until: threading.Event | None = None,
                 ids: list[int] | None = None) -> tuple[str, int]:
         """Stream a completion, read `chunks` ``data:`` lines (or, given `until`, read on until it is
-        set or the stream ends), close the socket; its id and the lines read. `ignore_eos` asks the
+        set or the stream ends), close the socket; its id (the server's, where its first chunk tells it)
+        and the lines read. `ignore_eos` asks the
         answer to run all `max_tokens` (so it is still running when the socket closes); `ids` collects
         the token ids of the chunks read."""
         rid = self._take_id()
@@ -327,11 +328,16 @@ class Client:
         body = json.dumps(fields).encode()
         head = (f"POST /v1/completions HTTP/1.1\r\nHost: {self.session.host}:{self.session.port}\r\n"
                 f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n")
-        got, first = 0, None
+        got, first, refused = 0, None, False
         try:
             with socket.create_connection((self.session.host, self.session.port), timeout=timeout) as s:
                 s.sendall(head.encode() + body)
                 f = s.makefile("rb")
+                status = f.readline().split(b" ", 2)
+                code = int(status[1]) if len(status) > 1 and status[1].isdigit() else 0
+                if code != 200 and code:  # refused (a 400, a 503): nothing hung up on
+                    refused = True
+                    return rid, 0
                 while (got < chunks) if until is None else not until.is_set():
                     line = f.readline()
                     if not line:
@@ -349,8 +355,10 @@ class Client:
                 except OSError:
                     pass
         finally:
-            self.ledger.add(hung_up(rid, len(prompt.encode()) if isinstance(prompt, str) else len(prompt), first))
-        return rid, got
+            n = len(prompt.encode()) if isinstance(prompt, str) else len(prompt)
+            self.ledger.add(Sent("refused", n) if refused else hung_up(rid, n, first))
+        told = ((first or {}).get("kern") or {}).get("request_id") if isinstance((first or {}).get("kern"), dict) else None
+        return str(told or rid), got
 
     def run_all(self, calls: list[tuple[str | list[int], int]]) -> list[Answer | BaseException]:
         """Send every call at once, one thread each; answers (or errors) in call order."""

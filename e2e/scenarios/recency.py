@@ -44,19 +44,21 @@ B_TOKENS = 4
 WAIT_S = 60.0  # for A and C to be seen running, and for the server's steps past B
 
 
-def _pages(page: int, reach: int) -> tuple[int, int]:
-    """(A's and C's room each, the session's pool) in pages: each room is a sequence's whole reach
-    (they run until the gate hangs up on them, so however slowly the gate's client moves, B comes while
-    they run: beside a second suite it once reacted after 2,000 steps, when rooms of 2,048 tokens had
-    ended); the pool holds both, B, the pad and a quarter more."""
-    long = reach // page
+LONG_TOKENS = 8192  # A's and C's rooms, at most: toy-paged's whole reach (a target that reaches less: its reach)
+
+
+def _pages(page: int, reach: int = LONG_TOKENS) -> tuple[int, int]:
+    """(A's and C's room each, the session's pool) in pages: each room `LONG_TOKENS` or a sequence's
+    whole reach if less (they run until the gate hangs up on them, so however slowly the gate's client
+    moves, B comes while they run: beside a second suite it once reacted after 2,000 steps, when rooms
+    of 2,048 tokens had ended); the pool holds both, B, the pad and a quarter more."""
+    long = min(reach, LONG_TOKENS) // page
     return long, 2 * long + long // 2 + 4
 
 
 def flags(r) -> list[str]:
     """A small pool (`_pages`) with no host tier: an entry evicted is gone, not parked."""
-    reach = int(r.facts["default"].get("reach") or 8192)
-    return ["--capacity", str(_pages(r.page, reach)[1] * r.page), "--host-gib", "0", "--max-seqs", "4"]
+    return ["--capacity", str(_pages(r.page)[1] * r.page), "--host-gib", "0", "--max-seqs", "4"]
 
 
 def _fill(r, live, same: Same, facts: dict, rows: int) -> int:
