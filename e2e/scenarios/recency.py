@@ -127,6 +127,16 @@ def _longs(live, ids: list[list[int]], m: int, stop: threading.Event) -> tuple[l
     return got, threads
 
 
+def _ordered(log, b: str, longs: list[str | None], page: int) -> tuple[bool, list[int]]:
+    """(whether the server's lines show each long request admitted before B finished and finishing more
+    than a page of steps after it, the steps each finished after B)."""
+    order, ended = _lines(log, [b, *(q for q in longs if q)])
+    first_b_end = order.index(("finished", b)) if ("finished", b) in order else -1
+    before_b = {q for e, q in order[:first_b_end] if e == "admitted"}
+    after = [ended.get(q, 0) - ended.get(b, 0) for q in longs]
+    return len(ended) == 3 and all(q in before_b for q in longs) and min(after) > page, after
+
+
 def run(r) -> None:
     live = r.need("recency")
     r.serial_ends("recency's long requests run beside a short one")
@@ -155,12 +165,8 @@ def run(r) -> None:
         want = r.oracle.run(ids, m, rows)  # up to the first EOS: what is judged of an answer hung up on
         k = min(len(toks), len(want))
         same.add(f"{name} (its first {k} tokens)", ids, toks[:k], want[:k])
-    names = [b.request, *(q for _, q in got if q)]
-    order, ended = _lines(live.session.log, names)
-    first_b_end = order.index(("finished", b.request)) if ("finished", b.request) in order else -1
-    before_b = {q for e, q in order[:first_b_end] if e == "admitted"}
-    after = [ended.get(q, 0) - ended.get(b.request, 0) for _, q in got]
-    ordered = (both and len(ended) == 3 and all(q in before_b for _, q in got) and min(after) > page)
+    ordered, after = _ordered(live.session.log, b.request, [q for _, q in got], page)
+    ordered = ordered and both
     free = _fill(r, live, same, facts, rows)
     stats = live.client.stats() or {}
     gauges, counters = stats.get("gauges") or {}, stats.get("counters") or {}
