@@ -96,6 +96,7 @@ class Watch:
             pass
         seen: tuple[float, int] | None = None  # (when, steps) of the first idle-looking answer
         heard: tuple[float, dict[str, Any] | None] = (time.monotonic(), None)  # the last /stats answer
+        restarting: float | None = None  # since when /stats has said a pipeline stage is starting again
         while True:
             if timeout is not None and time.monotonic() - t0 > timeout:
                 raise httpx.ReadTimeout(f"{what}: no answer within {timeout:.0f}s")
@@ -112,7 +113,13 @@ class Watch:
                 if stats is not None:
                     heard = (now, stats)
                     steps = int((stats.get("counters") or {}).get("steps", -1))
-                    if seen is None or seen[1] != steps:
+                    if (stats.get("pipeline") or {}).get("restarting"):
+                        restarting = now if restarting is None else restarting
+                    else:
+                        restarting = None
+                    if restarting is not None and now - restarting < self.stall_s:
+                        seen = None  # a stage starting again (seconds under load): at work, not idle
+                    elif seen is None or seen[1] != steps:
                         seen = (now, steps)
                     elif now - seen[0] >= self.still_s:
                         alive()  # a server that died says so with its exit code first
@@ -148,5 +155,6 @@ def _state(stats: dict[str, Any]) -> str:
     """What /stats says of the queues (the requests' names) and the pool."""
     g = stats.get("gauges") or {}
     q = stats.get("queue") or {}
+    restarting = ", a pipeline stage restarting" if (stats.get("pipeline") or {}).get("restarting") else ""
     return (f"running={g.get('running')} {q.get('running', [])}, waiting={g.get('waiting')} "
-            f"{q.get('waiting', [])}, leases={g.get('leases')}, pages_used={g.get('pages_used')}")
+            f"{q.get('waiting', [])}, leases={g.get('leases')}, pages_used={g.get('pages_used')}{restarting}")

@@ -481,7 +481,9 @@ class Core:
             "timing": {"steps": c["steps"], "step_s": c.step_s, "loop_s": c.loop_s, "tokens": c.tokens,
                        **(timing.as_dict() if timing is not None else {})},
             **({"pipeline": {"epoch": rt.epoch, "losses": rt.losses, "restarts": self.restarts, "requeued": self.requeued,
-                             "resumed": self.resumed, "answered_error": self.lost_answered}}
+                             "resumed": self.resumed, "answered_error": self.lost_answered,
+                             # a stage being started again: no step runs, yet the server is at work
+                             "restarting": not rt.whole.is_set() and rt.failed is None}}
                if rt.broken is not None else {}),
         }
 

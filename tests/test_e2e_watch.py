@@ -56,6 +56,28 @@ def test_a_scheduler_busy_in_a_long_step_is_not_a_hang():
     assert watch(lambda: None).wait(fut, "r", None) == "answer"
 
 
+def restarting(steps: int = 68):
+    stats = idle(steps)()
+    stats["pipeline"] = {"epoch": 1, "restarting": True}
+    return lambda: stats
+
+
+def test_a_pipeline_stage_restarting_is_work_not_a_hang():
+    # a lost stage started again takes seconds (7.4 s seen on a loaded 2-core box) and no step runs
+    # meanwhile: the requests it requeued wait, and none of them is hung
+    assert watch(restarting()).wait(later("answer", 1.5), "r", None) == "answer"
+
+
+def test_a_restart_that_never_ends_is_a_hang_past_the_stall_bound_and_says_so():
+    w = watch(restarting())
+    w.stall_s = 0.6
+    t0 = time.monotonic()
+    with pytest.raises(Hung) as exc:
+        w.wait(never(), "request req-3", None)
+    assert 0.6 + 0.3 <= time.monotonic() - t0 < 4
+    assert "a pipeline stage restarting" in str(exc.value)
+
+
 def test_an_answer_that_arrives_is_returned_and_an_error_raised():
     assert watch(idle()).wait(later("fast", 0.01), "r", None) == "fast"
     fut: concurrent.futures.Future = concurrent.futures.Future()
