@@ -46,7 +46,7 @@ def test_the_clean_paged_engine_passes_every_check_it_can_be_judged_on(tmp_path,
     code, reports = gate(tmp_path, "--engine", PAGED, "--targets", target)
     assert code == 0, capsys.readouterr().out[-3000:]
     got = {c["name"]: c for c in reports[target]["checks"]}
-    assert {n for n, c in got.items() if c["ok"] is True} == CORE | {"repeat_hit", "turn2_hit"}
+    assert {n for n, c in got.items() if c["ok"] is True} == CORE | {"repeat_hit", "turn2_hit", "stream_equals_whole"}
     assert reports[target]["engine"]["name"] == "paged-engine"
 
 

@@ -1,5 +1,6 @@
 """The contract's HTTP API (docs/engine-contract.md) in front of the engine: /health,
-/kern/capabilities, /tokenize and /v1/completions, one thread per connection."""
+/kern/capabilities, /tokenize and /v1/completions (whole, or streamed as server-sent events), one
+thread per connection."""
 
 from __future__ import annotations
 
@@ -67,7 +68,7 @@ class Handler(BaseHTTPRequestHandler):
             return self.reply(200, {"status": "ok"}) if self.server.ready.is_set() else self.error(503, "loading")
         if self.path == "/kern/capabilities":
             return self.reply(200, {"contract": 1, "engine": {"name": "paged-engine", "version": "0.1"},
-                                    "capabilities": ["text", "cached-tokens"],
+                                    "capabilities": ["text", "cached-tokens", "stream"],
                                     "facts": {"page": self.server.engine.B,
                                               "families": ["paged", "lined", "attn"]}})
         self.error(404, f"no route GET {self.path}")
@@ -96,10 +97,10 @@ class Handler(BaseHTTPRequestHandler):
     def complete(self, body: dict) -> None:
         if body.get("model") not in (None, self.server.model):
             return self.error(404, f"model {body.get('model')!r} is not served here (this is {self.server.model!r})")
-        if body.get("stream"):
-            raise BadRequest("'stream' is not supported by this engine")
         ids = prompt_ids(body)
         seq = self.server.engine.submit(ids, max_tokens_of(body))
+        if body.get("stream"):
+            return self.stream(ids, seq)
         if not seq.done.wait(WAIT_S) or seq.error:
             return self.error(500, f"the engine failed the request: {seq.error or 'timed out'}")
         self.reply(200, {
@@ -111,3 +112,40 @@ class Handler(BaseHTTPRequestHandler):
                       "total_tokens": len(ids) + len(seq.out),
                       "prompt_tokens_details": {"cached_tokens": seq.cached}},
         })
+
+    def stream(self, ids: list[int], seq) -> None:
+        """Server-sent events: a chunk of each token as the engine makes it (polled every millisecond),
+        the last with the finish reason and the usage, then ``data: [DONE]``; the connection then closes."""
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Connection", "close")
+        self.end_headers()
+        sent = 0
+        while True:
+            ended = seq.done.wait(0.001)
+            new = seq.out[sent:]
+            if not new and not ended:
+                continue
+            sent += len(new)
+            if ended and seq.error:
+                self.event({"error": {"message": f"the engine failed the request: {seq.error}", "code": 500}})
+                break
+            choice = {"index": 0, "token_ids": new, "finish_reason": seq.finish if ended else None,
+                      "text": bytes(t for t in new if t < 256).decode("utf-8", "replace")}
+            if sent == len(new):
+                choice["prompt_token_ids"] = ids
+            chunk = {"object": "text_completion", "model": self.server.model, "choices": [choice]}
+            if ended:
+                chunk["usage"] = {"prompt_tokens": len(ids), "completion_tokens": len(seq.out),
+                                  "total_tokens": len(ids) + len(seq.out),
+                                  "prompt_tokens_details": {"cached_tokens": seq.cached}}
+            self.event(chunk)
+            if ended:
+                break
+        self.wfile.write(b"data: [DONE]\n\n")
+        self.wfile.flush()
+        self.close_connection = True
+
+    def event(self, obj: dict) -> None:
+        self.wfile.write(b"data: " + json.dumps(obj).encode() + b"\n\n")
+        self.wfile.flush()
