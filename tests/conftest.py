@@ -177,6 +177,22 @@ from e2e.prompts import PROMPTS, SUFFIX  # noqa: E402  (the gate's fixed inputs,
 EOS = 256
 
 
+def bench_module(name: str):
+    """`bench/<name>.py` loaded by its path, once per process, as module `bench_<name>` (bench/ on
+    sys.path would let bench/serve.py shadow the serve package for every later test; its dataclasses
+    look their module up in sys.modules, so it is registered there)."""
+    import importlib.util
+    import sys
+
+    key = f"bench_{name}"
+    if key not in sys.modules:
+        spec = importlib.util.spec_from_file_location(key, Path(__file__).resolve().parent.parent / "bench" / f"{name}.py")
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[key] = mod
+        spec.loader.exec_module(mod)
+    return sys.modules[key]
+
+
 def manifest_dict(target: str) -> dict:
     import json
 

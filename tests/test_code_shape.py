@@ -5,22 +5,16 @@ on a small tree built to break it, and to pass what the rules allow."""
 from __future__ import annotations
 
 import ast
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
+from conftest import bench_module
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def _code_shape():
-    """bench/code_shape.py loaded by its path (bench/ on sys.path would shadow the serve package)."""
-    spec = importlib.util.spec_from_file_location("kern_code_shape", ROOT / "bench" / "code_shape.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return bench_module("code_shape")
 
 
 SHAPE = _code_shape()

@@ -7,23 +7,15 @@ to the last step's (`split_equals_run`), request ids that collide across two fro
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 
 from e2e.engine import Engine, step_lacking
 from test_e2e_driver import EXIT_PASS, checks, gate
+from conftest import bench_module
 
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def _mutants():
-    """bench/mutants.py loaded by its path (it puts the repository, not bench/, on sys.path)."""
-    spec = importlib.util.spec_from_file_location("bench_mutants", ROOT / "bench" / "mutants.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return bench_module("mutants")
 
 
 def _killed(name: str, check: str) -> str:

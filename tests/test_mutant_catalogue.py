@@ -4,23 +4,16 @@ nothing), and the checks it names exist."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 from e2e.scenarios import CHECKS
+from conftest import bench_module
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def _catalogue():
-    """bench/mutant_catalogue.py loaded by its path: bench/ on sys.path would let bench/serve.py shadow
-    the serve package for every test after this one in the same process."""
-    spec = importlib.util.spec_from_file_location("mutant_catalogue", ROOT / "bench" / "mutant_catalogue.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # its dataclasses look their module up
-    spec.loader.exec_module(mod)
-    return mod.CATALOGUE
+    return bench_module("mutant_catalogue").CATALOGUE
 
 
 CATALOGUE = _catalogue()

@@ -3,17 +3,11 @@ between steps, the client idle), never all counted as waiting; the command reads
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 
 from click.testing import CliRunner
+from conftest import bench_module
 
-REPO = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("pp_timeline", REPO / "bench" / "pp_timeline.py")
-pt = importlib.util.module_from_spec(_spec)
-sys.modules["pp_timeline"] = pt  # dataclasses look their module up there
-_spec.loader.exec_module(pt)
+pt = bench_module("pp_timeline")
 
 M = 1000  # us per ms
 # two stages, two items (ms): item 0 at stage 0 [0, 10) and stage 1 [10, 30); item 1 at 50..60, 60..70
