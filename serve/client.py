@@ -11,38 +11,24 @@ process of its own with ``--frontend-process`` / ``--frontends N``, else in this
 Both are held to `EngineClient` by `tests/test_serve_client.py`. What the routes read of the engine
 itself (its sizes and facts) is `EngineView`: `serve.engine.Engine` in process, the facts the core
 sent (`serve.frontend.RemoteEngine`) otherwise.
+
+What crosses the seam is defined beside the core, which makes it (`serve.request`: a `Request`, its
+`Update`s and `Done`, `Delivery`; `serve.stats`: the counters' and gauges' names), as vLLM keeps
+`EngineCoreRequest` beside its engine core; the HTTP side reads them here, never from the core.
 """
 
 from __future__ import annotations
 
-import enum
 from typing import TYPE_CHECKING, Callable, Protocol, runtime_checkable
+
+from serve.request import EOS, Delivery, Done, Request, Stops, Update  # re-exported: they cross the seam
+from serve.stats import COUNTERS, GAUGES  # re-exported: the counters and gauges `ask` answers with
 
 if TYPE_CHECKING:
     from serve.faults import Faults
 
-__all__ = ["Delivery", "EngineClient", "EngineView"]
-
-
-class Delivery(enum.Enum):
-    """How a request's updates reach its handler."""
-
-    STEPS = "steps"
-    """In process: on the scheduler thread, each as the steps make it (the handler's `send` must be
-    thread-safe: the routes hand it to the event loop through their outbox)."""
-    HELD = "held"
-    """From another process: on the event loop (`send` may be a queue's put), a whole (not streamed)
-    answer's tokens after its first held in the core and sent with its finish."""
-
-    @property
-    def on_loop(self) -> bool:
-        """Updates arrive on the event loop (else on another thread)."""
-        return self is Delivery.HELD
-
-    @property
-    def holds_whole(self) -> bool:
-        """A whole answer's tokens after its first come with its finish (timed by the core)."""
-        return self is Delivery.HELD
+__all__ = ["COUNTERS", "EOS", "GAUGES", "Delivery", "Done", "EngineClient", "EngineView", "Request", "Stops",
+           "Update"]
 
 
 @runtime_checkable

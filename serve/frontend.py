@@ -46,7 +46,7 @@ from serve.frontend_wire import dead_error
 from serve.messages import (Answer, Arrive, Bye, DrainFor, FrontEndDied, HungUp, Question, Ready, StopCore,
                             Updates, decode, done_of, encode)
 from serve.request import Done, Request, Update
-from serve.validate import ApiError
+from serve.api_error import ApiError
 
 __all__ = ["RemoteEngine", "RemoteScheduler", "start_core"]
 

@@ -35,10 +35,7 @@ Core to front end:
 
 from __future__ import annotations
 
-import time
-
-
-__all__ = ["QUESTIONS", "dead_error", "health_of"]
+__all__ = ["QUESTIONS", "dead_error"]
 
 QUESTIONS = ("stats", "snapshot", "live", "health")
 """What the front end asks the core: /stats' dict, /metrics' snapshot (both on the scheduler thread),
@@ -49,13 +46,3 @@ def dead_error(code: int | None) -> tuple[int, str, str, None]:
     """The error every request open when the engine core process ended gets (a 503)."""
     how = "ended" if code is None else "was killed" if code < 0 else f"exited (code {code})"  # None: not our child
     return (503, f"the engine core process {how}; this server is exiting", "engine_core_dead", None)
-
-
-def health_of(scheduler, engine) -> dict:
-    """/health's facts (any thread): a pipeline's trouble (a stage lost or silent, else None), whether
-    the scheduler is ready, alive and warm, and how long its iteration in progress has run (`busy_s`,
-    None while it waits for work: the front end calls it stuck past `--stuck-after`)."""
-    busy = getattr(scheduler, "busy_since", None)
-    return {"trouble": engine.runtime.trouble(), "ready": scheduler.ready.is_set(),
-            "alive": scheduler.is_alive(), "warm": scheduler.warm.is_set(),
-            "busy_s": None if busy is None else round(time.monotonic() - busy, 3)}

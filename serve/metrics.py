@@ -6,7 +6,7 @@ carries `model_name`.
 
 Two sources:
 - what the scheduler owns (gauges, its counters) is read at scrape time by `SchedulerCollector` from
-  one `snapshot(scheduler)`, taken on the scheduler thread (`scheduler.query(...)`);
+  one `serve.scheduler.snapshot(scheduler)`, taken on the scheduler thread (`scheduler.query(...)`);
 - the latency and size histograms, the token counters and `request_success` are fed in the HTTP
   handler's path by a `Track` per request, as its updates arrive.
 
@@ -27,10 +27,9 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from serve.request import Done, Update
-from serve.stats import COUNTERS, GAUGES
+from serve.client import COUNTERS, GAUGES, Done, Update
 
-__all__ = ["PREFIXES", "VLLM", "Metrics", "Names", "SchedulerCollector", "Track", "snapshot"]
+__all__ = ["PREFIXES", "VLLM", "Metrics", "Names", "SchedulerCollector", "Track"]
 
 PREFIX = "kern:"
 PREFIXES = ("kern", "vllm")  # --metrics-prefix
@@ -105,12 +104,6 @@ class Names:
 
     def values(self, name: str) -> list[str]:
         return [self.model, ENGINE] if self._theirs(name) else [self.model]
-
-
-def snapshot(scheduler) -> dict:
-    """What the collector reads: /stats' dict plus the prefix-cache queries. Run it on the scheduler
-    thread: `await asyncio.wrap_future(scheduler.query(lambda: snapshot(scheduler)))`."""
-    return {**scheduler.stats(), "prefix_queries": scheduler.counters.queried}
 
 
 class SchedulerCollector(Collector):

@@ -8,7 +8,7 @@ import json
 import time
 
 from serve import validate
-from serve.request import EOS, Done, Request, Update
+from serve.client import EOS, Done, Request, Update
 from serve.validate import Ask
 
 __all__ = ["Reply"]

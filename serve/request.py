@@ -13,7 +13,29 @@ from kern.tokens import EOS  # the one definition of where an answer ends
 from serve.answer import Done, Stops, Update  # re-exported: their importers read them here
 from serve.messages import Asked
 
-__all__ = ["EOS", "Done", "Request", "Status", "Stops", "Update"]
+__all__ = ["EOS", "Delivery", "Done", "Request", "Status", "Stops", "Update"]
+
+
+class Delivery(enum.Enum):
+    """How a request's updates reach its handler (`serve.client.EngineClient.delivery`: the scheduler
+    declares `STEPS`, the remote client `HELD`)."""
+
+    STEPS = "steps"
+    """In process: on the scheduler thread, each as the steps make it (the handler's `send` must be
+    thread-safe: the routes hand it to the event loop through their outbox)."""
+    HELD = "held"
+    """From another process: on the event loop (`send` may be a queue's put), a whole (not streamed)
+    answer's tokens after its first held in the core and sent with its finish."""
+
+    @property
+    def on_loop(self) -> bool:
+        """Updates arrive on the event loop (else on another thread)."""
+        return self is Delivery.HELD
+
+    @property
+    def holds_whole(self) -> bool:
+        """A whole answer's tokens after its first come with its finish (timed by the core)."""
+        return self is Delivery.HELD
 
 
 class Status(enum.Enum):

@@ -20,7 +20,7 @@ from serve import logs, validate
 from serve.http import POLL_S, Disconnected, Served, body_of, ctx, cut, reject
 from serve.metrics import Track
 from serve.reply import Reply
-from serve.request import Done, Request, Stops, Update
+from serve.client import Done, Request, Stops, Update
 from serve.validate import ApiError, Ask
 
 __all__ = ["router"]

@@ -34,15 +34,12 @@ from serve import hosted, logs
 from serve.core import Core, Plan, snapshot_holdings
 from serve.engine import Engine
 from serve.exits import EXIT_PIPELINE
-from serve.frontend_wire import health_of
-from serve.metrics import snapshot
-from serve.client import Delivery
 from serve.device import Losable, StageLost
 from serve.messages import Abort, Drain, Query, Stop, Submit, dispatcher
-from serve.request import Request
+from serve.request import Delivery, Request
 from serve.stats import Window
 
-__all__ = ["Plan", "Scheduler", "snapshot_holdings"]
+__all__ = ["Plan", "Scheduler", "health_of", "snapshot", "snapshot_holdings"]
 
 EXIT_CRASH = 101
 EXPIRE_EVERY_S = 0.1  # how often the waiting queue is read for requests past --queue-timeout
@@ -325,3 +322,19 @@ def _answer(q: Query) -> None:
         q.fut.set_result(q.fn())
     except Exception as exc:  # a query is a read; its failure is the asker's
         q.fut.set_exception(exc)
+
+
+def snapshot(scheduler) -> dict:
+    """What the collector reads: /stats' dict plus the prefix-cache queries. Run it on the scheduler
+    thread: `await asyncio.wrap_future(scheduler.query(lambda: snapshot(scheduler)))`."""
+    return {**scheduler.stats(), "prefix_queries": scheduler.counters.queried}
+
+
+def health_of(scheduler, engine) -> dict:
+    """/health's facts (any thread): a pipeline's trouble (a stage lost or silent, else None), whether
+    the scheduler is ready, alive and warm, and how long its iteration in progress has run (`busy_s`,
+    None while it waits for work: the front end calls it stuck past `--stuck-after`)."""
+    busy = getattr(scheduler, "busy_since", None)
+    return {"trouble": engine.runtime.trouble(), "ready": scheduler.ready.is_set(),
+            "alive": scheduler.is_alive(), "warm": scheduler.warm.is_set(),
+            "busy_s": None if busy is None else round(time.monotonic() - busy, 3)}
