@@ -48,23 +48,23 @@ spelled out): outside the rules. Tests are outside them too (tests/ is not read)
 
 EXEMPT = {
     "bench/mutant_catalogue.py": ("file", "a data table: one row per mutant (file, snippet, replacement, the checks that catch it)"),
-    "serve/params.py": ("file", "a data table: one row per request parameter (PARAMS), read by the validator, docs and tests"),
+    "serve/api/params.py": ("file", "a data table: one row per request parameter (PARAMS), read by the validator, docs and tests"),
     "toy/model.py": ("file", "the normative reference, loaded by path by every gate driver (`e2e --reference`, the "
                      "Rust kern's tools/e2e/e2e.py, with no `toy` package on its path): one file that stands alone"),
-    "serve/logs.py:fmt": ("kwargs", "a log line's fields, given as keywords: data, not parameters"),
-    "serve/logs.py:event": ("kwargs", "a log line's fields, given as keywords: data, not parameters"),
-    "serve/logs.py:Limiter.__call__": ("kwargs", "a log line's fields, given as keywords: data, not parameters"),
+    "serve/common/logs.py:fmt": ("kwargs", "a log line's fields, given as keywords: data, not parameters"),
+    "serve/common/logs.py:event": ("kwargs", "a log line's fields, given as keywords: data, not parameters"),
+    "serve/common/logs.py:Limiter.__call__": ("kwargs", "a log line's fields, given as keywords: data, not parameters"),
     "e2e/metrics.py:get": ("kwargs", "a Prometheus sample's labels, given as keywords: data, not parameters"),
     "e2e/case.py:shrink.body": ("kwargs", "a request body's fields, given as keywords: data, not parameters"),
     "e2e/scenarios/params.py:Params.body": ("kwargs", "a request body's fields, given as keywords: data, not "
                                             "parameters"),
     "e2e/engine.py:Engine.argv": ("kwargs", "the values of an engine command's placeholders, by name: data"),
-    "replay/run.py:_no_log": ("kwargs", "serve.logs.event's stand-in (the admission's log, silenced): a log line's "
+    "replay/run.py:_no_log": ("kwargs", "serve.common.logs.event's stand-in (the admission's log, silenced): a log line's "
                               "fields, given as keywords: data, not parameters"),
 }
 """What is exempt from a rule, by name (a file, or path:qualified function), with the rule and why."""
 
-SEAMS = {"serve/client.py": ("EngineClient", "EngineView"), "serve/device.py": ("Device", "Losable")}
+SEAMS = {"serve/client/seam.py": ("EngineClient", "EngineView"), "serve/core/device.py": ("Device", "Losable")}
 """The seam protocols, by the module that defines them."""
 SEAM_NAMES = {n for names in SEAMS.values() for n in names}
 

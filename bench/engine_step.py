@@ -3,7 +3,7 @@
     python bench/engine_step.py [--target toy-paged] [--seqs 64] [--max-tokens 256] [--backend cpu|gpu]
                                 [--prompt-tokens 32] [--rounds 2] [--no-graphs] [--profile FILE]
 
-`serve.engine.build` and `serve.core.Core` driven in this process (admit, schedule, launch, commit) for
+`serve.core.engine.build` and `serve.core.core.Core` driven in this process (admit, schedule, launch, commit) for
 `--seqs` requests at once, no HTTP, as `bench/serve_load.py`'s "engine alone" is. Every forward step is
 split into: schedule (admit, schedule, and the core's launch work outside the runtime: the cells, the
 runtime's checks and padding), stage (the runtime's host staging of fills and tables), upload,
@@ -37,8 +37,8 @@ def prompt(i: int, n: int) -> list[int]:
 
 
 def one_round(e, rnd: int, seqs: int, max_tokens: int, prompt_tokens: int) -> dict:
-    from serve.core import FORWARD, Core
-    from serve.request import Request
+    from serve.core.core import FORWARD, Core
+    from serve.core.request import Request
 
     core = Core(e)
     got = [0]
@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     from kern.errors import KernError
-    from serve.engine import Options, build
+    from serve.core.engine import Options, build
 
     for flag, v in (("--seqs", args.seqs), ("--max-tokens", args.max_tokens), ("--prompt-tokens", args.prompt_tokens),
                     ("--rounds", args.rounds)):

@@ -1,5 +1,5 @@
 """The HTTP front end's own CPU cost, in process: microseconds per stream chunk and per whole answer
-through the app (`serve.app.make_app`: routing, the body's checks, the handler, replies, SSE
+through the app (`serve.api.app.make_app`: routing, the body's checks, the handler, replies, SSE
 framing, metrics), beside the least each can cost: serializing what is sent (a chunk's or an
 answer's JSON and its framing) and nothing else.
 
@@ -24,9 +24,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from serve.app import make_app  # noqa: E402
-from serve.frontend import RemoteEngine  # noqa: E402
-from serve.request import Done, Update  # noqa: E402
+from serve.api.app import make_app  # noqa: E402
+from serve.client.frontend import RemoteEngine  # noqa: E402
+from serve.core.request import Done, Update  # noqa: E402
 
 FACTS = {"facts": {}, "model": "toy-paged", "rows": 1, "reach": 4096, "pages": 4096, "unit": 16,
          "max_request_tokens": 4096, "faults": [], "lined": False, "backend": "cpu", "max_seqs": 256, "chunk": 2048}

@@ -1,5 +1,5 @@
 """The HTTP front end over a socket: the server process's CPU time per whole answer and per stream
-chunk through uvicorn and the app (`serve.app.make_app` under `serve.guard`'s limits) with each HTTP
+chunk through uvicorn and the app (`serve.api.app.make_app` under `serve.api.guard`'s limits) with each HTTP
 parser, beside a bare asyncio server's on the same socket traffic (it finds each request's end and
 writes canned bytes of the same size, a stream's chunks one write a loop turn: the least a
 keep-alive request costs a Python event loop), as a ratio.
@@ -40,8 +40,8 @@ def _pin(cpu: int) -> None:
 
 
 def _app(chunks: int, tokens: int):
-    from serve.app import make_app
-    from serve.frontend import RemoteEngine
+    from serve.api.app import make_app
+    from serve.client.frontend import RemoteEngine
 
     return make_app(Answering(chunks, 1) if chunks > 1 else Answering(1, tokens), RemoteEngine(FACTS))
 
@@ -56,7 +56,8 @@ def _serve(sock: socket.socket, which: str, canned: list[bytes], chunks: int, to
         return
     import uvicorn
 
-    from serve import guard, logs
+    from serve.api import guard
+    from serve.common import logs
 
     config = uvicorn.Config(_app(chunks, tokens), log_level="warning", access_log=False, lifespan="off",
                             http=guard.protocol(guard.Limits(), logs.Limiter(), which))
@@ -169,7 +170,7 @@ def measure(which: str, connections: int, seconds: float, chunks: int, tokens: i
 def main() -> None:
     from tabulate import tabulate
 
-    from serve.guard import parser
+    from serve.api.guard import parser
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -47,7 +47,7 @@ def point(target: str, backend: str, seqs: int, context: int, max_tokens: int, r
     """One point: a fresh engine, a warm-up round, then `rounds` measured rounds. Raises KernError (or the
     backend's memory error) when the engine cannot be built or cannot hold the batch."""
     from engine_step import one_round
-    from serve.engine import Options, build
+    from serve.core.engine import Options, build
 
     prompt_tokens = context - max_tokens
     cap = seqs * (context + 64)

@@ -8,7 +8,7 @@ HTTP as a ratio of what the same engine does with no HTTP at all (its ceiling he
 Both sides run the same closed loop: `--streams` requests in flight, each replaced by the next as it
 ends, `--rounds` requests per stream (one round alone is mostly the ramp-up of 64 prefills and the tail).
 
-- **engine alone**: `serve.engine.build` and `serve.core.Core` driven in this process (admit, schedule,
+- **engine alone**: `serve.core.engine.build` and `serve.core.core.Core` driven in this process (admit, schedule,
   launch, commit) for `--streams` requests at once, nothing else: the ceiling the server's HTTP side
   and scheduler thread are measured against.
 - **HTTP**: a `kern serve` process, loaded by `--workers` client processes, each one keep-alive
@@ -55,13 +55,13 @@ def prompt(i: int, n: int) -> list[int]:
 
 
 class Alone:
-    """The engine and scheduler core alone (`serve.engine.build` and `serve.core.Core` driven in this
+    """The engine and scheduler core alone (`serve.core.engine.build` and `serve.core.core.Core` driven in this
     process): `run()` keeps `streams` requests in flight, each replaced by the next as it ends, until
     `rounds` x `streams` have been answered (the HTTP clients' closed loop, without HTTP)."""
 
     def __init__(self, target: str, backend: str, streams: int, max_tokens: int, prompt_tokens: int,
                  flags: list[str], rounds: int = 1) -> None:
-        from serve.engine import Options, build
+        from serve.core.engine import Options, build
 
         opts = Options(backend=backend, max_seqs=streams, graphs="--no-graphs" not in flags,
                        capacity=capacity(streams, max_tokens, prompt_tokens))
@@ -72,8 +72,8 @@ class Alone:
 
     def warm(self) -> None:
         """One closed loop unmeasured (the first pays for first calls), then the heap frozen as a server
-        freezes its own once warm (`serve.startup.freeze_heap`): the two engines alike."""
-        from serve.startup import freeze_heap
+        freezes its own once warm (`serve.common.startup.freeze_heap`): the two engines alike."""
+        from serve.common.startup import freeze_heap
 
         self.run()
         freeze_heap(say=lambda *_, **__: None)
@@ -91,8 +91,8 @@ class Alone:
             os.sched_setaffinity(0, was)
 
     def _run(self) -> tuple[float, float, dict]:
-        from serve.core import Core
-        from serve.request import Request
+        from serve.core.core import Core
+        from serve.core.request import Request
 
         e, rnd = self.e, self.runs
         self.runs += 1

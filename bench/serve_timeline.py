@@ -8,7 +8,7 @@ running and waiting) for the engine alone and for one `kern serve` under HTTP lo
 
 The same closed loop as bench/serve_load.py (its `Alone`, its clients, its pinning): `--streams`
 requests in flight, each replaced by the next as it ends, `--rounds` each. The server is this
-checkout's `kern serve` started through this file, which wraps `serve.core.Core.run` to note each
+checkout's `kern serve` started through this file, which wraps `serve.core.core.Core.run` to note each
 iteration (the engine core process inherits the wrap when it is forked) and appends the notes to a
 file per process under `--out`. Printed per run:
 
@@ -51,7 +51,7 @@ def trace() -> None:
     exit handler)."""
     import atexit
 
-    import serve.core as core
+    import serve.core.core as core
 
     run = core.Core.run
 

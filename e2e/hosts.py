@@ -14,7 +14,7 @@ start).
 
 The seam: `Hosts` is one of `e2e.spawn`'s spawners (`Hosts.start`), and the only code that starts
 `oracle.host` processes. A host process patches `threading.Thread.start` (every thread a command
-starts runs in that command's context: `serve.hosted.inherit_context`) and `sys.stdout`/`sys.stderr`
+starts runs in that command's context: `serve.common.hosted.inherit_context`) and `sys.stdout`/`sys.stderr`
 (each command's output to its own log) process-wide: in the host process, never in the gate's. A
 gate without hosts (`--hosts 0`, the CPU's default) runs none of it.
 """

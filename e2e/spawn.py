@@ -12,7 +12,7 @@ A `Spawner` starts a command with its output appended to a log and returns a `Pr
   checkout's `kern` only): the same process without paying imports and kernel loading again.
 - `e2e.hosts.Hosts`: a thread of one of a few warm ``python -m oracle.host`` processes (on a GPU, one
   CUDA context each instead of one per server). The host process makes each command's output and
-  threads its own by patching `threading.Thread.start` (`serve.hosted.inherit_context`) and
+  threads its own by patching `threading.Thread.start` (`serve.common.hosted.inherit_context`) and
   `sys.stdout`/`sys.stderr` process-wide: in that host process only, which nothing but this spawner
   starts, never in the gate's. A hosted `Proc` has no process group (``hosted``): its signals go
   through its host.

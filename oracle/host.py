@@ -8,16 +8,16 @@ waits 11 s or more for the driver alone. A host makes its context once, before i
 ready, and then runs each command it is sent (`kern serve`, `kern test`, `kern run`) in a thread,
 all of them on that context. Its threads wait on the GPU by blocking, not by spinning as CUDA
 would for a process with one context (`--gpu-wait`): a host runs many threads that wait at once.
-What a command needs of "its process" it gets from `serve.hosted`:
+What a command needs of "its process" it gets from `serve.common.hosted`:
 
 - its output: this process's `sys.stdout` and `sys.stderr` write to the command's log, chosen by
   the thread's context (every thread a command starts runs in its context: `inherit_context`);
-- its environment (`RUST_LOG`): `serve.hosted.getenv` reads the command's first;
+- its environment (`RUST_LOG`): `serve.common.hosted.getenv` reads the command's first;
 - its signals: the message ``{"signal": ID, "sig": N}`` stops a server as SIGTERM would (drain);
   SIGKILL (or SIGINT twice) forces it. A command that cannot be stopped (a `kern run`) is reported
   killed at once and left to finish with its output dropped;
 - its exit code: `sys.exit` ends the thread, not the process; a scheduler that crashes ends its
-  command with 101 and stops its server (`serve.hosted.crashed`).
+  command with 101 and stops its server (`serve.common.hosted.crashed`).
 
 Protocol (JSON lines; stdin in, stdout out), as `oracle/zygote.py`'s: first ``{"ready": true,
 "warm_s": S, "split": {"imports_s": A, "device_s": B, "targets_s": C}, "host_pid": P, "backend":
@@ -46,7 +46,7 @@ import traceback
 # allow that (numba's workqueue layer aborts the process)
 os.environ.setdefault("NUMBA_THREADING_LAYER", "threadsafe")
 
-from serve import hosted  # noqa: E402  (after the threading layer is chosen)
+from serve.common import hosted  # noqa: E402  (after the threading layer is chosen)
 
 _OUT = threading.Lock()  # one protocol line at a time
 _real_stdout = sys.stdout
@@ -105,7 +105,7 @@ class _Null(io.TextIOBase):
 
 
 class Running:
-    """One command in its thread: its id, its `serve.hosted.Command`, whether its exit was reported."""
+    """One command in its thread: its id, its `serve.common.hosted.Command`, whether its exit was reported."""
 
     def __init__(self, cid: int, argv: list[str], log: str, env: dict[str, str]):
         self.cid, self.argv, self.log = cid, argv, log
@@ -175,7 +175,7 @@ def warm(backend: str, config: str | None, targets: list[str], split: dict[str, 
     through the runtime, so the first command pays neither; what the device is. `split` gets the
     seconds of each part: imports_s, device_s, targets_s."""
     began = time.monotonic()
-    import serve.app  # noqa: F401  (what a server imports: fastapi, uvicorn; a second in the first server's start)
+    import serve.api.app  # noqa: F401  (what a server imports: fastapi, uvicorn; a second in the first server's start)
     import serve.cli  # noqa: F401
     from oracle.cli import main
 

@@ -5,7 +5,7 @@ commit when the code runs from a checkout (a clone or a worktree), e.g.
 
 The commit is read only when `--version` is asked for (one `git` call or two), never at import, so
 starting a command costs nothing extra. `GET /version` on `kern serve` answers the package version
-alone, as vLLM's does (serve/app.py `VERSION`).
+alone, as vLLM's does (serve/api/app.py `VERSION`).
 """
 
 from __future__ import annotations

@@ -43,7 +43,7 @@ def warm(config: str | None, targets: list[str]) -> None:
     """Import what a server imports and run a few tokens of each target through the runtime (CPU)."""
     t0 = time.monotonic()
     _say({"warming": "importing the server (fastapi, uvicorn, numba)"})
-    import serve.app  # noqa: F401  (the server's imports)
+    import serve.api.app  # noqa: F401  (the server's imports)
     import serve.cli  # noqa: F401
     from oracle.cli import main
 

@@ -1,7 +1,7 @@
 """Capacity planning without a model: a trace replayed through the pool, the index and the host tier.
 
 `--policy engine` drives them exactly as the server's scheduler does for a paged target, one request
-at a time: admission is `serve.admission.Admission` itself (look up; restore, wake or lease the whole
+at a time: admission is `serve.core.admission.Admission` itself (look up; restore, wake or lease the whole
 room; on Busy release the hit, evict once — park or drop the coldest — and ask again), the steps'
 whole-page checkpoints are `Admission.checkpoint` at the positions the scheduler's steps reach (each
 prefill chunk, then each decode step that completes a page, never the step that ends the request),
@@ -27,10 +27,10 @@ from typing import Callable
 import numpy as np
 
 from pool import Geometry, Lease, Prefix, Tokens
-from serve.admission import WAIT, Admission
-from serve.engine import size
-from serve.request import Request
-from serve.stats import Counters
+from serve.core.admission import WAIT, Admission
+from serve.core.engine import size
+from serve.core.request import Request
+from serve.core.stats import Counters
 from replay.traces import Req, packed_fresh, packed_prompt
 
 __all__ = ["Figures", "Setup", "replay_engine", "replay_lru", "setup_for"]
@@ -95,7 +95,7 @@ class _Protocol:
 
 
 class _Runtime:
-    """The runtime's side of admission and checkpoints, moving nothing: a `serve.device.Device` whose
+    """The runtime's side of admission and checkpoints, moving nothing: a `serve.core.device.Device` whose
     steps emit nothing (the replay runs no step) and whose plans are no-ops."""
 
     def __init__(self, emits: bool) -> None:
@@ -135,7 +135,7 @@ class _Runtime:
 
 @dataclass(slots=True)
 class _Engine:
-    """The fields of `serve.engine.Engine` that admission and checkpoints read."""
+    """The fields of `serve.core.engine.Engine` that admission and checkpoints read."""
 
     runtime: _Runtime
     pool: object
@@ -165,7 +165,7 @@ class _Request(Request):
 
 
 def _no_log(name: str, level: str = "INFO", **fields) -> None:
-    """The admission's log (`serve.logs.event`'s signature), silenced: a replay writes no log lines."""
+    """The admission's log (`serve.common.logs.event`'s signature), silenced: a replay writes no log lines."""
 
 
 def _no_send(update) -> None:

@@ -18,11 +18,11 @@ import sys
 
 import click
 
-from serve.faults import FAULTS
+from serve.core.faults import FAULTS
 from oracle.version import option as version_option
-from serve.guard import Limits
+from serve.api.guard import Limits
 from pool.fair import POLICIES, Rule
-from serve.exits import EXIT_BIND, EXIT_CODES, EXIT_CRASHED, EXIT_CUT_OFF, EXIT_START_FAILED, EXIT_USAGE  # noqa: F401 (importers read them here)
+from serve.common.exits import EXIT_BIND, EXIT_CODES, EXIT_CRASHED, EXIT_CUT_OFF, EXIT_START_FAILED, EXIT_USAGE  # noqa: F401 (importers read them here)
 from serve.flags import QUEUE_TIMEOUT_S, ServeFlags
 from serve.server import bind, run, start_scheduler
 
@@ -127,8 +127,8 @@ def serve_command(ctx, **given) -> None:
            engine core process was killed)
     """
     flags = ServeFlags(**given)
-    from serve import hosted, logs
-    from serve.startup import Phases
+    from serve.common import hosted, logs
+    from serve.common.startup import Phases
 
     phases = Phases()  # the ready line's start_s and its split
     limits = _limits(flags)
@@ -164,9 +164,9 @@ def serve_command(ctx, **given) -> None:
 
 
 def _options(flags: ServeFlags):
-    """The engine's options (`serve.engine.Options`) the flags name."""
-    from serve.engine import Options
-    from serve.faults import Faults
+    """The engine's options (`serve.core.engine.Options`) the flags name."""
+    from serve.core.engine import Options
+    from serve.core.faults import Faults
 
     return Options(capacity=flags.capacity, host_gib=flags.host_gib, max_seqs=flags.max_seqs, chunk=flags.chunk,
                    rows=flags.rows, backend=flags.backend, device=flags.device, reserve_gib=flags.reserve_gib,
@@ -204,7 +204,7 @@ def _frontends_split(frontends: int, frontend_process: bool | None) -> bool:
     """Whether --frontends asks for the split (above 1), or one line and exit 2 where it cannot be had."""
     if frontends == 1:
         return False
-    from serve import hosted
+    from serve.common import hosted
 
     if frontend_process is False:
         fail(f"--frontends {frontends} needs the engine core in a process of its own: not with --no-frontend-process")
@@ -221,7 +221,7 @@ def _start(load, split: bool, stats_every: float, phases, sock, frontends: int =
     with `frontends` > 1 the other front ends forked too, each returning here with its own."""
     if not split:
         return (*load(), None)
-    from serve.frontend import start_core
+    from serve.client.frontend import start_core
 
     engine, scheduler = start_core(load, lambda e: start_scheduler(e, stats_every, phases), sock, frontends)
     return engine, None, scheduler
@@ -237,7 +237,7 @@ def _split(flag: bool | None, backend: str) -> bool:
     before the fork; the core picks the backend."""
     from pathlib import Path
 
-    from serve import hosted
+    from serve.common import hosted
 
     if hosted.COMMAND.get() is not None:
         return False
@@ -250,7 +250,7 @@ def _split(flag: bool | None, backend: str) -> bool:
 
 def _engine(flags: ServeFlags, opts, phases):
     """(engine, None) for one process, or (engine, head) for a pipeline's head and its stages."""
-    from serve.engine import build
+    from serve.core.engine import build
     from serve.pipeline.plan import pipeline_paths
 
     plan = pipeline_paths(flags.target, flags.stages, flags.at, opts.config, list(opts.weights) or None,
@@ -271,7 +271,7 @@ def _engine(flags: ServeFlags, opts, phases):
 def _limits(flags: ServeFlags) -> Limits:
     """The connection and body limits, checked (and the file descriptors they need); one line and exit 2
     for a value that cannot be served."""
-    from serve.guard import fit_descriptors
+    from serve.api.guard import fit_descriptors
 
     limits = flags.limits()
     try:
@@ -286,7 +286,7 @@ def _limits(flags: ServeFlags) -> Limits:
 
 def _parser(http: str) -> str:
     """The HTTP parser --http names, installed; one line and exit 2 when it is not."""
-    from serve.guard import parser
+    from serve.api.guard import parser
 
     try:
         return parser(http)
@@ -302,7 +302,7 @@ def _load_errors() -> tuple[type[Exception], ...]:
     from runtime.backend import KernelError
     from runtime.protocol import ProtocolError
     from runtime.weights import WeightsError
-    from serve.engine import EngineError
+    from serve.core.engine import EngineError
     from serve.pipeline.plan import PlanError
 
     return (ManifestError, ConfigError, EngineError, ProtocolError, WeightsError, KernelError, GeometryError,

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pool.fair import Rule
-from serve.guard import Limits
+from serve.api.guard import Limits
 
 __all__ = ["QUEUE_TIMEOUT_S", "ServeFlags"]
 
@@ -46,7 +46,7 @@ class ServeFlags:
     no_graphs: bool = False
     no_pack: bool = False
     faults: tuple[str, ...] = ()
-    # connections and bodies (serve.guard.Limits)
+    # connections and bodies (serve.api.guard.Limits)
     drain_timeout: float = _D.drain_timeout
     max_connections: int = _D.max_connections
     max_per_client: int = _D.max_per_client

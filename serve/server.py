@@ -12,8 +12,8 @@ import os
 import signal
 
 
-from serve.guard import Limits
-from serve.exits import EXIT_CUT_OFF, EXIT_START_FAILED
+from serve.api.guard import Limits
+from serve.common.exits import EXIT_CUT_OFF, EXIT_START_FAILED
 
 __all__ = ["bind", "ready_fields", "run", "start_scheduler"]
 
@@ -28,7 +28,7 @@ def bind(host: str, port: int):
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     # proto named: asyncio sets TCP_NODELAY only on sockets whose proto is IPPROTO_TCP (a proto of 0,
     # socket.socket's default, left Nagle on: every answer written in two parts waited 40 ms for the
-    # client's delayed ACK). serve/guard.py sets it on each connection as well.
+    # client's delayed ACK). serve/api/guard.py sets it on each connection as well.
     sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does: TIME_WAIT is no obstacle
@@ -44,13 +44,14 @@ def bind(host: str, port: int):
 def run(engine, flags, limits: Limits = _D, sock=None, phases=None, scheduler=None) -> int:
     """Serve until a signal; the exit code. `flags`: the command's `serve.flags.ServeFlags` (where it
     listens, the api key, --sampling, --metrics-prefix, --http, --allowed-hosts, --stats-every);
-    `sock`: the listening socket (`bind`), else bound here; `phases` (`serve.startup.Phases`): the
+    `sock`: the listening socket (`bind`), else bound here; `phases` (`serve.common.startup.Phases`): the
     start so far, whose split the ready line gives; `scheduler`: one already started (the engine
-    core's process stand-in, `serve.frontend.RemoteScheduler`), else one is started here."""
+    core's process stand-in, `serve.client.frontend.RemoteScheduler`), else one is started here."""
     import uvicorn
 
-    from serve import guard, logs
-    from serve.startup import Phases
+    from serve.api import guard
+    from serve.common import logs
+    from serve.common.startup import Phases
 
     phases = phases or Phases()
     phases.mark("imports")
@@ -81,9 +82,9 @@ def run(engine, flags, limits: Limits = _D, sock=None, phases=None, scheduler=No
 
 
 def _app(engine, flags, limits: Limits, limit_log, scheduler):
-    """The app (`serve.app.make_app`) over the scheduler, as the flags configure it."""
-    from serve.app import make_app
-    from serve.hosts import Hosts
+    """The app (`serve.api.app.make_app`) over the scheduler, as the flags configure it."""
+    from serve.api.app import make_app
+    from serve.api.hosts import Hosts
 
     allowed = None if flags.allowed_hosts is None else tuple(flags.allowed_hosts.split(","))
     return make_app(scheduler, engine, flags.api_key, limits, limit_log, flags.protect_stats,
@@ -97,10 +98,10 @@ def _serve(server, sock, scheduler, limit_log) -> None:
                for name in ("uvicorn.error", "asyncio")]
     for logger, f in filters:
         logger.addFilter(f)
-    from serve import hosted
+    from serve.common import hosted
 
     # a host's command: the host's signal message stops it as SIGTERM (SIGINT) would; SIGKILL, or a
-    # crash, stops it at once (serve/hosted.py)
+    # crash, stops it at once (serve/common/hosted.py)
     if not hosted.on_stop(lambda sig: _stop_hosted(server, sig)):
         # uvicorn re-raises the signal it drained on; let that land here, harmlessly, so we exit 0
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -115,7 +116,7 @@ def _serve(server, sock, scheduler, limit_log) -> None:
 
 def _stopped(engine, server, app, scheduler, limit_log) -> int:
     """After an orderly stop: the core stopped and joined, the `stopped` line; 75 when requests were cut off."""
-    from serve import logs
+    from serve.common import logs
 
     scheduler.stop()
     scheduler.join(timeout=30)
@@ -136,9 +137,9 @@ GRACE_S = 5.0
 
 def start_scheduler(engine, stats_every: float, phases):
     """The scheduler thread over `engine`, started and ready; its ready line logged."""
-    from serve import logs
-    from serve.scheduler import Scheduler
-    from serve.startup import freeze_when
+    from serve.common import logs
+    from serve.common.startup import freeze_when
+    from serve.core.scheduler import Scheduler
 
     scheduler = Scheduler(engine, stats_every)
     scheduler.start()
@@ -168,7 +169,7 @@ def _server_type(uvicorn, engine, host: str, port: int, phases, limit_log, limit
     """uvicorn's server with our start (the `serving` line, the limiter's flusher, event-loop errors
     through the limiter, with `freeze` the heap frozen) and our drain (the scheduler's, logged);
     `drained` says whether it finished."""
-    from serve import logs
+    from serve.common import logs
 
     class Server(uvicorn.Server):
         drained = False
@@ -190,7 +191,7 @@ def _server_type(uvicorn, engine, host: str, port: int, phases, limit_log, limit
                 else:
                     logs.event("front end ready", "DEBUG", index=index, pid=os.getpid())
                 if freeze:
-                    from serve.startup import freeze_heap
+                    from serve.common.startup import freeze_heap
 
                     freeze_heap()
                 self.flusher = loop.create_task(_flush_every(limit_log))
@@ -208,8 +209,9 @@ def _server_type(uvicorn, engine, host: str, port: int, phases, limit_log, limit
 async def _shutdown(server, limits: Limits, scheduler, sockets) -> None:
     """uvicorn's graceful shutdown, but the port answers until the end: a connection that arrives
     meanwhile, or a request on a connection idle when it began, gets a 503 `server_shutting_down`
-    (`serve.guard`), not a reset; the listening socket closes last."""
-    from serve import guard, logs
+    (`serve.api.guard`), not a reset; the listening socket closes last."""
+    from serve.api import guard
+    from serve.common import logs
 
     logs.event("draining", drain_timeout=limits.drain_timeout, connections=len(server.server_state.connections))
     scheduler.drain(limits.drain_timeout)
@@ -266,7 +268,7 @@ async def _close_listening(server, sockets, whole: bool = True) -> None:
     `tests/test_serve_exit.py`'s hammer. Only when the whole server goes (`whole`: the leader, or the
     only front end): with --frontends the socket is shared, and another front end told to stop alone
     leaves it listening in the others (closing its own descriptor resets nothing)."""
-    from serve import guard
+    from serve.api import guard
 
     loop = asyncio.get_running_loop()
     taken = []

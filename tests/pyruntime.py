@@ -54,7 +54,7 @@ class PyRuntime:
         self.host_pages: dict[int, list] = {}
         self.host_lines: dict[int, list[int]] = {}
         self.steps = 0
-        # the rest of serve.device.Device: one process keeps no step timing and loses no stage
+        # the rest of serve.core.device.Device: one process keeps no step timing and loses no stage
         self.timing = None
         self.epoch = 0
         self.broken = None
@@ -178,13 +178,13 @@ class PyRuntime:
 
 def engine(manifest_name: str, capacity: int, host_bytes: int, max_seqs: int, rows: int | None = None,
            chunk: int | None = None, first_slots: int | None = None, pack: int = 0):
-    """A serve.engine.Engine over the real pool, index and host tier, with a `PyRuntime`; `pack` > 0
+    """A serve.core.engine.Engine over the real pool, index and host tier, with a `PyRuntime`; `pack` > 0
     packs up to that many sequences into one prefill call (as a manifest declaring cu_seqlens does)."""
     from manifests import derive, load
     from manifests.config import resolve
     from pool import Geometry, Host, Lease, Pool, Prefix, chunk_size, chunks_for
-    from serve.engine import Engine
-    from serve.faults import Faults
+    from serve.core.engine import Engine
+    from serve.core.faults import Faults
 
     m = load(resolve(manifest_name, None, None).manifest)
     unit, lined = derive.page_unit(m), derive.is_lined(m)

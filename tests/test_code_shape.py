@@ -53,7 +53,8 @@ def test_the_reader_catches_each_rule(tmp_path):
         f"def long():\n{long_body}\n\n\ndef wide({wide}):\n    pass\n\n\ndef loose(**kw):\n    pass\n")
     (tmp_path / "serve" / "big.py").write_text("x = 1\n" * 501)
     (tmp_path / "serve" / "trace_replay.py").write_text("import replay.run\n")
-    (tmp_path / "serve" / "client.py").write_text(
+    (tmp_path / "serve" / "client").mkdir()
+    (tmp_path / "serve" / "client" / "seam.py").write_text(
         "from typing import Any, Protocol\n\n\nclass EngineClient(Protocol):\n    faults: Any\n\n\n"
         "def use(c: EngineClient):\n    return getattr(c, 'x', None)\n")
     (tmp_path / "serve" / "fine.py").write_text(
@@ -65,5 +66,5 @@ def test_the_reader_catches_each_rule(tmp_path):
     assert [w for w, _ in found["**kwargs"]] == ["serve/bad.py:loose"]
     assert [w for w, _ in found["files > 500"]] == ["serve/big.py"]
     assert [w for w, _ in found["replay in serve"]] == ["serve/trace_replay.py"]
-    assert [w for w, _ in found["seam probes"]] == ["serve/client.py:9"]
-    assert [w for w, _ in found["Any on seam"]] == ["serve/client.py:5"]
+    assert [w for w, _ in found["seam probes"]] == ["serve/client/seam.py:9"]
+    assert [w for w, _ in found["Any on seam"]] == ["serve/client/seam.py:5"]

@@ -1,4 +1,4 @@
-"""The serving core under a model: `serve.core.Core` over the real pool, index and host tier, driven in
+"""The serving core under a model: `serve.core.core.Core` over the real pool, index and host tier, driven in
 process by a pure-Python runtime (tests/pyruntime.py) that carries out every plan on plain objects.
 
 A hypothesis state machine submits (fresh prompts and next turns of finished conversations), aborts,
@@ -27,9 +27,9 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from pool import Tier
 from pyruntime import engine
-from serve.admission import WAIT
-from serve.core import Core
-from serve.request import EOS, Request, Status
+from serve.core.admission import WAIT
+from serve.core.core import Core
+from serve.core.request import EOS, Request, Status
 from toy import model as tm
 from verdicts.policy import POLICY_COUNTERS, Policy
 

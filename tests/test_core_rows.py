@@ -1,4 +1,4 @@
-"""A running request keeps its row of the batch from step to step (serve/core.py's `_leave`).
+"""A running request keeps its row of the batch from step to step (serve/core/core.py's `_leave`).
 
 The runtime keeps its page-table rows between steps by position (runtime/tables.py), so every request
 that moves to another row of the forward step costs a rebuild and an upload of its row. The property,
@@ -15,8 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pyruntime import engine
-from serve.core import FORWARD, Core
-from serve.request import EOS, Request
+from serve.core.core import FORWARD, Core
+from serve.core.request import EOS, Request
 from toy import model as tm
 
 PROMPTS = [list(b"The lighthouse keeper"), list(b"To make a proper risotto"), list(b"A hash map trades")]

@@ -1,4 +1,4 @@
-"""Every implementation of `serve.device.Device` states every member of the protocol, each method with
+"""Every implementation of `serve.core.device.Device` states every member of the protocol, each method with
 a signature the core's calls fit: the single-process runtime, the pipeline head, the replay's plan-only
 runtime, the step-level faults' wrapper and the test doubles. The core calls these members directly (no `getattr` probing), so a
 member missing from any of them is an AttributeError waiting for the one server that reaches it."""
@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from serve.device import Device, Losable
+from serve.core.device import Device, Losable
 
 DATA = sorted(Device.__annotations__)
 METHODS = sorted(n for n, v in vars(Device).items() if inspect.isfunction(v) and not n.startswith("_"))
@@ -73,7 +73,7 @@ def _stage0():
 
 
 def _faulty():
-    from serve.faults import STEP_FAULTS, FaultyDevice
+    from serve.core.faults import STEP_FAULTS, FaultyDevice
 
     return FaultyDevice(_pyruntime(), STEP_FAULTS, {"requests": 0}, "prefill", 4)
 
@@ -88,7 +88,7 @@ IMPLEMENTATIONS = {
     "runtime.runtime.Runtime": _runtime,
     "serve.pipeline.pipeline.Pipeline": _pipeline,
     "replay.run._Runtime": _replay,
-    "serve.faults.FaultyDevice": _faulty,
+    "serve.core.faults.FaultyDevice": _faulty,
     "tests.pyruntime.PyRuntime": _pyruntime,
     "tests.test_pipeline_head.FakeRuntime": _stage0,
 }
@@ -114,7 +114,7 @@ def test_a_device_that_can_lose_state_is_losable(make):
 
 
 def _faulty_over(inner):
-    from serve.faults import STEP_FAULTS, FaultyDevice
+    from serve.core.faults import STEP_FAULTS, FaultyDevice
 
     return FaultyDevice(inner, STEP_FAULTS, {"requests": 0}, "prefill", 4)
 
@@ -134,7 +134,7 @@ def test_the_scheduler_imports_no_pipeline_module():
     import ast
     from pathlib import Path
 
-    tree = ast.parse((Path(__file__).resolve().parent.parent / "serve" / "scheduler.py").read_text())
+    tree = ast.parse((Path(__file__).resolve().parent.parent / "serve" / "core" / "scheduler.py").read_text())
     names = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
     names |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     assert not [n for n in names if n.startswith("serve.pipeline")], sorted(names)

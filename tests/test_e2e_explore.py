@@ -1,6 +1,6 @@
 """The explore session's generator (e2e/scenarios/explore.py): a seed gives one plan, and the plan
 reaches each limit it claims. The plans are checked without a server (the packed calls through
-`serve.pack.pack` itself, EOS through the reference); the last test gates the session on the shipped
+`serve.core.pack.pack` itself, EOS through the reference); the last test gates the session on the shipped
 code of a target that packs prefill.
 """
 
@@ -15,7 +15,7 @@ import pytest
 
 from e2e.scenarios import explore
 from oracle.reference import Reference
-from serve.pack import Bounds, Waiting, pack
+from serve.core.pack import Bounds, Waiting, pack
 
 ROOT = Path(__file__).resolve().parent.parent
 TOY = ROOT / "manifests" / "toy"

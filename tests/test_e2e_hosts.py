@@ -18,7 +18,7 @@ from e2e.hosts import Host, Hosts
 from e2e.log import Log
 from e2e.session import ServerExited, Session, project_env, server_command
 from manifests.config import PACKAGED
-from serve import hosted
+from serve.common import hosted
 
 FLAGS = ["--backend", "cpu", "--capacity", "1024"]
 
@@ -221,7 +221,7 @@ def test_a_cpu_host_refuses_a_threading_layer_that_is_not_thread_safe():
 
 
 def test_outside_a_host_a_server_has_its_process():
-    """`serve.hosted` outside a host: the process's environment, no stop hook (the caller's signals),
+    """`serve.common.hosted` outside a host: the process's environment, no stop hook (the caller's signals),
     no start clock of its own."""
     assert hosted.COMMAND.get() is None
     assert hosted.getenv("PATH") is not None

@@ -1,7 +1,7 @@
 """The gate's /metrics prediction (e2e/metrics.py) against the server's own metric code.
 
 Property: for any session of answered, hung-up and refused requests, feeding the server's `Metrics`
-(serve/metrics.py) the updates those requests produce gives a scrape the gate's verdict passes, and
+(serve/api/metrics.py) the updates those requests produce gives a scrape the gate's verdict passes, and
 moving any one request metric by one fails it.
 """
 
@@ -16,9 +16,9 @@ from hypothesis import strategies as st
 
 from e2e.client import hung_up
 from e2e.metrics import Sent, parse, predict, told, verdict
-from serve.metrics import Metrics
-from serve.request import Done, Update
-from serve.stats import COUNTERS, GAUGES
+from serve.api.metrics import Metrics
+from serve.core.request import Done, Update
+from serve.core.stats import COUNTERS, GAUGES
 
 
 @st.composite

@@ -53,7 +53,7 @@ def test_the_page_documents_every_capability_and_the_table_names_real_checks():
 
 
 def test_kern_serve_declares_every_capability_a_server_can_have():
-    from serve.app import CAPABILITIES as SERVED
+    from serve.api.app import CAPABILITIES as SERVED
 
     assert set(SERVED) == set(CAPABILITIES) - set(KERN_ONLY)
 

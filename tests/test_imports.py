@@ -1,7 +1,8 @@
 """The packages' imports, read from the source (every `import`, at module level, inside a function, or
-under `TYPE_CHECKING`): no import circle between any two modules, and every import between packages
-points the way docs/architecture.md draws it; that page's table of arrows is `ALLOWED`, package for
-package. The checks are shown to fail on a tree (or a page) built to break them.
+under `TYPE_CHECKING`): no import circle between any two modules, every import between packages
+points the way docs/architecture.md draws it (that page's table of arrows is `ALLOWED`, package for
+package), and inside serve/ every import between its rooms too (`ROOMS`, the page's table of rooms).
+The checks are shown to fail on a tree (or a page) built to break them.
 """
 
 from __future__ import annotations
@@ -26,6 +27,19 @@ ALLOWED = {
 }
 """Which packages each may import (docs/architecture.md's table). A module that imports nothing of the
 project (a leaf: `oracle/version.py`, which `kern serve --version` uses) may be imported from anywhere."""
+
+
+ROOMS = {
+    "common": set(),  # leaves every room may import: logs, hosted, exits, startup, api_error
+    "core": {"common"},  # the policy and its thread; beyond serve/ only runtime, pool, manifests
+    "pipeline": {"core", "common"},  # the head drives the core's Device; the stages build its engine
+    "client": {"core", "common"},  # the seam and the core in another process
+    "api": {"client", "common"},  # HTTP only: the core through the seam, never directly
+    "serve": {"api", "client", "core", "pipeline", "common"},  # serve/*.py: the entry points, which wire
+}  # the rooms together (cli, server, flags, __main__); no room imports them
+"""Inside serve/, which rooms (subpackages) each may import: api -> client -> core, pipeline -> core,
+every room -> common; `serve` is the package's top-level modules. No leaf is excepted here: an import
+that points up between rooms fails whatever it imports."""
 
 
 def graph(root: Path, packages=PACKAGES) -> dict[str, set[str]]:
@@ -116,12 +130,55 @@ def upward(edges: dict[str, set[str]], allowed=ALLOWED) -> list[str]:
     return sorted(bad)
 
 
+def room_of(module: str, rooms=ROOMS) -> str:
+    """The room of a module of serve/ (`serve.core.engine` -> `core`); a top-level module's is `serve`."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[1] in rooms else parts[0]
+
+
+def upward_rooms(edges: dict[str, set[str]], rooms=ROOMS, package: str = "serve") -> list[str]:
+    """Imports between the rooms of `package` that `rooms` does not allow."""
+    bad = []
+    for m, ts in edges.items():
+        for t in ts:
+            if m.split(".")[0] == t.split(".")[0] == package:
+                a, b = room_of(m, rooms), room_of(t, rooms)
+                if a != b and b not in rooms[a]:
+                    bad.append(f"{m} -> {t}")
+    return sorted(bad)
+
+
 def test_no_import_circle():
     assert circles(graph(ROOT)) == []
 
 
 def test_imports_point_the_way_the_architecture_draws_them():
     assert upward(graph(ROOT)) == []
+
+
+def test_the_rooms_of_serve_import_only_downward():
+    assert set(ROOMS) == {p.name for p in (ROOT / "serve").iterdir() if (p / "__init__.py").is_file()} | {"serve"}
+    assert upward_rooms(graph(ROOT)) == []
+
+
+def test_the_rooms_check_catches_an_upward_import(tmp_path):
+    files = {"cli.py": "from serve.api import app\nfrom serve.core import engine\n",
+             "api/app.py": "from serve.client.seam import Request\nfrom serve.core.engine import Engine\n",
+             "client/seam.py": "from serve.core.request import Request\nfrom serve.common import logs\n",
+             "core/engine.py": "from serve.common import logs\n",
+             "core/request.py": "def f():\n    from serve.client import seam\n",
+             "core/faults.py": "from serve import cli\n",
+             "common/logs.py": "import serve.core.engine\n",
+             "pipeline/head.py": "from serve.core.engine import Engine\nfrom serve.api.app import x\n"}
+    for name, text in files.items():
+        (tmp_path / "serve" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "serve" / name).write_text(text)
+    for room in ("", "api", "client", "core", "common", "pipeline"):
+        (tmp_path / "serve" / room / "__init__.py").write_text("")
+    assert upward_rooms(graph(tmp_path, ("serve",))) == [
+        "serve.api.app -> serve.core.engine", "serve.common.logs -> serve.core.engine",
+        "serve.core.faults -> serve.cli", "serve.core.request -> serve.client.seam",
+        "serve.pipeline.head -> serve.api.app"]
 
 
 def test_the_checks_catch_a_circle_and_an_upward_import(tmp_path):
@@ -139,27 +196,31 @@ def test_the_checks_catch_a_circle_and_an_upward_import(tmp_path):
 
 ARCHITECTURE = ROOT / "docs" / "architecture.md"
 HEADER = "| package | owns | imports |"
+ROOMS_HEADER = "| room | owns | imports |"
 
 
-def drawn(text: str, packages=PACKAGES) -> dict[str, set[str]]:
-    """docs/architecture.md's table of packages: each row's package -> the packages its `imports`
-    cell names in backticks (other words there are notes)."""
+def drawn(text: str, packages=PACKAGES, header: str = HEADER) -> dict[str, set[str]]:
+    """docs/architecture.md's table under `header` (the packages', or serve's rooms'): each row's name
+    (the first word in backticks of its first cell) -> the names its `imports` cell gives in backticks
+    (other words there are notes)."""
     lines = text.splitlines()
-    if HEADER not in lines:
-        raise ValueError(f"no table headed {HEADER!r}")
+    if header not in lines:
+        raise ValueError(f"no table headed {header!r}")
     rows = {}
-    for line in lines[lines.index(HEADER) + 2:]:
+    for line in lines[lines.index(header) + 2:]:
         if not line.startswith("|"):
             break
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        rows[cells[0].strip("`").rstrip("/")] = {w for w in re.findall(r"`([^`]+)`", cells[-1]) if w in packages}
+        name = re.search(r"`([^`]+)`", cells[0])
+        name = (name.group(1) if name else cells[0]).rstrip("/")
+        rows[name] = {w for w in re.findall(r"`([^`]+)`", cells[-1]) if w in packages}
     return rows
 
 
-def drift(text: str, allowed=ALLOWED, packages=PACKAGES) -> list[str]:
+def drift(text: str, allowed=ALLOWED, packages=PACKAGES, header: str = HEADER) -> list[str]:
     """Where the page's table and `allowed` differ: a package with no row, a row for no package, an
     arrow drawn and not allowed, or allowed and not drawn."""
-    rows = drawn(text, packages)
+    rows = drawn(text, packages, header)
     out = [f"{p}: no row" for p in packages if p not in rows]
     out += [f"{p}: a row for no package" for p in rows if p not in packages and p != "tests"]
     for p in packages:
@@ -182,6 +243,18 @@ def test_the_drawing_check_catches_a_missing_row_and_a_wrong_arrow():
     assert drift(broken) == ["pool: no row", "e2e -> serve: drawn, not allowed", "e2e -> oracle: allowed, not drawn"]
     added = text.replace(pool_row, pool_row + "\n| `extra/` | x | nothing |")
     assert drift(added) == ["extra: a row for no package"]
+
+
+def test_the_architecture_page_draws_the_rooms_of_serve():
+    assert drift(ARCHITECTURE.read_text(), ROOMS, tuple(ROOMS), ROOMS_HEADER) == []
+
+
+def test_the_rooms_drawing_check_catches_an_upward_arrow_drawn():
+    text = ARCHITECTURE.read_text()
+    lines = text.splitlines()
+    core = next(line for line in lines[lines.index(ROOMS_HEADER):] if line.startswith("| `core/` |"))
+    broken = text.replace(core, core.rpartition("|")[0] + "| `common`, `client` |")
+    assert drift(broken, ROOMS, tuple(ROOMS), ROOMS_HEADER) == ["core -> client: drawn, not allowed"]
 
 
 LONGEST = 80  # lines a function of serve/ or e2e/ may take, its docstring included

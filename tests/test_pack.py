@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from serve.pack import Bounds, Waiting, pack
+from serve.core.pack import Bounds, Waiting, pack
 
 B = Bounds(rows=8, seqs=3, context=20)
 

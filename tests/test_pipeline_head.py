@@ -14,7 +14,7 @@ from serve.pipeline.transport import Message
 
 
 class FakeRuntime:
-    """Stage 0: records what ran on it, in order (a whole `serve.device.Device`)."""
+    """Stage 0: records what ran on it, in order (a whole `serve.core.device.Device`)."""
 
     unit, reach, lined, host_page_bytes = 16, 1024, False, 100
 
@@ -99,7 +99,7 @@ def test_plans_ride_the_next_item_and_run_here_at_once():
 def test_every_plan_method_is_replayed_by_name_on_the_stages():
     """Each of the Device's plan methods called on the head runs on stage 0 at once and travels as its
     own name: a stage replaying the item's plans (serve/pipeline/work.py) makes the same calls, in order."""
-    from serve.device import Device
+    from serve.core.device import Device
     from serve.pipeline.work import PLANS, apply_plans
 
     p, _, down = _pipe()

@@ -210,7 +210,7 @@ def test_a_request_waiting_past_the_queue_timeout_gets_503_with_retry_after(serv
 
 
 def test_the_client_is_its_bearer_key_else_its_address():
-    from serve.routes_complete import client_of
+    from serve.api.routes_complete import client_of
 
     def req(headers: dict, host: str | None = "10.0.0.7"):
         return SimpleNamespace(headers=headers, client=SimpleNamespace(host=host) if host else None)

@@ -17,7 +17,7 @@ import time
 import pytest
 
 from conftest import can_bind, start_server
-from serve import bodies
+from serve.api import bodies
 
 BIG, SMALL = "127.0.0.2", "127.0.0.3"
 BURST = 24

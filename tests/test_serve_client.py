@@ -1,4 +1,4 @@
-"""serve/client.py: the front end / engine core seam. Both implementations (the scheduler thread in
+"""serve/client/seam.py: the front end / engine core seam. Both implementations (the scheduler thread in
 process, `RemoteScheduler` for a core in another process) carry every member of `EngineClient`, and
 the engine views the routes read (`Engine`, `RemoteEngine`) every member of `EngineView`; the
 delivery enum says what each does with updates."""
@@ -9,10 +9,10 @@ import inspect
 
 import pytest
 
-from serve.client import Delivery, EngineClient, EngineView
-from serve.engine import Engine
-from serve.frontend import RemoteEngine, RemoteScheduler
-from serve.scheduler import Scheduler
+from serve.client.frontend import RemoteEngine, RemoteScheduler
+from serve.client.seam import Delivery, EngineClient, EngineView
+from serve.core.engine import Engine
+from serve.core.scheduler import Scheduler
 
 
 def _members(proto) -> set[str]:

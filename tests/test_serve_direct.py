@@ -1,4 +1,4 @@
-"""The generating routes' direct path (`serve.app.Kern`: a POST to /v1/completions or
+"""The generating routes' direct path (`serve.api.app.Kern`: a POST to /v1/completions or
 /v1/chat/completions skips FastAPI's middleware stack and router) answers exactly as the full stack
 does: every bad input of the error matrix, a missing key, a handler's unexpected exception, and a
 good request, each sent once through each path of one app, in process."""
@@ -20,9 +20,9 @@ TARGET = "toy-paged"
 
 @pytest.fixture(scope="module")
 def app():
-    from serve.app import make_app
-    from serve.engine import Options, build
-    from serve.scheduler import Scheduler
+    from serve.api.app import make_app
+    from serve.core.engine import Options, build
+    from serve.core.scheduler import Scheduler
 
     engine = build(TARGET, Options(capacity=1024, backend="cpu"))
     sched = Scheduler(engine)
@@ -77,7 +77,7 @@ def test_a_missing_key_is_answered_alike(app):
 
 def test_an_unexpected_exception_is_a_500_alike(app, monkeypatch):
     """A handler's exception nobody expected: our 500 body through both paths, never a bare text."""
-    from serve import routes_complete
+    from serve.api import routes_complete
 
     def broken(*_a, **_kw):
         raise RuntimeError("planted")

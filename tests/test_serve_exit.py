@@ -138,7 +138,7 @@ def test_a_listening_socket_told_to_stop_handshakes_takes_none_new_and_keeps_the
 
     import pytest
 
-    from serve import guard
+    from serve.api import guard
 
     if not sys.platform.startswith("linux"):
         pytest.skip("a socket filter is Linux's")

@@ -345,7 +345,7 @@ def test_head_on_models_answers(server):
 
 # every string-bearing field of the two schemas and the token endpoints, as (endpoint, path, body maker)
 def _fields():
-    from serve.validate import CHAT, CMPL, PARAMS
+    from serve.api.validate import CHAT, CMPL, PARAMS
 
     base = {CMPL: {"prompt": [1, 2], "max_tokens": 1}, CHAT: {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}}
     out = []

@@ -118,7 +118,7 @@ def test_keep_overshoot_misbehaves(kern_server):
 
 
 def test_every_fault_is_listed_under_help_and_bound_only_by_serve_faults():
-    """Each fault is described under --help; `serve/faults.py` binds each one (the core's device wrapped,
+    """Each fault is described under --help; `serve/core/faults.py` binds each one (the core's device wrapped,
     a hook point of the core or its admission replaced, or what the HTTP side asks changed); and no
     other file of serve/ names one: the serving code has no fault branch."""
     import ast
@@ -128,15 +128,15 @@ def test_every_fault_is_listed_under_help_and_bound_only_by_serve_faults():
 
     from pyruntime import engine
     from serve.cli import serve_command
-    from serve.core import Core
-    from serve.faults import FAULTS, Faults
+    from serve.core.core import Core
+    from serve.core.faults import FAULTS, Faults
 
     out = "".join(CliRunner().invoke(serve_command, ["--help"]).output.split())  # click wraps at hyphens
     serve = Path(__file__).resolve().parent.parent / "serve"
     named = {f"{p.relative_to(serve)}: {node.value}" for p in serve.rglob("*.py") if p.name != "faults.py"
              for node in ast.walk(ast.parse(p.read_text()))
              if isinstance(node, ast.Constant) and node.value in FAULTS}
-    assert not named, f"fault names outside serve/faults.py: {sorted(named)}"
+    assert not named, f"fault names outside serve/core/faults.py: {sorted(named)}"
     e, _ = engine("toy-paged", 64 * 16, 0, 4)
     plain = _bound(Core(e), e)
     for name in FAULTS:

@@ -1,4 +1,4 @@
-"""`kern serve --frontend-process`: the engine core in a process of its own (serve/frontend.py).
+"""`kern serve --frontend-process`: the engine core in a process of its own (serve/client/frontend.py).
 
 - the same requests get the same answers, whole and streamed, as from the in-process server (every
   field but `created`: chat and completions, stop strings and stop ids, echo, usage, the kern object,
@@ -187,8 +187,8 @@ def _core_pid(server) -> int | None:
 def test_a_lagging_stream_sends_the_queued_tokens_as_one_chunk():
     import asyncio
 
-    from serve.request import Done, Update
-    from serve.routes_complete import _merged
+    from serve.api.routes_complete import _merged
+    from serve.core.request import Done, Update
 
     q: asyncio.Queue = asyncio.Queue()
     for u in (Update([2]), Update([3, 4]), Update([5], Done("length"))):
@@ -207,15 +207,15 @@ def test_a_lagging_stream_sends_the_queued_tokens_as_one_chunk():
 
 def test_the_core_reads_every_message_once_in_order_from_two_threads():
     """The engine core reads the front end's socket from two threads, one at a time
-    (serve/frontend_core.py): the scheduler thread after each iteration (`Bridge.flush`, never
+    (serve/client/frontend_core.py): the scheduler thread after each iteration (`Bridge.flush`, never
     waiting), the main thread when the socket's descriptor wakes it (`_receive`). Property: every
     message sent is handled exactly once and in order, while both read and after the scheduler
     thread stops reading (the descriptor is edge-triggered: a read that leaves a message behind
     would leave it there for good)."""
     import zmq
 
-    from serve.frontend_core import Bridge, _receive
-    from serve.messages import HungUp, encode
+    from serve.client.frontend_core import Bridge, _receive
+    from serve.core.messages import HungUp, encode
 
     class Scheduler:
         def __init__(self) -> None:
@@ -274,12 +274,12 @@ def _bridge_run(plans: list[tuple[bool, list[int], bool]], every_s: float):
     front end's requests: (gathered tokens or streamed updates, track), its `Pending`)."""
     import asyncio
 
-    from serve.frontend import RemoteScheduler
-    from serve.frontend_core import Bridge, Timed
-    from serve.messages import decode
-    from serve.metrics import Metrics
-    from serve.request import Done, Request, Update
-    from serve.routes_complete import Gather
+    from serve.api.metrics import Metrics
+    from serve.api.routes_complete import Gather
+    from serve.client.frontend import RemoteScheduler
+    from serve.client.frontend_core import Bridge, Timed
+    from serve.core.messages import decode
+    from serve.core.request import Done, Request, Update
 
     sent: list[bytes] = []
 
@@ -330,7 +330,7 @@ def _bridge_run(plans: list[tuple[bool, list[int], bool]], every_s: float):
 
 def test_whole_answers_tokens_are_held_in_the_core_and_counted_once():
     """Under --frontend-process the engine core holds a whole (not streamed) answer's tokens after its
-    first and sends them with its finish, timing them itself (serve/frontend_core.py `Timed`).
+    first and sends them with its finish, timing them itself (serve/client/frontend_core.py `Timed`).
     Properties, over any mix of whole and streamed requests, tokens per update (speculative steps
     make several) and finishes (length or an abort): every request's tokens reach the front end once,
     in order; a whole answer gets two entries at most (its first tokens, at once, and its finish); a
@@ -340,7 +340,7 @@ def test_whole_answers_tokens_are_held_in_the_core_and_counted_once():
     to); no held timing is left unsent after /metrics' snapshot (`send_timed`)."""
     from hypothesis import given, settings, strategies as st
 
-    from serve.messages import decode
+    from serve.core.messages import decode
 
     plan = st.tuples(st.booleans(), st.lists(st.integers(1, 3), min_size=1, max_size=6), st.booleans())
 

@@ -1,4 +1,4 @@
-"""`kern serve --frontends N`: N HTTP front-end processes on one port, one engine core (serve/frontend.py).
+"""`kern serve --frontends N`: N HTTP front-end processes on one port, one engine core (serve/client/frontend.py).
 
 - every front end serves (each one's own count of answered requests, from its metrics file), request
   ids are one numbering across them, and every answer, whole or streamed, is toy/model.py's;

@@ -156,7 +156,7 @@ def test_the_default_names_do_not_serve_the_dashboard():
     """Without the flag the dashboard finds nothing: every query names a vllm: metric, kern's are kern:."""
     from prometheus_client import generate_latest
 
-    from serve.metrics import Metrics
+    from serve.api.metrics import Metrics
 
     names = {n for _, expr in queries(json.loads(OURS.read_text())) for n in names_in(expr)}
     assert names and all(n.startswith("vllm:") for n in names)

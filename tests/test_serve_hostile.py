@@ -23,9 +23,9 @@ import pytest
 
 from conftest import oracle
 from serve.cli import EXIT_CUT_OFF
-from serve.engine import Options, build
-from serve.request import Request
-from serve.scheduler import Scheduler
+from serve.core.engine import Options, build
+from serve.core.request import Request
+from serve.core.scheduler import Scheduler
 
 
 def test_scheduler_never_waits_with_admissible_work():
@@ -198,7 +198,7 @@ MAX_CONNECTIONS = 6
 
 @pytest.fixture(scope="module", params=["httptools", "h11"])
 def bounded(request, tmp_path_factory):
-    """Tight limits, under each HTTP parser (serve/guard.py holds the limits over both)."""
+    """Tight limits, under each HTTP parser (serve/api/guard.py holds the limits over both)."""
     from conftest import start_server
 
     s = start_server("toy-paged", "--api-key", KEY, "--protect-stats", "--max-connections", str(MAX_CONNECTIONS),

@@ -1,4 +1,4 @@
-"""`--http`: which HTTP parser serves (serve/guard.py `parser`), and the clear error when the one
+"""`--http`: which HTTP parser serves (serve/api/guard.py `parser`), and the clear error when the one
 asked for is missing. The limits under each parser are tested by the hostile and fairness suites,
 whose bounded servers run under both."""
 
@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from serve.guard import Limits, parser, protocol
-from serve.logs import Limiter
+from serve.api.guard import Limits, parser, protocol
+from serve.common.logs import Limiter
 
 
 def test_auto_takes_httptools_where_installed_else_h11(monkeypatch):

@@ -1,10 +1,10 @@
-"""The per-reason log limiter (serve/logs.py `Limiter`): under a flood of one reason the log holds the
+"""The per-reason log limiter (serve/common/logs.py `Limiter`): under a flood of one reason the log holds the
 first occurrence and then one count per interval; distinct reasons never hide one another; no
 occurrence is lost from the counts."""
 
 from __future__ import annotations
 
-from serve.logs import Limiter
+from serve.common.logs import Limiter
 
 
 class Clock:

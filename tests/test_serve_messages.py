@@ -1,4 +1,4 @@
-"""serve/messages.py: the typed messages of the front-end wire and the scheduler's inbox.
+"""serve/core/messages.py: the typed messages of the front-end wire and the scheduler's inbox.
 
 Properties: every wire message comes back from `decode(encode(m))` equal to what was sent; a request
 crosses the process split with every field of `Asked` (whatever values it holds, stops included);
@@ -16,8 +16,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from serve import messages as m
-from serve.request import Done, Request, Stops
+from serve.core import messages as m
+from serve.core.request import Done, Request, Stops
 
 text = st.text(max_size=8)
 ints = st.lists(st.integers(0, 300), max_size=6)

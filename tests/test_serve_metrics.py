@@ -1,4 +1,4 @@
-"""/metrics (serve/metrics.py): prometheus_client's exposition with vLLM's names under `kern:`, a
+"""/metrics (serve/api/metrics.py): prometheus_client's exposition with vLLM's names under `kern:`, a
 `model_name` label on every sample, histograms that move by exactly the requests served, token
 counters by exactly the tokens sent and received, and one registry per app."""
 
@@ -12,8 +12,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import ask, assert_nothing_leaked
-from serve.metrics import buckets_1_2_5
-from serve.stats import COUNTERS, GAUGES
+from serve.api.metrics import buckets_1_2_5
+from serve.core.stats import COUNTERS, GAUGES
 
 TARGET = "toy-paged"
 MODEL_GAUGES = {"num_requests_running", "num_requests_waiting", "kv_cache_usage_perc", "kv_pages_total",
@@ -123,8 +123,8 @@ def test_names_types_labels_and_what_moves(kern_server):
 
 
 def _engine():
-    from serve.engine import Options, build
-    from serve.scheduler import Scheduler
+    from serve.core.engine import Options, build
+    from serve.core.scheduler import Scheduler
 
     engine = build(TARGET, Options(capacity=512, backend="cpu"))
     sched = Scheduler(engine)
@@ -133,7 +133,7 @@ def _engine():
 
 
 def test_two_apps_in_one_process_do_not_share_metrics():
-    from serve.app import make_app
+    from serve.api.app import make_app
 
     (ea, sa), (eb, sb) = _engine(), _engine()
     try:
@@ -187,7 +187,7 @@ def test_pending_observations_expose_as_the_metrics_fed_one_by_one():
     from hypothesis import given, settings
     from hypothesis import strategies as st
 
-    from serve.metrics import ITL_BUCKETS, Metrics
+    from serve.api.metrics import ITL_BUCKETS, Metrics
 
     values = st.one_of(st.sampled_from(list(ITL_BUCKETS)), st.floats(0, 30, allow_nan=False))
     sizes = st.one_of(st.integers(0, 300), st.sampled_from([1, 2, 5, 10, 20, 50, 64]))

@@ -1,5 +1,5 @@
 """Every OpenAI request parameter is honoured as vLLM honours it, or refused with a 400 naming it
-(serve/validate.py's PARAMS, docs/api.md): stop strings and stop token ids token-exactly against
+(serve/api/validate.py's PARAMS, docs/api.md): stop strings and stop token ids token-exactly against
 toy/model.py, streamed text equal to the whole, echo, truncation, the greedy-only sampling values and
 `--sampling greedy-warn`, unknown keys, type errors, and the keep rule with a stop string against the
 gate's policy oracle.
@@ -16,8 +16,8 @@ import openai
 import pytest
 
 from conftest import EOS, PROMPTS, manifest_dict, oracle
-from serve.request import Request, Stops
-from serve.validate import CHAT, CMPL, PARAMS, table_markdown, text_of
+from serve.api.validate import CHAT, CMPL, PARAMS, table_markdown, text_of
+from serve.core.request import Request, Stops
 
 TARGET = "toy-paged"
 REPO = Path(__file__).resolve().parents[1]
@@ -507,4 +507,4 @@ def test_what_the_gate_drivers_send_is_served(server):
 
 def test_docs_carry_the_table():
     doc = (REPO / "docs" / "api.md").read_text()
-    assert table_markdown() in doc, "docs/api.md's table is not serve/validate.py's PARAMS (table_markdown())"
+    assert table_markdown() in doc, "docs/api.md's table is not serve/api/validate.py's PARAMS (table_markdown())"

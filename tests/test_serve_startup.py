@@ -133,7 +133,7 @@ def test_weights_pins_parse_strictly_and_survive_a_cut():
 
 
 def test_log_level_filters_lines_below_it(capsys):
-    from serve import logs
+    from serve.common import logs
 
     try:
         logs.set_level("info")

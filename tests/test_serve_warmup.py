@@ -15,7 +15,7 @@ TARGET = "toy-paged"
 
 
 def _engine(target: str = TARGET):
-    from serve.engine import Options, build
+    from serve.core.engine import Options, build
 
     return build(target, Options(capacity=512, backend="cpu"))
 
@@ -25,19 +25,19 @@ def test_health_says_warming_until_the_warm_up_is_done(monkeypatch):
     sent meanwhile waits and is answered exactly; after it, /health is ok."""
     from starlette.testclient import TestClient
 
-    import serve.warmup
-    from serve.app import make_app
-    from serve.scheduler import Scheduler
+    import serve.core.warmup
+    from serve.api.app import make_app
+    from serve.core.scheduler import Scheduler
 
     release, started = threading.Event(), threading.Event()
-    real = serve.warmup.warm_up
+    real = serve.core.warmup.warm_up
 
     def held(engine, *a, **kw):
         started.set()
         assert release.wait(60)
         return real(engine, *a, **kw)
 
-    monkeypatch.setattr(serve.warmup, "warm_up", held)
+    monkeypatch.setattr(serve.core.warmup, "warm_up", held)
     engine = _engine()
     sched = Scheduler(engine)
     sched.start()
@@ -68,7 +68,7 @@ def test_health_says_warming_until_the_warm_up_is_done(monkeypatch):
 def test_warm_up_runs_every_program_and_touches_nothing(target):
     """Every program the server may call runs once, one `warming` line each; the pool, the prefix
     cache and the counters are as they were."""
-    from serve.warmup import programs, warm_up
+    from serve.core.warmup import programs, warm_up
 
     engine = _engine(target)
     ran: list[str] = []
@@ -100,7 +100,7 @@ def test_kern_serve_prints_the_warm_up(kern_server):
 
 @pytest.mark.parametrize("frontend_process", [False, True], ids=["in-process", "frontend-process"])
 def test_each_server_process_freezes_its_heap_once_warm(kern_server, frontend_process):
-    """A server process collects and freezes its heap once (serve/startup.py `freeze_heap`): after the
+    """A server process collects and freezes its heap once (serve/common/startup.py `freeze_heap`): after the
     warm-up where it runs the engine, once serving for a front end alone; so a full collection while
     serving scans only what was made since. The frozen objects are the start's (tens of thousands),
     and requests are answered exactly afterwards."""

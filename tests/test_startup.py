@@ -1,11 +1,11 @@
-"""The ready line's start split (`serve/startup.py`): the phases add up to start_s, and start_s counts
+"""The ready line's start split (`serve/common/startup.py`): the phases add up to start_s, and start_s counts
 from the process's start, not from when the clock was made."""
 
 import subprocess
 import sys
 import time
 
-from serve.startup import Phases, process_age
+from serve.common.startup import Phases, process_age
 
 
 def test_phases_add_up_to_start_and_repeat_names_accumulate():
@@ -23,7 +23,7 @@ def test_process_age_counts_from_the_process_start():
     # two fresh children, one sleeping 2 s before it asks: the sleeper sees at least its sleep, and
     # about 2 s more than the other (the same imports before both, which a loaded machine slows by
     # up to a few tenths: CI saw 0.28 s), so the clock starts at the process
-    code = "import time; time.sleep({}); from serve.startup import process_age; print(process_age())"
+    code = "import time; time.sleep({}); from serve.common.startup import process_age; print(process_age())"
     fresh, slept = (float(subprocess.check_output([sys.executable, "-c", code.format(d)], text=True)) for d in (0, 2.0))
     assert slept >= 2.0
     assert 0 < fresh < slept - 1.0, (fresh, slept)

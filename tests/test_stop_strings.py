@@ -1,6 +1,6 @@
 """Stop strings of any length, matched across token boundaries and across stream chunks.
 
-Properties (hypothesis), each against a brute-force rule written here without `serve.request`:
+Properties (hypothesis), each against a brute-force rule written here without `serve.core.request`:
 - the answer ends at the first token after which the text decoded so far (complete characters only)
   holds one of the stop strings, the first of them in the order given; the text is cut before it (or
   after it with `include_stop_str_in_output`); an answer that never completes one runs to its end and
@@ -18,9 +18,9 @@ import codecs
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from serve.app import Reply
-from serve.request import Done, Request, Stops, Update
-from serve.validate import Ask
+from serve.api.app import Reply
+from serve.api.validate import Ask
+from serve.core.request import Done, Request, Stops, Update
 
 EOS = 256
 

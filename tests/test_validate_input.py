@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from serve import validate
-from serve.hosts import Hosts
-from serve.validate import PARTS, ROLES, ROUTE_KEYS, ApiError
+from serve.api import validate
+from serve.api.hosts import Hosts
+from serve.api.validate import PARTS, ROLES, ROUTE_KEYS, ApiError
 
 REPO = Path(__file__).resolve().parents[1]
 MODEL = "toy-paged"

@@ -16,9 +16,9 @@ from pathlib import Path
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from serve.app import Reply
-from serve.request import Done, Request, Stops, Update
-from serve.validate import Ask
+from serve.api.app import Reply
+from serve.api.validate import Ask
+from serve.core.request import Done, Request, Stops, Update
 from verdicts.params import decoded_path, expect, text_of
 
 EOS = 256

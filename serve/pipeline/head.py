@@ -26,7 +26,7 @@ from pathlib import Path
 
 import zmq
 
-from serve import logs
+from serve.common import logs
 from serve.pipeline.liveness import EXIT_PIPELINE, HeadWatch, die, hb_identity
 from serve.pipeline.stage import cut_of
 from serve.pipeline.transport import Message, ZmqWire
@@ -266,7 +266,7 @@ def build_head(paths: list[Path], opts, pp: PipelineOptions):
     from runtime.backends import make_backend
     from runtime.protocol import Protocol
     from runtime.runtime import Runtime
-    from serve.engine import Engine, EngineError, sizing
+    from serve.core.engine import Engine, EngineError, sizing
     from serve.pipeline.pipeline import Pipeline
 
     if opts.device is not None and opts.backend != "cpu":
@@ -341,7 +341,7 @@ def _shared_pool(hellos: dict, capacity: int, unit: int, geometry, host_bytes: f
     """(fewest pages, host pages, pool, host tier, pad): the pages every stage holds (the fewest any
     stage said), the host pages every stage maps, and the head's pool over them with its pad leased."""
     from pool import Lease, Pool, chunk_size, chunks_for
-    from serve.engine import EngineError
+    from serve.core.engine import EngineError
 
     fewest = min([capacity // unit] + [int(h.head["pages"]) for h in hellos.values()])
     capacity = fewest * unit

@@ -23,13 +23,13 @@ import time
 
 import zmq
 
-from serve import logs
-from serve.exits import EXIT_PIPELINE
+from serve.common import logs
+from serve.common.exits import EXIT_PIPELINE
 from serve.pipeline.transport import Message, ZmqWire
 
 __all__ = ["EXIT_PIPELINE", "HeadWatch", "StageWatch", "die_with_parent", "interval_for", "hb_identity"]
 
-# EXIT_PIPELINE (serve/exits.py): the exit code of a head whose stage is gone, or of a stage whose head or
+# EXIT_PIPELINE (serve/common/exits.py): the exit code of a head whose stage is gone, or of a stage whose head or
 # neighbour is gone
 
 

@@ -25,8 +25,8 @@ import queue
 import threading
 import time
 
-from serve import logs
-from serve.device import StageLost  # re-exported: raised here, taken by the scheduler
+from serve.common import logs
+from serve.core.device import StageLost  # re-exported: raised here, taken by the scheduler
 from serve.pipeline.liveness import HeadWatch, die
 from serve.pipeline.transport import Message, Wire
 from serve.pipeline.work import apply_plans, cells_to, encode_plan
@@ -37,7 +37,7 @@ __all__ = ["Pipeline", "StageLost"]
 
 
 class Pipeline:
-    """The serving core's `Device` (serve/device.py) over stages: `step`, the pool's plans, `protocol`,
+    """The serving core's `Device` (serve/core/device.py) over stages: `step`, the pool's plans, `protocol`,
     and what a pipeline adds: `hold_partial`, `trouble`, `epoch`, `broken`, `while_waiting`."""
 
     def __init__(self, work, protocol, down: Wire, watch: HeadWatch, stages: int, timeout: float,

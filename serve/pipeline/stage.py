@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import zmq
 
-from serve import logs
+from serve.common import logs
 from serve.pipeline.liveness import EXIT_PIPELINE, StageWatch, die, die_with_parent
 from serve.pipeline.transport import Message, ZmqWire
 from serve.pipeline.work import StageWork, cells_of
@@ -59,7 +59,7 @@ def cut_of(m) -> tuple[str, int, int]:
 def stage_pages(m, geometry, opts: StageOptions, backend) -> int:
     """The pages this stage could hold: --capacity, or the CPU default, or the GPU's free memory."""
     from manifests import derive
-    from serve.engine import capacity_of
+    from serve.core.engine import capacity_of
 
     return capacity_of(opts.capacity, backend, geometry, 0, opts.reserve_gib, opts.share) // derive.page_unit(m)
 

@@ -1,6 +1,6 @@
 """What one stage does with an item, on its own runtime: the pool's plans first, then the calls.
 
-A plan travels as the name of the `serve.device.Device` method that carries it out and that method's
+A plan travels as the name of the `serve.core.device.Device` method that carries it out and that method's
 argument as plain lists (msgpack-able), in the order the head's pool made them. The head runs each
 plan on stage 0 through the same `apply_plans` every other stage runs on its item (nano-vllm's model
 runner replays its own method names across ranks the same way):

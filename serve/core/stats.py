@@ -1,0 +1,85 @@
+"""Counters (cumulative), the 5 s window behind the `stats` line, and the /stats view (/metrics is
+serve/api/metrics.py, over the same counters and gauges).
+
+Gauges are read from the pool and the index when asked, on the scheduler thread; the snapshot pages
+and slots are recounted from the index's stores, not from the pool's tallies, so a leak shows.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from serve.common import logs
+
+__all__ = ["COUNTERS", "GAUGES", "Counters", "Window"]
+
+COUNTERS = (
+    "requests", "steps", "rounds", "drafted_rows", "accepted_rows", "prefill_tokens", "prefix_hit_tokens",
+    "resident_hits", "resident_hit_tokens", "host_hits", "host_hit_tokens", "parks", "wakes", "wake_tokens",
+    "evictions", "host_evictions", "remaps", "not_kept", "prefill_calls", "aborted",
+)
+GAUGES = (
+    "running", "waiting", "leases", "pages_used", "snapshot_pages", "slots", "slots_used", "snapshot_slots",
+    "resident_entries", "parked_entries", "host_used_bytes",
+)
+# windowed in the stats line (the rest of the line is gauges)
+WINDOWED = (
+    "steps", "prefill_tokens", "prefix_hit_tokens", "resident_hits", "resident_hit_tokens", "host_hits",
+    "host_hit_tokens", "parks", "wakes", "evictions", "host_evictions", "rounds", "drafted_rows",
+    "accepted_rows",
+)
+
+
+@dataclass(slots=True)
+class Counters:
+    values: dict[str, int] = field(default_factory=lambda: dict.fromkeys(COUNTERS, 0))
+    tokens: int = 0  # answer tokens emitted
+    step_s: float = 0.0  # inside runtime.step (the kernels and their staging)
+    loop_s: float = 0.0  # whole scheduler iterations that ran a step
+    copy_s: float = 0.0  # copies, parks, wakes, remaps
+    queried: int = 0  # prompt tokens of admitted requests: /metrics' prefix-cache queries (not in /stats)
+
+    def add(self, name: str, n: int = 1) -> None:
+        self.values[name] += n
+
+    def __getitem__(self, name: str) -> int:
+        return self.values[name]
+
+    def copy(self) -> Counters:
+        return Counters(dict(self.values), self.tokens, self.step_s, self.loop_s, self.copy_s, self.queried)
+
+
+class Window:
+    """Logs one `stats` line per `every` seconds in which something happened."""
+
+    def __init__(self, counters: Counters, every: float = 5.0) -> None:
+        self.counters = counters
+        self.every = every
+        self.start = time.monotonic()
+        self.base = counters.copy()
+
+    def due(self) -> bool:
+        return time.monotonic() - self.start >= self.every
+
+    def flush(self, gauges: dict[str, int]) -> None:
+        now = time.monotonic()
+        c, b = self.counters, self.base
+        d = {k: c[k] - b[k] for k in WINDOWED}
+        if d["steps"] or d["prefix_hit_tokens"] or c.tokens != b.tokens:
+            secs = max(now - self.start, 1e-9)
+            drafted, rounds = d["drafted_rows"], d["rounds"]
+            logs.event(
+                "stats",
+                running=gauges["running"], waiting=gauges["waiting"], steps=d["steps"],
+                step_ms=1000 * (c.step_s - b.step_s) / max(d["steps"], 1), tok_s=(c.tokens - b.tokens) / secs,
+                prefill_tokens=d["prefill_tokens"], prefix_hit_tokens=d["prefix_hit_tokens"],
+                resident_hits=d["resident_hits"], resident_hit_tokens=d["resident_hit_tokens"],
+                host_hits=d["host_hits"], host_hit_tokens=d["host_hit_tokens"], parks=d["parks"], wakes=d["wakes"],
+                evictions=d["evictions"], host_evictions=d["host_evictions"], remaps=c["remaps"],
+                slots=gauges["slots"], slots_used=gauges["slots_used"],
+                accept_pct=100.0 * d["accepted_rows"] / drafted if drafted else 0.0,
+                accepted=(d["accepted_rows"] + rounds) / rounds if rounds else 0.0,
+            )
+        self.start = now
+        self.base = c.copy()
