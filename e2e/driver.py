@@ -16,10 +16,10 @@ from typing import Callable
 from e2e.checks import Checks
 from e2e.config import GateTarget
 from e2e.engine import Engine
-from e2e.gate import SESSION_PORTS, Options, Run
+from e2e.gate import Options, Run
 from e2e.lanes import run_target
 from e2e.oracles import oracles_for
-from e2e.scenarios import CROSS_CHECKS, plan
+from e2e.scenarios import CROSS_CHECKS, SESSION_PORTS, plan
 from e2e.session import stop_all
 
 SESSIONS = len(SESSION_PORTS)  # a target's sessions: its block of ports under a fixed --port

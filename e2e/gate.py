@@ -32,6 +32,7 @@ from e2e.config import GateTarget
 from e2e.engine import Engine
 from e2e.policy import PolicyGate
 from e2e.results import Opened
+from e2e.scenarios import SESSION_PORTS
 from e2e.session import (PortTaken, Session, Unavailable, merge_flags, server_command, split_flags,
                          unused_port)
 from e2e.spawn import Processes, Spawner
@@ -49,11 +50,6 @@ HOST_CHUNK = 98_307  # the host tier's piece size in the gate: 1.5 toy-paged pag
 # parks and wakes cross piece edges all the time, on the CPU as on the GPU (runtime/host_arena.py)
 HUNG_TERM_S = 2.0  # a server with a stuck request: SIGTERM, then SIGKILL after this long
 DEFAULT_WEIGHT = 3  # the default session is every other session's dependency: its host is left lighter
-SESSION_PORTS = {"default": 0, "host": 1, "slots": 2, "rows1": 3, "wake_room": 4, "churn": 5, "drop": 6, "ties": 7, "frag": 8,
-                 "params": 9, "explore": 10, "prefix": 11, "long_room": 12, "blocks": 13, "cold_burst": 14, "tight": 15,
-                 "split": 16, "frontends2": 17, "stage_loss": 18, "recency": 19}
-"""Each session's offset from `e2e --port P` (P + offset); target i of --jobs adds len(SESSION_PORTS) * i, so the
-offsets are exactly 0 .. len - 1 (tests/test_e2e_units.py holds it)."""
 
 
 @dataclass

@@ -11,7 +11,8 @@ import importlib.util
 import sys
 from pathlib import Path
 
-from e2e.engine import Engine, step_lacking
+from e2e.engine import Engine
+from e2e.scenarios import step_lacking
 from test_e2e_driver import EXIT_PASS, checks, gate
 
 ROOT = Path(__file__).resolve().parent.parent
