@@ -30,6 +30,7 @@ from e2e.checks import Checks
 from e2e.client import Answer, Client, Rejected
 from e2e.config import GateTarget
 from e2e.engine import Engine
+from e2e.oracle_seam import Oracle
 from e2e.policy import PolicyGate
 from e2e.results import Opened
 from e2e.scenarios import SESSION_PORTS
@@ -38,6 +39,7 @@ from e2e.session import (PortTaken, Session, Unavailable, merge_flags, server_co
 from e2e.spawn import Processes, Spawner
 from e2e.stats import Stats
 from kern.errors import KernError
+from oracle.cache import CommandRun, KernRun
 from verdicts.policy import POLICY_COUNTERS
 
 __all__ = ["MissingResult", "Options", "Run", "Untold"]
@@ -110,8 +112,8 @@ class Run:
     run, once every lane ended, holds what they all reported (`fold`)."""
     target: GateTarget
     opts: Options
-    oracle: Any
-    runner: Any
+    oracle: Oracle  # what answers are judged against: the reference, else `kern run` (e2e/oracle_seam.py)
+    runner: KernRun | CommandRun | None  # `kern run`, held to the reference (run_equals_reference); None without one
     checks: Checks
     echo: Callable[[str], None] = print
     facts: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -364,7 +366,7 @@ class Run:
         ids = list(prompt.encode()) if isinstance(prompt, str) else list(prompt)
         if live.policy is not None and live.policy.active:  # the reference starts on it while the server serves
             live.policy.prefetch(ids, m)
-        elif callable(getattr(self.oracle, "prefetch", None)):
+        else:
             self.oracle.prefetch(ids, m, self.rows)
         try:
             a = live.client.complete(prompt, m, timeout=timeout)
