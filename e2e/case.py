@@ -153,7 +153,7 @@ def _send(run, live, same: Same, params: list, q: dict[str, Any]) -> None:
             outcome: Any = live.client.request(q["body"], q["path"])[0]
         except Rejected as exc:
             outcome = exc
-        if getattr(run.oracle, "exact", False) and judged(q["body"]):  # a float target's near-ties: the session's
+        if run.oracle.exact and judged(q["body"]):  # a float target's near-ties: the session's
             params.append((q["body"], judge(q["body"], q["path"], outcome, run.oracle, run.rows, eos_of(run))))
     elif kind == "hang_up":
         run.serial_ends("a stream hung up (its abort's timing)")
@@ -328,7 +328,7 @@ def replay_file(path: str | Path, backend: str | None = None, out: Path | None =
         try:
             failed = replay(case, run)
         finally:
-            getattr(run.oracle, "close", lambda: None)()
+            run.oracle.close()
     notes = "; ".join(f"{c['name']}: {c['note']}" for c in run.checks.list if c["ok"] is False)
     return failed, notes
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from e2e.oracle_seam import Oracle
 from e2e.scenarios.params import compare, shape
 from verdicts.params import continuation, expect, text_of
 
@@ -51,7 +52,7 @@ def judged(body: dict[str, Any]) -> bool:
                                             and isinstance(body.get("max_tokens"), int))
 
 
-def expected_for(body: dict[str, Any], oracle, rows: int, eos: int):
+def expected_for(body: dict[str, Any], oracle: Oracle, rows: int, eos: int):
     """(served prompt, `Expected`) for `body`, or None when it is not a body a replay predicts."""
     if not judged(body) or body.get("min_tokens"):
         return None
@@ -66,7 +67,7 @@ def expected_for(body: dict[str, Any], oracle, rows: int, eos: int):
     return served, want
 
 
-def judge(body: dict[str, Any], path: str, outcome: dict[str, Any] | Exception, oracle, rows: int,
+def judge(body: dict[str, Any], path: str, outcome: dict[str, Any] | Exception, oracle: Oracle, rows: int,
           eos: int) -> str | None:
     """What is wrong with the server's `outcome` (a response, or the `Rejected` it raised) to `body`:
     a problem in words, or None when it is exactly what the rule predicts. `min_tokens` above 0 must

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from typing import Callable
 
-from e2e.engine import FRESH, lacking
+from e2e.engine import FRESH
+from e2e.scenarios import lacking
 from verdicts import Check
 
 __all__ = ["Checks", "mark"]

@@ -16,10 +16,10 @@ from typing import Callable
 from e2e.checks import Checks
 from e2e.config import GateTarget
 from e2e.engine import Engine
-from e2e.gate import SESSION_PORTS, Options, Run
+from e2e.gate import Options, Run
 from e2e.lanes import run_target
 from e2e.oracles import oracles_for
-from e2e.scenarios import CROSS_CHECKS, plan
+from e2e.scenarios import CROSS_CHECKS, SESSION_PORTS, plan
 from e2e.session import stop_all
 
 SESSIONS = len(SESSION_PORTS)  # a target's sessions: its block of ports under a fixed --port
@@ -56,7 +56,7 @@ def gate_target(t: GateTarget, opts: Options, reference: Path | None, wanted: se
     began = round(t0 - opts.started, 1)  # where this target sits on the gate's timeline
     oracle, runner = oracles_for(t, reference, opts.out, opts.backend, opts.reference_worker,
                               None if opts.kern is not None else opts.hosts, opts.kern_test_timeout, opts.kern)
-    prober = getattr(oracle, "prober", None)
+    prober = oracle.prober
     if prober is not None:  # its device and kernels made now, off the first near-tie's path
         threading.Thread(target=prober.warm, name=f"{t.name}:probe-warm", daemon=True).start()
     checks = Checks(wanted, echo=echo, engine=opts.engine)
@@ -64,7 +64,7 @@ def gate_target(t: GateTarget, opts: Options, reference: Path | None, wanted: se
     try:
         unavailable = run_target(run, steps, opts.at_once)
     finally:
-        getattr(oracle, "close", lambda: None)()
+        oracle.close()
     wall = round(time.monotonic() - t0, 1)
     write_scripts(opts.out, t.name, run.scripts)
     hits = {"served": run.served, "counters": run.session_hits}  # for stages_equal_single (e2e/stages.py)
@@ -73,7 +73,7 @@ def gate_target(t: GateTarget, opts: Options, reference: Path | None, wanted: se
         return {"target": t.name, "skipped": unavailable, "facts": run.facts, "counters": run.counters,
                 "checks": checks.list, "hits": hits, "wall_s": wall, "engine": opts.engine.describe()}
     if t.floats:
-        made = getattr(getattr(oracle, "prober", None), "made", 0)
+        made = prober.made if prober is not None else 0
         per = ", ".join(f"{k} {v}" for k, v in checks.excused.items()) or "none"
         echo(f"  near-ties excused: {sum(checks.excused.values())} ({per}); {made} probes run")
     echo(f"  {t.name}: {wall:.1f}s ({time_split(run.times)})")

@@ -9,10 +9,10 @@ have every capability but ``kern-runtime`` for the latter; an engine has only wh
 An engine that names the toy families it computes (``facts.families``) has a target of another family
 skipped (`Engine.lacks_family`); ``e2e --engine CMD`` without ``--targets`` gates `DEFAULT_TARGETS`.
 
-A check whose capability the engine lacks is reported ``skipped (engine lacks X)`` (`lacking`):
-never a silent ok, never a failure. A step that cannot even run without a capability (its requests
-need it: `RUNS`) is not run; a check that the step can run but not judge (`NEEDS`) is skipped when
-the step adds it.
+A check whose capability the engine lacks is reported ``skipped (engine lacks X)``
+(`e2e.scenarios.lacking`): never a silent ok, never a failure. A step that cannot even run without a
+capability (its requests need it: its row's `runs`, e2e/scenarios/__init__.py) is not run; a check that
+the step can run but not judge (its row's `needs`) is skipped when the step adds it.
 """
 
 from __future__ import annotations
@@ -27,9 +27,8 @@ import httpx
 
 from kern.errors import KernError
 
-__all__ = ["CACHE_SIZE", "CAPABILITIES", "CONTRACT", "DEFAULT_TARGETS", "Engine", "EngineError", "KERN_ONLY", "NEEDS",
-           "PLACEHOLDERS",
-           "PRESETS", "RUNS", "lacking", "step_lacking"]
+__all__ = ["CACHE_SIZE", "CAPABILITIES", "CONTRACT", "DEFAULT_TARGETS", "Engine", "EngineError", "KERN_ONLY",
+           "PLACEHOLDERS", "PRESETS"]
 __all__ += ["FRESH", "FRESH_SESSIONS", "fresh_lacking"]
 
 CONTRACT = 1
@@ -73,40 +72,6 @@ kern serve's flags, ``--capacity``). A session that sizes the cache (`Step.cache
 
 PRESETS: dict[str, Path] = {"vllm": Path(__file__).resolve().parent.parent / "examples" / "vllm_toy" / "kern.toml"}
 """``e2e --engine NAME``: a config whose targets carry their engine's command (docs/gate-your-engine.md)."""
-
-RUNS: dict[str, tuple[str, ...]] = {
-    "kern_test": ("kern-cli",),
-    "run_equals_reference": ("kern-cli",),
-    "cut_equals_whole": ("kern-runtime",),
-    "float_controls": ("kern-runtime",),
-    "spec_acceptance": ("kern-serve",),
-    "abort": ("stream", "stats"),
-    "stream": ("stream",),
-    "host_cold": ("kern-serve",), "park_wake": ("kern-serve",), "host_churn": ("kern-serve",),
-    "evict_drops": ("kern-serve",), "ties": ("kern-serve",), "host_frag": ("kern-serve",),
-    "slot_growth": ("kern-serve",), "rows1": ("kern-serve",), "wake_room": ("kern-serve",),
-    "explore": ("kern-serve",),
-    "long_room": ("kern-serve", "stream"),
-    "recency": ("kern-serve", "stream"),
-    "params": ("params", "text", "stream"),
-    "stop_hit": ("params", "text"),
-    "evict_proof": (CACHE_SIZE,), "refcount": (CACHE_SIZE,), "preempt": (CACHE_SIZE,),
-    # the configurations this checkout's kern serves beyond one process (e2e/scenarios/configs.py)
-    "split": ("kern-runtime",), "frontends2": ("kern-runtime",), "stage_loss": ("kern-runtime",),
-}
-"""The steps (by name) that cannot run at all without these capabilities: their requests need them."""
-
-NEEDS: dict[str, tuple[str, ...]] = {
-    "repeat_hit": ("cached-tokens",),
-    "turn2_hit": ("cached-tokens",),
-    "stages_equal_single": ("kern-serve",),
-    "eviction_proven": ("cached-tokens",),
-}
-"""Checks a step runs but cannot judge without these (the step's other checks still count)."""
-
-PREFIXES: dict[str, tuple[str, ...]] = {"policy_": ("kern-policy",), "metrics_": ("metrics",)}
-"""Per-session checks by prefix: policy_<session>, metrics_<session>."""
-
 
 FRESH = "a fresh engine"
 """What a step lacks against a running engine without a cache reset (`Engine.needs_fresh`): its checks
@@ -278,20 +243,6 @@ def _get_json(url: str) -> dict | None:
     except (httpx.HTTPError, ValueError):
         return None
     return body if isinstance(body, dict) else None
-
-
-def lacking(engine: Engine, check: str) -> list[str]:
-    """The capabilities `engine` lacks for `check` to be judged (none: it is)."""
-    need = list(NEEDS.get(check, ()))
-    for prefix, caps in PREFIXES.items():
-        if check.startswith(prefix):
-            need += caps
-    return [c for c in dict.fromkeys(need) if not engine.has(c)]
-
-
-def step_lacking(engine: Engine, step: str) -> list[str]:
-    """The capabilities `engine` lacks for step `step` to run at all (none: it runs)."""
-    return [c for c in RUNS.get(step, ()) if not engine.has(c)]
 
 
 def fresh_lacking(engine: Engine, step) -> list[str]:

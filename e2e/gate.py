@@ -30,13 +30,16 @@ from e2e.checks import Checks
 from e2e.client import Answer, Client, Rejected
 from e2e.config import GateTarget
 from e2e.engine import Engine
+from e2e.oracle_seam import Oracle
 from e2e.policy import PolicyGate
 from e2e.results import Opened
+from e2e.scenarios import SESSION_PORTS
 from e2e.session import (PortTaken, Session, Unavailable, merge_flags, server_command, split_flags,
                          unused_port)
 from e2e.spawn import Processes, Spawner
 from e2e.stats import Stats
 from kern.errors import KernError
+from oracle.cache import CommandRun, KernRun
 from verdicts.policy import POLICY_COUNTERS
 
 __all__ = ["MissingResult", "Options", "Run", "Untold"]
@@ -49,11 +52,6 @@ HOST_CHUNK = 98_307  # the host tier's piece size in the gate: 1.5 toy-paged pag
 # parks and wakes cross piece edges all the time, on the CPU as on the GPU (runtime/host_arena.py)
 HUNG_TERM_S = 2.0  # a server with a stuck request: SIGTERM, then SIGKILL after this long
 DEFAULT_WEIGHT = 3  # the default session is every other session's dependency: its host is left lighter
-SESSION_PORTS = {"default": 0, "host": 1, "slots": 2, "rows1": 3, "wake_room": 4, "churn": 5, "drop": 6, "ties": 7, "frag": 8,
-                 "params": 9, "explore": 10, "prefix": 11, "long_room": 12, "blocks": 13, "cold_burst": 14, "tight": 15,
-                 "split": 16, "frontends2": 17, "stage_loss": 18, "recency": 19}
-"""Each session's offset from `e2e --port P` (P + offset); target i of --jobs adds len(SESSION_PORTS) * i, so the
-offsets are exactly 0 .. len - 1 (tests/test_e2e_units.py holds it)."""
 
 
 @dataclass
@@ -114,8 +112,8 @@ class Run:
     run, once every lane ended, holds what they all reported (`fold`)."""
     target: GateTarget
     opts: Options
-    oracle: Any
-    runner: Any
+    oracle: Oracle  # what answers are judged against: the reference, else `kern run` (e2e/oracle_seam.py)
+    runner: KernRun | CommandRun | None  # `kern run`, held to the reference (run_equals_reference); None without one
     checks: Checks
     echo: Callable[[str], None] = print
     facts: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -368,7 +366,7 @@ class Run:
         ids = list(prompt.encode()) if isinstance(prompt, str) else list(prompt)
         if live.policy is not None and live.policy.active:  # the reference starts on it while the server serves
             live.policy.prefetch(ids, m)
-        elif callable(getattr(self.oracle, "prefetch", None)):
+        else:
             self.oracle.prefetch(ids, m, self.rows)
         try:
             a = live.client.complete(prompt, m, timeout=timeout)

@@ -12,12 +12,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from e2e.engine import step_lacking
 from e2e.engine import fresh_lacking
 from e2e.results import Opened
 from e2e.session import (ServerExited, Unavailable)
 from kern.errors import KernError
 from e2e.gate import Run, _let_go
+from e2e.scenarios import step_lacking
 
 __all__ = ["lanes", "run_target"]
 
@@ -295,7 +295,7 @@ def _busy(run: Run, key: str, what: str) -> None:
 
 
 def _step_lacks(run: Run, step, plan: _Plan, deps: tuple[str, ...]) -> list[str]:
-    """The capabilities the engine under test lacks for `step` to run: its own (`RUNS`), or a skipped
+    """The capabilities the engine under test lacks for `step` to run: its own (its row's `runs`), or a skipped
     dependency's. Only an engine under the contract lacks any, so only its lanes wait on deps here."""
     e = run.opts.engine
     if not e.external and e.has("kern-runtime"):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from e2e.oracle_seam import Oracle
 from verdicts.policy import POLICY_COUNTERS, Policy, Unmodelled
 
 __all__ = ["PolicyGate", "GAUGES"]
@@ -25,14 +26,14 @@ NEEDED = ("page", "pages", "seq_slots", "host_bytes", "page_bytes", "slot_bytes"
 
 
 class PolicyGate:
-    def __init__(self, reference: Any, facts: dict[str, Any] | None, lined: bool):
+    def __init__(self, reference: Oracle | None, facts: dict[str, Any] | None, lined: bool):
         self.reference = reference
         self.problems: list[str] = []
         self.requests = 0
         self.compared = 0
         self.policy: Policy | None = None
         self.why: str | None = None
-        if reference is None or not callable(getattr(reference, "path_of", None)):
+        if reference is None or reference.path_of is None:
             self.why = "no reference with path()"
         elif not facts or any(k not in facts for k in NEEDED):
             self.why = "the server's /stats facts do not size the policy"
@@ -56,7 +57,7 @@ class PolicyGate:
 
     def prefetch(self, ids: list[int], max_tokens: int) -> None:
         """Let the reference start on this request's path (and answer) while the server serves it."""
-        if self.policy is not None and callable(getattr(self.reference, "prefetch", None)):
+        if self.policy is not None and self.reference is not None:
             self.reference.prefetch(ids, max_tokens, self.rows, path=(self.rows, self.policy.emits))
 
     def expect(self, label: str, ids: list[int], max_tokens: int, answer, path: dict | None = None) -> None:

@@ -85,7 +85,7 @@ def _shrink_one(r: dict, check: str, opts: Options, echo: Callable[[str], None])
         try:
             got = replay(c, run)
         finally:
-            getattr(run.oracle, "close", lambda: None)()
+            run.oracle.close()
         return want in got or "error" in got
 
     def fails(c: Case) -> bool:  # a case with a burst fails by timing too: it must fail every one of its tries
@@ -126,7 +126,7 @@ def replay_case(path: str, backend: str, out: Path, engine: str | None = None, c
     try:
         failed = replay(case, run)
     finally:
-        getattr(run.oracle, "close", lambda: None)()
+        run.oracle.close()
     n, p, m = case.size()
     click.echo(f"case {path}: {case.target}, session {case.session}, {n} request(s), {p} prompt tokens: "
                + ("pass" if not failed else f"FAIL: {', '.join(failed)}"))

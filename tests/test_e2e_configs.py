@@ -8,7 +8,8 @@ to the last step's (`split_equals_run`), request ids that collide across two fro
 from __future__ import annotations
 
 
-from e2e.engine import Engine, step_lacking
+from e2e.engine import Engine
+from e2e.scenarios import step_lacking
 from test_e2e_driver import EXIT_PASS, checks, gate
 from conftest import bench_module
 

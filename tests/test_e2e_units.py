@@ -370,11 +370,31 @@ def test_a_session_told_warn_is_quiet_and_gets_a_port_never_picked_twice():
 def test_session_ports_are_one_block_per_target():
     """`e2e --port P`: session offsets are exactly 0 .. n-1 for n sessions, every session of the plan has one,
     and target i of --jobs adds n * i (e2e/cli.py), so no two targets' sessions share a port."""
-    from e2e.gate import SESSION_PORTS
-    from e2e.scenarios import STEPS
+    from e2e.scenarios import SESSION_PORTS, STEPS
 
     assert sorted(SESSION_PORTS.values()) == list(range(len(SESSION_PORTS)))
-    assert {s.session for s in STEPS if s.session} <= set(SESSION_PORTS)
+    assert {s.session for s in STEPS if s.session} == set(SESSION_PORTS)
+
+
+def test_a_session_port_is_declared_once_on_its_first_row():
+    """`session_ports` reads each session's offset from its first `Step` row and refuses rows that
+    leave a session without one, give a second row of a session a port, or leave a gap in the offsets."""
+    import dataclasses
+
+    from e2e.scenarios import SESSION_PORTS, STEPS, session_ports
+
+    assert session_ports(STEPS) == SESSION_PORTS
+    first = next(i for i, s in enumerate(STEPS) if s.session == "host")
+    unported = (*STEPS[:first], dataclasses.replace(STEPS[first], port=None), *STEPS[first + 1:])
+    with pytest.raises(ValueError, match="session host gives no port"):
+        session_ports(unported)
+    second = next(i for i, s in enumerate(STEPS) if s.session == "host" and i > first)
+    twice = (*STEPS[:second], dataclasses.replace(STEPS[second], port=1), *STEPS[second + 1:])
+    with pytest.raises(ValueError, match="does not open a session"):
+        session_ports(twice)
+    gap = (*STEPS[:first], dataclasses.replace(STEPS[first], port=len(SESSION_PORTS)), *STEPS[first + 1:])
+    with pytest.raises(ValueError, match="exactly 0 .."):
+        session_ports(gap)
 
 
 def test_a_gate_picked_port_taken_before_the_server_bound_it_is_picked_again():

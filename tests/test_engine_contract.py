@@ -17,9 +17,8 @@ from pathlib import Path
 import pytest
 
 from e2e.cli import main
-from e2e.engine import (CACHE_SIZE, CAPABILITIES, DEFAULT_TARGETS, KERN_ONLY, NEEDS, PLACEHOLDERS, RUNS, Engine,
-                        EngineError, lacking, step_lacking)
-from e2e.scenarios import CHECKS, STEPS
+from e2e.engine import CACHE_SIZE, CAPABILITIES, DEFAULT_TARGETS, KERN_ONLY, PLACEHOLDERS, Engine, EngineError
+from e2e.scenarios import CHECKS, NEEDS, STEPS, lacking, step_lacking
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "engine-contract.md"
@@ -43,10 +42,10 @@ def test_the_page_documents_every_capability_and_the_table_names_real_checks():
     rows = set(re.findall(r"^\| `([a-z-]+)` \|", table, flags=re.M))
     assert rows == set(CAPABILITIES) - {"kern-runtime"}, "docs/engine-contract.md's table vs e2e.engine.CAPABILITIES"
     assert "`kern-runtime`" in text
-    steps = {s.name for s in STEPS}
-    assert set(RUNS) <= steps, f"RUNS names no step: {set(RUNS) - steps}"
+    for s in STEPS:
+        assert set(s.needs) <= set(s.checks), f"step {s.name}'s needs name a check it does not add"
     assert set(NEEDS) <= set(CHECKS), f"NEEDS names no check: {set(NEEDS) - set(CHECKS)}"
-    for caps in [*RUNS.values(), *NEEDS.values()]:
+    for caps in [*(s.runs for s in STEPS), *NEEDS.values()]:
         assert set(caps) <= set(CAPABILITIES) | {CACHE_SIZE}  # cache-size: told by the command, never declared
     for name in PLACEHOLDERS:
         assert name in text, f"docs/engine-contract.md does not name the placeholder {name}"

@@ -1,11 +1,11 @@
 """The README's `e2e --port` arithmetic is the code's: each session's offset is `SESSION_PORTS`'
-and a target's block under `--jobs` is as wide as there are sessions (e2e/driver.py's SESSIONS)."""
+(its first `Step` row's `port`) and a target's block under `--jobs` is as wide as there are sessions (e2e/driver.py's SESSIONS)."""
 
 import re
 from pathlib import Path
 
 from e2e.driver import SESSIONS
-from e2e.gate import SESSION_PORTS
+from e2e.scenarios import SESSION_PORTS
 
 README = (Path(__file__).parent.parent / "README.md").read_text()
 

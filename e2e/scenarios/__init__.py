@@ -1,5 +1,10 @@
 """The gate's steps: which session each runs in, which checks it adds, what it needs first.
 
+Each step is one `Step` row, declared once in `STEPS`: its session, its checks, the steps it depends
+on, the capabilities it cannot run without (`runs`) and those some of its checks cannot be judged
+without (`needs`), and, on a session's first row, the session's port offset (`port`). What other
+modules read by name is derived from the rows: `SESSION_PORTS`, `NEEDS`, `lacking`, `step_lacking`.
+
 `--scenarios` names checks; `plan` keeps the steps that add a named check and, transitively, the
 steps they depend on (which then run unreported). Steps run in `STEPS` order, which is the session
 order of SPEC §10 (kern_test, default, host, slots, rows1, wake_room), with churn and drop after host.
@@ -7,16 +12,17 @@ order of SPEC §10 (kern_test, default, host, slots, rows1, wake_room), with chu
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 from e2e.config import GateTarget
+from e2e.engine import CACHE_SIZE, Engine
 from e2e.scenarios import (abort, blocks, churn, cold_burst, concurrent, conc1, configs, cuts, explore, float_controls,
                            host, kern_test, long_room, params, prefix, recency, repeat, rows1, slots, stream, ties, tight,
                            turn2, wake_room)
 
-__all__ = ["CHECKS", "COMPARED", "CROSS_CHECKS", "METRICS_CHECKS", "POLICY_CHECKS", "STEPS", "Step", "plan",
-           "session_of"]
+__all__ = ["CHECKS", "COMPARED", "CROSS_CHECKS", "METRICS_CHECKS", "NEEDS", "POLICY_CHECKS", "SESSION_PORTS", "STEPS",
+           "Step", "lacking", "plan", "session_of", "step_lacking"]
 
 
 @dataclass(frozen=True)
@@ -33,81 +39,94 @@ class Step:
     early: bool = False  # its flags read nothing its deps find: its server may start before they complete
     foreign: bool = False  # run for an engine under --engine (or when its check is named), not for our own kern
     cache: Callable | None = None  # cache(r): its session's KV cache in tokens (kern --capacity, {cache_tokens})
+    port: int | None = None  # on its session's first row only: the session's offset from `e2e --port P`
+    runs: tuple[str, ...] = ()  # the capabilities it cannot run at all without: its requests need them
+    needs: dict[str, tuple[str, ...]] = field(default_factory=dict, compare=False)  # a check it runs but cannot
+    # judge without these capabilities (its other checks still count)
 
 
 STEPS: tuple[Step, ...] = (
     Step("kern_test", None, ("kern_test",), (), kern_test.run,
-         applies=lambda t: t.reference is not None, facts=False),
-    Step("conc1", "default", ("conc1_equals_run",), (), conc1.run),
-    Step("run_equals_reference", None, ("run_equals_reference",), (), conc1.run_equals_reference),
-    Step("cut_equals_whole", None, ("cut_equals_whole",), (), cuts.run, applies=cuts.applies, facts=False),
+         applies=lambda t: t.reference is not None, facts=False, runs=("kern-cli",)),
+    Step("conc1", "default", ("conc1_equals_run",), (), conc1.run, port=0),
+    Step("run_equals_reference", None, ("run_equals_reference",), (), conc1.run_equals_reference, runs=("kern-cli",)),
+    Step("cut_equals_whole", None, ("cut_equals_whole",), (), cuts.run, applies=cuts.applies, facts=False,
+         runs=("kern-runtime",)),
     Step("float_controls", None, ("float_controls",), (), float_controls.run, applies=float_controls.applies,
-         facts=False),
-    Step("repeat", "default", ("repeat_hit",), ("conc1",), repeat.run),
-    Step("turn2", "default", ("turn2_hit", "turn2_warm_equals_run"), ("conc1", "repeat"), turn2.run),
+         facts=False, runs=("kern-runtime",)),
+    Step("repeat", "default", ("repeat_hit",), ("conc1",), repeat.run, needs={"repeat_hit": ("cached-tokens",)}),
+    Step("turn2", "default", ("turn2_hit", "turn2_warm_equals_run"), ("conc1", "repeat"), turn2.run,
+         needs={"turn2_hit": ("cached-tokens",)}),
     Step("concurrent", "default", ("concurrent",), ("conc1",), concurrent.run, serial=False),
     Step("spec_acceptance", "default", ("spec_acceptance",), ("concurrent",), concurrent.spec_acceptance,
-         applies=lambda t: t.spec, serial=False),
-    Step("abort", "default", ("abort",), ("conc1",), abort.run, serial=False),
+         applies=lambda t: t.spec, serial=False, runs=("kern-serve",)),
+    Step("abort", "default", ("abort",), ("conc1",), abort.run, serial=False, runs=("stream", "stats")),
     # every engine that declares `stream` (docs/engine-contract.md); our own kern's params session streams
     # already, so it runs for ours only when named
-    Step("stream", "default", ("stream_equals_whole",), ("conc1",), stream.run, serial=False, foreign=True),
-    Step("host_cold", "host", ("turn2_warm_equals_cold",), ("turn2",), host.cold, flags=host.flags),
-    Step("park_wake", "host", ("park_wake",), ("host_cold",), host.park_wake, flags=host.flags),
-    Step("host_churn", "churn", ("host_churn",), ("turn2",), churn.run, flags=churn.flags),
-    Step("evict_drops", "drop", ("evict_drops",), ("turn2",), churn.drop, flags=churn.drop_flags),
-    Step("ties", "ties", ("index_ties",), ("turn2",), ties.run, flags=ties.flags),
+    Step("stream", "default", ("stream_equals_whole",), ("conc1",), stream.run, serial=False, foreign=True,
+         runs=("stream",)),
+    Step("host_cold", "host", ("turn2_warm_equals_cold",), ("turn2",), host.cold, flags=host.flags,
+         port=1, runs=("kern-serve",)),
+    Step("park_wake", "host", ("park_wake",), ("host_cold",), host.park_wake, flags=host.flags, runs=("kern-serve",)),
+    Step("host_churn", "churn", ("host_churn",), ("turn2",), churn.run, flags=churn.flags,
+         port=5, runs=("kern-serve",)),
+    Step("evict_drops", "drop", ("evict_drops",), ("turn2",), churn.drop, flags=churn.drop_flags,
+         port=6, runs=("kern-serve",)),
+    Step("ties", "ties", ("index_ties",), ("turn2",), ties.run, flags=ties.flags, port=7, runs=("kern-serve",)),
     Step("host_frag", "frag", ("host_frag",), ("turn2",), ties.frag, flags=ties.flags,
-         applies=lambda t: t.lined),
+         applies=lambda t: t.lined, port=8, runs=("kern-serve",)),
     Step("slot_growth", "slots", ("slot_growth",), ("turn2",), slots.run, flags=slots.flags,
-         applies=lambda t: t.lined, early=True),
+         applies=lambda t: t.lined, early=True, port=2, runs=("kern-serve",)),
     Step("rows1", "rows1", ("rows1_equals_run", "rows1_vs_spec"), ("conc1",), rows1.run, flags=rows1.flags,
-         applies=lambda t: t.spec, early=True),
-    Step("wake_room", "wake_room", ("wake_room",), ("turn2",), wake_room.run, flags=wake_room.flags),
+         applies=lambda t: t.spec, early=True, port=3, runs=("kern-serve",)),
+    Step("wake_room", "wake_room", ("wake_room",), ("turn2",), wake_room.run, flags=wake_room.flags,
+         port=4, runs=("kern-serve",)),
     # fair admission (issue 41): long requests holding most of a small pool beside short ones; a paged pool
     # in one process (a pipeline's head admits by the same core)
     Step("long_room", "long_room", ("long_beside_short",), (), long_room.run, flags=long_room.flags,
-         applies=lambda t: not t.lined and t.stages <= 1, serial=False, facts=False),
+         applies=lambda t: not t.lined and t.stages <= 1, serial=False, facts=False,
+         port=12, runs=("kern-serve", "stream")),
     # an entry grown in place while other sequences ran keeps up its recency (issue 39): kern's own pool, paged
     Step("recency", "recency", ("recency_after_growth",), ("conc1",), recency.run, flags=recency.flags,
-         applies=lambda t: not t.lined and t.stages <= 1, serial=False),
+         applies=lambda t: not t.lined and t.stages <= 1, serial=False, port=19, runs=("kern-serve", "stream")),
     # request parameters are the HTTP layer's, the same code in a pipeline's head as in one process: a staged
     # target's single process gates them, and each pipeline start costs a staged target seconds of CPU
     Step("params", "params", ("params_stop", "params_ids", "params_prompt"), (), params.run,
-         applies=lambda t: t.stages <= 1),
+         applies=lambda t: t.stages <= 1, port=9, runs=("params", "text", "stream")),
     # the single process's explore already gates the same manifest; through stages it would cost a staged
     # target several pipeline starts of CPU
     Step("explore", "explore", ("explore_equals_run",), ("conc1",), explore.run, flags=explore.flags,
-         applies=lambda t: t.stages <= 1),
+         applies=lambda t: t.stages <= 1, port=10, runs=("kern-serve",)),
     # every engine's gate (docs/engine-contract.md); our own kern's sessions above cover the same ground
     # (repeat, turn2, churn, drop), so it runs for ours only when named
-    # the configurations kern ships beyond one process (issue 39): this checkout's kern only (RUNS); each
+    # the configurations kern ships beyond one process (issue 39): this checkout's kern only (`runs`); each
     # its own server of its own processes (never a host's thread)
     Step("split", "split", ("split_equals_run",), (), configs.split, flags=configs.split_flags,
-         applies=lambda t: t.stages <= 1, serial=False, facts=False),
+         applies=lambda t: t.stages <= 1, serial=False, facts=False, port=16, runs=("kern-runtime",)),
     Step("frontends2", "frontends2", ("frontends2_equals_run",), (), configs.frontends, flags=configs.frontends_flags,
-         applies=lambda t: t.stages <= 1, serial=False, facts=False),
+         applies=lambda t: t.stages <= 1, serial=False, facts=False, port=17, runs=("kern-runtime",)),
     Step("stage_loss", "stage_loss", ("stage_loss_resumed",), (), configs.stage_loss,
-         applies=lambda t: t.stages > 1, serial=False, facts=False),
-    Step("prefix", "prefix", ("prefix_cold_warm_restored",), (), prefix.run, serial=False, foreign=True),
+         applies=lambda t: t.stages > 1, serial=False, facts=False, port=18, runs=("kern-runtime",)),
+    Step("prefix", "prefix", ("prefix_cold_warm_restored",), (), prefix.run, serial=False, foreign=True, port=11),
     # workloads from the wild (issue 39): what real prefix caches got wrong, judged from outside, every engine;
     # a staged target's single process runs the same cache code (and each pipeline start costs seconds)
-    Step("moved", "blocks", ("blocks_moved",), (), blocks.moved, applies=lambda t: t.stages <= 1),
+    Step("moved", "blocks", ("blocks_moved",), (), blocks.moved, applies=lambda t: t.stages <= 1, port=13),
     Step("reparented", "blocks", ("blocks_reparented",), (), blocks.reparented, applies=lambda t: t.stages <= 1),
     Step("edges", "blocks", ("block_edges",), (), blocks.edges, applies=lambda t: t.stages <= 1),
-    Step("stop_hit", "blocks", ("stop_after_hit",), (), blocks.stop_hit, applies=lambda t: t.stages <= 1),
+    Step("stop_hit", "blocks", ("stop_after_hit",), (), blocks.stop_hit, applies=lambda t: t.stages <= 1,
+         runs=("params", "text")),
     Step("cold_burst", "cold_burst", ("cold_prefix_burst",), (), cold_burst.run, serial=False,
-         applies=lambda t: t.stages <= 1),
+         applies=lambda t: t.stages <= 1, port=14),
     # its cache is sized from the page the default session told (conc1: the first session's facts)
     Step("evict_proof", "tight", ("eviction_proven",), ("conc1",), tight.evict_proof, cache=tight.cache, early=True,
          flags=tight.flags,
-         applies=lambda t: t.stages <= 1),
+         applies=lambda t: t.stages <= 1, port=15, runs=(CACHE_SIZE,), needs={"eviction_proven": ("cached-tokens",)}),
     Step("refcount", "tight", ("refcount_stress",), ("conc1",), tight.refcount, cache=tight.cache, early=True,
          flags=tight.flags,
-         serial=False, applies=lambda t: t.stages <= 1),
+         serial=False, applies=lambda t: t.stages <= 1, runs=(CACHE_SIZE,)),
     Step("preempt", "tight", ("preempt_recompute",), ("conc1",), tight.preempt, cache=tight.cache, early=True,
          flags=tight.flags,
-         serial=False, applies=lambda t: t.stages <= 1),
+         serial=False, applies=lambda t: t.stages <= 1, runs=(CACHE_SIZE,)),
 )
 
 POLICY_CHECKS: tuple[str, ...] = tuple(f"policy_{session}" for session in
@@ -126,6 +145,54 @@ COMPARED: tuple[str, ...] = ("conc1", "repeat", "turn2", "host_cold", "park_wake
 
 CHECKS: tuple[str, ...] = tuple(c for s in STEPS for c in s.checks) + POLICY_CHECKS + METRICS_CHECKS + CROSS_CHECKS
 
+BY_NAME: dict[str, Step] = {s.name: s for s in STEPS}
+
+
+def session_ports(steps: tuple[Step, ...]) -> dict[str, int]:
+    """Each session's port offset, read from its first row; an error names a session without one, a
+    port on another row than its session's first, or two sessions on one offset."""
+    ports: dict[str, int] = {}
+    for s in steps:
+        first = s.session is not None and s.session not in ports
+        if first and s.port is None:
+            raise ValueError(f"step {s.name}: the first row of session {s.session} gives no port")
+        if not first and s.port is not None:
+            raise ValueError(f"step {s.name}: port {s.port} on a row that does not open a session")
+        if first:
+            ports[s.session] = s.port
+    if sorted(ports.values()) != list(range(len(ports))):
+        raise ValueError(f"session ports {ports}: the offsets must be exactly 0 .. {len(ports) - 1}")
+    return ports
+
+
+SESSION_PORTS: dict[str, int] = session_ports(STEPS)
+"""Each session's offset from `e2e --port P` (P + offset); target i of --jobs adds len(SESSION_PORTS) * i, so
+the offsets are exactly 0 .. len - 1 (`session_ports` refuses rows that break it)."""
+
+CROSS_NEEDS: dict[str, tuple[str, ...]] = {"stages_equal_single": ("kern-serve",)}
+"""The capabilities a cross check (`CROSS_CHECKS`, no step's) cannot be judged without."""
+
+NEEDS: dict[str, tuple[str, ...]] = {**{c: caps for s in STEPS for c, caps in s.needs.items()}, **CROSS_NEEDS}
+"""Check -> the capabilities it cannot be judged without: the rows' `needs` and the cross checks'."""
+
+PREFIXES: dict[str, tuple[str, ...]] = {"policy_": ("kern-policy",), "metrics_": ("metrics",)}
+"""Per-session checks by prefix: policy_<session>, metrics_<session>."""
+
+
+def lacking(engine: Engine, check: str) -> list[str]:
+    """The capabilities `engine` lacks for `check` to be judged (none: it is)."""
+    need = list(NEEDS.get(check, ()))
+    for prefix, caps in PREFIXES.items():
+        if check.startswith(prefix):
+            need += caps
+    return [c for c in dict.fromkeys(need) if not engine.has(c)]
+
+
+def step_lacking(engine: Engine, step: str) -> list[str]:
+    """The capabilities `engine` lacks for step `step` (by name) to run at all (none: it runs)."""
+    row = BY_NAME.get(step)
+    return [c for c in (row.runs if row is not None else ()) if not engine.has(c)]
+
 
 def session_of(check: str) -> str | None:
     """The session whose server a check's requests went to (policy_<s> and metrics_<s> name theirs)."""
@@ -137,7 +204,6 @@ def session_of(check: str) -> str | None:
 def plan(target: GateTarget, wanted: set[str] | None, has_reference: bool, external: bool = False) -> list[Step]:
     """The steps to run for `target`, in order: those adding a wanted check, and their dependencies.
     `external`: the engine under test is one under --engine (the `foreign` steps run by default)."""
-    by_name = {s.name: s for s in STEPS}
     applicable = [s for s in STEPS if s.applies(target)
                   and (s.name != "run_equals_reference" or has_reference)
                   and (not s.foreign or external or (wanted is not None and bool(set(s.checks) & wanted)))]
@@ -147,7 +213,7 @@ def plan(target: GateTarget, wanted: set[str] | None, has_reference: bool, exter
               or (s.name in COMPARED and bool(wanted & set(CROSS_CHECKS)))}
     todo = list(chosen)
     while todo:
-        for d in by_name[todo.pop()].deps:
+        for d in BY_NAME[todo.pop()].deps:
             if d not in chosen:
                 chosen.add(d)
                 todo.append(d)

@@ -10,15 +10,15 @@ import json
 from e2e.prompts import PROMPTS
 from e2e.results import Cold
 from e2e.spawn import Processes, own_kern, run_command
+from oracle.cache import KernRun
 from verdicts import Same, oracle_gate
 
 
 def run(r) -> Cold:
     same = Same(r.oracle, r.rows)
     cold = []
-    prefetch = getattr(r.oracle, "prefetch", None)
-    for p in PROMPTS if prefetch is not None else ():  # the reference works ahead while the server answers
-        prefetch(list(p.encode()), r.m, r.rows)
+    for p in PROMPTS:  # the reference works ahead while the server answers
+        r.oracle.prefetch(list(p.encode()), r.m, r.rows)
     for i, p in enumerate(PROMPTS):
         a = r.answer(p)
         a.prompt_ids = r.prompt_ids(a, p)
@@ -52,9 +52,9 @@ def _forked_runs(r, prompts: list[list[int]], rows: int) -> str:
     serves every lane.
     Whatever it did not answer the runner runs here. A note for the check: how the runs were made."""
     runner, z = r.runner, r.opts.spawner()
-    cache = getattr(runner, "cache", None)
-    if isinstance(z, Processes) or cache is None or not hasattr(runner, "manifest_path"):
+    if isinstance(z, Processes) or not isinstance(runner, KernRun) or runner.cache is None:
         return ""
+    cache = runner.cache
     todo = [ids for ids in prompts if cache.get(ids, r.m, rows) is None]
     if not todo:
         return "; cached"

@@ -58,7 +58,7 @@ def run(r) -> Burst:
 
 def spec_acceptance(r) -> None:
     b = r.got(Burst)
-    bounds = getattr(r.oracle, "accept_pct", None)
+    bounds = r.oracle.accept_pct
     ok = acceptance_holds(b.serial, b.burst, bounds)
     r.checks.add("spec_acceptance", ok, f"serial {b.serial}%, burst {b.burst}% "
                  f"({b.accepted} tokens/round); bounds {bounds}")

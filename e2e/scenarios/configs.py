@@ -25,7 +25,7 @@ answers instead let the kill land, on a loaded machine, when only requests that 
 left: requeued, but none resumed from emitted tokens, so a resume bug went unseen.
 
 Only this checkout's kern serves these configurations: an engine under the contract, or another kern
-(``--kern``), skips them (`e2e/engine.py` RUNS).
+(``--kern``), skips them (their rows' `runs` in `e2e/scenarios/__init__.py`).
 """
 
 from __future__ import annotations

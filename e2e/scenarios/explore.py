@@ -41,6 +41,7 @@ import time
 from typing import Any
 
 from e2e.client import Answer, Rejected
+from e2e.oracle_seam import Oracle
 from e2e.prompts import PROMPTS, SUFFIX
 from verdicts import Same
 
@@ -216,8 +217,7 @@ def run(r) -> None:
     bursts = pack_calls(r)
     for _, calls in bursts:  # long prompts: the reference starts on them now, while the rest is served
         for ids, m in calls:
-            if callable(getattr(r.oracle, "prefetch", None)):
-                r.oracle.prefetch(ids, m, r.rows)
+            r.oracle.prefetch(ids, m, r.rows)
     e = Explore(r)
     convos: list[list[int]] = []
     suffix = list(SUFFIX.encode())
@@ -248,7 +248,7 @@ def run(r) -> None:
     r.checks.add("explore_equals_run", ok, note, e.same.excused)
 
 
-def eos_edge(oracle, rows: int, rng: random.Random) -> tuple[list[int], int] | None:
+def eos_edge(oracle: Oracle, rows: int, rng: random.Random) -> tuple[list[int], int] | None:
     """A random prompt whose reference answer meets EOS within TOKENS, and EOS's position k (1-based):
     `max_tokens` k makes EOS the last allowed token, k - 1 ends one short (length). None: 8 tries missed."""
     for _ in range(8):
@@ -343,8 +343,7 @@ def at_once(r, e: Explore, label: str, calls: list[tuple[list[int], int]], order
     once the server runs the one before (so it is the older in the packed prefill's order)."""
     for k, (ids, m) in enumerate(calls):
         e.note(f"{label} {k + 1}", ids, m, concurrent=k + 1 < len(calls))
-        if callable(getattr(r.oracle, "prefetch", None)):
-            r.oracle.prefetch(ids, m, r.rows)
+        r.oracle.prefetch(ids, m, r.rows)
     if ordered:
         answers = in_order(e.live.client, calls)
     else:

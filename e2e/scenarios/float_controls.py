@@ -31,13 +31,13 @@ def applies(t) -> bool:
 
 def run(r) -> None:
     o = r.oracle
-    prober = getattr(o, "prober", None)
-    if not callable(getattr(o, "logits", None)) or prober is None:
-        r.checks.add("float_controls", None, f"no reference logits or probe (oracle: {getattr(o, 'kind', '?')})")
+    prober, logits = o.prober, o.logits
+    if logits is None or prober is None:
+        r.checks.add("float_controls", None, f"no reference logits or probe (oracle: {o.kind})")
         return
     ids = list(PROMPTS[0].encode())
     context = ids + list(o.run(ids, CONTEXT_TOKENS, 1))[:CONTEXT_TOKENS]
-    ref = o.logits(context)
+    ref = logits(context)
     try:
         _, probe, _ = prober.probe(context)
     except Exception as exc:  # noqa: BLE001 - a probe that cannot run leaves the control unjudged

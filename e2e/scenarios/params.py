@@ -44,7 +44,7 @@ def seed_of(r) -> str:
 
 def eos_of(r) -> int:
     """The EOS of the target's reference model (the toy's when it names none)."""
-    return int(getattr(getattr(r.oracle, "module", None), "EOS", EOS))
+    return int(r.oracle.eos if r.oracle.eos is not None else EOS)
 
 
 class Judge:
@@ -189,7 +189,7 @@ def run(r) -> None:
     _stop_strings(p, stop, conts)
     ended = _stop_ids(p, ids, conts)
     _echo_and_truncation(p, prompt, conts)
-    if getattr(r.oracle, "exact", False) and ended:
+    if r.oracle.exact and ended:
         _ignore_eos(r, p, ids, ended)
     seed = seed_of(r)
     for judge in (stop, ids, prompt):

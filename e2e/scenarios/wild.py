@@ -94,9 +94,8 @@ class Judge:
 
     def burst(self, label: str, calls: list[tuple[list[int], int]]) -> list[Answer | None]:
         """Every call at once; each judged, its bound counting the burst's other calls as sent."""
-        prefetch = getattr(self.r.oracle, "prefetch", None)
-        for ids, m in calls if prefetch is not None else ():  # the reference works ahead meanwhile
-            prefetch(ids, m, self.r.rows)
+        for ids, m in calls:  # the reference works ahead meanwhile
+            self.r.oracle.prefetch(ids, m, self.r.rows)
         got = self.r.need_any().client.run_all(calls)
         done = [ids + a.fed if isinstance(a, Answer) else ids for (ids, _), a in zip(calls, got)]
         out: list[Answer | None] = []
