@@ -316,7 +316,7 @@ class Client:
         and the lines read. `ignore_eos` asks the
         answer to run all `max_tokens` (so it is still running when the socket closes); `ids` collects
         the token ids of the chunks read."""
-        rid = self._take_id()
+        rid = None  # the mirror's name, taken once the status says the server named it (as `request` does)
         with self._lock:
             self.script.append({"kind": "hang_up", "prompt": prompt, "chunks": chunks, "max_tokens": max_tokens,
                                 "ignore_eos": ignore_eos})
@@ -335,9 +335,11 @@ class Client:
                 f = s.makefile("rb")
                 status = f.readline().split(b" ", 2)
                 code = int(status[1]) if len(status) > 1 and status[1].isdigit() else 0
+                if code == 200 or code >= 500:  # a 4xx is refused before the server names it
+                    rid = self._take_id()
                 if code != 200 and code:  # refused (a 400, a 503): nothing hung up on
                     refused = True
-                    return rid, 0
+                    return rid or "(refused)", 0
                 while (got < chunks) if until is None else not until.is_set():
                     line = f.readline()
                     if not line:
@@ -356,9 +358,9 @@ class Client:
                     pass
         finally:
             n = len(prompt.encode()) if isinstance(prompt, str) else len(prompt)
-            self.ledger.add(Sent("refused", n) if refused else hung_up(rid, n, first))
+            self.ledger.add(Sent("refused", n) if refused else hung_up(rid or "(no status)", n, first))
         told = ((first or {}).get("kern") or {}).get("request_id") if isinstance((first or {}).get("kern"), dict) else None
-        return str(told or rid), got
+        return str(told or rid or "(no status)"), got
 
     def run_all(self, calls: list[tuple[str | list[int], int]]) -> list[Answer | BaseException]:
         """Send every call at once, one thread each; answers (or errors) in call order."""

@@ -203,3 +203,43 @@ def test_a_server_that_fails_to_load_is_the_commits_failure(tmp_path):
     got = checks(reports["toy-paged"])
     assert code == EXIT_FAIL and got["error"]["ok"] is False, got
     assert "exited with code 2" in got["error"]["note"]
+
+
+class Refuses:
+    """A server that answers every request with the status `status` and closes."""
+
+    def __init__(self, status: bytes) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(8)
+        self.port = self.sock.getsockname()[1]
+        self.status = status
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            with conn:
+                conn.recv(65536)
+                body = b'{"error": {"message": "no"}}'
+                conn.sendall(b"HTTP/1.1 " + self.status + b"\r\nContent-Type: application/json\r\nConnection: close\r\n"
+                             + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+
+
+@pytest.mark.parametrize("status, named", [(b"400 Bad Request", 0), (b"503 Service Unavailable", 1)])
+def test_a_hang_up_refused_before_the_server_named_it_takes_no_name(status, named):
+    """The client mirrors the server's names (req-0, req-1, ... in arrival order): a stream refused with
+    a 4xx was never named by the server, so the next request's mirrored name stays where it was; a 5xx
+    (the server named it, then refused it) moves it on, as `Client.request` counts them."""
+    srv = Refuses(status)
+    c = _client(srv.port)
+    try:
+        rid, got = c.hang_up([1, 2, 3], chunks=3)
+        assert got == 0 and c.ledger.sent[-1].kind == "refused"
+        assert c._take_id() == f"req-{named}"
+    finally:
+        c.close()
+        srv.sock.close()
