@@ -63,7 +63,11 @@ CAUGHT = [
     ("chain", "toy-paged", "blocks_reparented"),          # X.S, then Y.X, then Y.S: a hit past what was sent
     ("free-shared", "toy-paged", MISSED_PREFIX + "the default cache is never tight enough for a freed shared "
      "block to be reused while it is read; caught by luck under a small {cache_tokens} (refcount_stress or "
-     "preempt_recompute, in 1 of 2 runs of issue 39 item 2's workloads; the prefix burst at --cache-tokens 2048)"),
+     "preempt_recompute, in 1 of 2 runs of issue 39 item 2's workloads; the prefix burst at --cache-tokens 2048). "
+     "A deterministic order was tried (2026-12-06): a streamed reader L of a cached prefix W, a short reader of W "
+     "answered, then a prompt asking every block but L's; in process it changes L's answer, but over HTTP this "
+     "engine ends L (at most about 250 tokens: the tight cache and the toy's stop token bound it) in about 20 ms, "
+     "before the gate's next two requests arrive"),
     ("same-step", "toy-paged", "cold_prefix_burst"),      # a block read in the step it is written
     ("k-only", "toy-attn", "repeat_hit"),                 # a hit's K words written at the wrong positions
 ]
