@@ -119,6 +119,8 @@ def run_target(run: Run, steps: list, at_once: bool = True) -> str | None:
     if first is None:
         plan.started(None)
     views = [run.lane() for _ in split]
+    # daemon threads, not a ThreadPoolExecutor: its workers are joined at exit, so after Ctrl-C the
+    # process would wait for every running step to end
     threads = [threading.Thread(target=_run_lane, args=(v, lane, plan, i), daemon=True,
                                 name=f"{run.target.name}:{lane[0].session or lane[0].name}")
                for i, (v, lane) in enumerate(zip(views, split))]
