@@ -1,6 +1,7 @@
 """A target's steps in lanes (`run_target`): one lane per session, each step after the steps it needs
-(`_Plan`: their completion and typed results, shared by the lanes), the lanes at once on threads; a
-lane whose step fails records why and the steps after it are reported not run."""
+(`_Plan`: one `concurrent.futures.Future` per step, its typed result or why it did not complete, shared
+by the lanes), the lanes at once on daemon threads; a lane whose step fails records why and the steps
+after it are reported not run."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from __future__ import annotations
 import threading
 import time
 import traceback
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,56 +46,65 @@ class _DepFailed(KernError):
     """A step this lane needs did not complete (its lane recorded why): the lane stops quietly."""
 
 
+class _NotRun(KernError):
+    """Why a step did not complete (failed, never reached, or skipped): its future's exception."""
+
+
+class _Lacking(_NotRun):
+    """A step skipped because the engine under test lacks `lacks` (docs/engine-contract.md)."""
+
+    def __init__(self, why: str, lacks: list[str]) -> None:
+        super().__init__(why)
+        self.lacks = lacks
+
+
 @dataclass
 class _Plan:
-    """What the lanes of one target share: each step's completion and typed result, the first
-    session's start (the facts every other session's flags read), and whether the target is stopping.
-    A result and the start are written once, before the event that tells they are there is set."""
-    names: set[str]
+    """What the lanes of one target share: one future per step (its typed result, e2e/results.py, or
+    None; else a `_NotRun` saying why, a `_Lacking` when the engine lacks what it needs), the first
+    session's start (its `Opened`, or None: the facts every other session's flags read), and whether
+    the target is stopping. Each future is set once, by the lane of its step."""
     base_lane: int | None
-    needs: dict[str, tuple[str, ...]] = field(default_factory=dict)  # each step's deps, direct and through them
-    results: dict[str, Any] = field(default_factory=dict)  # each completed step's result (e2e/results.py)
-    base: Opened | None = None  # the first session's start
-    ended: dict[str, threading.Event] = field(default_factory=dict)
-    completed: set[str] = field(default_factory=set)
-    based: threading.Event = field(default_factory=threading.Event)
+    needs: dict[str, tuple[str, ...]]  # each step's deps, direct and through them
+    ends: dict[str, Future]  # each step's end
+    base: Future = field(default_factory=Future)  # the first session's start
     stopping: bool = False
     unavailable: str | None = None
     errors: list[str] = field(default_factory=list)
-    why: dict[str, str] = field(default_factory=dict)  # a step that did not complete: why not
-    lacked: dict[str, list[str]] = field(default_factory=dict)  # a step not run: what the engine lacks for it
 
     def wait(self, deps: tuple[str, ...]) -> None:
+        """Until each of `deps` ended; `_DepFailed` naming the first that did not complete."""
         for d in deps:
-            if d in self.ended:
-                self.ended[d].wait()
-                if d not in self.completed:
-                    raise _DepFailed(d)
+            try:
+                self.ends[d].result()
+            except _NotRun:
+                raise _DepFailed(d) from None
 
     def given(self, name: str) -> dict[type, Any]:
         """The results step `name` may read: those its deps (direct and through them) gave, by type."""
-        found = (self.results.get(d) for d in self.needs.get(name, ()))
+        done = (self.ends[d] for d in self.needs.get(name, ()))
+        found = (f.result() for f in done if f.done() and f.exception() is None)
         return {type(r): r for r in found if r is not None}
 
-    def end(self, name: str, ok: bool, why: str = "", lacks: list[str] | None = None, result: Any = None) -> None:
-        if ok:
-            if result is not None:
-                self.results[name] = result
-            self.completed.add(name)
-        else:
-            self.why.setdefault(name, why)
-        if lacks:
-            self.lacked[name] = lacks
-        self.ended[name].set()
+    def complete(self, name: str, result: Any) -> None:
+        self.ends[name].set_result(result)
+
+    def fail(self, name: str, why: str, lacks: list[str] | None = None) -> None:
+        self.ends[name].set_exception(_Lacking(why, lacks) if lacks else _NotRun(why))
+
+    def started(self, opened: Opened | None) -> None:
+        """The first session's start is known (None: it never started), told once."""
+        if not self.base.done():
+            self.base.set_result(opened)
+
+    def lacked(self, name: str) -> list[str]:
+        """What the engine lacks for step `name`, if it was skipped for it (once the step ended)."""
+        exc = self.ends[name].exception()
+        return exc.lacks if isinstance(exc, _Lacking) else []
 
     def lacked_deps(self, deps: tuple[str, ...]) -> list[str]:
         """What the engine lacks for a step these deps need, if one of them was skipped for it."""
-        for d in deps:
-            if d in self.ended:
-                self.ended[d].wait()
-                if d in self.lacked:
-                    return self.lacked[d]
-        return []
+        return next((lacks for lacks in map(self.lacked, deps) if lacks), [])
 
 
 def run_target(run: Run, steps: list, at_once: bool = True) -> str | None:
@@ -104,11 +115,12 @@ def run_target(run: Run, steps: list, at_once: bool = True) -> str | None:
     answers come back in lane order, whatever order the lanes finish in."""
     split = lanes(steps, at_once)
     first = next((i for i, lane in enumerate(split) if any(st.session for st in lane)), None)
-    plan = _Plan({st.name for st in steps}, first, _needs(steps))
-    plan.ended = {st.name: threading.Event() for st in steps}
+    plan = _Plan(first, _needs(steps), {st.name: Future() for st in steps})
     if first is None:
-        plan.based.set()
+        plan.started(None)
     views = [run.lane() for _ in split]
+    # daemon threads, not a ThreadPoolExecutor: its workers are joined at exit, so after Ctrl-C the
+    # process would wait for every running step to end
     threads = [threading.Thread(target=_run_lane, args=(v, lane, plan, i), daemon=True,
                                 name=f"{run.target.name}:{lane[0].session or lane[0].name}")
                for i, (v, lane) in enumerate(zip(views, split))]
@@ -150,17 +162,18 @@ def _unjudged(run: Run, steps: list, plan: _Plan) -> None:
     sessions: dict[str, str] = {}
     lacked: dict[str, list[str]] = {}
     for st in steps:
-        own = [] if st.name in plan.lacked else _step_lacks(run, st, plan, ())
-        if own:  # never reached (its lane ended before it), and the engine could not have run it anyway
-            for name in st.checks:
-                run.checks.skip(name, own)
-            plan.lacked[st.name] = own
-        if st.name in plan.lacked:  # skipped for what the engine lacks: its checks say so already
+        lacks = plan.lacked(st.name)  # skipped for what the engine lacks: its checks say so already
+        if not lacks:
+            lacks = _step_lacks(run, st, plan, ())
+            for name in st.checks if lacks else ():  # never reached, and the engine could not have run it anyway
+                run.checks.skip(name, lacks)
+        if lacks:
             if st.session:
-                lacked.setdefault(st.session, plan.lacked[st.name])
+                lacked.setdefault(st.session, lacks)
             continue
-        if st.name not in plan.completed:
-            why = plan.why.get(st.name) or "its step did not complete"
+        failed = plan.ends[st.name].exception()
+        if failed is not None:
+            why = str(failed) or "its step did not complete"
             for name in st.checks:
                 run.checks.could_not_run(name, f"step {st.name}: {why}")
             if st.session and not sessions.get(st.session):  # the session's first step that failed says why
@@ -190,8 +203,7 @@ def _run_lane(run: Run, steps: list, plan: _Plan, index: int) -> None:
     lane_key = f"{run.target.name}/{steps[0].session or steps[0].name}" if steps else run.target.name
     try:
         if index != plan.base_lane and any(st.facts for st in steps):
-            plan.based.wait()  # every session's flags read the first session's facts
-            run.take(plan.base)
+            run.take(plan.base.result())  # every session's flags read the first session's facts
         for step in steps:
             if plan.stopping:
                 raise _DepFailed("the target is stopping")
@@ -222,21 +234,21 @@ def _run_lane(run: Run, steps: list, plan: _Plan, index: int) -> None:
         if run.opts.progress is not None:
             run.opts.progress.done(lane_key)
         if index == plan.base_lane:
-            plan.based.set()
+            plan.started(None)
         for i, step in enumerate(steps[done:]):
-            plan.end(step.name, False, why if i == 0 else f"{steps[done].name} before it in its session failed")
+            plan.fail(step.name, why if i == 0 else f"{steps[done].name} before it in its session failed")
 
 
 def _one_step(run: Run, step, plan: _Plan, base: bool, key: str, spent) -> None:
     """One step of a lane: skipped if the engine lacks what it needs; else its session opened (its flags
     given what its deps gave; on the `base` lane, the start told to the others), its deps waited for,
     run, and its result handed to the plan for the steps that depend on it."""
-    deps = tuple(d for d in step.deps if d in plan.names)
+    deps = tuple(d for d in step.deps if d in plan.ends)
     lacks = _step_lacks(run, step, plan, deps)
     if lacks:  # docs/engine-contract.md: its checks are skipped, never run half-way or failed
         for name in step.checks:
             run.checks.skip(name, lacks)
-        plan.end(step.name, False, f"the engine lacks {', '.join(lacks)}", lacks)
+        plan.fail(step.name, f"the engine lacks {', '.join(lacks)}", lacks)
         return
     run.step, run.results = step.name, {}
     if step.session is not None and (run.live is None or run.live.session.name != step.session):
@@ -244,13 +256,13 @@ def _one_step(run: Run, step, plan: _Plan, base: bool, key: str, spent) -> None:
             plan.wait(deps)  # its flags may read what they find (answer lengths, ...)
             run.results = plan.given(step.name)
         _busy(run, key, f"starting the {step.session} session's server")
+        opened = None
         try:
             _switch(run, step, spent)
-            if base and plan.base is None:
-                plan.base = run.opened(step.session)
+            opened = run.opened(step.session) if base else None
         finally:
             if base:
-                plan.based.set()
+                plan.started(opened)
     plan.wait(deps)
     t0 = time.monotonic()
     _busy(run, key, f"step {step.name}")
@@ -261,7 +273,7 @@ def _one_step(run: Run, step, plan: _Plan, base: bool, key: str, spent) -> None:
     if run.live is not None and run.live.policy is not None and run.live.policy.active:
         run.live.policy.compare(step.name, run.live.client.stats())
     spent(step.session or step.name, t0)
-    plan.end(step.name, True, result=result)
+    plan.complete(step.name, result)
 
 
 def _switch(run: Run, step, spent) -> None:

@@ -3,8 +3,8 @@
 A step function returns its result (or None); the lane hands a step the results of the steps it
 depends on, directly or through them (`Step.deps`, `e2e/scenarios/__init__.py`), and the step
 reads one by its type: ``r.got(Cold)``. Nothing else crosses from one step to another, and no lane
-writes what another lane reads but these, each written once before its step is told complete
-(`e2e/gate.py`'s `_Plan`). A step reading a result it does not depend on is an error naming both.
+writes what another lane reads but these, each the result of its step's future (`e2e/lanes.py`'s
+`_Plan`). A step reading a result it does not depend on is an error naming both.
 
 | result | given by | read by |
 |---|---|---|

@@ -197,3 +197,63 @@ def test_the_lanes_share_nothing_but_the_plan(tmp_path):
         assert len(v.counters) == 1
     assert list(r.counters) == [s.name for s in steps]
     assert r.times == {s.name: 0.5 for s in steps}
+
+
+def test_a_step_whose_dependency_failed_is_reported_not_run_naming_it(tmp_path):
+    """A failed step's dependents are never run and never dropped: each of their checks is a gated
+    ``not run`` naming the step it needed (directly: the failed one; through another: that other)."""
+    ran: list[str] = []
+
+    def body(r):
+        ran.append(r.step)
+        if r.step == "a":
+            raise RuntimeError("a broke")
+        r.checks.add(r.step, True, "ran")
+
+    steps = [Step(n, None, (n,), deps, body, facts=False)
+             for n, deps in (("a", ()), ("b", ("a",)), ("c", ("b",)), ("d", ()))]
+    for at_once, after in ((True, {"b": "it needs a, which did not complete",
+                                   "c": "it needs b, which did not complete"}),
+                           (False, {"b": "a before it in its session failed",
+                                    "c": "a before it in its session failed",
+                                    "d": "a before it in its session failed"})):
+        ran.clear()
+        r = _run(tmp_path)
+        assert run_target(r, steps, at_once) is None
+        got = {c["name"]: c for c in r.checks.list}
+        assert sorted(ran) == (["a", "d"] if at_once else ["a"]), ran
+        assert got["a"]["note"] == "not run: step a: RuntimeError in this step (the error check has its note)"
+        for name, why in after.items():
+            assert (got[name]["ok"], got[name].get("error")) == (False, True), got[name]
+            assert got[name]["note"] == f"not run: step {name}: {why}", got[name]
+        assert [c["name"] for c in r.checks.list] == (["d", "error", "a", "b", "c"] if at_once
+                                                       else ["error", "a", "b", "c", "d"])
+
+
+def test_a_dependency_skipped_for_what_the_engine_lacks_skips_its_dependents_alike(tmp_path):
+    """Under an engine lacking `kern-runtime`, a step that runs only with it is skipped, and so is every
+    step depending on it (directly or through another), for the same lack: never run, never failed."""
+    from e2e.engine import Engine
+
+    ran: list[str] = []
+
+    def body(r):
+        ran.append(r.step)
+        r.checks.add(r.step, True, "ran")
+
+    steps = [Step(n, None, (n,), deps, body, facts=False, runs=runs) for n, deps, runs in (
+        ("cut_equals_whole", (), ("kern-runtime",)), ("b", ("cut_equals_whole",), ()), ("c", ("b",), ()),
+        ("d", (), ()))]
+    cfg, (t,) = load_targets(None, ["toy-paged"])
+    for at_once in (True, False):
+        ran.clear()
+        opts = Options(cfg, tmp_path, engine=Engine.foreign("engine --port {port}", []))
+        r = Run(t, opts, None, None, Checks(echo=lambda line: None))
+        assert run_target(r, steps, at_once) is None
+        assert ran == ["d"], ran
+        got = {c["name"]: c for c in r.checks.list}
+        assert set(got) == {"cut_equals_whole", "b", "c", "d"}, got
+        for name in ("cut_equals_whole", "b", "c"):
+            assert got[name]["ok"] is None and got[name]["skipped"] == ["kern-runtime"], got[name]
+            assert got[name]["note"].startswith("skipped (engine lacks kern-runtime"), got[name]
+        assert got["d"]["ok"] is True
