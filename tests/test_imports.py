@@ -282,6 +282,9 @@ def test_the_drawing_check_catches_a_missing_row_and_a_wrong_arrow():
     assert drift(broken) == ["pool: no row", "e2e -> serve: drawn, not allowed", "e2e -> oracle: allowed, not drawn"]
     added = text.replace(pool_row, pool_row + "\n| `extra/` | x | nothing |")
     assert drift(added) == ["extra: a row for no package"]
+    face = next(line for line in text.splitlines() if line.startswith("| `kern.cli` |"))
+    upward_face = text.replace(face + "\n", "").replace(e2e_row, e2e_row.replace("`oracle`, ", "`oracle`, `kern.cli`, "))
+    assert drift(upward_face) == ["kern.cli: no row", "e2e -> kern.cli: drawn, not allowed"]
 
 
 def test_the_architecture_page_draws_the_rooms_of_serve():

@@ -171,3 +171,20 @@ def test_the_kern_cli_keeps_its_functions_short_and_their_parameters_few():
             if not builds:
                 bad.append(f"{f.name}: **{a.kwarg.arg} not built at once into an options object")
     assert bad == []
+
+
+VERBS = ("cut", "gen", "replay", "run", "serve", "server", "test", "verify")
+
+
+def test_every_verb_answers_help_and_the_gates_hosts_stay_hidden():
+    """`kern --help` lists the user's verbs, each of which answers its own --help (exit 0); the gate's
+    `kern zygote` and `kern host` are left out of the list, and theirs is their own parser's."""
+    r = CliRunner().invoke(main, ["--help"], prog_name="kern")
+    listed = tuple(line.split()[0] for line in r.output.split("Commands:")[1].splitlines() if line[:3].strip())
+    assert r.exit_code == 0 and listed == VERBS, r.output
+    for verb in VERBS:
+        h = CliRunner().invoke(main, [verb, "--help"], prog_name="kern")
+        assert h.exit_code == 0 and h.output.startswith(f"Usage: kern {verb} "), (verb, h.output)
+    for verb in ("zygote", "host"):
+        h = subprocess.run([*KERN, verb, "--help"], capture_output=True, text=True, timeout=120)
+        assert h.returncode == 0 and h.stdout.startswith(f"usage: kern {verb} "), (verb, h.stdout + h.stderr)
