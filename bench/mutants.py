@@ -58,7 +58,7 @@ def gate(m: Mutant, max_tokens: int, timeout: float) -> tuple[str, str, float]:
         path = os.environ.get("PYTHONPATH")  # the copy first; what the caller put on the path after it
         env = dict(os.environ, PYTHONPATH=str(root) + (os.pathsep + path if path else ""))
         if m.kernel:
-            gen = subprocess.run([sys.executable, "-m", "oracle.cli", "gen", "--out", "manifests"], cwd=root,
+            gen = subprocess.run([sys.executable, "-m", "kern.cli", "gen", "--out", "manifests"], cwd=root,
                                  env=env, capture_output=True, text=True)
             if gen.returncode != 0:
                 return "error", f"kern gen failed: {gen.stderr.strip()[-300:]}", time.monotonic() - t0

@@ -155,7 +155,7 @@ if __name__ == "__main__":
         sys.argv = [sys.argv[0], *sys.argv[2:]]
         sys.path.insert(0, str(REPO))
         trace()
-        from oracle.cli import main as kern
+        from kern.cli import main as kern
 
         kern()
     else:

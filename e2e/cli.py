@@ -84,7 +84,7 @@ def _greedy(argv: list[str]) -> list[str]:
               help="Extra server flags for every session (session flags override); under --engine (vllm included) "
                    "appended to the engine's command.")
 @click.option("--kern", default=None, help="Command that runs another kern (the Rust one): its `serve`, `test` and `run` "
-              "are gated, its log lines read where it has no /stats (default: this Python's oracle.cli).")
+              "are gated, its log lines read where it has no /stats (default: this Python's kern.cli).")
 @click.option("--engine", "engine_cmd", default=None,
               help="Gate another serving engine under docs/engine-contract.md: its command with {port} where the port "
                    "goes, e.g. \"python my_server.py --port {port}\", or a preset: " + ", ".join(PRESETS)

@@ -13,7 +13,7 @@ others; when none is left, `spawn` raises `ZygoteGone` (the session reports a se
 start).
 
 The seam: `Hosts` is one of `e2e.spawn`'s spawners (`Hosts.start`), and the only code that starts
-`oracle.host` processes. A host process patches `threading.Thread.start` (every thread a command
+`kern host` processes. A host process patches `threading.Thread.start` (every thread a command
 starts runs in that command's context: `serve.common.hosted.inherit_context`) and `sys.stdout`/`sys.stderr`
 (each command's output to its own log) process-wide: in the host process, never in the gate's. A
 gate without hosts (`--hosts 0`, the CPU's default) runs none of it.
@@ -33,11 +33,11 @@ __all__ = ["Host", "Hosts"]
 
 
 class Host(Zygote):
-    """One `python -m oracle.host` process, spoken to as a zygote is."""
+    """One `python -m kern.cli host` process (`kern host`), spoken to as a zygote is."""
 
     hosted = True
     how = " (a thread of one of the gate's hosts)"
-    module = "oracle.host"
+    command = ("kern.cli", "host")
 
     def close(self) -> None:
         """Close its stdin and wait until it says every command has ended (its "bye"), not for the

@@ -8,9 +8,9 @@ A `Spawner` starts a command with its output appended to a log and returns a `Pr
   started with it). `Processes.project()` runs this checkout's code (its root first on
   PYTHONPATH); `Processes.engine()` is for an engine under test (`e2e --engine CMD`): the gate's
   environment as it is.
-- `e2e.zygote.Zygote`: a child forked from one warm ``python -m oracle.zygote`` process (this
+- `e2e.zygote.Zygote`: a child forked from one warm ``python -m kern.cli zygote`` process (this
   checkout's `kern` only): the same process without paying imports and kernel loading again.
-- `e2e.hosts.Hosts`: a thread of one of a few warm ``python -m oracle.host`` processes (on a GPU, one
+- `e2e.hosts.Hosts`: a thread of one of a few warm ``python -m kern.cli host`` processes (on a GPU, one
   CUDA context each instead of one per server). The host process makes each command's output and
   threads its own by patching `threading.Thread.start` (`serve.common.hosted.inherit_context`) and
   `sys.stdout`/`sys.stderr` process-wide: in that host process only, which nothing but this spawner
@@ -136,7 +136,7 @@ def project_env() -> dict[str, str]:
 
 def own_kern() -> list[str]:
     """The command that runs this checkout's `kern` (what `--kern` defaults to)."""
-    return [sys.executable, "-m", "oracle.cli"]
+    return [sys.executable, "-m", "kern.cli"]
 
 
 def kern_args(cmd: list[str]) -> list[str]:

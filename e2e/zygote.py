@@ -1,4 +1,5 @@
-"""The gate's warm parent for its servers (`oracle/zygote.py`): started once, asked to fork each one.
+"""The gate's warm parent for its servers (`oracle/zygote.py`, run as `kern zygote`): started once,
+asked to fork each one.
 
 `Zygote.spawn(argv, log)` returns a `Child` with the part of `subprocess.Popen` a `Session` uses
 (``pid``, ``poll``, ``wait``, ``send_signal``, ``kill``, ``returncode``): the child is not ours but
@@ -87,17 +88,17 @@ class Child:
 
 
 class Zygote:
-    """One `python -m oracle.zygote` process; `spawn` is thread-safe (targets gated at once share it)."""
+    """One `python -m kern.cli zygote` process (`kern zygote`); `spawn` is thread-safe (targets gated at once share it)."""
 
     hosted = False  # its children are processes (a `Host`'s are threads)
     how = " (forked by the gate's zygote)"  # what a session's log header says of where it runs
-    module = "oracle.zygote"
+    command = ("kern.cli", "zygote")  # run as `python -m kern.cli zygote`: this checkout's `kern`
     log: Path | None = None  # where its own stderr goes, when somewhere (a host's: e2e/hosts.py)
 
     def __init__(self, env: dict[str, str], config: Path | None = None, warm: list[str] | tuple[str, ...] = (),
                  ready_timeout: float = 600.0, gpu_imports: bool = False, args: list[str] | tuple[str, ...] = (),
                  stderr=None, on_progress=None):
-        cmd = [sys.executable, "-m", self.module, *args]
+        cmd = [sys.executable, "-m", *self.command, *args]
         if config is not None:
             cmd += ["--config", str(config)]
         if warm:
@@ -126,7 +127,7 @@ class Zygote:
                 raise ZygoteGone(f"the zygote was not ready after {ready_timeout:.0f}s")
         if self.gone or self.ready_error:
             self.close()
-            raise ZygoteGone(f"the {self.module} process could not start: "
+            raise ZygoteGone(f"the `kern {self.command[1]}` process could not start: "
                              + (self.ready_error or f"it exited while warming (code {self.proc.poll()})"))
 
     def _read(self) -> None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from kern.errors import KernError
 from manifests import expr
@@ -324,3 +325,18 @@ def report(stages: list[Stage]) -> str:
             share = "" if used == whole else " (held whole for other stages' regions)"
             lines.append(f"  state {name}: {used} of {whole} regions{share}")
     return "\n".join(lines)
+
+
+def write(stages: list[Stage], out: str | Path, weights: list[str] | tuple[str, ...]) -> Path:
+    """`kern cut --out`: each stage as stage-N.json in `out` (made if missing), beside a link to each
+    weights file (one already there replaced, unless it is that very file); the directory."""
+    dest = Path(out)
+    dest.mkdir(parents=True, exist_ok=True)
+    for st in stages:
+        (dest / f"stage-{st.index}.json").write_text(json.dumps(st.raw, indent=1) + "\n")
+    for w in weights:
+        link = dest / Path(w).name
+        if link.resolve() != Path(w).resolve():
+            link.unlink(missing_ok=True)
+            link.symlink_to(Path(w).resolve())
+    return dest

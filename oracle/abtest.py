@@ -13,10 +13,14 @@ compared with A's state over the same ids (B's answer fed to A as a prompt).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
 
+from kern.errors import KernError
+from manifests import load
+from manifests.config import resolve
 from manifests.schema import Manifest
 from runtime.protocol import Protocol
 from runtime.sequence import generate, single
@@ -71,6 +75,35 @@ class Outcome:
 
     def line(self) -> str:
         return f"{VERDICTS[self.code]}: {self.summary}"
+
+    def as_json(self, model: str) -> dict:
+        """`kern test --json`: the verdict and its exit code, what each code means, the counts, each case."""
+        return {"model": model, "verdict": VERDICTS[self.code], "exit": self.code, "summary": self.summary,
+                "exit_codes": {str(c): v for c, v in VERDICTS.items()}, "counts": self.counts(),
+                "cases": [{"status": c.status, "case": c.label, "detail": c.detail, "near_ties": c.near_ties}
+                          for c in self.cases]}
+
+
+class PairError(KernError, ValueError):
+    """No pair of builds to test: neither a target with a reference nor both manifests given."""
+
+
+def pair(config: str | None, target: str | None, cand: str | None, ref: str | None,
+         weights: tuple[str, ...]) -> tuple[Manifest, Manifest, list[str]]:
+    """`kern test`'s builds, loaded: (A the reference, B the candidate, the weights of both), from a
+    TARGET (its manifest and reference, either replaced by `cand` or `ref`), else from both manifests
+    (their weights: `weights`, else every *.safetensors beside the candidate)."""
+    if target:
+        t = resolve(target, config, list(weights) or None)
+        cand_path, ref_path, ws = Path(cand or t.manifest), ref or t.reference, list(t.weights)
+        if ref_path is None:
+            raise PairError(f"target {target} has no reference manifest to test against")
+    else:
+        if not (cand and ref):
+            raise PairError("give a TARGET, or both --manifest and --reference")
+        cand_path, ref_path = Path(cand), Path(ref)
+        ws = list(weights) or sorted(str(p) for p in cand_path.parent.glob("*.safetensors"))
+    return load(ref_path), load(cand_path), ws
 
 
 def ab_test(a: Manifest, b: Manifest, weights: list, steps: int, backend: str, echo: Callable[[str], None] = print) -> int:

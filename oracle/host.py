@@ -1,6 +1,7 @@
 """A warm process that runs several `kern` commands at once, each in a thread of its own.
 
-    python -m oracle.host [--backend cpu|gpu] [--config FILE] [--warm TARGET ...] [--gpu-wait MODE]
+    kern host [--backend cpu|gpu] [--config FILE] [--warm TARGET ...] [--gpu-wait MODE]
+                                                    (what `e2e` starts: python -m kern.cli host ...)
 
 On a GPU every process pays its own CUDA context, and the driver makes contexts one at a time
 (about 0.2 s each on an H200, `bench/cuda_contexts.py`): a gate that starts sixty GPU processes
@@ -27,6 +28,9 @@ why}``; ``{"signal": ID, "sig": N}`` is answered by nothing; and whenever a comm
 ID, "code": C}`` (C < 0: killed by signal -C). When stdin closes every command still running is
 told SIGKILL, and the host says ``{"bye": true, "cpu_s": [USER, SYS], "maxrss_kib": K}`` (its own,
 all its commands together) and exits.
+
+The command a thread runs is given from above (`main`'s `command`: `kern.cli.run_command`, for the
+hidden verb `kern host`), so this module imports nothing of the `kern` command's face.
 """
 
 from __future__ import annotations
@@ -41,12 +45,16 @@ import sys
 import threading
 import time
 import traceback
+from typing import Callable
 
 # CPU commands launch parallel kernels from several threads at once: only the omp and tbb layers
 # allow that (numba's workqueue layer aborts the process)
 os.environ.setdefault("NUMBA_THREADING_LAYER", "threadsafe")
 
 from serve.common import hosted  # noqa: E402  (after the threading layer is chosen)
+
+Command = Callable[[list[str]], int]
+"""A `kern` command line (its arguments) -> its exit code, as its process would have had it."""
 
 _OUT = threading.Lock()  # one protocol line at a time
 _real_stdout = sys.stdout
@@ -107,8 +115,8 @@ class _Null(io.TextIOBase):
 class Running:
     """One command in its thread: its id, its `serve.common.hosted.Command`, whether its exit was reported."""
 
-    def __init__(self, cid: int, argv: list[str], log: str, env: dict[str, str]):
-        self.cid, self.argv, self.log = cid, argv, log
+    def __init__(self, cid: int, argv: list[str], log: str, env: dict[str, str], run: Command):
+        self.cid, self.argv, self.log, self.run = cid, argv, log, run
         self.command = hosted.Command(env=dict(env), ended=self.report)
         self.reported = False
         self.lock = threading.Lock()
@@ -151,9 +159,7 @@ class Running:
         _SINK.set(self)
         hosted.COMMAND.set(self.command)
         try:
-            from oracle.cli import run_command
-
-            code = run_command(self.argv)
+            code = self.run(self.argv)
         except BaseException:
             traceback.print_exc()
             code = 1
@@ -169,7 +175,7 @@ class Running:
 _LIVE: dict[int, Running] = {}
 
 
-def warm(backend: str, config: str | None, targets: list[str], split: dict[str, float],
+def warm(backend: str, config: str | None, targets: list[str], split: dict[str, float], command: Command,
          gpu_wait: str = "blocking") -> str:
     """Make this process's device (a GPU: its one CUDA context) and run a few tokens of each target
     through the runtime, so the first command pays neither; what the device is. `split` gets the
@@ -177,7 +183,6 @@ def warm(backend: str, config: str | None, targets: list[str], split: dict[str, 
     began = time.monotonic()
     import serve.api.app  # noqa: F401  (what a server imports: fastapi, uvicorn; a second in the first server's start)
     import serve.cli  # noqa: F401
-    from oracle.cli import main
 
     split["imports_s"] = round(time.monotonic() - began, 2)
     began = time.monotonic()
@@ -195,13 +200,13 @@ def warm(backend: str, config: str | None, targets: list[str], split: dict[str, 
     split["device_s"] = round(time.monotonic() - began, 2)
     began = time.monotonic()
     base = ["--config", config] if config else []
-    quiet = Running(0, [], os.devnull, {})
+    quiet = Running(0, [], os.devnull, {}, command)
     quiet.sink = open(os.devnull, "w")
     token = _SINK.set(quiet)
     try:
         for t in targets:
             try:
-                main([*base, "run", t, "--steps", "3", "--backend", backend, "--prompt", "warm"], standalone_mode=False)
+                command([*base, "run", t, "--steps", "3", "--backend", backend, "--prompt", "warm"])
             except BaseException:  # a target that cannot run warm is its command's to report, not ours
                 pass
     finally:
@@ -222,7 +227,7 @@ def _threadsafe_layer() -> None:
                            "threads at once; install tbb, or give each server its own process (e2e --hosts 0)")
 
 
-def serve_requests() -> None:
+def serve_requests(command: Command) -> None:
     ids = iter(range(1, 1 << 62))
     for raw in sys.stdin.buffer:
         line = raw.strip()
@@ -239,7 +244,7 @@ def serve_requests() -> None:
         except (ValueError, KeyError, TypeError) as exc:
             _say({"error": f"bad request {line[:200]!r}: {exc}"})
             continue
-        r = Running(next(ids), argv, log, {str(k): str(v) for k, v in env.items()})
+        r = Running(next(ids), argv, log, {str(k): str(v) for k, v in env.items()}, command)
         _LIVE[r.cid] = r
         _say({"pid": r.cid})
         r.thread.start()
@@ -251,10 +256,11 @@ def serve_requests() -> None:
         r.thread.join(max(deadline - time.monotonic(), 0))
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None, command: Command) -> None:
+    """`kern host ARGV`: make the device, warm, say ready, then run `command` in a thread for each request."""
     import argparse
 
-    ap = argparse.ArgumentParser(prog="python -m oracle.host", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="kern host", description=__doc__.split("\n\n")[0])
     ap.add_argument("--backend", choices=("cpu", "gpu"), default="gpu", help="the device made before ready")
     ap.add_argument("--config", default=None, help="the config the --warm targets are named in")
     ap.add_argument("--warm", nargs="*", default=[], help="targets run for a few tokens before ready")
@@ -271,19 +277,15 @@ def main(argv: list[str] | None = None) -> None:
     hosted.inherit_context()
     split: dict[str, float] = {}
     try:
-        device = warm(args.backend, args.config, args.warm, split, args.gpu_wait)
+        device = warm(args.backend, args.config, args.warm, split, command, args.gpu_wait)
     except Exception as exc:
         _say({"ready": False, "error": f"{type(exc).__name__}: {exc}"})
         sys.exit(1)
     _say({"ready": True, "warm_s": round(time.monotonic() - t0, 2), "split": split, "host_pid": os.getpid(),
           "backend": device})
-    serve_requests()
+    serve_requests(command)
     use = resource.getrusage(resource.RUSAGE_SELF)
     _say({"bye": True, "cpu_s": [round(use.ru_utime, 2), round(use.ru_stime, 2)], "maxrss_kib": use.ru_maxrss})
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)  # daemon command threads (killed servers finishing) do not hold the exit
-
-
-if __name__ == "__main__":
-    main()

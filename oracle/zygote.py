@@ -1,12 +1,12 @@
 """A warm parent for `kern` processes: imported and compiled once, forked for each command.
 
-    python -m oracle.zygote [--config FILE] [--warm TARGET ...]
+    kern zygote [--config FILE] [--warm TARGET ...]     (what `e2e` starts: python -m kern.cli zygote ...)
 
 The gate starts a dozen servers a target, and each fresh `kern serve` pays Python's imports (about
 0.8 s) and numba's loading of its cached kernels on the first request (about 0.9 s) before it
 answers. This process pays them once: it imports the CLI, the server and the runtime, runs a few
 tokens through the runtime for each ``--warm`` target on the CPU, then forks a child for each command
-it is sent. A child is the command's own process, as `python -m oracle.cli ARGV` would be: its own
+it is sent. A child is the command's own process, as `python -m kern.cli ARGV` would be: its own
 session (`setsid`: signals and `killpg` reach it and what it starts), its stdout and stderr the log
 file named, its exit code the command's. What it inherits is only what import and compilation leave.
 
@@ -19,6 +19,9 @@ request ``{"argv": [...], "log": PATH, "env": {...}}`` the reply ``{"pid": N}`` 
 and whenever a child ends ``{"exit": N, "code": C, "cpu_s": [USER, SYS], "maxrss_kib": K}`` (C < 0:
 killed by signal -C, as `subprocess` says it; the CPU seconds and peak memory are the child's own).
 When stdin closes every child still running is killed and this process exits.
+
+The command a child runs is given from above (`main`'s `command`: `kern.cli.run_command`, for the
+hidden verb `kern zygote`), so this module imports nothing of the `kern` command's face.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import signal
 import sys
 import time
 import traceback
+from typing import Callable
 
 os.environ["NUMBA_THREADING_LAYER"] = "workqueue"  # before numba is imported: see the docstring
 
@@ -39,13 +43,16 @@ def _say(obj: dict) -> None:
     sys.stdout.flush()
 
 
-def warm(config: str | None, targets: list[str]) -> None:
+Command = Callable[[list[str]], int]
+"""A `kern` command line (its arguments) -> its exit code, as its process would have had it."""
+
+
+def warm(config: str | None, targets: list[str], command: Command) -> None:
     """Import what a server imports and run a few tokens of each target through the runtime (CPU)."""
     t0 = time.monotonic()
     _say({"warming": "importing the server (fastapi, uvicorn, numba)"})
     import serve.api.app  # noqa: F401  (the server's imports)
     import serve.cli  # noqa: F401
-    from oracle.cli import main
 
     base = ["--config", config] if config else []
     for i, t in enumerate(targets, 1):
@@ -62,7 +69,7 @@ def warm(config: str | None, targets: list[str]) -> None:
             os.dup2(null, 1)
             os.dup2(null, 2)
             try:
-                main(argv, standalone_mode=False)
+                command(argv)
             except BaseException:  # a target that cannot run warm is the child's to report, not ours
                 pass
             finally:
@@ -94,11 +101,11 @@ def gpu_imports() -> str:
     from numba.cuda.cudadrv.driver import driver
 
     if getattr(driver, "is_initialized", False):
-        raise SystemExit("oracle.zygote: importing the GPU modules initialised CUDA; a forked child could not use it")
+        raise SystemExit("kern zygote: importing the GPU modules initialised CUDA; a forked child could not use it")
     return "cupy, numba.cuda, " + ", ".join(GPU_MODULES)
 
 
-def child(argv: list[str], log: str, env: dict[str, str], inherited: tuple[int, ...] = ()) -> None:
+def child(argv: list[str], log: str, env: dict[str, str], command: Command, inherited: tuple[int, ...] = ()) -> None:
     """In the forked child: become the command's process, run it, exit with its code. `inherited`:
     the zygote's own descriptors (its signal pipe), closed here."""
     code = 1
@@ -125,9 +132,7 @@ def child(argv: list[str], log: str, env: dict[str, str], inherited: tuple[int, 
         sys.stderr = open(2, "w", buffering=1, closefd=False)
         os.environ.update(env)
         sys.argv = ["kern", *argv]
-        from oracle.cli import run_command
-
-        code = run_command(argv)
+        code = command(argv)
     except BaseException:
         traceback.print_exc()
         code = 1
@@ -139,7 +144,7 @@ def child(argv: list[str], log: str, env: dict[str, str], inherited: tuple[int, 
             os._exit(code)
 
 
-def serve_requests() -> None:
+def serve_requests(command: Command) -> None:
     rd, wr = os.pipe()
     os.set_blocking(wr, False)
     signal.set_wakeup_fd(wr)
@@ -167,7 +172,7 @@ def serve_requests() -> None:
             while b"\n" in buf:
                 line, buf = buf.split(b"\n", 1)
                 if line.strip():
-                    _spawn(line, live, (rd, wr))
+                    _spawn(line, live, command, (rd, wr))
     for pid in live:
         try:
             os.killpg(pid, signal.SIGKILL)
@@ -179,7 +184,7 @@ def serve_requests() -> None:
         time.sleep(0.01)
 
 
-def _spawn(line: bytes, live: set[int], inherited: tuple[int, ...]) -> None:
+def _spawn(line: bytes, live: set[int], command: Command, inherited: tuple[int, ...]) -> None:
     try:
         req = json.loads(line)
         argv, log, env = list(map(str, req["argv"])), str(req["log"]), dict(req.get("env") or {})
@@ -188,7 +193,7 @@ def _spawn(line: bytes, live: set[int], inherited: tuple[int, ...]) -> None:
         return
     pid = os.fork()
     if pid == 0:
-        child(argv, log, env, inherited)
+        child(argv, log, env, command, inherited)
     live.add(pid)
     _say({"pid": pid})
 
@@ -206,23 +211,20 @@ def _reap(live: set[int]) -> None:
               "cpu_s": [round(use.ru_utime, 3), round(use.ru_stime, 3)], "maxrss_kib": use.ru_maxrss})
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None, command: Command) -> None:
+    """`kern zygote ARGV`: warm, say ready, then fork a child running `command` for each request."""
     import argparse
 
-    ap = argparse.ArgumentParser(prog="python -m oracle.zygote", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="kern zygote", description=__doc__.split("\n\n")[0])
     ap.add_argument("--config", default=None, help="the config the --warm targets are named in")
     ap.add_argument("--warm", nargs="*", default=[], help="targets whose CPU kernels are run once before serving")
     ap.add_argument("--gpu-imports", action="store_true",
                     help="also import the GPU backend and the CUDA kernel modules (no device is touched)")
     args = ap.parse_args(argv)
     t0 = time.monotonic()
-    warm(args.config, args.warm)
+    warm(args.config, args.warm, command)
     ready = {"ready": True}
     if args.gpu_imports:
         ready["gpu_imports"] = gpu_imports()
     _say({**ready, "warm_s": round(time.monotonic() - t0, 2)})
-    serve_requests()
-
-
-if __name__ == "__main__":
-    main()
+    serve_requests(command)

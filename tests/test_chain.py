@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from e2e.prompts import PROMPTS
 from manifests.cut import cut
-from oracle.cli import main as kern
+from kern.cli import main as kern
 from runtime.chain import Chain, StagesError, load_stages
 from runtime.sequence import generate, single
 from tests.toyrun import target

@@ -222,7 +222,7 @@ def test_fnv1a64_known_values():
 def test_kern_cut_writes_verified_stages(tmp_path):
     from click.testing import CliRunner
 
-    from oracle.cli import main
+    from kern.cli import main
 
     src = tmp_path / "m.json"
     src.write_text(json.dumps(layered()))

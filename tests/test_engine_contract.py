@@ -177,7 +177,7 @@ def test_each_planted_bug_in_the_dict_engine_fails_the_gate(tmp_path, capsys, bu
 def test_kern_run_under_kern_is_that_kerns_own_run(tmp_path, capsys):
     """Under --kern, run_equals_reference runs the --kern command's `run` (its `generated ids:` line),
     not this checkout's runtime: here the command is this checkout's CLI in a process of its own."""
-    code, reports = gate(tmp_path, "--kern", f"{sys.executable} -m oracle.cli", "--targets", "toy-paged",
+    code, reports = gate(tmp_path, "--kern", f"{sys.executable} -m kern.cli", "--targets", "toy-paged",
                          "--scenarios", "run_equals_reference")
     assert code == 0, capsys.readouterr().out[-3000:]
     note = {c["name"]: c for c in reports["toy-paged"]["checks"]}["run_equals_reference"]["note"]
@@ -190,7 +190,7 @@ def test_kern_run_under_kern_fails_when_that_kerns_run_is_wrong(tmp_path, capsys
     fake.write_text("import sys, subprocess\n"
                     "if 'run' in sys.argv:\n"
                     "    print('generated ids: [1, 2, 3]', file=sys.stderr); sys.exit(0)\n"
-                    f"sys.exit(subprocess.call([{sys.executable!r}, '-m', 'oracle.cli', *sys.argv[1:]]))\n")
+                    f"sys.exit(subprocess.call([{sys.executable!r}, '-m', 'kern.cli', *sys.argv[1:]]))\n")
     code, reports = gate(tmp_path, "--kern", f"{sys.executable} {fake}", "--targets", "toy-paged",
                          "--scenarios", "run_equals_reference")
     assert code == 1, capsys.readouterr().out[-3000:]

@@ -24,7 +24,7 @@ if not gpu.gpu_available():
 from click.testing import CliRunner  # noqa: E402
 
 from oracle.abtest import PASS, ab_test  # noqa: E402
-from oracle.cli import main as kern  # noqa: E402
+from kern.cli import main as kern  # noqa: E402
 from runtime.backends import make_backend  # noqa: E402
 from runtime.runtime import Runtime  # noqa: E402
 from runtime.sequence import generate, single  # noqa: E402

@@ -1,8 +1,9 @@
 """The packages' imports, read from the source (every `import`, at module level, inside a function, or
 under `TYPE_CHECKING`): no import circle between any two modules, every import between packages
 points the way docs/architecture.md draws it (that page's table of arrows is `ALLOWED`, package for
-package), and inside serve/ every import between its rooms too (`ROOMS`, the page's table of rooms).
-The checks are shown to fail on a tree (or a page) built to break them.
+package, with the `kern` command's face, `kern.cli`, a row of its own), and inside serve/ every import
+between its rooms too (`ROOMS`, the page's table of rooms). The checks are shown to fail on a tree (or
+a page) built to break them.
 """
 
 from __future__ import annotations
@@ -13,7 +14,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("kern", "toy", "manifests", "runtime", "pool", "serve", "replay", "oracle", "verdicts", "e2e")
+FACE = "kern.cli"  # the `kern` command: a row of its own, above every package, imported by none
+UNITS = (*PACKAGES, FACE)
 ALLOWED = {
+    FACE: set(PACKAGES),  # parses each verb's flags and calls the package that does its work
     "kern": set(),  # leaves only (kern.errors: the root exception), so any package may import them
     "toy": set(),
     "manifests": set(),
@@ -22,11 +26,12 @@ ALLOWED = {
     "verdicts": set(),
     "serve": {"manifests", "runtime", "pool"},
     "replay": {"manifests", "runtime", "serve", "pool"},  # the serving core's admission over the real pool, no device
-    "oracle": {"manifests", "runtime", "toy", "verdicts", "serve", "replay"},  # the commands it runs and hosts
+    "oracle": {"manifests", "runtime", "verdicts", "serve"},  # serve: what its zygote and host warm and host
     "e2e": {"manifests", "oracle", "verdicts"},  # the server only over HTTP and its log
 }
-"""Which packages each may import (docs/architecture.md's table). A module that imports nothing of the
-project (a leaf: `oracle/version.py`, which `kern serve --version` uses) may be imported from anywhere."""
+"""Which packages each may import (docs/architecture.md's table; `FACE` is a row beside the packages'). A
+module that imports nothing of the project (a leaf: `oracle/version.py`, which `kern serve --version`
+uses) may be imported from anywhere; `kern.cli` is no leaf, and no row allows it."""
 
 
 ROOMS = {
@@ -118,13 +123,18 @@ def circles(edges: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+def unit(module: str) -> str:
+    """The row of `allowed` a module answers to: `kern.cli` its own (`FACE`), any other its package's."""
+    return FACE if module == FACE or module.startswith(FACE + ".") else module.split(".")[0]
+
+
 def upward(edges: dict[str, set[str]], allowed=ALLOWED) -> list[str]:
     """Imports between packages that the table does not allow (leaf modules excepted)."""
     leaves = {m for m, ts in edges.items() if not ts}
     bad = []
     for m, ts in edges.items():
         for t in ts:
-            a, b = m.split(".")[0], t.split(".")[0]
+            a, b = unit(m), unit(t)
             if a != b and b not in allowed.get(a, set()) and t not in leaves:
                 bad.append(f"{m} -> {t}")
     return sorted(bad)
@@ -148,8 +158,37 @@ def upward_rooms(edges: dict[str, set[str]], rooms=ROOMS, package: str = "serve"
     return sorted(bad)
 
 
+def not_leaves(edges: dict[str, set[str]], package: str = "kern") -> list[str]:
+    """The modules of `package` (its face, `kern.cli`, aside) that import something of the project."""
+    return sorted(f"{m} -> {t}" for m, ts in edges.items() if unit(m) == package for t in ts)
+
+
 def test_no_import_circle():
     assert circles(graph(ROOT)) == []
+
+
+def test_the_modules_of_kern_beside_its_face_are_leaves():
+    assert not_leaves(graph(ROOT)) == []
+
+
+def test_the_checks_catch_a_package_importing_the_kern_command(tmp_path):
+    """The face may import every package; a package (or a leaf of kern) importing it is caught, even
+    inside a function, and a module of kern importing anything of the project is no leaf."""
+    files = {"kern/cli.py": "from kern import errors\nfrom oracle.run import go\nfrom serve import cli\n",
+             "kern/errors.py": "", "kern/tokens.py": "def f():\n    from kern.cli import main\n",
+             "kern/names.py": "from oracle.version import v\n",
+             "oracle/run.py": "from kern.errors import E\n", "oracle/version.py": "",
+             "oracle/host.py": "def f():\n    from kern.cli import run_command\n",
+             "serve/cli.py": "from oracle.run import go\n", "e2e/spawn.py": "import kern.cli\n"}
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    for pkg in ("kern", "oracle", "serve", "e2e"):
+        (tmp_path / pkg / "__init__.py").write_text("")
+    edges = graph(tmp_path, ("kern", "oracle", "serve", "e2e"))
+    assert upward(edges) == ["e2e.spawn -> kern.cli", "kern.tokens -> kern.cli", "oracle.host -> kern.cli",
+                             "serve.cli -> oracle.run"]
+    assert not_leaves(edges) == ["kern.names -> oracle.version", "kern.tokens -> kern.cli"]
 
 
 def test_imports_point_the_way_the_architecture_draws_them():
@@ -199,7 +238,7 @@ HEADER = "| package | owns | imports |"
 ROOMS_HEADER = "| room | owns | imports |"
 
 
-def drawn(text: str, packages=PACKAGES, header: str = HEADER) -> dict[str, set[str]]:
+def drawn(text: str, packages=UNITS, header: str = HEADER) -> dict[str, set[str]]:
     """docs/architecture.md's table under `header` (the packages', or serve's rooms'): each row's name
     (the first word in backticks of its first cell) -> the names its `imports` cell gives in backticks
     (other words there are notes)."""
@@ -217,7 +256,7 @@ def drawn(text: str, packages=PACKAGES, header: str = HEADER) -> dict[str, set[s
     return rows
 
 
-def drift(text: str, allowed=ALLOWED, packages=PACKAGES, header: str = HEADER) -> list[str]:
+def drift(text: str, allowed=ALLOWED, packages=UNITS, header: str = HEADER) -> list[str]:
     """Where the page's table and `allowed` differ: a package with no row, a row for no package, an
     arrow drawn and not allowed, or allowed and not drawn."""
     rows = drawn(text, packages, header)
@@ -231,7 +270,7 @@ def drift(text: str, allowed=ALLOWED, packages=PACKAGES, header: str = HEADER) -
 
 
 def test_the_architecture_page_draws_the_allowed_imports():
-    assert set(ALLOWED) == set(PACKAGES)
+    assert set(ALLOWED) == set(UNITS)
     assert drift(ARCHITECTURE.read_text()) == []
 
 
@@ -243,6 +282,9 @@ def test_the_drawing_check_catches_a_missing_row_and_a_wrong_arrow():
     assert drift(broken) == ["pool: no row", "e2e -> serve: drawn, not allowed", "e2e -> oracle: allowed, not drawn"]
     added = text.replace(pool_row, pool_row + "\n| `extra/` | x | nothing |")
     assert drift(added) == ["extra: a row for no package"]
+    face = next(line for line in text.splitlines() if line.startswith("| `kern.cli` |"))
+    upward_face = text.replace(face + "\n", "").replace(e2e_row, e2e_row.replace("`oracle`, ", "`oracle`, `kern.cli`, "))
+    assert drift(upward_face) == ["kern.cli: no row", "e2e -> kern.cli: drawn, not allowed"]
 
 
 def test_the_architecture_page_draws_the_rooms_of_serve():

@@ -13,13 +13,13 @@ from click.testing import CliRunner
 
 from manifests import load, page_unit, reach
 from manifests.config import PACKAGED, PACKAGED_PP, load_config
-from oracle.cli import main
+from kern.cli import main
 from tests.test_oracle_cli import broken_candidate
 from tests.toyrun import CONFIG, manifest_path
 
 SHIPPED = sorted(manifest_path("toy-paged").parent.glob("*.json"))
 TARGETS = sorted({*load_config(PACKAGED).targets, *load_config(PACKAGED_PP).targets})
-KERN = [sys.executable, "-m", "oracle.cli"]
+KERN = [sys.executable, "-m", "kern.cli"]
 
 
 def kern(*args):
@@ -122,7 +122,7 @@ def test_no_weights_checks_the_manifest_alone(tmp_path):
 
 def test_verify_compiles_nothing_and_makes_no_device():
     """numba (the CPU kernels) and cupy (the GPU) are never imported: no build, no backend."""
-    code = ("import json, sys; from oracle.cli import run_command; c = run_command(['verify', 'toy-layers']); "
+    code = ("import json, sys; from kern.cli import run_command; c = run_command(['verify', 'toy-layers']); "
             "print(json.dumps([c, 'numba' in sys.modules, 'cupy' in sys.modules]))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert json.loads(r.stdout.splitlines()[-1]) == [0, False, False], r.stdout + r.stderr
@@ -153,11 +153,11 @@ def test_kern_test_json_counts_match_its_lines(tmp_path, verdict):
 
 
 def test_the_kern_cli_keeps_its_functions_short_and_their_parameters_few():
-    """oracle/cli.py: no function over 60 lines or 12 parameters; a `**flags` only on a click command
+    """kern/cli.py: no function over 60 lines or 12 parameters; a `**flags` only on a click command
     whose first statement builds its options dataclass from them (as `kern run` does)."""
     import ast
 
-    tree = ast.parse((Path(__file__).parent.parent / "oracle" / "cli.py").read_text())
+    tree = ast.parse((Path(__file__).parent.parent / "kern" / "cli.py").read_text())
     bad = []
     for f in (n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)):
         a = f.args
@@ -171,3 +171,20 @@ def test_the_kern_cli_keeps_its_functions_short_and_their_parameters_few():
             if not builds:
                 bad.append(f"{f.name}: **{a.kwarg.arg} not built at once into an options object")
     assert bad == []
+
+
+VERBS = ("cut", "gen", "replay", "run", "serve", "server", "test", "verify")
+
+
+def test_every_verb_answers_help_and_the_gates_hosts_stay_hidden():
+    """`kern --help` lists the user's verbs, each of which answers its own --help (exit 0); the gate's
+    `kern zygote` and `kern host` are left out of the list, and theirs is their own parser's."""
+    r = CliRunner().invoke(main, ["--help"], prog_name="kern")
+    listed = tuple(line.split()[0] for line in r.output.split("Commands:")[1].splitlines() if line[:3].strip())
+    assert r.exit_code == 0 and listed == VERBS, r.output
+    for verb in VERBS:
+        h = CliRunner().invoke(main, [verb, "--help"], prog_name="kern")
+        assert h.exit_code == 0 and h.output.startswith(f"Usage: kern {verb} "), (verb, h.output)
+    for verb in ("zygote", "host"):
+        h = subprocess.run([*KERN, verb, "--help"], capture_output=True, text=True, timeout=120)
+        assert h.returncode == 0 and h.stdout.startswith(f"usage: kern {verb} "), (verb, h.stdout + h.stderr)

@@ -165,7 +165,7 @@ def test_sources_are_staged_only_between_their_first_and_last_reader():
 def test_kern_run_json_prints_the_load_peak():
     from click.testing import CliRunner
 
-    from oracle.cli import main
+    from kern.cli import main
 
     r = CliRunner().invoke(main, ["run", NAME, "--prompt", "x", "--steps", "2", "--json"])
     assert r.exit_code == 0, r.output

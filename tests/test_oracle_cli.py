@@ -13,7 +13,7 @@ from oracle.abtest import FAIL, INCONCLUSIVE, PASS, ab_test
 from tests.toyrun import SHAPES, CONFIG, manifest_path, target
 from toy import model
 
-KERN = [sys.executable, "-m", "oracle.cli"]
+KERN = [sys.executable, "-m", "kern.cli"]
 
 
 def kern(*args, cwd=None):

@@ -22,7 +22,7 @@ def test_kern_run_probe_dir_writes_each_step_in_the_rust_layout(tmp_path):
     """decode0..decode2: 257 bf16 logits (514 bytes) and the step's token (i64), the token being the
     logits' argmax; the first step's logits are the reference's at that context (one tile)."""
     d = tmp_path / "probe"
-    r = subprocess.run([sys.executable, "-m", "oracle.cli", "run", "toy-float", "--prompt-ids", "1,2,3",
+    r = subprocess.run([sys.executable, "-m", "kern.cli", "run", "toy-float", "--prompt-ids", "1,2,3",
                         "--steps", "3", "--probe-dir", str(d), "--probe-labels", ""],
                        cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
@@ -40,12 +40,12 @@ def test_kern_run_probe_dir_writes_each_step_in_the_rust_layout(tmp_path):
 
 
 def test_probe_steps_stops_the_run_and_integer_targets_have_no_probe(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "oracle.cli", "run", "toy-float", "--prompt-ids", "5,6",
+    r = subprocess.run([sys.executable, "-m", "kern.cli", "run", "toy-float", "--prompt-ids", "5,6",
                         "--steps", "9", "--probe-dir", str(tmp_path / "a"), "--probe-steps", "1"],
                        cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0 and sorted(p.name for p in (tmp_path / "a").iterdir()) == [
         "decode0.logits.bin", "decode0.tokens.bin"], r.stderr
-    r = subprocess.run([sys.executable, "-m", "oracle.cli", "run", "toy-paged", "--prompt-ids", "5,6",
+    r = subprocess.run([sys.executable, "-m", "kern.cli", "run", "toy-paged", "--prompt-ids", "5,6",
                         "--probe-dir", str(tmp_path / "b")], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert r.returncode == 2 and "no logits buffer" in r.stderr
 
@@ -116,7 +116,7 @@ def test_a_spawned_probe_is_the_in_process_probe(tmp_path):
 
     def spawn(argv, log):
         ran.append(argv)
-        r = subprocess.run([sys.executable, "-m", "oracle.cli", *argv], capture_output=True, text=True, timeout=120)
+        r = subprocess.run([sys.executable, "-m", "kern.cli", *argv], capture_output=True, text=True, timeout=120)
         log.write_text(r.stdout + r.stderr)
         return r.stdout + r.stderr, r.returncode
 

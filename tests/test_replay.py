@@ -149,7 +149,7 @@ def test_engine_replay_parks_and_wakes_under_pressure(tmp_path):
 
 
 def test_cli_table_json_sweep_and_errors(tmp_path):
-    from oracle.cli import main
+    from kern.cli import main
 
     mooncake(tmp_path / "t.jsonl", n=20)
     runner = CliRunner()
@@ -180,7 +180,7 @@ def test_cli_table_json_sweep_and_errors(tmp_path):
 
 
 def test_out_holds_the_figures_and_the_plot_and_the_cwd_nothing(tmp_path, monkeypatch):
-    from oracle.cli import main
+    from kern.cli import main
 
     mooncake(tmp_path / "t.jsonl", n=20)
     cwd = tmp_path / "cwd"
@@ -222,7 +222,7 @@ def test_known_traces_are_known_by_their_totals_only():
 
 
 def test_lru_page_is_honoured_or_refused(tmp_path):
-    from oracle.cli import main
+    from kern.cli import main
 
     # a partial block then the whole block: a page of 512 hits the whole (its key is cached), a
     # page of 256 only the half the first request held
@@ -261,7 +261,7 @@ def test_replay_agrees_with_a_running_server(kern_server, tmp_path):
     """A scaled trace sent to `kern serve toy-paged` one request at a time: every request's hit and
     tier, and the hit, park and eviction counters, equal the model-free replay's at the server's
     sizes; and the trace reaches every path (resident and host hits, parks, host evictions)."""
-    from oracle.cli import main
+    from kern.cli import main
 
     mooncake(tmp_path / "t.jsonl", n=36, seed=5)
     server = kern_server("toy-paged", "--capacity", "1024", "--host-gib", str(40 * 65536 / 2**30))

@@ -37,7 +37,7 @@ def server(tmp_path_factory):
 # -- versions ----------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("argv, prog", [(["oracle.cli"], "kern"), (["oracle.cli", "serve"], "kern serve"),
+@pytest.mark.parametrize("argv, prog", [(["kern.cli"], "kern"), (["kern.cli", "serve"], "kern serve"),
                                         (["serve"], "kern serve"), (["e2e.cli"], "e2e")])
 def test_version_flags_print_the_version_and_the_commit(argv, prog):
     r = subprocess.run([sys.executable, "-m", *argv, "--version"], cwd=REPO, capture_output=True, text=True,

@@ -43,7 +43,7 @@ def test_serve_without_the_servers_dependencies_says_what_is_missing():
     failed and exit 2, not click's "No such command 'serve'"."""
     code = ("import sys\n"
             "for m in ('uvicorn', 'fastapi', 'h11'): sys.modules[m] = None\n"
-            "from oracle.cli import main; main(['serve', 'toy-paged', '--port', '0'])")
+            "from kern.cli import main; main(['serve', 'toy-paged', '--port', '0'])")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2, r.stderr
     assert r.stderr.startswith("kern serve: error: needs the server's dependencies") and "import of" in r.stderr

@@ -1,29 +1,34 @@
-"""The `kern` command: gen, run, test, verify, cut (and serve and replay, registered by their packages)."""
+"""The `kern` command: its flags parsed here, each verb's work done by the package that owns it.
+
+    gen      toy.gen            the toy manifests, their salt, weights and configs
+    run      oracle.run         one sequence through the runtime, no server
+    test     oracle.abtest      a build against its reference twin (exit 0 PASS, 1 FAIL, 2 INCONCLUSIVE)
+    verify   oracle.verify      a manifest loaded and verified without a device, its geometry printed
+    cut      manifests.cut      a manifest split into pipeline stages
+    serve    serve.cli          the server (also `server`)
+    replay   replay.cli         a trace replayed against the serving core's admission
+
+and, hidden from `--help`, the gate's warm parents of `kern` commands: `kern zygote` (oracle.zygote)
+and `kern host` (oracle.host), each given `run_command` to run what it is sent.
+
+This module may import every package; no package imports it (tests/test_imports.py): what a verb
+does lives in its package, so that package runs without this face. Importing it loads no kernel
+(numba, cupy): a zygote or host chooses numba's threading layer after it, before numba is imported.
+"""
 
 from __future__ import annotations
 
 import json
 import sys
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import click
 
 from kern.tokens import BYTES
-from manifests import ManifestError, load
-from manifests.config import ConfigError, resolve
-from runtime.backend import KernelError
-from runtime.chain import StagesError, load_stages
+from oracle.run import USER_ERRORS, RunError, RunOptions
 from oracle.version import option as version_option
-from runtime.protocol import ProtocolError
-from runtime.sequence import Generation, RequestError, generate, single
-from runtime.weights import WeightsError
 
-if TYPE_CHECKING:
-    from oracle.abtest import Outcome
-
-USER_ERRORS = (ManifestError, ConfigError, RequestError, ProtocolError, WeightsError, KernelError, StagesError)
+__all__ = ["main", "run_command", "parse_ids", "fail"]
 
 
 def fail(msg: str, code: int = 2) -> None:
@@ -70,59 +75,6 @@ def gen(out: str) -> None:
     click.echo(f"{sum(p.suffix == '.json' for p in paths)} manifests, salt and config -> {out}")
 
 
-def _target(config: str | None, what: str, weights: tuple[str, ...]):
-    t = resolve(what, config, list(weights) or None)
-    return t, load(t.manifest)
-
-
-@dataclass
-class RunOptions:
-    """`kern run`'s flags, built at once by the command (one field a flag, under its parameter name)."""
-
-    config: str | None
-    target: str | None
-    stages_dir: str | None
-    prompt: str | None
-    prompt_ids: str | None
-    steps: int
-    rows: int | None
-    chunk: int | None
-    backend: str
-    capacity: int | None
-    weights: tuple[str, ...]
-    device: str | None
-    as_json: bool
-    probe_dir: str | None
-    probe_steps: int | None
-    probe_labels: str
-    prompts_file: str | None
-
-    def check(self) -> None:
-        """Refuse flags that do not go together, in the order `kern run` has always named them."""
-        if self.target is None and self.stages_dir is None:
-            fail("give a TARGET (a target name or a manifest path), or --stages DIR")
-        if self.prompts_file is not None:
-            if self.stages_dir is not None or self.probe_dir is not None or self.prompt is not None \
-                    or self.prompt_ids is not None:
-                fail("--prompts-file runs a TARGET's prompts: not with --stages, --probe-dir, --prompt or --prompt-ids")
-        elif self.prompt is not None and self.prompt_ids is not None:
-            fail("give --prompt or --prompt-ids, not both")
-        if self.steps < 1:
-            fail(f"--steps must be >= 1, got {self.steps}")
-
-
-@dataclass
-class _Ran:
-    """What one `kern run` sequence gave: the model's name, the stages (0: a whole manifest), the rows
-    per step it ran at, the generation and the load report."""
-
-    name: str
-    stages: int
-    rows: int
-    generation: Generation
-    load: dict
-
-
 @main.command()
 @click.argument("target", required=False)
 @click.option("--stages", "stages_dir", default=None, type=click.Path(), help="Run the stages of a cut (the *.json `kern cut` wrote in this directory) in order in one process, each crossing buffer copied into the next stage. Weights: --weights, else TARGET's, else every *.safetensors in the directory.")
@@ -149,16 +101,22 @@ class _Ran:
 def run(ctx, **flags) -> None:
     """Generate greedily for one sequence through the runtime, no server (TARGET, or --stages DIR)."""
     o = RunOptions(config=ctx.obj["config"], **flags)
-    o.check()
-    if o.prompts_file is not None:
-        _run_file(o)
-        return
-    ids = parse_ids(o.prompt_ids) if o.prompt_ids is not None else list(
-        (o.prompt if o.prompt is not None else "The capital of France is").encode())
     try:
-        r = _run_stages(o, ids) if o.stages_dir is not None else _run_target(o, ids)
-    except USER_ERRORS as exc:
+        o.check()
+        if o.prompts_file is not None:
+            return _run_file(o)
+        ids = parse_ids(o.prompt_ids) if o.prompt_ids is not None else list(
+            (o.prompt if o.prompt is not None else "The capital of France is").encode())
+        _print_run(o, ids)
+    except (*USER_ERRORS, RunError) as exc:
         fail(str(exc))
+
+
+def _print_run(o: RunOptions, ids: list[int]) -> None:
+    """One `kern run` sequence, printed: its text (stdout) and ids (stderr), or one JSON object."""
+    from oracle.run import run as run_sequence
+
+    r = run_sequence(o, ids)
     g = r.generation
     text = bytes(g.ids).decode("utf-8", "replace")
     if o.as_json:
@@ -170,74 +128,13 @@ def run(ctx, **flags) -> None:
     click.echo(f"generated ids: {g.ids}", err=True)
 
 
-def _run_stages(o: RunOptions, ids: list[int]) -> _Ran:
-    """`kern run --stages DIR`: the cut's stages in order in one process."""
-    from runtime.protocol import Protocol
-
-    if o.probe_dir is not None:
-        fail("--probe-dir runs on a whole manifest, not --stages")
-    stages = load_stages(o.stages_dir)
-    ws = list(o.weights) or (list(resolve(o.target, o.config).weights) if o.target
-                             else sorted(str(p) for p in Path(o.stages_dir).glob("*.safetensors")))
-    rows = o.rows or Protocol(stages[-1]).widest
-    rt, cell = single(None, ws, len(ids), o.steps, rows, o.backend, o.capacity, stages=stages)
-    return _Ran(stages[-1].model, len(stages), rows, generate(rt, cell, ids, o.steps, rows, o.chunk), rt.load_report)
-
-
-def _run_target(o: RunOptions, ids: list[int]) -> _Ran:
-    """`kern run TARGET`: one manifest, its logits dumped each step with --probe-dir."""
-    from runtime.protocol import Protocol
-
-    t, m = _target(o.config, o.target, o.weights)
-    rows = o.rows or Protocol(m).widest
-    if o.probe_dir is not None and "logits" not in m.buffers:
-        fail(f"--probe-dir: {t.name} has no logits buffer to dump")
-    steps = min(o.steps, o.probe_steps) if o.probe_dir is not None and o.probe_steps is not None else o.steps
-    rt, cell = single(m, list(t.weights), len(ids), steps, rows, o.backend, o.capacity)
-    on_step = None
-    if o.probe_dir is not None:
-        from oracle.probe import write as write_probe
-
-        def on_step(tag: str, tokens: list[int]) -> None:
-            write_probe(Path(o.probe_dir), tag, rt.logits(1)[0], tokens)
-
-    return _Ran(t.name, 0, rows, generate(rt, cell, ids, steps, rows, o.chunk, on_step=on_step), rt.load_report)
-
-
-def _read_prompts(path: str) -> list[tuple[int, list[int]]]:
-    """--prompts-file's lines: (line number, token ids) for each line that is not blank."""
-    prompts = []
-    for n, line in enumerate(Path(path).read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            ids = json.loads(line)
-        except ValueError as exc:
-            fail(f"{path}:{n}: not JSON ({exc})")
-        if not isinstance(ids, list) or not ids or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
-            fail(f"{path}:{n}: want a non-empty JSON list of token ids, got {line[:80]!r}")
-        prompts.append((n, ids))
-    return prompts
-
-
 def _run_file(o: RunOptions) -> None:
-    """`kern run --prompts-file`: each line's ids through its own sequence, answers in order."""
-    prompts = _read_prompts(o.prompts_file)
-    try:
-        from runtime.protocol import Protocol
+    """`kern run --prompts-file`: a line for each prompt, in the file's order, as each ends."""
+    from oracle.run import run_file
 
-        t, m = _target(o.config, o.target, o.weights)
-        rows = o.rows or Protocol(m).widest
-    except USER_ERRORS as exc:
-        fail(str(exc))
-    for n, ids in prompts:
-        try:
-            rt, cell = single(m, list(t.weights), len(ids), o.steps, rows, o.backend, o.capacity)
-            g = generate(rt, cell, ids, o.steps, rows, o.chunk)
-        except USER_ERRORS as exc:  # a token outside the vocabulary, a prompt over the capacity: its line
-            fail(f"{o.prompts_file}:{n}: {exc}")
+    for name, ids, g, rows in run_file(o):
         if o.as_json:
-            click.echo(json.dumps({"target": t.name, "prompt_ids": ids, "ids": g.ids, "rows": rows}))
+            click.echo(json.dumps({"target": name, "prompt_ids": ids, "ids": g.ids, "rows": rows}))
         else:
             click.echo(f"{ids} -> {g.ids}")
 
@@ -256,36 +153,16 @@ def _run_file(o: RunOptions) -> None:
 @click.pass_context
 def test_cmd(ctx, target, cand, ref, steps, backend, weights, device, as_json) -> None:
     """A/B the candidate build against its -ref twin: ids and final state bytes. Exit 0 PASS, 1 FAIL, 2 INCONCLUSIVE."""
-    from oracle.abtest import run_cases
+    from oracle.abtest import PairError, pair, run_cases
 
     try:
-        if target:
-            t = resolve(target, ctx.obj["config"], list(weights) or None)
-            cand_path, ref_path, ws = Path(cand or t.manifest), ref or t.reference, list(t.weights)
-            if ref_path is None:
-                fail(f"target {target} has no reference manifest to test against")
-        else:
-            if not (cand and ref):
-                fail("give a TARGET, or both --manifest and --reference")
-            cand_path, ref_path = Path(cand), Path(ref)
-            ws = list(weights) or sorted(str(p) for p in cand_path.parent.glob("*.safetensors"))
-        a, b = load(ref_path), load(cand_path)
-    except USER_ERRORS as exc:
+        a, b, ws = pair(ctx.obj["config"], target, cand, ref, weights)
+    except (*USER_ERRORS, PairError) as exc:
         fail(str(exc))
     out = run_cases(a, b, ws, steps, backend, echo=(lambda line: None) if as_json else click.echo)
     if as_json:
-        click.echo(json.dumps(_test_json(b.model, out)))
+        click.echo(json.dumps(out.as_json(b.model)))
     sys.exit(out.code)
-
-
-def _test_json(model: str, out: "Outcome") -> dict:
-    """`kern test --json`: the verdict and its exit code, what each code means, the counts, each case."""
-    from oracle.abtest import VERDICTS
-
-    return {"model": model, "verdict": VERDICTS[out.code], "exit": out.code, "summary": out.summary,
-            "exit_codes": {str(c): v for c, v in VERDICTS.items()}, "counts": out.counts(),
-            "cases": [{"status": c.status, "case": c.label, "detail": c.detail, "near_ties": c.near_ties}
-                      for c in out.cases]}
 
 
 @main.command("verify")
@@ -328,30 +205,47 @@ def cut_cmd(ctx, manifest, at, out, weights) -> None:
     Buffers live across a cut become outputs of the stage before and inputs (inouts when
     rewritten) of the stage after; each state region belongs to one stage; once and derive
     programs are sliced to what each stage reads. Prints each stage's edges and state use."""
-    from manifests.cut import CutError, cut, report
+    from manifests import ManifestError
+    from manifests.config import ConfigError
+    from manifests.cut import CutError, cut, report, write
+    from oracle.run import target as load_target
 
     try:
         points = parse_ids(at)
     except click.BadParameter as exc:
         fail(f"--at: {exc.message}")
     try:
-        t, m = _target(ctx.obj["config"], manifest, weights)
+        t, m = load_target(ctx.obj["config"], manifest, weights)
         stages = cut(m, points)
     except CutError as exc:
         fail(f"cannot cut {manifest} at {at}: {exc}")
     except (ManifestError, ConfigError) as exc:
         fail(str(exc))
-    dest = Path(out)
-    dest.mkdir(parents=True, exist_ok=True)
-    for st in stages:
-        (dest / f"stage-{st.index}.json").write_text(json.dumps(st.raw, indent=1) + "\n")
-    for w in t.weights:
-        link = dest / Path(w).name
-        if link.resolve() != Path(w).resolve():
-            link.unlink(missing_ok=True)
-            link.symlink_to(Path(w).resolve())
+    dest = write(stages, out, t.weights)
     click.echo(report(stages))
     click.echo(f"{len(stages)} stages -> {dest}")
+
+
+HOSTED = dict(context_settings={"ignore_unknown_options": True, "help_option_names": []}, hidden=True)
+"""The hidden verbs' settings: every argument (`--help` too) is the hosting module's own to parse."""
+
+
+@main.command("zygote", **HOSTED)
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def zygote_cmd(args: tuple[str, ...]) -> None:
+    """The gate's warm parent, forking a `kern` process for each command it is sent (oracle/zygote.py)."""
+    from oracle import zygote
+
+    zygote.main(list(args), run_command)
+
+
+@main.command("host", **HOSTED)
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def host_cmd(args: tuple[str, ...]) -> None:
+    """The gate's warm process running `kern` commands as threads on one device (oracle/host.py)."""
+    from oracle import host
+
+    host.main(list(args), run_command)
 
 
 def _register_optional() -> None:
