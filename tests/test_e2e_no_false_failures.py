@@ -34,7 +34,8 @@ COMPLETION = {"choices": [{"token_ids": [104, 105], "finish_reason": "length", "
 
 class Flaky:
     """A raw HTTP server on an ephemeral port; request number `drop` gets `how`: "close" (hang up
-    before any response byte) or "partial" (a response head and a cut body)."""
+    before any response byte) or "partial" (a response head and a cut body); "status": every request
+    gets `self.status` (`Refuses`)."""
 
     def __init__(self, drop: int, how: str):
         self.drop, self.how = drop, how
@@ -69,6 +70,11 @@ class Flaky:
                 self.seen += 1
                 if self.seen == self.drop and self.how == "close":
                     continue  # hang up: nothing sent
+                if self.how == "status":  # every request refused with `drop`'s status line (Refuses)
+                    body = b'{"error": {"message": "no"}}'
+                    conn.sendall(b"HTTP/1.1 " + self.status + b"\r\nContent-Type: application/json\r\n"
+                                 + f"Connection: close\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
+                    continue
                 out = json.dumps(COMPLETION).encode()
                 if self.seen == self.drop and self.how == "partial":
                     conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
@@ -205,28 +211,12 @@ def test_a_server_that_fails_to_load_is_the_commits_failure(tmp_path):
     assert "exited with code 2" in got["error"]["note"]
 
 
-class Refuses:
-    """A server that answers every request with the status `status` and closes."""
+class Refuses(Flaky):
+    """A server that answers every request with the status line `status` and closes."""
 
     def __init__(self, status: bytes) -> None:
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(8)
-        self.port = self.sock.getsockname()[1]
         self.status = status
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            with conn:
-                conn.recv(65536)
-                body = b'{"error": {"message": "no"}}'
-                conn.sendall(b"HTTP/1.1 " + self.status + b"\r\nContent-Type: application/json\r\nConnection: close\r\n"
-                             + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        super().__init__(0, "status")
 
 
 @pytest.mark.parametrize("status, named", [(b"400 Bad Request", 0), (b"503 Service Unavailable", 1)])
@@ -242,4 +232,4 @@ def test_a_hang_up_refused_before_the_server_named_it_takes_no_name(status, name
         assert c._take_id() == f"req-{named}"
     finally:
         c.close()
-        srv.sock.close()
+        srv.close()
