@@ -302,8 +302,7 @@ class Runtime:
         else:  # nothing read back (a non-emitting prefill call): not waited for, its kernels timed later
             kernel = 0.0
             self.timing.unsettled.append((m0, m1, decode))
-        self.timing.add(decode, {"stage": t1 - t0, "upload": t2 - t1, "launch": t3 - t2, "readback": t4 - t3,
-                                 "kernel": kernel})
+        self.timing.add(decode, t1 - t0, t2 - t1, t3 - t2, t4 - t3, kernel)
         return [c.tokens for c in cells]
 
     def _padded(self, program: str, fwd, cells: list[Cell], per: int) -> tuple[list[Cell], int, dict[str, int]]:
