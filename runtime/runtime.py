@@ -30,7 +30,7 @@ from runtime.weights import bind, bound_tensors, read_tensors
 
 
 class Runtime:
-    # the serving core's Device (serve/device.py) beside step, logits and the plans: one process loses no stage
+    # the serving core's Device (serve/core/device.py) beside step, logits and the plans: one process loses no stage
     epoch = 0
     broken = None
     while_waiting = None  # never called: a step here waits on nothing else
