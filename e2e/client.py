@@ -303,10 +303,12 @@ class Client:
         except ValueError:
             return None
 
-    def live(self) -> dict[str, Any] | None:
+    def live(self, timeout: float | None = None) -> dict[str, Any] | None:
         """``GET /stats/live`` (answered off the scheduler's thread, even mid-step), or None when the
-        server has none."""
-        return self.watch._live()
+        server has none or gave no answer within `timeout` (default: the hang watch's 1 s). A busy
+        server answers late but what it says is of the moment it answered: wait for it (a longer
+        `timeout`) where the answer is acted on at once."""
+        return self.watch._live() if timeout is None else self.watch._live(timeout)
 
     def hang_up(self, prompt: str | list[int], chunks: int = 3, max_tokens: int = 4096, timeout: float = 120.0,
                 ignore_eos: bool = False, until: threading.Event | None = None,

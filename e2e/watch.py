@@ -76,11 +76,11 @@ class Watch:
         self.has_stats = True
         return data
 
-    def _live(self) -> dict[str, Any] | None:
-        """``GET /stats/live`` (answered off the scheduler's thread), or None: no answer, or no such
-        endpoint (an older server, the Rust kern)."""
+    def _live(self, timeout: float = POLL_S * 2) -> dict[str, Any] | None:
+        """``GET /stats/live`` (answered off the scheduler's thread), or None: no answer within
+        `timeout`, or no such endpoint (an older server, the Rust kern)."""
         try:
-            r = httpx.get(self.url + "/stats/live", headers=self.headers, timeout=POLL_S * 2)
+            r = httpx.get(self.url + "/stats/live", headers=self.headers, timeout=timeout)
             return r.json() if r.status_code == 200 else None
         except (httpx.HTTPError, ValueError):
             return None

@@ -53,6 +53,9 @@ ROUNDS_FRONTENDS = 8  # frontends2: more, as the kernel shares new connections b
 KILL_AT = 12  # stage_loss: the server's steps into the load when a stage is killed (a request still running)
 LOAD_TOKENS = 64  # stage_loss: max_tokens at least this (the longest answer has about LOAD_TOKENS - KILL_AT left at the kill)
 POLL_S = 0.005  # stage_loss: how often /stats/live is read for the kill
+LIVE_S = 30.0  # stage_loss: how long one read of /stats/live may take: under load the server answers it
+# late, but of the moment it answers, so the kill follows a fresh answer (with the hang watch's 1 s, every
+# read beside a second suite gave up and the load ended unseen)
 ROUNDS_LOSS = 2  # stage_loss: loads at most; a second when the first kill found nothing mid-answer (the gate,
 # starved on a loaded machine, saw the trigger after the server had finished every answer)
 STAGE_S = 60.0  # for the killed stage's replacement to be logged ready
@@ -225,7 +228,7 @@ def _killed_under_load(r, live, calls, k: int, m: int, same: Same, problems: lis
         """The server's own progress (``/stats/live``), not what a client has read, which lags on a
         loaded machine until every answer may be out before the kill."""
         while not done.is_set():
-            now = live.client.live()
+            now = live.client.live(LIVE_S)
             if now is not None and base is not None:
                 seen[:] = [now]
                 if now.get("running") and now.get("steps", 0) >= base + KILL_AT:
