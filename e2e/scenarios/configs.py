@@ -21,7 +21,8 @@ resumes every request from its prompt and the tokens it already produced: `stage
 every answer identical to the oracle's, no request erred, and the server's ``/stats`` shows one loss,
 no request answered with an error, and at least one request resumed mid-answer (``resumed``; else
 nothing was running at the kill and the check is reported, not judged). The stage's pid is read before
-the load, so nothing slow stands between the trigger and the kill; still, a gate starved on a loaded
+the load, so nothing slow stands between the trigger and the kill, and each read of ``/stats/live`` may
+take `LIVE_S` (a loaded server answers it late, but of the moment it answers); still, a gate starved on a loaded
 machine (beside a second test suite) once saw the trigger only after the server had finished every
 answer: then the load runs once more, the replacement stage killed the same way, and the two loads
 are judged together (`ROUNDS_LOSS`; losses must equal the kills). A trigger counted in finished
