@@ -220,7 +220,7 @@ def _killed_under_load(r, live, calls, k: int, m: int, same: Same, problems: lis
     (the pid read before the load: nothing slow between the trigger and the kill); every answer judged
     into `same`, errors into `problems`. (the pid killed, "") or (0, why nothing was killed)."""
     pid = _stage_pid(live.session.log, k)
-    base = (live.client.live() or {}).get("steps")
+    base = (live.client.live(LIVE_S) or {}).get("steps")
     done = threading.Event()
     killed: list[int] = []
     seen: list[dict] = []
