@@ -35,10 +35,10 @@ COMPLETION = {"choices": [{"token_ids": [104, 105], "finish_reason": "length", "
 class Flaky:
     """A raw HTTP server on an ephemeral port; request number `drop` gets `how`: "close" (hang up
     before any response byte) or "partial" (a response head and a cut body); "status": every request
-    gets `self.status` (`Refuses`)."""
+    gets the status line `status`."""
 
-    def __init__(self, drop: int, how: str):
-        self.drop, self.how = drop, how
+    def __init__(self, drop: int, how: str, status: bytes = b""):
+        self.drop, self.how, self.status = drop, how, status
         self.seen = 0
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
@@ -70,7 +70,7 @@ class Flaky:
                 self.seen += 1
                 if self.seen == self.drop and self.how == "close":
                     continue  # hang up: nothing sent
-                if self.how == "status":  # every request refused with `drop`'s status line (Refuses)
+                if self.how == "status":  # every request refused with the status line `status`
                     body = b'{"error": {"message": "no"}}'
                     conn.sendall(b"HTTP/1.1 " + self.status + b"\r\nContent-Type: application/json\r\n"
                                  + f"Connection: close\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
@@ -211,20 +211,12 @@ def test_a_server_that_fails_to_load_is_the_commits_failure(tmp_path):
     assert "exited with code 2" in got["error"]["note"]
 
 
-class Refuses(Flaky):
-    """A server that answers every request with the status line `status` and closes."""
-
-    def __init__(self, status: bytes) -> None:
-        self.status = status
-        super().__init__(0, "status")
-
-
 @pytest.mark.parametrize("status, named", [(b"400 Bad Request", 0), (b"503 Service Unavailable", 1)])
 def test_a_hang_up_refused_before_the_server_named_it_takes_no_name(status, named):
     """The client mirrors the server's names (req-0, req-1, ... in arrival order): a stream refused with
     a 4xx was never named by the server, so the next request's mirrored name stays where it was; a 5xx
     (the server named it, then refused it) moves it on, as `Client.request` counts them."""
-    srv = Refuses(status)
+    srv = Flaky(0, "status", status)
     c = _client(srv.port)
     try:
         rid, got = c.hang_up([1, 2, 3], chunks=3)
