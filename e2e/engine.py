@@ -29,7 +29,7 @@ from kern.errors import KernError
 
 __all__ = ["CACHE_SIZE", "CAPABILITIES", "CONTRACT", "DEFAULT_TARGETS", "Engine", "EngineError", "KERN_ONLY",
            "PLACEHOLDERS", "PRESETS"]
-__all__ += ["FRESH", "FRESH_SESSIONS", "fresh_lacking"]
+__all__ += ["FRESH"]
 
 CONTRACT = 1
 
@@ -74,13 +74,9 @@ PRESETS: dict[str, Path] = {"vllm": Path(__file__).resolve().parent.parent / "ex
 """``e2e --engine NAME``: a config whose targets carry their engine's command (docs/gate-your-engine.md)."""
 
 FRESH = "a fresh engine"
-"""What a step lacks against a running engine without a cache reset (`Engine.needs_fresh`): its checks
-are reported ``skipped (needs a fresh engine)``."""
-
-FRESH_SESSIONS = ("prefix", "blocks", "cold_burst", "tight")
-"""Sessions whose checks read an empty cache (a cold phase, hits bounded by what the session itself sent,
-a flood sized to the cache): under
-``e2e --engine-url`` they run only after the engine's cache reset."""
+"""What a step lacks against a running engine without a cache reset (`Engine.fresh_each_session`, and
+`e2e.scenarios.fresh_lacking` which says which steps want one): its checks are reported
+``skipped (needs a fresh engine)``."""
 
 
 class EngineError(KernError, ValueError):
@@ -155,13 +151,11 @@ class Engine:
         path = self.facts.get("reset")
         return path if isinstance(path, str) and path.startswith("/") else None
 
-    def needs_fresh(self, step) -> bool:
-        """Step `step` would need a fresh engine this running engine cannot give (no `reset`): its session
-        starts its own server (flags, a sized cache) or reads an empty cache (`FRESH_SESSIONS`)."""
-        if self.url is None or self.reset is not None:
-            return False
-        return (step.flags is not None or getattr(step, "cache", None) is not None
-                or step.session in FRESH_SESSIONS)
+    @property
+    def fresh_each_session(self) -> bool:
+        """Every session can have a fresh engine: the gate starts each server, or the running engine
+        declares a cache reset (`reset`)."""
+        return self.url is None or self.reset is not None
 
     def argv(self, port: int, model: str, cache_tokens: int = 16384, **values) -> list[str]:
         """The command's words with each `PLACEHOLDERS` name replaced by its value for this server."""
@@ -244,7 +238,3 @@ def _get_json(url: str) -> dict | None:
         return None
     return body if isinstance(body, dict) else None
 
-
-def fresh_lacking(engine: Engine, step) -> list[str]:
-    """`[FRESH]` when `step` needs a fresh engine that `engine`, already running, cannot give."""
-    return [FRESH] if engine.needs_fresh(step) else []

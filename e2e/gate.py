@@ -22,7 +22,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 from e2e import metrics
 from e2e.attached import Attached
@@ -41,6 +41,11 @@ from e2e.stats import Stats
 from kern.errors import KernError
 from oracle.cache import CommandRun, KernRun
 from verdicts.policy import POLICY_COUNTERS
+
+if TYPE_CHECKING:  # what the options hold, named for the reader and the type checker; imported where they are made
+    from e2e.hosts import Hosts
+    from e2e.progress import Progress
+    from e2e.zygote import Zygote
 
 __all__ = ["MissingResult", "Options", "Run", "Untold"]
 
@@ -66,14 +71,14 @@ class Options:
     load_timeout: float = 600.0
     kern: list[str] | None = None
     kern_test_timeout: float = 3600.0
-    zygote: Any = None  # an `e2e.zygote.Zygote` (only without `kern`): servers and `kern test` are forked from it
+    zygote: Zygote | None = None  # a warm process (only without `kern`): servers and `kern test` are forked from it
     started: float = field(default_factory=time.monotonic)  # when the gate began: targets' timelines count from it
     reference_worker: bool = False  # each target's reference arithmetic in a process of its own
-    hosts: Any = None  # an `e2e.hosts.Hosts` (only without `kern`): runs them as threads instead (not staged servers)
+    hosts: Hosts | None = None  # warm processes (only without `kern`): runs them as threads instead (not staged servers)
     at_once: bool = True  # a target's independent sessions at once (`run_target`); False: one after another
     seed: int = 0  # what the generated sessions (params, explore) draw from: `e2e --seed`
-    engine: Any = None  # an `e2e.engine.Engine`: the engine under test (None: this checkout's kern, or `kern`)
-    progress: Any = None  # an `e2e.progress.Progress`: every line goes through it, and it names what runs
+    engine: Engine | None = None  # the engine under test (None given: this checkout's kern, or `kern`; set after init)
+    progress: Progress | None = None  # every line goes through it, and it names what runs
 
     def say(self, line: str) -> None:
         """Print one line of the gate's output (through `progress`, which keeps the heartbeat honest)."""

@@ -14,12 +14,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from e2e.engine import fresh_lacking
 from e2e.results import Opened
 from e2e.session import (ServerExited, Unavailable)
 from kern.errors import KernError
 from e2e.gate import Run, _let_go
-from e2e.scenarios import step_lacking
+from e2e.scenarios import fresh_lacking, step_lacking
 
 __all__ = ["lanes", "run_target"]
 

@@ -20,7 +20,7 @@ import pytest
 
 from e2e.cli import main
 from e2e.engine import Engine
-from e2e.scenarios import STEPS
+from e2e.scenarios import FRESH_SESSIONS, STEPS, fresh_lacking, session_ports
 from e2e.session import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -94,7 +94,7 @@ def test_a_running_engine_without_a_reset_is_gated_and_its_fresh_sessions_skippe
     assert DEFAULT <= {n for n, c in got.items() if c["ok"] is True} and not any(c["ok"] is False for c in got.values())
     for name in FRESH:
         assert got[name]["ok"] is None and got[name]["note"] == "skipped (needs a fresh engine)", got[name]
-    fresh = {st.session for st in STEPS if Engine.running(r.url).needs_fresh(st)}
+    fresh = {st.session for st in STEPS if fresh_lacking(Engine.running(r.url), st)}
     for name in (c for st in STEPS if st.session in fresh for c in st.checks if c in got):
         assert got[name]["ok"] is None, got[name]  # skipped: for a fresh engine, or for what it lacks
     assert "prefix cache reset" not in r.log.read_text()
@@ -143,12 +143,22 @@ def test_what_cannot_be_gated_on_a_running_engine_is_a_usage_error(tmp_path, run
 
 def test_a_step_needs_a_fresh_engine_only_where_it_starts_its_own_or_reads_an_empty_cache():
     e = Engine.running("http://127.0.0.1:1")
-    fresh = {st.session for st in STEPS if e.needs_fresh(st)}
-    assert "prefix" in fresh and "default" not in fresh
-    assert {st.session for st in STEPS if st.flags is not None} <= fresh  # those that start their own server
+    fresh = {st.session for st in STEPS if fresh_lacking(e, st)}
+    assert FRESH_SESSIONS == {"prefix", "blocks", "cold_burst", "tight"}  # the rows' own `fresh`
+    assert fresh == FRESH_SESSIONS | {st.session for st in STEPS if st.flags is not None or st.cache is not None}
+    assert "default" not in fresh  # reads what the gate sent it: a running engine's cache does no harm
     e.facts["reset"] = "/reset_prefix_cache"
-    assert not any(e.needs_fresh(st) for st in STEPS)
-    assert not any(Engine.foreign("x --port {port}").needs_fresh(st) for st in STEPS)
+    assert not any(fresh_lacking(e, st) for st in STEPS)
+    assert not any(fresh_lacking(Engine.foreign("x --port {port}"), st) for st in STEPS)
+
+
+def test_fresh_is_told_on_a_sessions_first_row_only():
+    from dataclasses import replace
+    rows = list(STEPS)
+    i = next(i for i, st in enumerate(rows) if st.session == "blocks" and st.port is None)
+    rows[i] = replace(rows[i], fresh=True)
+    with pytest.raises(ValueError, match=f"step {rows[i].name}: fresh on a row that does not open a session"):
+        session_ports(tuple(rows))
 
 
 def test_server_flags_reach_an_engine_the_gate_starts(tmp_path, capsys):

@@ -16,13 +16,13 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from e2e.config import GateTarget
-from e2e.engine import CACHE_SIZE, Engine
+from e2e.engine import CACHE_SIZE, FRESH, Engine
 from e2e.scenarios import (abort, blocks, churn, cold_burst, concurrent, conc1, configs, cuts, explore, float_controls,
                            host, kern_test, long_room, params, prefix, recency, repeat, rows1, slots, stream, ties, tight,
                            turn2, wake_room)
 
-__all__ = ["CHECKS", "COMPARED", "CROSS_CHECKS", "METRICS_CHECKS", "NEEDS", "POLICY_CHECKS", "SESSION_PORTS", "STEPS",
-           "Step", "lacking", "plan", "session_of", "step_lacking"]
+__all__ = ["CHECKS", "COMPARED", "CROSS_CHECKS", "FRESH_SESSIONS", "METRICS_CHECKS", "NEEDS", "POLICY_CHECKS",
+           "SESSION_PORTS", "STEPS", "Step", "fresh_lacking", "lacking", "plan", "session_of", "step_lacking"]
 
 
 @dataclass(frozen=True)
@@ -40,6 +40,9 @@ class Step:
     foreign: bool = False  # run for an engine under --engine (or when its check is named), not for our own kern
     cache: Callable | None = None  # cache(r): its session's KV cache in tokens (kern --capacity, {cache_tokens})
     port: int | None = None  # on its session's first row only: the session's offset from `e2e --port P`
+    fresh: bool = False  # on its session's first row only: the session's checks read an empty cache (a cold
+    # phase, hits bounded by what the session itself sent, a flood sized to the cache): under `e2e --engine-url`
+    # it runs only after the engine's cache reset (`fresh_lacking`)
     runs: tuple[str, ...] = ()  # the capabilities it cannot run at all without: its requests need them
     needs: dict[str, tuple[str, ...]] = field(default_factory=dict, compare=False)  # a check it runs but cannot
     # judge without these capabilities (its other checks still count)
@@ -107,20 +110,23 @@ STEPS: tuple[Step, ...] = (
          applies=lambda t: t.stages <= 1, serial=False, facts=False, port=17, runs=("kern-runtime",)),
     Step("stage_loss", "stage_loss", ("stage_loss_resumed",), (), configs.stage_loss,
          applies=lambda t: t.stages > 1, serial=False, facts=False, port=18, runs=("kern-runtime",)),
-    Step("prefix", "prefix", ("prefix_cold_warm_restored",), (), prefix.run, serial=False, foreign=True, port=11),
+    Step("prefix", "prefix", ("prefix_cold_warm_restored",), (), prefix.run, serial=False, foreign=True, port=11,
+         fresh=True),
     # workloads from the wild (issue 39): what real prefix caches got wrong, judged from outside, every engine;
     # a staged target's single process runs the same cache code (and each pipeline start costs seconds)
-    Step("moved", "blocks", ("blocks_moved",), (), blocks.moved, applies=lambda t: t.stages <= 1, port=13),
+    Step("moved", "blocks", ("blocks_moved",), (), blocks.moved, applies=lambda t: t.stages <= 1, port=13,
+         fresh=True),
     Step("reparented", "blocks", ("blocks_reparented",), (), blocks.reparented, applies=lambda t: t.stages <= 1),
     Step("edges", "blocks", ("block_edges",), (), blocks.edges, applies=lambda t: t.stages <= 1),
     Step("stop_hit", "blocks", ("stop_after_hit",), (), blocks.stop_hit, applies=lambda t: t.stages <= 1,
          runs=("params", "text")),
     Step("cold_burst", "cold_burst", ("cold_prefix_burst",), (), cold_burst.run, serial=False,
-         applies=lambda t: t.stages <= 1, port=14),
+         applies=lambda t: t.stages <= 1, port=14, fresh=True),
     # its cache is sized from the page the default session told (conc1: the first session's facts)
     Step("evict_proof", "tight", ("eviction_proven",), ("conc1",), tight.evict_proof, cache=tight.cache, early=True,
          flags=tight.flags,
-         applies=lambda t: t.stages <= 1, port=15, runs=(CACHE_SIZE,), needs={"eviction_proven": ("cached-tokens",)}),
+         applies=lambda t: t.stages <= 1, port=15, fresh=True, runs=(CACHE_SIZE,),
+         needs={"eviction_proven": ("cached-tokens",)}),
     Step("refcount", "tight", ("refcount_stress",), ("conc1",), tight.refcount, cache=tight.cache, early=True,
          flags=tight.flags,
          serial=False, applies=lambda t: t.stages <= 1, runs=(CACHE_SIZE,)),
@@ -150,7 +156,7 @@ BY_NAME: dict[str, Step] = {s.name: s for s in STEPS}
 
 def session_ports(steps: tuple[Step, ...]) -> dict[str, int]:
     """Each session's port offset, read from its first row; an error names a session without one, a
-    port on another row than its session's first, or two sessions on one offset."""
+    port (or `fresh`) on another row than its session's first, or two sessions on one offset."""
     ports: dict[str, int] = {}
     for s in steps:
         first = s.session is not None and s.session not in ports
@@ -158,6 +164,8 @@ def session_ports(steps: tuple[Step, ...]) -> dict[str, int]:
             raise ValueError(f"step {s.name}: the first row of session {s.session} gives no port")
         if not first and s.port is not None:
             raise ValueError(f"step {s.name}: port {s.port} on a row that does not open a session")
+        if not first and s.fresh:
+            raise ValueError(f"step {s.name}: fresh on a row that does not open a session")
         if first:
             ports[s.session] = s.port
     if sorted(ports.values()) != list(range(len(ports))):
@@ -168,6 +176,17 @@ def session_ports(steps: tuple[Step, ...]) -> dict[str, int]:
 SESSION_PORTS: dict[str, int] = session_ports(STEPS)
 """Each session's offset from `e2e --port P` (P + offset); target i of --jobs adds len(SESSION_PORTS) * i, so
 the offsets are exactly 0 .. len - 1 (`session_ports` refuses rows that break it)."""
+
+FRESH_SESSIONS: frozenset[str] = frozenset(s.session for s in STEPS if s.fresh and s.session)
+"""Sessions whose checks read an empty cache (their first row's `fresh`)."""
+
+
+def fresh_lacking(engine: Engine, step: Step) -> list[str]:
+    """`[FRESH]` when `step` needs a fresh engine that `engine`, already running, cannot give: its session
+    starts its own server (flags, a sized cache) or reads an empty cache (`FRESH_SESSIONS`)."""
+    wants = step.flags is not None or step.cache is not None or step.session in FRESH_SESSIONS
+    return [FRESH] if wants and not engine.fresh_each_session else []
+
 
 CROSS_NEEDS: dict[str, tuple[str, ...]] = {"stages_equal_single": ("kern-serve",)}
 """The capabilities a cross check (`CROSS_CHECKS`, no step's) cannot be judged without."""
