@@ -1,7 +1,8 @@
 """The engine alone, one step at a time: where a decode step's time goes, beside its ceiling.
 
     python bench/engine_step.py [--target toy-paged] [--seqs 64] [--max-tokens 256] [--backend cpu|gpu]
-                                [--prompt-tokens 32] [--rounds 2] [--no-graphs] [--profile FILE]
+                                [--prompt-tokens 32] [--rounds 2] [--warmup 1] [--pin CPUS] [--no-graphs]
+                                [--profile FILE]
 
 `serve.core.engine.build` and `serve.core.core.Core` driven in this process (admit, schedule, launch, commit) for
 `--seqs` requests at once, no HTTP, as `bench/serve_load.py`'s "engine alone" is. Every forward step is
@@ -14,12 +15,20 @@ kernels alone would give (decode tokens / decode kernel time) with their ratio, 
 of the step (stage + upload over the whole step). Best round of `--rounds` (each a fresh Core) for tok/s,
 and each part's least over the rounds (a shared machine's noise only adds time). With
 `--profile FILE`, the last round runs under cProfile and its stats are written to FILE.
+
+A steady figure (issue 43): `--warmup` rounds run first and are discarded (numba's or CUDA's first
+calls, the pool's first touch); `--pin CPUS` keeps the process on those CPUs (the host CPU sets a
+step's pace, and a migrated thread pays for it); the last line gives the median over the measured
+rounds with its spread (least and most) of tok/s, of the decode step and of the kernels' own time a
+step, and the step over the kernels (the ratio issue 43 bounds at 2), so one run's ratio can gate.
 """
 
 from __future__ import annotations
 
 import argparse
 import cProfile
+import os
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -96,6 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompt-tokens", type=int, default=32)
     ap.add_argument("--backend", default="cpu")
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--warmup", type=int, default=1, help="rounds run first and discarded (default 1)")
+    ap.add_argument("--pin", default=None, help="CPUs to keep this process on, e.g. 2 or 2,3 (default: any)")
     ap.add_argument("--no-graphs", action="store_true")
     ap.add_argument("--profile", default=None, help="write the last round's cProfile stats here")
     args = ap.parse_args(argv)
@@ -104,15 +115,22 @@ def main(argv: list[str] | None = None) -> int:
     from serve.core.engine import Options, build
 
     for flag, v in (("--seqs", args.seqs), ("--max-tokens", args.max_tokens), ("--prompt-tokens", args.prompt_tokens),
-                    ("--rounds", args.rounds)):
+                    ("--rounds", args.rounds), ("--warmup", args.warmup + 1)):
         if v < 1:
-            ap.error(f"{flag} {v} must be >= 1")
+            ap.error(f"{flag} {v if flag != '--warmup' else args.warmup} must be >= {1 if flag != '--warmup' else 0}")
+    if args.pin is not None:
+        try:
+            os.sched_setaffinity(0, {int(c) for c in args.pin.split(",")})
+        except (ValueError, OSError) as exc:
+            ap.error(f"--pin {args.pin!r}: {exc}")
     cap = 2 * args.seqs * (args.prompt_tokens + args.max_tokens + 64)
     try:
         e = build(args.target, Options(backend=args.backend, max_seqs=args.seqs, graphs=not args.no_graphs,
                                        capacity=cap))
     except KernError as exc:  # an unknown target, a backend that cannot load, flags it cannot serve
         ap.error(str(exc))
+    for rnd in range(args.warmup):
+        one_round(e, args.rounds + rnd, args.seqs, args.max_tokens, args.prompt_tokens)
     results = []
     for rnd in range(args.rounds):
         prof = cProfile.Profile() if args.profile and rnd == args.rounds - 1 else None
@@ -144,7 +162,24 @@ def main(argv: list[str] | None = None) -> int:
           f"{1000 * (step_s - r['kernel']) / n:.3f} ms a step")
     print(f"  ceiling (decode tokens / kernel time): {ceiling:,.0f} tok/s; decode tok/s "
           f"{r['decode_tokens'] / step_s:,.0f} = {r['decode_tokens'] / step_s / ceiling:.2f} x ceiling")
+    print(steady(results))
     return 0
+
+
+def steady(results: list[dict]) -> str:
+    """The median over the rounds, with the least and the most: tok/s, the decode step (ms), the kernels'
+    own time a step (ms), and step over kernels, each round's own ratio (what issue 43 bounds at 2)."""
+    def line(name: str, xs: list[float], fmt: str) -> str:
+        return f"{name} {statistics.median(xs):{fmt}} ({min(xs):{fmt}}-{max(xs):{fmt}})"
+
+    steps = [max(x["steps"], 1) for x in results]
+    step_ms = [1000 * sum(x[k] for k in PARTS if k != "kernel") / n for x, n in zip(results, steps)]
+    kernel_ms = [1000 * x["kernel"] / n for x, n in zip(results, steps)]
+    parts = [line("tok/s", [x["tokens"] / x["wall"] for x in results], ",.0f"),
+             line("step ms", step_ms, ".3f"), line("kernel ms", kernel_ms, ".3f")]
+    if all(kernel_ms):
+        parts.append(line("step/kernel", [a / b for a, b in zip(step_ms, kernel_ms)], ".2f"))
+    return f"  median of {len(results)} rounds (least-most): " + "; ".join(parts)
 
 
 if __name__ == "__main__":
