@@ -140,6 +140,12 @@ def main(argv: list[str] | None = None) -> int:
         if prof:
             prof.disable()
             prof.dump_stats(args.profile)
+    report(args, results)
+    return 0
+
+
+def report(args, results: list[dict]) -> None:
+    """Print the run: the best round's tok/s, each part's least over the rounds, the ceiling, the steady line."""
     # a shared machine's noise only ever adds time: each part's least over the rounds, the best round's tok/s
     best = max(results, key=lambda r: r["tokens"] / r["wall"])
     r = {**best, **{k: min(x[k] for x in results) for k in PARTS}}
@@ -163,7 +169,6 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  ceiling (decode tokens / kernel time): {ceiling:,.0f} tok/s; decode tok/s "
           f"{r['decode_tokens'] / step_s:,.0f} = {r['decode_tokens'] / step_s / ceiling:.2f} x ceiling")
     print(steady(results))
-    return 0
 
 
 def steady(results: list[dict]) -> str:
