@@ -248,9 +248,9 @@ def _gate(cfg, chosen, opts: Options, ref: Path | None, wanted: set[str] | None,
 
 SEEDED = ("params_stop", "params_ids", "params_prompt", "policy_params", "metrics_params", "explore_equals_run",
           "policy_explore", "metrics_explore",
-          # the workloads from the wild (e2e/scenarios/blocks.py, cold_burst.py, tight.py)
+          # the workloads from the wild (e2e/scenarios/blocks.py, cold_burst.py, tight.py, freed.py)
           "blocks_moved", "blocks_reparented", "block_edges", "stop_after_hit", "cold_prefix_burst", "eviction_proven",
-          "refcount_stress", "preempt_recompute", "policy_blocks", "policy_tight")
+          "refcount_stress", "preempt_recompute", "policy_blocks", "policy_tight", "freed_while_read")
 """The checks whose requests the seed draws: what `--explore` gates by default."""
 
 

@@ -190,11 +190,11 @@ class Client:
                       k.get("snapshot"), data, k.get("woken"))
 
     def request(self, body: dict[str, Any], path: str = "/v1/completions",
-                timeout: float | None = None) -> tuple[dict[str, Any], str]:
+                timeout: float | None = None, first: threading.Event | None = None) -> tuple[dict[str, Any], str]:
         """POST a completion or chat body, watched (`Hung` when the server idles with it); (the
         response, the client's name for it). A streamed one (``stream: true``) comes back as the
         response its chunks make: ``{"chunks": [...], "done": [DONE] seen}`` plus the last chunk's
-        ``usage`` and ``kern``. A refusal
+        ``usage`` and ``kern`` (`first`, if given, is set when its first chunk arrives). A refusal
         raises `Rejected`; every completion goes in the ledger."""
         with self._lock:
             # the server names requests in arrival order: alone in flight, this one is req-<_next>;
@@ -211,7 +211,7 @@ class Client:
         what = f"request {name} ({n} prompt tokens, max_tokens {body.get('max_tokens')})"
         try:
             if body.get("stream"):
-                fut = self._pool.submit(self._stream, path, body, timeout)
+                fut = self._pool.submit(self._stream, path, body, timeout, first)
             else:
                 fut = self._pool.submit(self._post, path, body, timeout)
             r = self.watch.wait(fut, what, None, alive=lambda: self.session.check(grace=0.5))
@@ -247,7 +247,8 @@ class Client:
                              str(k.get("request_id") or mirrored)))
         return data, mirrored
 
-    def _stream(self, path: str, body: dict[str, Any], timeout: float | None = None) -> tuple[int, dict[str, Any]]:
+    def _stream(self, path: str, body: dict[str, Any], timeout: float | None = None,
+                first: threading.Event | None = None) -> tuple[int, dict[str, Any]]:
         kw = {"timeout": timeout} if timeout is not None else {}
         chunks: list[dict[str, Any]] = []
         done = False
@@ -263,6 +264,8 @@ class Client:
                     done = True
                 elif line.startswith("data: "):
                     chunks.append(json.loads(line[6:]))
+                    if first is not None:
+                        first.set()
         last = chunks[-1] if chunks else {}
         return 200, {"chunks": chunks, "done": done, "usage": last.get("usage"), "kern": last.get("kern")}
 

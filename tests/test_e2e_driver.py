@@ -61,11 +61,11 @@ def test_passing_gate_on_toy_paged(tmp_path):
                         "frontends2_equals_run", "policy_frontends2"} | {
                         f"metrics_{s}" for s in ("default", "host", "churn", "drop", "ties", "wake_room", "params",
                                                  "explore", "long_room", "recency", "blocks", "cold_burst", "tight",
-                                                 "split", "frontends2")} | {
+                                                 "split", "frontends2", "freed")} | {
                         "blocks_moved", "blocks_reparented", "block_edges", "stop_after_hit", "cold_prefix_burst",
                         "eviction_proven", "refcount_stress", "preempt_recompute", "policy_blocks", "policy_cold_burst",
-                        "policy_tight"}
-    at_once = ("policy_long_room", "policy_recency", "policy_split", "policy_frontends2")
+                        "policy_tight", "freed_while_read", "policy_freed"}
+    at_once = ("policy_long_room", "policy_recency", "policy_split", "policy_frontends2", "policy_freed")
     # long_beside_short is reported, not judged, when the machine is so loaded that every short request
     # reached the core after a long one ended (its note says so); it never fails a good server
     assert all(c["ok"] for name, c in got.items() if name not in at_once + ("long_beside_short",))

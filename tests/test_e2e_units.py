@@ -127,7 +127,7 @@ def test_plan_all_steps_in_session_order():
                      "spec_acceptance", "abort", "host_cold", "park_wake", "host_churn", "evict_drops", "ties", "host_frag",
                      "slot_growth", "rows1",
                      "wake_room", "params", "explore", "split", "frontends2", "moved", "reparented", "edges",
-                     "stop_hit", "cold_burst", "evict_proof", "refcount", "preempt"]
+                     "stop_hit", "cold_burst", "evict_proof", "refcount", "preempt", "freed"]
     paged = [s.name for s in plan(_target("toy-paged"), None, False)]
     assert "slot_growth" not in paged and "rows1" not in paged and "spec_acceptance" not in paged
     assert "run_equals_reference" not in paged and "stage_loss" not in paged

@@ -24,9 +24,11 @@ from paged import bugs as planted  # noqa: E402
 from paged.engine import Engine  # noqa: E402
 from paged.toy import Attn, Paged  # noqa: E402
 
-PAGED = f"{sys.executable} {ROOT / 'tests' / 'engines' / 'paged_engine.py'} --port {{port}} --model {{model}}"
+PAGED = (f"{sys.executable} {ROOT / 'tests' / 'engines' / 'paged_engine.py'} --port {{port}} --model {{model}} "
+         "--cache-tokens {cache_tokens}")
 CORE = {"conc1_equals_run", "turn2_warm_equals_run", "concurrent", "prefix_cold_warm_restored",
         "blocks_moved", "blocks_reparented", "block_edges", "cold_prefix_burst"}  # the wild workloads need only the core
+SIZED = {"eviction_proven", "refcount_stress", "preempt_recompute", "freed_while_read"}  # {cache_tokens} in the command
 
 
 def gate(tmp_path: Path, *args: str) -> tuple[int, dict]:
@@ -46,7 +48,8 @@ def test_the_clean_paged_engine_passes_every_check_it_can_be_judged_on(tmp_path,
     code, reports = gate(tmp_path, "--engine", PAGED, "--targets", target)
     assert code == 0, capsys.readouterr().out[-3000:]
     got = {c["name"]: c for c in reports[target]["checks"]}
-    assert {n for n, c in got.items() if c["ok"] is True} == CORE | {"repeat_hit", "turn2_hit", "stream_equals_whole"}
+    assert {n for n, c in got.items() if c["ok"] is True} == CORE | SIZED | {"repeat_hit", "turn2_hit",
+                                                                               "stream_equals_whole"}
     assert reports[target]["engine"]["name"] == "paged-engine"
 
 
@@ -61,13 +64,7 @@ CAUGHT = [
     ("eos-after-hit", "toy-paged", "turn2_warm_equals_run"),
     ("line-boundary", "toy-stateful", "turn2_warm_equals_run"),
     ("chain", "toy-paged", "blocks_reparented"),          # X.S, then Y.X, then Y.S: a hit past what was sent
-    ("free-shared", "toy-paged", MISSED_PREFIX + "the default cache is never tight enough for a freed shared "
-     "block to be reused while it is read; caught by luck under a small {cache_tokens} (refcount_stress or "
-     "preempt_recompute, in 1 of 2 runs of issue 39 item 2's workloads; the prefix burst at --cache-tokens 2048). "
-     "A deterministic order was tried (2026-12-06): a streamed reader L of a cached prefix W, a short reader of W "
-     "answered, then a prompt asking every block but L's; in process it changes L's answer, but over HTTP this "
-     "engine ends L (at most about 250 tokens: the tight cache and the toy's stop token bound it) in about 20 ms, "
-     "before the gate's next two requests arrive"),
+    ("free-shared", "toy-paged", "freed_while_read"),  # readers of W still running when U takes W's blocks
     ("same-step", "toy-paged", "cold_prefix_burst"),      # a block read in the step it is written
     ("k-only", "toy-attn", "repeat_hit"),                 # a hit's K words written at the wrong positions
 ]

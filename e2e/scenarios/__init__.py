@@ -18,7 +18,7 @@ from typing import Callable
 from e2e.config import GateTarget
 from e2e.engine import CACHE_SIZE, FRESH, Engine
 from e2e.scenarios import (abort, blocks, churn, cold_burst, concurrent, conc1, configs, cuts, explore, float_controls,
-                           host, kern_test, long_room, params, prefix, recency, repeat, rows1, slots, stream, ties, tight,
+                           freed, host, kern_test, long_room, params, prefix, recency, repeat, rows1, slots, stream, ties, tight,
                            turn2, wake_room)
 
 __all__ = ["CHECKS", "COMPARED", "CROSS_CHECKS", "FRESH_SESSIONS", "METRICS_CHECKS", "NEEDS", "POLICY_CHECKS",
@@ -133,6 +133,10 @@ STEPS: tuple[Step, ...] = (
     Step("preempt", "tight", ("preempt_recompute",), ("conc1",), tight.preempt, cache=tight.cache, early=True,
          flags=tight.flags,
          serial=False, applies=lambda t: t.stages <= 1, runs=(CACHE_SIZE,)),
+    # a block freed on one reader's end while others still read it (issue 39): the cache sized exactly full
+    Step("freed", "freed", ("freed_while_read",), ("conc1",), freed.run, cache=freed.cache, early=True,
+         flags=freed.flags, serial=False, applies=lambda t: t.stages <= 1, port=20, fresh=True,
+         runs=(CACHE_SIZE, "stream")),
 )
 
 POLICY_CHECKS: tuple[str, ...] = tuple(f"policy_{session}" for session in
