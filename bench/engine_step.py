@@ -115,9 +115,11 @@ def main(argv: list[str] | None = None) -> int:
     from serve.core.engine import Options, build
 
     for flag, v in (("--seqs", args.seqs), ("--max-tokens", args.max_tokens), ("--prompt-tokens", args.prompt_tokens),
-                    ("--rounds", args.rounds), ("--warmup", args.warmup + 1)):
+                    ("--rounds", args.rounds)):
         if v < 1:
-            ap.error(f"{flag} {v if flag != '--warmup' else args.warmup} must be >= {1 if flag != '--warmup' else 0}")
+            ap.error(f"{flag} {v} must be >= 1")
+    if args.warmup < 0:
+        ap.error(f"--warmup {args.warmup} must be >= 0")
     if args.pin is not None:
         try:
             os.sched_setaffinity(0, {int(c) for c in args.pin.split(",")})

@@ -40,6 +40,7 @@ import random
 import signal
 import threading
 import time
+from dataclasses import dataclass
 
 from e2e.prompts import PROMPTS
 from e2e.scenarios.stream import streamed
@@ -194,26 +195,27 @@ def stage_loss(r) -> None:
     k = victim(r)
     m = max(r.m, LOAD_TOKENS)
     longest = len(r.oracle.run(calls[_longest(r, calls, m)][0], m, r.rows))
-    same, problems, kills, loads, pipe = Same(r.oracle, r.rows), [], 0, 0, {}
+    same, problems, pipe = Same(r.oracle, r.rows), [], {}
+    loads: list[Load] = []
     for attempt in range(ROUNDS_LOSS):
-        killed, why = _killed_under_load(r, live, calls, k, m, same, problems)
-        loads += 1
-        if why.startswith(MISSED) and attempt + 1 < ROUNDS_LOSS and not problems:
+        load = _killed_under_load(r, live, calls, k, m, same, problems)
+        loads.append(load)
+        if load.missed and attempt + 1 < ROUNDS_LOSS and not problems:
             continue  # the whole load was out between two reads of /stats/live: nothing killed, load again
-        if why:
-            problems.append(why)
+        if load.why:
+            problems.append(load.why)
             break
-        kills += 1
-        problems += _restarted(live, k, killed, kills)
+        problems += _restarted(live, k, load.killed, sum(x.killed > 0 for x in loads))
         pipe = (live.client.stats() or {}).get("pipeline") or {}
         if pipe.get("resumed") or problems:
             break  # judged (a request was mid-answer at the kill), or failed
+    kills = sum(x.killed > 0 for x in loads)
     if pipe.get("losses") != kills or pipe.get("answered_error"):
         problems.append(f"/stats pipeline {pipe}: want losses {kills} and answered_error 0")
     ok = not problems and (same.ok or not r.oracle.exact)
     note = (f"{len(calls)} requests at once (the 12 prompts, whole and streamed, {m} tokens, the longest answer "
             f"{longest}), stage {k} of {r.target.stages} SIGKILLed {KILL_AT} steps into the load with requests "
-            f"running ({loads} load(s), {kills} kill(s): another load when the first kill found nothing mid-answer "
+            f"running ({len(loads)} load(s), {kills} kill(s): another load when the first kill found nothing mid-answer "
             f"or the first load ended before the trigger was seen), "
             f"{pipe.get('requeued', '?')} requests requeued, {pipe.get('resumed', '?')} of them resumed mid-answer; {same}")
     if ok and not pipe.get("resumed"):  # right answers, but the kill came when nothing ran
@@ -222,10 +224,10 @@ def stage_loss(r) -> None:
     r.checks.add("stage_loss_resumed", ok, note + "".join(f"; {p}" for p in problems), same.excused, same.first)
 
 
-def _killed_under_load(r, live, calls, k: int, m: int, same: Same, problems: list[str]) -> tuple[int, str]:
+def _killed_under_load(r, live, calls, k: int, m: int, same: Same, problems: list[str]) -> "Load":
     """One load of `calls`, stage `k` SIGKILLed `KILL_AT` server steps into it with a request running
     (the pid read before the load: nothing slow between the trigger and the kill); every answer judged
-    into `same`, errors into `problems`. (the pid killed, "") or (0, why nothing was killed)."""
+    into `same`, errors into `problems`. What was killed, or why nothing was (`Load`)."""
     pid = _stage_pid(live.session.log, k)
     base = (live.client.live(LIVE_S) or {}).get("steps")
     done = threading.Event()
@@ -254,13 +256,23 @@ def _killed_under_load(r, live, calls, k: int, m: int, same: Same, problems: lis
         watcher.join()
     _judge(r, calls, out, m, same, problems)
     if pid is None:
-        return 0, f"no `pp stage ready stage={k}` line with a pid: nothing was killed"
+        return Load(why=f"no `pp stage ready stage={k}` line with a pid: nothing was killed")
     if base is None:
-        return 0, "/stats/live did not answer before the load: nothing to time the kill by, nothing was killed"
+        return Load(why="/stats/live did not answer before the load: nothing to time the kill by, nothing was killed")
     if not killed:
-        return 0, (f"{MISSED} {KILL_AT} steps of it with a request running "
-                   f"(/stats/live last said {seen[-1] if seen else None}, {base} steps before): nothing was killed")
-    return killed[0], ""
+        return Load(why=f"{MISSED} {KILL_AT} steps of it with a request running (/stats/live last said "
+                        f"{seen[-1] if seen else None}, {base} steps before): nothing was killed", missed=True)
+    return Load(killed=killed[0])
+
+
+@dataclass(frozen=True)
+class Load:
+    """One stage_loss load: the stage's pid it killed (0: none), else why not; `missed` when the whole
+    load went out between two reads of /stats/live (it may run again, within ROUNDS_LOSS)."""
+
+    killed: int = 0
+    why: str = ""
+    missed: bool = False
 
 
 def _restarted(live, stage: int, pid: int, restarts: int = 1) -> list[str]:
