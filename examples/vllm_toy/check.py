@@ -10,7 +10,7 @@ Phases (every answer is compared with toy_reference.generate):
   concurrent all prompts at once (small KV budget -> preemption)
   flood      M other long prompts, concurrently, to evict the cache
   restored   each prompt again, sequentially (blocks evicted -> recomputed)
-Standard library only (urllib + threads).
+The standard library, and numpy for the reference (urllib + threads).
 """
 
 import argparse

@@ -1,58 +1,113 @@
-"""Pure-Python reference for the vLLM toy model (examples/vllm_toy/kern_vllm_toy/model.py).
+"""Reference for the vLLM toy model (examples/vllm_toy/kern_vllm_toy/model.py): exact integer
+arithmetic in numpy (int64, no overflow: every bound is in the model's docstring).
 
 generate(ids, max_tokens, manifest) -> greedy continuation of the prompt `ids`, at most
-`max_tokens` ids, stopping BEFORE EOS (EOS is not included). No torch, no numpy.
+`max_tokens` ids, stopping BEFORE EOS (EOS is not included).
+
+Two layers, as the model computes them through vLLM's paged KV cache:
+  layer 1: S_p = sum_{i<=p} h(t_i, i)                      (128 ints, the whole prefix's sum)
+  layer 2, per KV head g: from S_i, i: K bits k_i (64), V v_i (64 ints < 16, v_i[0] = [i == 0]),
+           and the query's two dims d1, d2; position p reads every i <= p whose k_i is 0 at d1 and d2
+           (position 0's k is all 0: it is always read), n_g of them: T_g = sum of their v (T_g[0] = 1)
+  next = f(S_p, T_0, T_1, n_0, n_1, p)
 """
+
+import numpy as np
 
 ACCEPT_PCT = None
 EOS = 256
 
 P = 2**31 - 1
-NV = 128
+NV = 128  # 2 KV heads x 64
+HEAD = 64
 VOCAB = 257
 EOS_EVERY = 96
+K_BIT = 7  # the bit of a key's hash that is its K bit
 
 
 def _constants():
+    """The model's constants, from one 64-bit LCG ("KERN"): layer 1's A, B, C; the readout D, E; then
+    layer 2's V and K matrices (Wv, Wk: 128 x 128) and offsets (Yv, Yk), the query's (Wq: 4 x 128, Yq),
+    the readout of T (D2) and of the counts (E2: 2)."""
     x = 0x4B45524E  # "KERN"
-    out = []
-    for _ in range(3 * NV + NV + 1):
-        x = (x * 6364136223846793005 + 1442695040888963407) % (1 << 64)
-        out.append((x >> 33) % P)
-    A, B, C = out[0:NV], out[NV:2 * NV], out[2 * NV:3 * NV]
-    D, E = out[3 * NV:4 * NV], out[4 * NV]
-    return A, B, C, D, E
+
+    def take(n):
+        nonlocal x
+        out = []
+        for _ in range(n):
+            x = (x * 6364136223846793005 + 1442695040888963407) % (1 << 64)
+            out.append((x >> 33) % P)
+        return out
+
+    A, B, C, D = take(NV), take(NV), take(NV), take(NV)
+    E = take(1)[0]
+    Wv, Yv = take(NV * NV), take(NV)
+    Wk, Yk = take(NV * NV), take(NV)
+    Wq, Yq = take(4 * NV), take(4)
+    D2, E2 = take(NV), take(2)
+    i64 = lambda v, *shape: np.array(v, dtype=np.int64).reshape(*shape) if shape else np.array(v, dtype=np.int64)
+    return dict(A=i64(A), B=i64(B), C=i64(C), D=i64(D), E=E, Wv=i64(Wv, NV, NV), Yv=i64(Yv), Wk=i64(Wk, NV, NV),
+                Yk=i64(Yk), Wq=i64(Wq, 4, NV), Yq=i64(Yq), D2=i64(D2), E2=i64(E2))
 
 
-_A, _B, _C, _D, _E = _constants()
-_ABC = list(zip(_A, _B, _C))
+K = _constants()
 
 
-def _h(t, p):
-    t1, p1 = t + 1, p + 1
-    tp = t1 * p1
-    return [((t1 * a + p1 * b + tp * c) % P) % 16 for a, b, c in _ABC]
+def h(tokens, positions):
+    """Layer 1's V: [n, 128] ints < 16."""
+    t1 = np.asarray(tokens, dtype=np.int64)[:, None] + 1
+    p1 = np.asarray(positions, dtype=np.int64)[:, None] + 1
+    return ((t1 * K["A"] + p1 * K["B"] + (t1 * p1) * K["C"]) % P) % 16
 
 
-def _next(S, p):
-    z = (sum(s * d for s, d in zip(S, _D)) + (p + 1) * _E) % P
+def layer2(S, positions):
+    """Layer 2's K bits [n, 128], V [n, 128] and query dims [n, 2 heads, 2] from the prefix sums S [n, 128]."""
+    p1 = np.asarray(positions, dtype=np.int64)[:, None] + 1
+    v = ((S @ K["Wv"].T + p1 * K["Yv"]) % P) % 16
+    k = (((S @ K["Wk"].T + p1 * K["Yk"]) % P) >> K_BIT) & 1
+    q = ((S @ K["Wq"].T + p1 * K["Yq"]) % P) % HEAD
+    first = np.asarray(positions) == 0
+    k[first] = 0
+    v[:, 0] = first
+    v[:, HEAD] = first
+    return k, v, q.reshape(-1, 2, 2)
+
+
+def readout(S_p, T, n, p):
+    """The next token from position p's layer-1 sum, layer-2 sums T [128] and counts n [2]."""
+    z = (int((S_p * K["D"]).sum()) + int((T * K["D2"]).sum()) + int((n * K["E2"]).sum()) + (p + 1) * K["E"]) % P
     return EOS if (z // VOCAB) % EOS_EVERY == 0 else z % 256
+
+
+def _read(k, v, q_p):
+    """Position p's layer 2 over k, v [p+1, 128]: (T [128], n [2])."""
+    T = np.zeros(NV, dtype=np.int64)
+    n = np.zeros(2, dtype=np.int64)
+    for g in range(2):
+        kg = k[:, g * HEAD:(g + 1) * HEAD]
+        sel = (kg[:, q_p[g, 0]] == 0) & (kg[:, q_p[g, 1]] == 0)
+        n[g] = int(sel.sum())
+        T[g * HEAD:(g + 1) * HEAD] = v[sel, g * HEAD:(g + 1) * HEAD].sum(axis=0)
+    return T, n
 
 
 def generate(ids, max_tokens, manifest=None):
     ids = [int(t) for t in ids]
     if not ids or max_tokens <= 0:
         return []
-    S = [0] * NV
-    for p, t in enumerate(ids):
-        S = [s + v for s, v in zip(S, _h(t, p))]
+    pos = np.arange(len(ids))
+    S = np.cumsum(h(ids, pos), axis=0)
+    k, v, q = layer2(S, pos)
     p = len(ids) - 1
     out = []
     while len(out) < max_tokens:
-        nxt = _next(S, p)
+        T, n = _read(k, v, q[-1])
+        nxt = readout(S[-1], T, n, p)
         if nxt == EOS:
             break
         out.append(nxt)
         p += 1
-        S = [s + v for s, v in zip(S, _h(nxt, p))]
+        s = S[-1] + h([nxt], [p])[0]
+        k1, v1, q1 = layer2(s[None, :], [p])
+        S, k, v, q = np.vstack([S, s]), np.vstack([k, k1]), np.vstack([v, v1]), np.vstack([q, q1])
     return out
