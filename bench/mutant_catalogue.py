@@ -28,6 +28,7 @@ class Mutant:
     kernel: bool = False
     equivalent: str | None = None
     max_tokens: int | None = None  # at least this many answer tokens (a float near-tie first comes at token 17)
+    backend: str = "cpu"  # "gpu": the code it changes runs on the GPU backend only (`bench/mutants.py --backend gpu`)
 
 
 HOST = ("policy_host", "park_wake")
@@ -679,4 +680,25 @@ CATALOGUE: tuple[Mutant, ...] = (
            ("long_beside_short",), ("toy-paged",),
            "a server forked from a warm parent (a zygote, vLLM's forked workers) that never gets the environment "
            "its caller asked for (RUST_LOG here: its debug lines are missing, so what is read from them is lost)"),
+    # GPU-only code (issue 39 item 5): gated by `bench/mutants.py --backend gpu` on a GPU machine; the CPU
+    # gate never runs it (runtime/gpu.py, the graph path of runtime/runtime.py)
+    Mutant("staging-ring-offset-kept", "runtime/gpu.py",
+           "                self._staged_at = (at + n + 255) & ~255\n",
+           "                self._staged_at = at  # the next upload reuses this piece of the ring\n",
+           ("conc1_equals_run", "concurrent", "repeat_hit"), ("toy-paged",),
+           "a pinned staging buffer reused before its queued async copy ran (PyTorch pin_memory / non_blocking "
+           "copies: the host buffer overwritten while the H2D copy is in flight), so a step's inputs are "
+           "another upload's bytes", backend="gpu"),
+    Mutant("landing-read-before-sync", "runtime/gpu.py",
+           "                self.stream.synchronize()\n                out.view(np.uint8)[:] = self._landing[: out.nbytes]\n",
+           "                out.view(np.uint8)[:] = self._landing[: out.nbytes]  # before the copy has landed\n",
+           ("conc1_equals_run", "concurrent", "repeat_hit"), ("toy-paged",),
+           "a D2H copy into pinned memory read before the stream is synchronized (vLLM's async output "
+           "processing / non_blocking .cpu(): the previous step's tokens read as this step's)", backend="gpu"),
+    Mutant("graph-key-ignores-batch", "runtime/runtime.py",
+           "        key = (program, b)\n",
+           "        key = (program, 0)  # one graph per program, whatever the batch\n",
+           ("conc1_equals_run", "concurrent", "repeat_hit"), ("toy-paged",),
+           "a CUDA graph captured for one batch size replayed for another (vLLM/SGLang graph buckets: a batch "
+           "padded to the wrong captured size, or a graph keyed without it)", backend="gpu"),
 )

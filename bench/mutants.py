@@ -1,6 +1,7 @@
 """Plant each mutant of the catalogue in a temporary copy of the repository and gate it: the kill rate.
 
-    python bench/mutants.py [--only NAME ...] [--jobs N] [--max-tokens M] [--list] [--require-killed]
+    python bench/mutants.py [--only NAME ...] [--jobs N] [--max-tokens M] [--backend cpu|gpu] [--list]
+                            [--require-killed] [--repeat N]
 
 For each mutant (bench/mutant_catalogue.py): copy the checkout (numba caches included, so only what the
 mutant touches recompiles), replace its snippet (it must match exactly once, else the mutant is
@@ -8,7 +9,9 @@ mutant touches recompiles), replace its snippet (it must match exactly once, els
 it), then run `e2e` on the mutant's targets and checks. Exit 1 from the gate kills the mutant; 0 is a
 survivor; anything else is an *error* (the gate could not judge it). Prints one line per mutant, then
 the table and the kill rate: killed ÷ (catalogue − equivalent − stale). With `--require-killed` the
-exit status is 1 unless every mutant run was killed (CI runs three this way).
+exit status is 1 unless every mutant run was killed (CI runs three this way). A mutant of GPU-only code
+(the pinned staging ring, the landing buffer, CUDA graphs: its `backend` is gpu) is gated only with
+`--backend gpu` on a GPU machine; otherwise it is reported `gpu-only`, outside the rate.
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ def apply(root: Path, m: Mutant) -> str | None:
     return None
 
 
-def gate(m: Mutant, max_tokens: int, timeout: float) -> tuple[str, str, float]:
+def gate(m: Mutant, max_tokens: int, timeout: float, backend: str = "cpu") -> tuple[str, str, float]:
     """(result, detail, seconds) for one mutant: killed, survived, stale, error or equivalent."""
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix=f"mutant-{m.name}-") as tmp:
@@ -63,7 +66,7 @@ def gate(m: Mutant, max_tokens: int, timeout: float) -> tuple[str, str, float]:
             if gen.returncode != 0:
                 return "error", f"kern gen failed: {gen.stderr.strip()[-300:]}", time.monotonic() - t0
         tokens = max(max_tokens, m.max_tokens or 0)
-        cmd = [sys.executable, "-m", "e2e.cli", "--backend", "cpu", "--port", "0", "--max-tokens", str(tokens),
+        cmd = [sys.executable, "-m", "e2e.cli", "--backend", backend, "--port", "0", "--max-tokens", str(tokens),
                "--out", str(Path(tmp) / "results"), "--targets", *m.targets, "--scenarios", *m.checks]
         try:
             p = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=timeout)
@@ -94,12 +97,15 @@ def _folded(got: list[tuple[str, str, float]]) -> tuple[str, str, float]:
 @click.option("--jobs", type=click.IntRange(min=1), default=1, show_default=True, help="Mutants gated at once.")
 @click.option("--max-tokens", type=click.IntRange(min=1), default=64, show_default=True)
 @click.option("--timeout", type=float, default=1800.0, show_default=True, help="Seconds per mutant's gate.")
+@click.option("--backend", type=click.Choice(["cpu", "gpu"]), default="cpu", show_default=True,
+              help="The gate's backend. GPU-only mutants (the catalogue's backend gpu) are gated only with gpu; "
+                   "with cpu they are reported `gpu-only` and left out of the kill rate.")
 @click.option("--list", "list_", is_flag=True, help="List the catalogue and exit.")
 @click.option("--require-killed", is_flag=True, help="Exit 1 unless every mutant run was killed.")
 @click.option("--repeat", type=click.IntRange(min=1), default=1, show_default=True,
               help="Gate each mutant this many times (its own copy each time); it counts as killed only when "
                    "every run killed it, and its detail says how many did.")
-def main(only, jobs, max_tokens, timeout, list_, require_killed, repeat) -> None:
+def main(only, jobs, max_tokens, timeout, backend, list_, require_killed, repeat) -> None:
     """Gate every mutant of the catalogue; print the kill rate and the survivors."""
     names = [n for v in only for n in v.replace(",", " ").split()]
     known = {m.name: m for m in CATALOGUE}
@@ -116,12 +122,14 @@ def main(only, jobs, max_tokens, timeout, list_, require_killed, repeat) -> None
     for m in chosen:
         if m.equivalent:
             results[m.name] = ("equivalent", m.equivalent, 0.0)
+        elif m.backend == "gpu" and backend != "gpu":
+            results[m.name] = ("gpu-only", "its code runs on the GPU backend only: --backend gpu on a GPU machine", 0.0)
         else:
             todo.append(m)
     click.echo(f"{len(todo)} mutant(s) to gate {repeat} time(s) each, {jobs} at a time", err=True)
     runs: dict[str, list[tuple[str, str, float]]] = {m.name: [] for m in todo}
     with concurrent.futures.ThreadPoolExecutor(jobs) as ex:
-        futures = {ex.submit(gate, m, max_tokens, timeout): m for m in todo for _ in range(repeat)}
+        futures = {ex.submit(gate, m, max_tokens, timeout, backend): m for m in todo for _ in range(repeat)}
         for i, fut in enumerate(concurrent.futures.as_completed(futures), 1):
             m = futures[fut]
             runs[m.name].append(fut.result())
@@ -131,11 +139,13 @@ def main(only, jobs, max_tokens, timeout, list_, require_killed, repeat) -> None
         results[name] = _folded(got)
     rows = [(m.name, results[m.name][0], ", ".join(m.checks), results[m.name][1][:100]) for m in chosen]
     click.echo(tabulate(rows, headers=["mutant", "result", "checks", "detail"]))
-    counts = {k: sum(r[0] == k for r in results.values()) for k in ("killed", "survived", "error", "stale", "equivalent")}
-    judged = len(chosen) - counts["equivalent"] - counts["stale"]
+    counts = {k: sum(r[0] == k for r in results.values())
+              for k in ("killed", "survived", "error", "stale", "equivalent", "gpu-only")}
+    judged = len(chosen) - counts["equivalent"] - counts["stale"] - counts["gpu-only"]
     rate = counts["killed"] / judged if judged else 0.0
     click.echo(f"\nkill rate: {counts['killed']}/{judged} = {100 * rate:.1f}% (killed ÷ non-equivalent, "
-               f"{counts['stale']} stale, {counts['equivalent']} equivalent, {counts['error']} error)")
+               f"{counts['stale']} stale, {counts['equivalent']} equivalent, {counts['error']} error"
+               + (f", {counts['gpu-only']} gpu-only not gated" if counts["gpu-only"] else "") + ")")
     survivors = [m for m in chosen if results[m.name][0] in ("survived", "error")]
     for m in survivors:
         click.echo(f"survivor: {m.name} ({results[m.name][0]}): {m.origin}")

@@ -25,3 +25,17 @@ def test_every_mutant_plants_exactly_once_and_names_real_checks():
     assert not stale, "\n".join(stale)
     unknown = [f"{m.name}: {c}" for m in CATALOGUE for c in m.checks if c not in CHECKS and c != "error"]
     assert not unknown, unknown
+
+
+def test_gpu_only_mutants_are_left_out_of_a_cpu_run():
+    """A mutant of GPU-only code is never gated on the CPU backend (it would survive there, untouched):
+    `bench/mutants.py` reports it `gpu-only` and keeps it out of the kill rate; the catalogue has them."""
+    from click.testing import CliRunner
+
+    gpu = [m.name for m in CATALOGUE if m.backend == "gpu"]
+    assert {"staging-ring-offset-kept", "landing-read-before-sync", "graph-key-ignores-batch"} <= set(gpu)
+    assert all(m.backend in ("cpu", "gpu") for m in CATALOGUE)
+    out = CliRunner().invoke(bench_module("mutants").main, ["--only", ",".join(gpu)])
+    assert out.exit_code == 0, out.output
+    assert out.output.count("gpu-only") >= len(gpu) and f"{len(gpu)} gpu-only not gated" in out.output, out.output
+    assert "kill rate: 0/0" in out.output, out.output
