@@ -138,7 +138,8 @@ def _round(r, j: Judge, k: int, rng: random.Random) -> tuple[int, str]:
     j.serial(f"round {k}: the short reader", s_ids, 1)
     alive = streams.running()
     ended = READERS - alive
-    u_ids = draw(rng, (W_BLOCKS + 1 + ended * t) * b - 1)
+    # all ended: nothing to expose, and the cache less a reader's tail keeps U within what one request may hold
+    u_ids = draw(rng, (W_BLOCKS + 1 + min(ended, READERS - 1) * t) * b - 1)
     j.serial(f"round {k}: the unrelated prompt ({len(u_ids)} tokens)", u_ids, 1)
     streams.join()
     for i, got in enumerate(streams.got):
