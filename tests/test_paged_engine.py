@@ -1,7 +1,6 @@
 """The second outside engine (tests/engines/paged_engine.py, issue 39): a vLLM-style paged engine
 written from docs/engine-contract.md, gated clean, and each of its planted prefix-cache bugs held to
-whether today's gate catches it (the ones it misses are strict xfails naming what will catch them,
-so the test flips when they are caught)."""
+failing the check that catches it."""
 
 from __future__ import annotations
 
@@ -53,9 +52,8 @@ def test_the_clean_paged_engine_passes_every_check_it_can_be_judged_on(tmp_path,
     assert reports[target]["engine"]["name"] == "paged-engine"
 
 
-MISSED_PREFIX = "missed today: "
 CAUGHT = [
-    # (bug, target, the check that fails, or why the gate misses it today)
+    # (bug, target, the check that fails)
     ("collide", "toy-paged", "concurrent"),
     ("partial-full", "toy-paged", "turn2_warm_equals_run"),
     ("last-token", "toy-paged", "repeat_hit"),            # prompt 4 is 80 bytes, 5 whole blocks
@@ -81,29 +79,21 @@ runs at load 15-25 on the 2-core box, on toy-paged in 5 of 11 (a fresh-clone CI 
 there)."""
 
 
-def case(bug: str, target: str, want: str):
-    marks = [pytest.mark.xfail(strict=True, reason=want)] if want.startswith(MISSED_PREFIX) else []
-    return pytest.param(bug, target, want, id=bug, marks=marks)
-
-
 def test_every_planted_bug_has_a_case():
     assert {b for b, _, _ in CAUGHT} == set(planted.BUGS)
 
 
-@pytest.mark.parametrize("bug, target, check", [case(*c) for c in CAUGHT])
+@pytest.mark.parametrize("bug, target, check", [pytest.param(*c, id=c[0]) for c in CAUGHT])
 def test_each_planted_bug_fails_the_gate(tmp_path, capsys, bug, target, check):
-    """A caught bug is gated on the check that catches it (and what that check needs); a missed one on
-    the whole gate, so the strict xfail flips as soon as any check catches it."""
-    missed = check.startswith(MISSED_PREFIX)
-    only = [] if missed else ["--scenarios", check]
+    """Each bug is gated on the check that catches it (and what that check needs)."""
     for attempt in range(TRIES.get(bug, 1)):
-        code, reports = gate(tmp_path / str(attempt), "--engine", PAGED + f" --bug {bug}", "--targets", target, *only)
+        code, reports = gate(tmp_path / str(attempt), "--engine", PAGED + f" --bug {bug}", "--targets", target,
+                             "--scenarios", check)
         if code == 1:
             break
     out = capsys.readouterr().out
     assert code == 1, f"--bug {bug} passed the gate on {target}"
-    if not missed:
-        assert check in failed(reports, target), f"--bug {bug}: failed {failed(reports, target)}; {out[-2000:]}"
+    assert check in failed(reports, target), f"--bug {bug}: failed {failed(reports, target)}; {out[-2000:]}"
 
 
 # -- the attn family, in process, against the reference --------------------------------------------
