@@ -303,16 +303,21 @@ def test_health_stays_fast_while_48_bodies_of_4_mib_arrive(quiet, control):
     by 300-750 ms now and then, which no server can answer for; so the same probe asks an idle control
     server at the same moments, and the bound is twice the control's worst when that is more (a
     baseline taken 3 s before the burst was not the same moment: beside a second suite it read under
-    100 ms and the burst's window 380-710 ms). What the test is for still fails it: parsing on the loop
-    stalls /health by seconds in every burst (4-9 s before issue 28) and an idle server's not at all.
-    The burst runs up to 3 times and passes on the first that keeps its bound."""
+    100 ms and the burst's window 380-710 ms). On a CI machine loaded by other jobs that was not enough
+    either: bursts of 23-59 s, the server's worst 447-821 ms against the control's 119-259 ms (the
+    server's loop reads the 192 MB itself). So the bound is also a twelfth of the burst's own length:
+    a stall that is a small part of the burst is the machine's, not the loop's. Correct servers stay
+    far under it (0.009-0.021 of the burst on that CI machine); what the test is for stays far over it
+    on an idle machine: parsing on the loop stalled /health for 0.43-0.86 of a 10 s burst (4.4-8.7 s),
+    parsing in a thread of the server's process (the interpreter lock) 0.21-0.72. The burst runs up to
+    3 times and passes on the first that keeps its bound."""
     body = _burst_body()
     seen = []
     for attempt in range(3):
         lat, base, codes, took = _burst(quiet, control, body)
         assert codes == ["context_length_exceeded"] * 48, codes
         assert len(lat) >= 10 and len(base) >= 10
-        worst, bound = max(lat), max(0.200, 2 * max(base))
+        worst, bound = max(lat), max(0.200, 2 * max(base), took / 12)
         seen.append(f"{worst * 1e3:.0f} (bound {bound * 1e3:.0f})")
         print(f"\n48 x {len(body)} bytes answered in {took:.2f} s; /health: {len(lat)} probes, "
               f"median {sorted(lat)[len(lat) // 2] * 1e3:.1f} ms, worst {worst * 1e3:.1f} ms; the idle control's "
