@@ -373,8 +373,14 @@ class Client:
         with self._lock:
             self.script.append({"kind": "burst", "calls": [[p, n] for p, n in calls]})
 
+        ready = threading.Barrier(len(calls))  # sent together, not as each thread gets going
+
         def one(i: int, prompt: str | list[int], n: int) -> None:
             self._in_burst.on = True
+            try:
+                ready.wait(10)
+            except threading.BrokenBarrierError:  # a thread slow to start: send all the same
+                pass
             try:
                 out[i] = self.complete(prompt, n)
             except BaseException as exc:  # reported per request by the caller

@@ -331,6 +331,8 @@ class Core:
             part = batch[at : at + groups]
             cells = [Cell(r.lease.pages, r.lease.slot, [r.anchor] * rows, r.pos) for r in part]
             parts.append(self._step(rt.protocol.forward(len(cells), rows).program, cells))
+        if len(batch) > 1:
+            self.counters.add("batched_steps")  # the e2e burst's proof that sequences shared a step
         self.in_flight.update(map(id, batch))
         return Flight(work, parts)
 

@@ -17,7 +17,7 @@ __all__ = ["COUNTERS", "GAUGES", "Counters", "Window"]
 COUNTERS = (
     "requests", "steps", "rounds", "drafted_rows", "accepted_rows", "prefill_tokens", "prefix_hit_tokens",
     "resident_hits", "resident_hit_tokens", "host_hits", "host_hit_tokens", "parks", "wakes", "wake_tokens",
-    "evictions", "host_evictions", "remaps", "not_kept", "prefill_calls", "aborted",
+    "evictions", "host_evictions", "remaps", "not_kept", "prefill_calls", "aborted", "batched_steps",
 )
 GAUGES = (
     "running", "waiting", "leases", "pages_used", "snapshot_pages", "slots", "slots_used", "snapshot_slots",
