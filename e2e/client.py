@@ -118,8 +118,12 @@ class Client:
         self.model = model
         self.text = text  # the server takes string prompts and /tokenize; else the client sends the bytes' ids
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        # every connection may be kept alive (httpx keeps 20 by default): with more in flight, httpcore's
+        # pool closes a "surplus" idle one it has just handed to a queued request (encode/httpcore#1110),
+        # and that request's stream ended in EBADF once in about 160 loaded freed_while_read runs
+        limits = httpx.Limits(max_connections=64, max_keepalive_connections=64, keepalive_expiry=KEEPALIVE_S)
         self._connect = lambda: httpx.Client(base_url=session.url, timeout=timeout, headers=headers, verify=tls(),
-                                             limits=httpx.Limits(max_connections=64, keepalive_expiry=KEEPALIVE_S))
+                                             limits=limits)
         self.http = self._connect()
         self.resent = 0  # requests sent again after an idle connection was closed under them
         self._lock = threading.Lock()
