@@ -19,9 +19,8 @@ completed unless the step ends the request; a lined one retires its lease into o
 or length, kept only when nothing the client never receives was folded (a lone stop token on a stop
 is fine).
 
-The core steps `self.device` (the engine's runtime, a `serve.core.device.Device`). `release_aborted`,
-`retire` and `tell` are hook points: each does the correct thing, and `serve/core/faults.py` replaces one (at
-start, with the device wrapped for the step-level faults) for a fault that stands for a bug.
+The core steps `self.device` (a `serve.core.device.Device`). `release_aborted`, `retire` and `tell` are hook
+points doing the correct thing; `serve/core/faults.py` replaces one at start for a fault standing for a bug.
 """
 
 from __future__ import annotations
@@ -331,8 +330,7 @@ class Core:
             part = batch[at : at + groups]
             cells = [Cell(r.lease.pages, r.lease.slot, [r.anchor] * rows, r.pos) for r in part]
             parts.append(self._step(rt.protocol.forward(len(cells), rows).program, cells))
-        if len(batch) > 1:
-            self.counters.add("batched_steps")  # the e2e burst's proof that sequences shared a step
+        self.counters.add("batched_steps", len(batch) > 1)  # e2e's proof that its burst shared a step
         self.in_flight.update(map(id, batch))
         return Flight(work, parts)
 
