@@ -113,10 +113,13 @@ class Answer:
 
 class Client:
     def __init__(self, session: Session, model: str, timeout: float = 300.0, api_key: str | None = None,
-                 text: bool = True):
+                 text: bool = True, stream_usage: bool = False):
         self.session = session
         self.model = model
         self.text = text  # the server takes string prompts and /tokenize; else the client sends the bytes' ids
+        # streams ask for usage (stream_options.include_usage: OpenAI's rule, vLLM's) where the body does not
+        # say: a server that sends a stream's usage only when asked still fills the ledger
+        self.stream_usage = stream_usage
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         # every connection may be kept alive (httpx keeps 20 by default): with more in flight, httpcore's
         # pool closes a "surplus" idle one it has just handed to a queued request (encode/httpcore#1110),
@@ -256,6 +259,8 @@ class Client:
         kw = {"timeout": timeout} if timeout is not None else {}
         chunks: list[dict[str, Any]] = []
         done = False
+        if self.stream_usage and "stream_options" not in body:
+            body = {**body, "stream_options": {"include_usage": True}}
         with self.http.stream("POST", path, json=body, **kw) as r:
             if r.status_code != 200:
                 r.read()
@@ -271,6 +276,10 @@ class Client:
                     if first is not None:
                         first.set()
         last = chunks[-1] if chunks else {}
+        if self.stream_usage and chunks and not last.get("choices"):  # include_usage's last chunk: usage alone
+            chunks, usage = chunks[:-1], last.get("usage")
+            last = chunks[-1] if chunks else {}
+            return 200, {"chunks": chunks, "done": done, "usage": usage or last.get("usage"), "kern": last.get("kern")}
         return 200, {"chunks": chunks, "done": done, "usage": last.get("usage"), "kern": last.get("kern")}
 
     def tokenize(self, text: str) -> list[int]:
@@ -329,6 +338,8 @@ class Client:
         with self._lock:
             self.script.append({"kind": "hang_up", "prompt": prompt, "chunks": chunks, "max_tokens": max_tokens,
                                 "ignore_eos": ignore_eos})
+        if isinstance(prompt, str) and not self.text:
+            prompt = list(prompt.encode())  # the toys' tokenizer: a text's ids are its UTF-8 bytes
         fields = {"model": self.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True}
         if ignore_eos:
             fields["ignore_eos"] = True

@@ -29,7 +29,7 @@ from kern.errors import KernError
 
 __all__ = ["CACHE_SIZE", "CAPABILITIES", "CONTRACT", "DEFAULT_TARGETS", "Engine", "EngineError", "KERN_ONLY",
            "PLACEHOLDERS", "PRESETS"]
-__all__ += ["FRESH"]
+__all__ += ["FRESH", "NOT_KERN"]
 
 CONTRACT = 1
 
@@ -40,12 +40,16 @@ CAPABILITIES: dict[str, str] = {
     "params": "the request parameters of docs/api.md (stop strings, stop ids, echo, chat, ...)",
     "stats": "GET /stats with facts and counters (counters.aborted)",
     "metrics": "GET /metrics with kern's metric names",
+    "metrics-vllm": "GET /metrics with vLLM's metric names (vllm:*), held to vLLM's own definitions",
     "kern-serve": "kern serve's sizing flags, /stats facts and the kern object in every response",
     "kern-policy": "kern's admission and eviction policy, exactly",
     "kern-cli": "the `test` and `run` subcommands",
     "kern-runtime": "this checkout's runtime, in process (cuts, float controls)",
 }
 """Every capability of contract 1, and what declaring it promises."""
+
+NOT_KERN = ("metrics-vllm",)
+"""What another engine has in place of kern's (its own metric names): never declared by a kern."""
 
 KERN_ONLY = ("kern-cli", "kern-runtime")
 """What only a kern has (its `test` and `run` subcommands, this checkout's runtime): never declared by
@@ -57,7 +61,8 @@ PLACEHOLDERS: dict[str, str] = {
     "model": "the target's model name (what every request's `model` says)",
     "manifest": "the absolute path of the target's toy manifest (JSON: its model name and toy family)",
     "cache_tokens": "the KV cache the session wants, in tokens (running requests' blocks and cached ones, every "
-                    "tier together); the gate's --capacity unless the session sizes it (the tight session)",
+                    "tier together); the engine's facts.cache_tokens, else the gate's --capacity, unless the "
+                    "session sizes it (tight, freed)",
 }
 """What an engine's command may name in braces, and what the gate puts there (docs/engine-contract.md).
 A value is given per server (`Engine.argv`); one added later is a new row here."""
@@ -156,6 +161,13 @@ class Engine:
         """Every session can have a fresh engine: the gate starts each server, or the running engine
         declares a cache reset (`reset`)."""
         return self.url is None or self.reset is not None
+
+    def default_cache(self, capacity: int) -> int:
+        """`{cache_tokens}` for a session that does not size the cache: the engine's ``facts.cache_tokens``
+        where it declares one (vLLM's preset: 1,536, so the gate's bursts preempt), else `capacity`
+        (the gate's --capacity)."""
+        n = self.facts.get("cache_tokens")
+        return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else capacity
 
     def argv(self, port: int, model: str, cache_tokens: int = 16384, **values) -> list[str]:
         """The command's words with each `PLACEHOLDERS` name replaced by its value for this server."""

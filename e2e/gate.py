@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
-from e2e import metrics
+from e2e import metrics, metrics_vllm
 from e2e.attached import Attached
 from e2e.checks import Checks
 from e2e.client import Answer, Client, Rejected
@@ -229,7 +229,7 @@ class Run:
                 port = unused_port()
             extra = (merge_flags(split_flags(o.server_flags), split_flags(flags), sized)
                      if e.has("kern-serve") else [])
-            return [*e.argv(port, self.target.model, cache if cache is not None else o.capacity,
+            return [*e.argv(port, self.target.model, cache if cache is not None else e.default_cache(o.capacity),
                             manifest=self.target.manifest.resolve()), *extra], port
         base = [("--backend", [o.backend]), ("--capacity", [str(o.capacity)])]
         if self.target.stages > 1:
@@ -281,7 +281,7 @@ class Run:
             self.echo("  facts: " + ", ".join(f"{k}={facts[k]}" for k in
                       ("ranks", "pages", "page", "rows", "checkpoints", "seq_slots", "max_request_tokens", "load_s")
                       if k in facts))
-        c = Client(s, self.target.model, text=e.has("text"))
+        c = Client(s, self.target.model, text=e.has("text"), stream_usage=e.has("metrics-vllm"))
         sized = ["--capacity", str(cache)] if cache is not None else []  # a replay (e2e/case.py) sizes it alike
         self.scripts[name] = {"flags": list(flags) + sized, "requests": c.script}  # as the session sends them
         raw = c.stats()
@@ -289,7 +289,7 @@ class Run:
         self.live = Live(s, c, Stats(c, s.log, reads_log=not e.external),
                          PolicyGate(self.oracle, (raw or {}).get("facts"), self.target.lined))
         self.live.stats.has_endpoint = raw is not None
-        text = c.metrics() if raw is not None else None
+        text = c.metrics() if raw is not None or e.has("metrics-vllm") else None
         self.live.metrics_start = metrics.parse(text) if text is not None else None
         return self.live
 
@@ -310,6 +310,10 @@ class Run:
         name = f"metrics_{live.session.name}"
         if live.metrics_start is None:
             self.checks.add(name, None, "not gated: the server has no /metrics")
+            return
+        if self.opts.engine.has("metrics-vllm") and not self.opts.engine.has("metrics"):
+            end = metrics_vllm.idle(live.client.metrics)
+            self.checks.add(name, *metrics_vllm.verdict(live.metrics_start, end, live.client.ledger.sent))
             return
         if not live.client.hung:  # a stuck request never lets it idle (and got no token to count)
             live.stats.idle()

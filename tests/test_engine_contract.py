@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from e2e.cli import main
-from e2e.engine import CACHE_SIZE, CAPABILITIES, DEFAULT_TARGETS, KERN_ONLY, PLACEHOLDERS, Engine, EngineError
+from e2e.engine import CACHE_SIZE, CAPABILITIES, DEFAULT_TARGETS, KERN_ONLY, NOT_KERN, PLACEHOLDERS, Engine, EngineError
 from e2e.scenarios import CHECKS, NEEDS, STEPS, lacking, step_lacking
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -46,7 +46,8 @@ def test_the_page_documents_every_capability_and_the_table_names_real_checks():
         assert set(s.needs) <= set(s.checks), f"step {s.name}'s needs name a check it does not add"
     assert set(NEEDS) <= set(CHECKS), f"NEEDS names no check: {set(NEEDS) - set(CHECKS)}"
     for caps in [*(s.runs for s in STEPS), *NEEDS.values()]:
-        assert set(caps) <= set(CAPABILITIES) | {CACHE_SIZE}  # cache-size: told by the command, never declared
+        named = {alt for c in caps for alt in c.split("|")}  # "a|b": either
+        assert named <= set(CAPABILITIES) | {CACHE_SIZE}  # cache-size: told by the command, never declared
     for name in PLACEHOLDERS:
         assert name in text, f"docs/engine-contract.md does not name the placeholder {name}"
 
@@ -54,7 +55,7 @@ def test_the_page_documents_every_capability_and_the_table_names_real_checks():
 def test_kern_serve_declares_every_capability_a_server_can_have():
     from serve.api.app import CAPABILITIES as SERVED
 
-    assert set(SERVED) == set(CAPABILITIES) - set(KERN_ONLY)
+    assert set(SERVED) == set(CAPABILITIES) - set(KERN_ONLY) - set(NOT_KERN)
 
 
 def test_lacking_names_what_a_check_needs():
@@ -277,3 +278,18 @@ facts = {{ page = 1, families = ["paged"] }}
     assert code == 125, capsys.readouterr()
     assert reports["lined"]["skipped"].startswith("engine lacks family lined")
     assert not never.exists()
+
+
+def test_a_step_that_runs_on_either_capability_runs_on_each():
+    """abort runs on `stats` (kern's counters.aborted) or `metrics-vllm` (vLLM's own abort counter); an
+    engine with neither is told both names."""
+    from e2e.scenarios import step_lacking
+
+    assert step_lacking(Engine.foreign("x --port {port}", ["stream", "stats"]), "abort") == []
+    assert step_lacking(Engine.foreign("x --port {port}", ["stream", "metrics-vllm"]), "abort") == []
+    assert step_lacking(Engine.foreign("x --port {port}", ["stream"]), "abort") == ["stats or metrics-vllm"]
+
+
+def test_metrics_vllm_judges_the_metrics_checks_in_place_of_metrics():
+    assert lacking(Engine.foreign("x --port {port}", ["metrics-vllm"]), "metrics_default") == []
+    assert lacking(Engine.foreign("x --port {port}", []), "metrics_default") == ["metrics"]

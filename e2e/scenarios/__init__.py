@@ -43,7 +43,7 @@ class Step:
     fresh: bool = False  # on its session's first row only: the session's checks read an empty cache (a cold
     # phase, hits bounded by what the session itself sent, a flood sized to the cache): under `e2e --engine-url`
     # it runs only after the engine's cache reset (`fresh_lacking`)
-    runs: tuple[str, ...] = ()  # the capabilities it cannot run at all without: its requests need them
+    runs: tuple[str, ...] = ()  # the capabilities it cannot run at all without: its requests need them ("a|b": either)
     needs: dict[str, tuple[str, ...]] = field(default_factory=dict, compare=False)  # a check it runs but cannot
     # judge without these capabilities (its other checks still count)
 
@@ -63,7 +63,7 @@ STEPS: tuple[Step, ...] = (
     Step("concurrent", "default", ("concurrent",), ("conc1",), concurrent.run, serial=False),
     Step("spec_acceptance", "default", ("spec_acceptance",), ("concurrent",), concurrent.spec_acceptance,
          applies=lambda t: t.spec, serial=False, runs=("kern-serve",)),
-    Step("abort", "default", ("abort",), ("conc1",), abort.run, serial=False, runs=("stream", "stats")),
+    Step("abort", "default", ("abort",), ("conc1",), abort.run, serial=False, runs=("stream", "stats|metrics-vllm")),
     # every engine that declares `stream` (docs/engine-contract.md); our own kern's params session streams
     # already, so it runs for ours only when named
     Step("stream", "default", ("stream_equals_whole",), ("conc1",), stream.run, serial=False, foreign=True,
@@ -201,12 +201,15 @@ NEEDS: dict[str, tuple[str, ...]] = {**{c: caps for s in STEPS for c, caps in s.
 PREFIXES: dict[str, tuple[str, ...]] = {"policy_": ("kern-policy",), "metrics_": ("metrics",)}
 """Per-session checks by prefix: policy_<session>, metrics_<session>."""
 
+INSTEAD: dict[str, tuple[str, ...]] = {"metrics_": ("metrics-vllm",)}
+"""A capability that judges a prefix's checks in place of `PREFIXES`' (vLLM's own /metrics: e2e/metrics_vllm.py)."""
+
 
 def lacking(engine: Engine, check: str) -> list[str]:
     """The capabilities `engine` lacks for `check` to be judged (none: it is)."""
     need = list(NEEDS.get(check, ()))
     for prefix, caps in PREFIXES.items():
-        if check.startswith(prefix):
+        if check.startswith(prefix) and not any(engine.has(c) for c in INSTEAD.get(prefix, ())):
             need += caps
     return [c for c in dict.fromkeys(need) if not engine.has(c)]
 
@@ -214,7 +217,8 @@ def lacking(engine: Engine, check: str) -> list[str]:
 def step_lacking(engine: Engine, step: str) -> list[str]:
     """The capabilities `engine` lacks for step `step` (by name) to run at all (none: it runs)."""
     row = BY_NAME.get(step)
-    return [c for c in (row.runs if row is not None else ()) if not engine.has(c)]
+    return [c.replace("|", " or ") for c in (row.runs if row is not None else ())
+            if not any(engine.has(alt) for alt in c.split("|"))]
 
 
 def session_of(check: str) -> str | None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import time
 
+from e2e import metrics_vllm
 from e2e.prompts import PROMPTS, variant
 from e2e.results import Cold
 from verdicts import Same
@@ -71,7 +72,7 @@ def verdict(got: int, reason: str | None, generated: int | None, full: int) -> l
         problems.append(f"read only {got} chunks")
     if reason is None:
         problems.append("nothing shows a server-side abort (no finished line names the request)")
-    elif reason != "abort":
+    elif reason != "abort" and not reason.startswith("abort ("):
         problems.append(f"ended by {reason}, not by abort")
     elif generated is not None and generated >= full:
         problems.append(f"generated {generated} of its {full} tokens before the abort: nothing was cut short")
@@ -84,22 +85,31 @@ def run(r) -> None:
     if live.stats.has_endpoint is None:
         live.stats.read()
     ours = bool(live.stats.has_endpoint)
+    vllm = not ours and r.opts.engine.has("metrics-vllm")  # vLLM's own counters tell the abort (metrics_vllm)
     bound = HANG_UP_TOKENS
     room = r.facts["default"].get("max_request_tokens")
-    if ours and room:
+    if (ours or vllm) and room:
         bound = max(1, min(bound, int(room) - len(prompt.encode()) - r.rows + 1))
     # its whole answer: all of `bound` under ignore_eos, else the oracle's (and its stop token, if it stops)
-    n = bound if ours else len(r.oracle.run(list(prompt.encode()), bound, r.rows) or [])
+    n = bound if ours or vllm else len(r.oracle.run(list(prompt.encode()), bound, r.rows) or [])
     full = n + (n < bound)
-    before = live.stats.read() if ours else {}
-    rid, got = live.client.hang_up(prompt, CHUNKS, bound, ignore_eos=ours)
-    line = None if ours else ended(live.session.log, rid)  # the Rust kern tells it only in its log
+    before = live.stats.read() if ours else metrics_vllm.idle(live.client.metrics) if vllm else {}
+    rid, got = live.client.hang_up(prompt, CHUNKS, bound, ignore_eos=ours or vllm)
+    line = None if ours or vllm else ended(live.session.log, rid)  # the Rust kern tells it only in its log
     a = r.answer(PROMPTS[0])
     same = Same(r.oracle, r.rows)
     cold = r.got(Cold).answers[0]
     same.add("prompt 1", cold.prompt_ids, a.ids, cold.ids)
     idle = live.stats.idle()
-    if ours:  # /stats counts the requests that ended by abort: the hung-up one, and only it
+    if vllm:  # vLLM counts requests by how they finished, and every token it generated, the cut one's too
+        after = metrics_vllm.idle(live.client.metrics)
+        n = metrics_vllm.delta(before, after, "request_success_total", reason="abort")
+        ended = sum(metrics_vllm.delta(before, after, "request_success_total", reason=f) for f in ("stop", "length"))
+        # vLLM up to 0.32 counts no client abort as finished (vllm#31503): then only the next answer ended
+        reason = "abort" if n == 1 and ended == 1 else "abort (uncounted: vllm#31503)" if n == 0 and ended == 1 else \
+            f"vllm:request_success_total abort +{n:g}, stop or length +{ended:g} (the next answer: 1)"
+        generated = int(metrics_vllm.delta(before, after, "generation_tokens_total")) - len(a.fed)
+    elif ours:  # /stats counts the requests that ended by abort: the hung-up one, and only it
         n = idle.get("aborted", 0) - before.get("aborted", 0)
         reason = "abort" if n == 1 else f"counters.aborted +{n}"
         made = [s.get("answer_tokens") for s in (before, idle)]

@@ -139,7 +139,9 @@ def _round(r, j: Judge, k: int, rng: random.Random) -> tuple[int, str]:
     alive = streams.running()
     ended = READERS - alive
     # all ended: nothing to expose, and the cache less a reader's tail keeps U within what one request may hold
-    u_ids = draw(rng, (W_BLOCKS + 1 + min(ended, READERS - 1) * t) * b - 1)
+    # (and within the engine's longest request: vLLM's --max-model-len)
+    room = int((r.facts.get("freed") or {}).get("max_request_tokens") or 1 << 30)
+    u_ids = draw(rng, min((W_BLOCKS + 1 + min(ended, READERS - 1) * t) * b - 1, room - 1))
     j.serial(f"round {k}: the unrelated prompt ({len(u_ids)} tokens)", u_ids, 1)
     streams.join()
     for i, got in enumerate(streams.got):
