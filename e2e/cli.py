@@ -96,7 +96,7 @@ def _greedy(argv: list[str]) -> list[str]:
                    "`skipped (needs a fresh engine)`.")
 @click.option("--capabilities", default=None,
               help="The --engine's capabilities, comma separated (default: its GET /kern/capabilities; without one, "
-                   "the contract's core only).")
+                   "the contract's core only; over a preset such as vllm, in place of what its config declares).")
 @click.option("--load-timeout", type=float, default=600.0, show_default=True)
 @click.option("--jobs", type=click.IntRange(min=0), default=0, show_default=True,
               help="Targets gated at once (each in its own server processes; progress lines carry the target); "
@@ -153,6 +153,9 @@ def cli(**given) -> None:
     wanted = _wanted(f)
     try:
         cfg, chosen = load_targets(config, _names(f.targets) or _engine_default(config, engine))
+        if engine is None and f.capabilities is not None:  # a preset's declaration, replaced (a control run)
+            chosen = [dataclasses.replace(t, capabilities=tuple(_names((f.capabilities,)))) if t.engine else t
+                      for t in chosen]
         for t in chosen:
             if t.engine is not None and engine is None:
                 Engine.foreign(t.engine, t.capabilities)  # a bad declaration is a usage error, before anything starts
@@ -299,9 +302,7 @@ def _engine_option(engine_cmd: str | None, capabilities: str | None, kern: str |
         return config, None
     if kern is not None:
         raise click.UsageError("--engine and --kern: give one (--kern gates another kern, --engine any engine)")
-    if engine_cmd in PRESETS:
-        if capabilities is not None:
-            raise click.UsageError(f"--engine {engine_cmd}: its config declares its capabilities; no --capabilities")
+    if engine_cmd in PRESETS:  # --capabilities, if given, replaces what its config declares (below)
         gone = vllm_missing() if engine_cmd == "vllm" and config is None else None
         if gone is not None:  # nothing could run: one line, exit 125 (docs/exit-codes.md)
             click.echo(f"e2e: {gone}", err=True)

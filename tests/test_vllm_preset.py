@@ -80,3 +80,18 @@ def test_the_preset_sizes_unsized_sessions_by_its_fact_and_sized_ones_by_theirs(
     assert "{cache_tokens}" in cfg.engine and e.has(CACHE_SIZE)
     assert e.argv(9000, "m", e.default_cache(16384))[-1] == "1536"
     assert e.argv(9000, "m", 512)[-1] == "512"
+
+
+def test_capabilities_over_the_preset_replace_its_declaration_and_are_checked(tmp_path, monkeypatch, capsys):
+    """`--capabilities` over `--engine vllm` stands in for the preset's declaration (a control run: prefix
+    caching off, `cached-tokens` not declared); a name the contract does not know is a usage error."""
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    python = venv / "bin" / "python"
+    python.write_text("#!/bin/sh\nexit 0\n")  # finds every module
+    python.chmod(0o755)
+    monkeypatch.setenv("VENV", str(venv))
+    with pytest.raises(SystemExit) as exc:
+        main(["--engine", "vllm", "--capabilities", "stream,cached-tokenz", "--out", str(tmp_path / "results")])
+    assert exc.value.code == 2
+    assert "unknown capability 'cached-tokenz'" in capsys.readouterr().err

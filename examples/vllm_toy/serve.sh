@@ -19,7 +19,7 @@ exec "$VENV/bin/python" -m vllm.entrypoints.openai.api_server \
   --model "$HERE/model" \
   --served-model-name kern-toy-vllm \
   --host 127.0.0.1 --port "$PORT" \
-  --skip-tokenizer-init --dtype float32 --load-format dummy \
+  --dtype float32 --load-format dummy \
   --enable-prefix-caching --enable-chunked-prefill --max-num-batched-tokens 64 \
   --block-size 32 --max-model-len "$MAXLEN" --enforce-eager \
   --enable-prompt-tokens-details \
