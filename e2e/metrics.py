@@ -38,7 +38,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-__all__ = ["Ledger", "Sent", "parse", "predict", "told", "verdict", "START_ZERO"]
+__all__ = ["Ledger", "Sent", "held", "parse", "predict", "told", "verdict", "START_ZERO"]
 
 P = "kern:"
 TIERS = ("device", "host")
@@ -187,6 +187,28 @@ def _against_stats(end: dict, counters: dict[str, Any]) -> list[str]:
     return problems
 
 
+def held(read, start: dict, end: dict, zero, exact: dict[str, int], least: dict[str, int], name: str = "",
+         fresh: str = "a fresh server") -> list[str]:
+    """What the two scrapes get wrong: each of `zero` at 0 in the start one, each of `exact` equal to the
+    ledger's in the end one and each of `least` at least it (`read(scrape, key)`; `name` prefixes keys)."""
+    problems = []
+    for key in zero:
+        v = read(start, key)
+        if v is None:
+            problems.append(f"{name}{key} missing from the first scrape")
+        elif v != 0:
+            problems.append(f"{name}{key} {v:g} at the session's start ({fresh}: 0)")
+    for key, want in exact.items():
+        v = read(end, key)
+        if v is None or v != want:
+            problems.append(f"{name}{key} {'missing' if v is None else f'{v:g}'} (sent: {want})")
+    for key, want in least.items():
+        v = read(end, key)
+        if v is None or v < want:
+            problems.append(f"{name}{key} {'missing' if v is None else f'{v:g}'} (sent: at least {want})")
+    return problems
+
+
 def verdict(start: dict, end: dict, sent: list[Sent], stats: dict[str, Any] | None,
             policy: dict[str, int] | None, idle: bool = True) -> tuple[bool, str]:
     """(ok, note): the end scrape against the ledger, /stats and the policy; the start scrape at zero.
@@ -195,24 +217,10 @@ def verdict(start: dict, end: dict, sent: list[Sent], stats: dict[str, Any] | No
     up again: its prefix-cache queries and hits are held to at least what was sent, and each resumed
     request may add one hit to those its answers told (docs/pipeline.md)."""
     resumed = int(((stats or {}).get("pipeline") or {}).get("requeued") or 0)
-    problems = []
-    for key in START_ZERO:
-        v = _read(start, key)
-        if v is None:
-            problems.append(f"{key} missing from the first scrape")
-        elif v != 0:
-            problems.append(f"{key} {v:g} at the session's start (a fresh server: 0)")
     exact, least = predict(sent)
     if resumed:
         least.update({k: exact.pop(k) for k in [k for k in exact if k.startswith("prefix_cache_")]})
-    for key, want in exact.items():
-        v = _read(end, key)
-        if v is None or v != want:
-            problems.append(f"{key} {'missing' if v is None else f'{v:g}'} (sent: {want})")
-    for key, want in least.items():
-        v = _read(end, key)
-        if v is None or v < want:
-            problems.append(f"{key} {'missing' if v is None else f'{v:g}'} (sent: at least {want})")
+    problems = held(_read, start, end, START_ZERO, exact, least)
     itl, gen, ttft = (_read(end, k) for k in ("inter_token_latency_seconds_count", "generation_tokens_total",
                                                "time_to_first_token_seconds_count"))
     if None in (itl, gen, ttft) or itl != gen - ttft:

@@ -31,7 +31,7 @@ from __future__ import annotations
 import time
 from typing import Callable
 
-from e2e.metrics import Sent, parse
+from e2e.metrics import Sent, held, parse
 
 __all__ = ["delta", "idle", "total", "verdict"]
 
@@ -103,22 +103,8 @@ def _read(m: dict, key: str) -> float | None:
 
 def verdict(start: dict, end: dict, sent: list[Sent]) -> tuple[bool, str]:
     """(ok, note): vLLM's end scrape against the ledger and against its own sums; the start at zero."""
-    problems = []
-    for key in START_ZERO:
-        v = total(start, key)
-        if v is None:
-            problems.append(f"vllm:{key} missing from the first scrape")
-        elif v != 0:
-            problems.append(f"vllm:{key} {v:g} at the session's start (a fresh engine: 0)")
     exact, least = predict(sent)
-    for key, want in exact.items():
-        v = _read(end, key)
-        if v is None or v != want:
-            problems.append(f"vllm:{key} {'missing' if v is None else f'{v:g}'} (sent: {want})")
-    for key, want in least.items():
-        v = _read(end, key)
-        if v is None or v < want:
-            problems.append(f"vllm:{key} {'missing' if v is None else f'{v:g}'} (sent: at least {want})")
+    problems = held(_read, start, end, START_ZERO, exact, least, "vllm:", "a fresh engine")
     finished = _read(end, "finished")
     answered = sum(s.kind == "answered" and s.finish in ("stop", "length") for s in sent)
     hung = sum(s.kind == "hung_up" for s in sent)
