@@ -21,6 +21,8 @@ differently, so a vLLM engine is held to what vLLM's own code says each metric c
 - the prefix cache (counted by the scheduler at each admission, a preempted request's readmission
   again): `vllm:prefix_cache_queries_total` at least the prompt tokens sent, `vllm:prefix_cache_hits_total`
   at least the cached tokens the answers told and at most the queries;
+- speculative decoding, where it runs: its accepted tokens at most its draft tokens (both told in
+  the note, so a run whose drafts were never accepted shows it);
 - an idle engine: `vllm:num_requests_running` and `vllm:num_requests_waiting` 0, and
   `vllm:kv_cache_usage_perc` 0 (vLLM counts a cached block that no request holds as free);
 - the scrape at the session's start: every counter 0 (a fresh engine has counted nothing).
@@ -139,8 +141,12 @@ def verdict(start: dict, end: dict, sent: list[Sent]) -> tuple[bool, str]:
         if v != 0:
             problems.append(f"vllm:{gauge} {_g(v)} on an idle engine (0)")
     n = {k: sum(s.kind == k for s in sent) for k in ("answered", "hung_up", "refused")}
+    drafted, accepted = total(end, "spec_decode_num_draft_tokens_total"), total(end, "spec_decode_num_accepted_tokens_total")
     what = (f"{n['answered']} answered, {n['hung_up']} hung up, {n['refused']} refused; preemptions "
-            f"{_g(preempted)}, prefix-cache hits {_g(hits)} of {_g(queries)} queried tokens")
+            f"{_g(preempted)}, prefix-cache hits {_g(hits)} of {_g(queries)} queried tokens"
+            + (f", speculative drafts {_g(drafted)} tokens, {_g(accepted)} accepted" if drafted is not None else ""))
+    if drafted is not None and accepted is not None and accepted > drafted:
+        problems.append(f"vllm:spec_decode_num_accepted_tokens_total {accepted:g} > its draft tokens {drafted:g}")
     if problems:
         return False, f"{len(problems)} difference(s): " + "; ".join(problems[:8]) + f" ({what})"
     return True, (f"{what}; vLLM's definitions: {len(exact)} exact, {len(least)} at least"

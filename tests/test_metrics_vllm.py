@@ -94,3 +94,13 @@ def test_vllm_31503_passes_named_and_nothing_else_does():
     assert ok and "KNOWN vllm#31503: 1 hung-up stream(s) aborted but never counted as finished" in note, note
     ok, note = verdict(scrape(), scrape(**{**end, "length": 0, "finished": 1}), sent)
     assert not ok and "over every finished_reason (sent: 3" in note, note
+
+
+def test_speculative_drafts_are_told_and_more_accepted_than_drafted_fails():
+    spec = '# TYPE vllm:spec_decode_num_draft_tokens counter\nvllm:spec_decode_num_draft_tokens_total{%s} %d\n' \
+           '# TYPE vllm:spec_decode_num_accepted_tokens counter\nvllm:spec_decode_num_accepted_tokens_total{%s} %d\n'
+    end = scrape(**RIGHT)
+    ok, note = verdict(scrape(), {**end, **parse(spec % (L, 30, L, 12))}, SENT)
+    assert ok and "speculative drafts 30 tokens, 12 accepted" in note, note
+    ok, note = verdict(scrape(), {**end, **parse(spec % (L, 10, L, 12))}, SENT)
+    assert not ok and "spec_decode_num_accepted_tokens_total 12 > its draft tokens 10" in note, note
