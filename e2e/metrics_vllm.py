@@ -116,16 +116,19 @@ def verdict(start: dict, end: dict, sent: list[Sent]) -> tuple[bool, str]:
     elif finished != answered + hung:
         problems.append(f"vllm:request_success_total {finished:g} over every finished_reason "
                         f"(sent: {answered + hung}, {hung} of them hung up)")
+    absent = []  # a metric this vLLM does not have (request_num_preemptions came after 0.29): no definition
     for hist in ("e2e_request_latency_seconds", "request_prompt_tokens", "request_generation_tokens",
                  "request_num_preemptions"):
         v = total(end, f"{hist}_count")
-        if v != finished:
+        if v is None and total(start, f"{hist}_count") is None:
+            absent.append(f"vllm:{hist}")
+        elif v != finished:
             problems.append(f"vllm:{hist}_count {_g(v)} (finished requests: {finished:g})")
     first = total(end, "time_to_first_token_seconds_count")
     if first is None or first < sum(s.kind == "answered" and s.generated > 0 for s in sent):
         problems.append(f"vllm:time_to_first_token_seconds_count {_g(first)} (fewer than the answers with a token)")
     preempted, per_request = total(end, "num_preemptions_total"), total(end, "request_num_preemptions_sum")
-    if preempted is None or preempted != per_request:
+    if "vllm:request_num_preemptions" not in absent and (preempted is None or preempted != per_request):
         problems.append(f"vllm:num_preemptions_total {_g(preempted)} != the finished requests' "
                         f"request_num_preemptions_sum {_g(per_request)}")
     prompt_sum, computed = total(end, "request_prompt_tokens_sum"), total(end, "request_prefill_kv_computed_tokens_sum")
@@ -147,6 +150,8 @@ def verdict(start: dict, end: dict, sent: list[Sent]) -> tuple[bool, str]:
             + (f", speculative drafts {_g(drafted)} tokens, {_g(accepted)} accepted" if drafted is not None else ""))
     if drafted is not None and accepted is not None and accepted > drafted:
         problems.append(f"vllm:spec_decode_num_accepted_tokens_total {accepted:g} > its draft tokens {drafted:g}")
+    if absent:
+        what += f"; not in this vLLM: {', '.join(absent)}"
     if problems:
         return False, f"{len(problems)} difference(s): " + "; ".join(problems[:8]) + f" ({what})"
     return True, (f"{what}; vLLM's definitions: {len(exact)} exact, {len(least)} at least"

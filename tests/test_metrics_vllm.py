@@ -104,3 +104,13 @@ def test_speculative_drafts_are_told_and_more_accepted_than_drafted_fails():
     assert ok and "speculative drafts 30 tokens, 12 accepted" in note, note
     ok, note = verdict(scrape(), {**end, **parse(spec % (L, 10, L, 12))}, SENT)
     assert not ok and "spec_decode_num_accepted_tokens_total 12 > its draft tokens 10" in note, note
+
+
+def test_a_histogram_this_vllm_does_not_have_is_named_not_failed():
+    """vLLM 0.29 has no vllm:request_num_preemptions: absent from both scrapes, it is told, not held;
+    absent from the end scrape alone it is a difference."""
+    drop = lambda m: {k: v for k, v in m.items() if not k[0].startswith("vllm:request_num_preemptions")}
+    ok, note = verdict(drop(scrape()), drop(scrape(**RIGHT)), SENT)
+    assert ok and "not in this vLLM: vllm:request_num_preemptions" in note, note
+    ok, note = verdict(scrape(), drop(scrape(**RIGHT)), SENT)
+    assert not ok and "vllm:request_num_preemptions_count missing" in note, note
