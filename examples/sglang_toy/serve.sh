@@ -9,7 +9,7 @@ VENV=${VENV:-/work/sglang-venv}
 PORT=${1:-30000}; shift
 if [[ ${1:-} =~ ^[0-9]+$ ]]; then CACHE=$1; shift; else CACHE=1536; fi
 export SGLANG_USE_CPU_ENGINE=1 SGLANG_EXTERNAL_MODEL_PACKAGE=kern_sgl_toy
-export PYTHONPATH=$HERE/sgl_shim:$HERE
+export PYTHONPATH=$HERE/sgl_shim:$HERE:$HERE/../vllm_toy  # toy_reference: the constants
 exec "$VENV/bin/python" -m sglang.launch_server --model-path "$HERE/model" \
   --served-model-name kern-toy-vllm --device cpu --host 127.0.0.1 --port "$PORT" \
   --load-format dummy --dtype float32 --context-length 1024 \

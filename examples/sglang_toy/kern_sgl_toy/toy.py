@@ -10,40 +10,17 @@ from torch import nn
 
 from sglang.srt.layers.logits_processor import LogitsProcessor
 from sglang.srt.layers.radix_attention import RadixAttention
+# the toy's constants are the exact reference's (examples/vllm_toy/toy_reference.py, on serve.sh's PYTHONPATH)
+from toy_reference import EOS, EOS_EVERY, HEAD, K_BIT, NV, P, VOCAB, K as _K
 
 logger = logging.getLogger("kern_sgl_toy")
 
-P = 2**31 - 1
-NV = 128
-EOS = 256
-VOCAB = 257
-EOS_EVERY = 96
-HEAD = 64
-K_BIT = 7
 L = 1024.0
 MARGIN = 0.25
 
 
 def _constants():
-    x = 0x4B45524E  # "KERN"
-
-    def take(n):
-        nonlocal x
-        out = []
-        for _ in range(n):
-            x = (x * 6364136223846793005 + 1442695040888963407) % (1 << 64)
-            out.append((x >> 33) % P)
-        return out
-
-    A, B, C, D = take(NV), take(NV), take(NV), take(NV)
-    E = take(1)[0]
-    Wv, Yv = take(NV * NV), take(NV)
-    Wk, Yk = take(NV * NV), take(NV)
-    Wq, Yq = take(4 * NV), take(4)
-    D2, E2 = take(NV), take(2)
-    t = lambda v, *shape: torch.tensor(v, dtype=torch.int64).reshape(*shape) if shape else torch.tensor(v, dtype=torch.int64)
-    return dict(A=t(A), B=t(B), C=t(C), D=t(D), E=E, Wv=t(Wv, NV, NV), Yv=t(Yv), Wk=t(Wk, NV, NV), Yk=t(Yk),
-                Wq=t(Wq, 4, NV), Yq=t(Yq), D2=t(D2), E2=t(E2))
+    return {k: torch.from_numpy(v.copy()) if hasattr(v, "shape") else v for k, v in _K.items()}
 
 
 class MarginExceeded(RuntimeError):
