@@ -256,6 +256,20 @@ class Client:
 
     def _stream(self, path: str, body: dict[str, Any], timeout: float | None = None,
                 first: threading.Event | None = None) -> tuple[int, dict[str, Any]]:
+        """`_streamed` once, and once more on a fresh connection when the kept-alive one was closed under
+        it before the server answered anything (as `_post` does)."""
+        try:
+            return self._streamed(path, body, timeout, first)
+        except httpx.TransportError as exc:
+            self.session.check(grace=0.5 if never_sent(exc) else 5.0)
+            if not never_sent(exc):
+                raise
+        with self._lock:
+            self.resent += 1
+        return self._streamed(path, body, timeout, first)
+
+    def _streamed(self, path: str, body: dict[str, Any], timeout: float | None = None,
+                  first: threading.Event | None = None) -> tuple[int, dict[str, Any]]:
         kw = {"timeout": timeout} if timeout is not None else {}
         chunks: list[dict[str, Any]] = []
         done = False
