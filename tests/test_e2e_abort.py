@@ -32,3 +32,37 @@ def test_an_abort_after_the_whole_answer_fails():
 
 def test_too_few_chunks_fails():
     assert verdict(CHUNKS - 1, "abort", 2, 40) == [f"read only {CHUNKS - 1} chunks"]
+
+
+class _Oracle:
+    exact = True
+
+    def run(self, ids, steps, rows):
+        return [7] * min(steps, 40)
+
+    def near_tie(self, context, a, b, rows):
+        return None
+
+
+def test_a_server_that_tells_the_abort_only_in_its_log_is_judged_by_that_line():
+    """The whole `run` on a server without /stats or vLLM's metrics (the Rust kern): the hung-up
+    request's `finished` line is read (the branch a local name once shadowed, an UnboundLocalError)."""
+    from types import SimpleNamespace as NS
+
+    from e2e.client import Answer
+    from e2e.results import Cold
+    from e2e.scenarios import abort
+
+    lines = [{"request": "req-9", "reason": "abort", "generated": 5}]
+    log = NS(lines=lambda kind: lines if kind == "finished" else [])
+    stats = NS(has_endpoint=False, read=lambda: {}, idle=lambda: {})
+    client = NS(hang_up=lambda prompt, chunks, bound, ignore_eos: ("req-9", CHUNKS))
+    live = NS(stats=stats, client=client, session=NS(log=log))
+    answer = Answer([7] * 40, None, [1, 2], 0, "length", "req-10")
+    got = []
+    r = NS(need=lambda name: live, oracle=_Oracle(), rows=1, facts={"default": {}}, opts=NS(engine=NS(has=lambda c: False)),
+           answer=lambda prompt: answer, got=lambda kind: Cold((answer,)),
+           checks=NS(add=lambda name, ok, note, *rest: got.append((name, ok, note))))
+    abort.run(r)
+    assert got and got[0][0] == "abort" and got[0][1] is True, got
+    assert "(abort, 5 of" in got[0][2], got

@@ -104,10 +104,10 @@ def run(r) -> None:
     if vllm:  # vLLM counts requests by how they finished, and every token it generated, the cut one's too
         after = metrics_vllm.idle(live.client.metrics)
         n = metrics_vllm.delta(before, after, "request_success_total", reason="abort")
-        ended = sum(metrics_vllm.delta(before, after, "request_success_total", reason=f) for f in ("stop", "length"))
+        normal = sum(metrics_vllm.delta(before, after, "request_success_total", reason=f) for f in ("stop", "length"))
         # vLLM up to 0.32 counts no client abort as finished (vllm#31503): then only the next answer ended
-        reason = "abort" if n == 1 and ended == 1 else "abort (uncounted: vllm#31503)" if n == 0 and ended == 1 else \
-            f"vllm:request_success_total abort +{n:g}, stop or length +{ended:g} (the next answer: 1)"
+        reason = "abort" if n == 1 and normal == 1 else "abort (uncounted: vllm#31503)" if n == 0 and normal == 1 else \
+            f"vllm:request_success_total abort +{n:g}, stop or length +{normal:g} (the next answer: 1)"
         generated = int(metrics_vllm.delta(before, after, "generation_tokens_total")) - len(a.fed)
     elif ours:  # /stats counts the requests that ended by abort: the hung-up one, and only it
         n = idle.get("aborted", 0) - before.get("aborted", 0)
