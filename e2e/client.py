@@ -20,7 +20,7 @@ import socket
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import httpx
 
@@ -158,10 +158,16 @@ class Client:
 
     def _post(self, path: str, body: dict[str, Any], timeout: float | None = None) -> httpx.Response:
         kw = {"timeout": timeout} if timeout is not None else {}
+        return self._resending(lambda: self.http.post(path, json=body, **kw))
+
+    def _resending(self, send: Callable[[], Any]) -> Any:
+        """`send()`, and once more (a fresh connection: the closed one left the pool) when the kept-alive
+        connection was closed under it before the server read the request; a transport error asks the
+        session first, so a dead server says so, with its exit code."""
         try:
-            return self.http.post(path, json=body, **kw)
+            return send()
         except httpx.TransportError as exc:
-            # a dead server says so, with its exit code; one that let the time run out is alive
+            # one that let the time run out is alive
             grace = 0.0 if isinstance(exc, httpx.TimeoutException) else 0.5 if never_sent(exc) else 5.0
             self.session.check(grace=grace)
             if not never_sent(exc):
@@ -169,7 +175,7 @@ class Client:
         with self._lock:
             self.resent += 1
         try:
-            return self.http.post(path, json=body, **kw)  # a fresh connection: the closed one left the pool
+            return send()
         except httpx.TransportError:
             self.session.check(grace=5.0)
             raise
@@ -256,17 +262,7 @@ class Client:
 
     def _stream(self, path: str, body: dict[str, Any], timeout: float | None = None,
                 first: threading.Event | None = None) -> tuple[int, dict[str, Any]]:
-        """`_streamed` once, and once more on a fresh connection when the kept-alive one was closed under
-        it before the server answered anything (as `_post` does)."""
-        try:
-            return self._streamed(path, body, timeout, first)
-        except httpx.TransportError as exc:
-            self.session.check(grace=0.5 if never_sent(exc) else 5.0)
-            if not never_sent(exc):
-                raise
-        with self._lock:
-            self.resent += 1
-        return self._streamed(path, body, timeout, first)
+        return self._resending(lambda: self._streamed(path, body, timeout, first))
 
     def _streamed(self, path: str, body: dict[str, Any], timeout: float | None = None,
                   first: threading.Event | None = None) -> tuple[int, dict[str, Any]]:
@@ -289,12 +285,11 @@ class Client:
                     chunks.append(json.loads(line[6:]))
                     if first is not None:
                         first.set()
+        usage = chunks[-1].get("usage") if chunks else None
+        if self.stream_usage and chunks and not chunks[-1].get("choices"):  # include_usage's chunk: usage alone
+            chunks = chunks[:-1]
         last = chunks[-1] if chunks else {}
-        if self.stream_usage and chunks and not last.get("choices"):  # include_usage's last chunk: usage alone
-            chunks, usage = chunks[:-1], last.get("usage")
-            last = chunks[-1] if chunks else {}
-            return 200, {"chunks": chunks, "done": done, "usage": usage or last.get("usage"), "kern": last.get("kern")}
-        return 200, {"chunks": chunks, "done": done, "usage": last.get("usage"), "kern": last.get("kern")}
+        return 200, {"chunks": chunks, "done": done, "usage": usage or last.get("usage"), "kern": last.get("kern")}
 
     def tokenize(self, text: str) -> list[int]:
         if not self.text:
