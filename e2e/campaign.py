@@ -54,6 +54,7 @@ class Result:
     host: str  # where it ran: the host name and process id, and the Ray node where it was a Ray task
     checks: dict[str, int] = field(default_factory=dict)  # passed, failed, errors, skipped
     first_failure: str = ""
+    failed: list[str] = field(default_factory=list)  # "target: check" of each check that failed or erred
     tail: str = ""  # the last lines e2e printed, for a cell that did not end as expected
 
     def met(self, expect: int | None) -> bool:
@@ -86,9 +87,9 @@ def load_cells(path: Path) -> list[Cell]:
     return cells
 
 
-def _read(out: Path) -> tuple[dict[str, int], str]:
+def _read(out: Path) -> tuple[dict[str, int], str, list[str]]:
     counts = dict.fromkeys(("passed", "failed", "errors", "skipped"), 0)
-    first = ""
+    first, failed = "", []
     for report in sorted(out.glob("*/report.json")):
         for c in json.loads(report.read_text()).get("checks", []):
             kind = ("passed" if c.get("ok") is True else "failed" if c.get("ok") is False
@@ -96,9 +97,10 @@ def _read(out: Path) -> tuple[dict[str, int], str]:
             if c.get("name") == "error" and c.get("ok") is False:
                 kind = "errors"
             counts[kind] += 1
-            if kind in ("failed", "errors") and not first:
-                first = f"{report.parent.name}: {c.get('name')}: {str(c.get('note', ''))[:160]}"
-    return counts, first
+            if kind in ("failed", "errors"):
+                failed.append(f"{report.parent.name}: {c.get('name')}")
+                first = first or f"{report.parent.name}: {c.get('name')}: {str(c.get('note', ''))[:160]}"
+    return counts, first, failed
 
 
 def run_cell(cell: Cell, out_root: str, cwd: str, where: str = "") -> Result:
@@ -109,10 +111,10 @@ def run_cell(cell: Cell, out_root: str, cwd: str, where: str = "") -> Result:
     p = subprocess.run([sys.executable, "-m", "e2e.cli", *cell.args, "--out", str(out)], cwd=cwd, env=env,
                        capture_output=True, text=True)
     wall = time.monotonic() - t0
-    counts, first = _read(out) if out.is_dir() else ({}, "")
+    counts, first, failed = _read(out) if out.is_dir() else ({}, "", [])
     tail = "\n".join((p.stdout + p.stderr).strip().splitlines()[-6:])
     host = f"{socket.gethostname()} pid {os.getpid()}" + (f" {where}" if where else "")
-    return Result(cell.name, p.returncode, round(wall, 1), host, counts, first, tail)
+    return Result(cell.name, p.returncode, round(wall, 1), host, counts, first, failed, tail)
 
 
 class Local:
@@ -189,6 +191,33 @@ def table(cells: Iterable[Cell], results: list[Result]) -> str:
                                    "first failure"), tablefmt="github")
 
 
+def rounds_of(cells: list[Cell], rounds: int) -> list[Cell]:
+    """Each cell `rounds` times, round after round (every cell once, then again), as runs named
+    `<cell>.r<k>`; one round is the cells themselves."""
+    if rounds == 1:
+        return list(cells)
+    return [Cell(f"{c.name}.r{k}", c.args, c.env, c.expect) for k in range(1, rounds + 1) for c in cells]
+
+
+def rounds_table(cells: Iterable[Cell], results: list[Result], top: int = 4) -> str:
+    """One row per cell over its rounds: how many runs ended as expected, their wall times, and the
+    checks that failed most often over all of them ("target: check" and how many times)."""
+    rows = []
+    for c in cells:
+        runs = [r for r in results if r.cell.startswith(f"{c.name}.r") and r.cell[len(c.name) + 2:].isdigit()]
+        met = sum(r.met(c.expect) for r in runs)
+        walls = [r.wall_s for r in runs]
+        counts: dict[str, int] = {}
+        for r in runs:
+            for f in r.failed:
+                counts[f] = counts.get(f, 0) + 1
+        most = ", ".join(f"{k} {n}" for k, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:top])
+        rows.append((c.name, "-" if c.expect is None else c.expect, len(runs), f"{met} of {len(runs)}",
+                     f"{min(walls):.0f}-{max(walls):.0f}" if walls else "-", most or "-"))
+    return tabulate(rows, headers=("cell", "expected", "runs", "as expected", "wall s", "failed most (times)"),
+                    tablefmt="github")
+
+
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("cells_file", metavar="CELLS.toml", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("campaign"), show_default=True,
@@ -196,16 +225,21 @@ def table(cells: Iterable[Cell], results: list[Result]) -> str:
 @click.option("--jobs", type=click.IntRange(1), default=1, show_default=True, help="Local cells at once.")
 @click.option("--ray", "ray_address", default=None, metavar="ADDRESS",
               help="Run each cell as a task of this Ray cluster (e.g. 127.0.0.1:6379) instead of locally.")
-def main(cells_file: Path, out: Path, jobs: int, ray_address: str | None) -> None:
+@click.option("--rounds", type=click.IntRange(1), default=1, show_default=True,
+              help="Run every cell this many times, round after round (each run under OUT/<cell>.r<k>); "
+                   "the table then has a row per cell: runs as expected, wall times, the checks failed most.")
+def main(cells_file: Path, out: Path, jobs: int, ray_address: str | None, rounds: int) -> None:
     """Gate runs of a campaign file's cells (engine, version, seed), locally or over a Ray cluster; one
     row per cell. Exit 0 when every cell ended with the exit code it expects, 1 otherwise."""
     cells = load_cells(cells_file)
+    runs = rounds_of(cells, rounds)
     executor = Ray(ray_address) if ray_address else Local(jobs)
     where = f"the Ray cluster at {ray_address}" if ray_address else f"{jobs} local process(es) at once"
-    print(f"e2e-campaign: {len(cells)} cell(s) from {cells_file} on {where}; results under {out}")
-    results = campaign(cells, executor, out)
-    print(table(cells, results))
-    missed = [f"{c.name}: exit {r.code}, expected {c.expect}\n{r.tail}" for c, r in zip(cells, results)
+    print(f"e2e-campaign: {len(cells)} cell(s) from {cells_file}" + (f", {rounds} rounds" if rounds > 1 else "")
+          + f" on {where}; results under {out}")
+    results = campaign(runs, executor, out)
+    print(table(runs, results) if rounds == 1 else rounds_table(cells, results))
+    missed = [f"{c.name}: exit {r.code}, expected {c.expect}\n{r.tail}" for c, r in zip(runs, results)
               if not r.met(c.expect)]
     for m in missed:
         print(m, file=sys.stderr)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from e2e.campaign import Cell, Local, campaign, load_cells, main, table
+from e2e.campaign import Cell, Local, Result, campaign, load_cells, main, rounds_of, rounds_table, table
 
 ROOT = Path(__file__).resolve().parent.parent
 DICT = "python tests/engines/dict_engine.py --port {port} --model {model}"
@@ -150,3 +150,33 @@ def test_a_bad_campaign_file_is_named(tmp_path, text, named):
     with pytest.raises(click.UsageError, match=None) as exc:
         load_cells(p)
     assert named in str(exc.value.message)
+
+
+def test_rounds_run_every_cell_round_after_round_and_the_table_counts_each_cells_runs():
+    """--rounds N: every cell once, then again (round-major), each run named <cell>.r<k>; a cell's row
+    counts only its own runs (a cell whose name is another's prefix included), how many ended as expected,
+    and the checks failed over all of them, most often first."""
+    cells = [Cell("clean", ("a",), (), 0), Cell("clean.x", ("b",), (), 1)]
+    runs = rounds_of(cells, 3)
+    assert [r.name for r in runs] == ["clean.r1", "clean.x.r1", "clean.r2", "clean.x.r2", "clean.r3", "clean.x.r3"]
+    assert rounds_of(cells, 1) == cells
+    codes = {"clean.r1": 0, "clean.r2": 1, "clean.r3": 0, "clean.x.r1": 1, "clean.x.r2": 1, "clean.x.r3": 0}
+    fails = {"clean.r2": ["toy-paged: repeat_hit"], "clean.x.r1": ["toy-paged: a", "toy-attn: b"],
+             "clean.x.r2": ["toy-paged: a"]}
+    results = [Result(n, codes[n], 10.0 + i, "h", failed=fails.get(n, [])) for i, n in enumerate(codes)]
+    rows = {cols[0]: cols for cols in ([c.strip() for c in line.strip("|").split("|")]
+                                       for line in rounds_table(cells, results).splitlines()[2:])}
+    assert rows["clean"][1:5] == ["0", "3", "2 of 3", "10-12"], rows
+    assert rows["clean"][5] == "toy-paged: repeat_hit 1"
+    assert rows["clean.x"][1:5] == ["1", "3", "2 of 3", "13-15"], rows
+    assert rows["clean.x"][5] == "toy-paged: a 2, toy-attn: b 1"
+
+
+def test_the_paged_engines_campaign_names_every_planted_bug_once():
+    sys.path.insert(0, str(ROOT / "tests" / "engines"))
+    from paged.bugs import BUGS
+
+    cells = load_cells(ROOT / "tests" / "engines" / "paged" / "campaign.toml")
+    assert [(c.name, c.expect) for c in cells] == [("clean", 0)] + [(b, 1) for b in BUGS]
+    assert all(dict(c.env).get("KERN_ENGINE_BUG") == c.name for c in cells[1:]) and not cells[0].env
+    assert all("{cache_tokens}" in c.args[1] for c in cells)
