@@ -17,7 +17,7 @@ from typing import Any
 
 from e2e.oracle_seam import Oracle
 from e2e.scenarios.params import compare, shape
-from verdicts.params import continuation, expect, text_of
+from verdicts.params import RULES, Rules, continuation, expect, text_of
 
 __all__ = ["JUDGED", "expected_for", "judge", "judged", "served_of"]
 
@@ -52,28 +52,31 @@ def judged(body: dict[str, Any]) -> bool:
                                             and isinstance(body.get("max_tokens"), int))
 
 
-def expected_for(body: dict[str, Any], oracle: Oracle, rows: int, eos: int):
-    """(served prompt, `Expected`) for `body`, or None when it is not a body a replay predicts."""
-    if not judged(body) or body.get("min_tokens"):
+def expected_for(body: dict[str, Any], oracle: Oracle, rows: int, eos: int, rules: Rules = RULES["kern"]):
+    """(served prompt, `Expected`) for `body` under the engine's `rules`, or None when it is not a body
+    a replay predicts (min_tokens above 0 where the rules refuse it, or the oracle cannot mask EOS)."""
+    k = int(body.get("min_tokens") or 0)
+    masked_of = getattr(oracle, "eos_masked", None)
+    if not judged(body) or (k and (not rules.min_tokens or masked_of is None)):
         return None
     served = served_of(body)
     m, ignore = int(body["max_tokens"]), bool(body.get("ignore_eos"))
     stop = body.get("stop") or ()
     stop = (stop,) if isinstance(stop, str) else tuple(stop)
-    emitted = continuation(oracle, rows, served, m, eos, ignore)
+    emitted = continuation(oracle, rows, served, m, eos, ignore, masked=(k, masked_of) if k else None)
     want = expect(emitted, m, eos, stop=stop, stop_ids=tuple(body.get("stop_token_ids") or ()),
                   include=bool(body.get("include_stop_str_in_output")), ignore_eos=ignore,
-                  echo=text_of(served) if body.get("echo") else "")
+                  echo=text_of(served) if body.get("echo") and rules.echo_text else "", rules=rules, min_tokens=k)
     return served, want
 
 
 def judge(body: dict[str, Any], path: str, outcome: dict[str, Any] | Exception, oracle: Oracle, rows: int,
-          eos: int) -> str | None:
+          eos: int, rules: Rules = RULES["kern"]) -> str | None:
     """What is wrong with the server's `outcome` (a response, or the `Rejected` it raised) to `body`:
-    a problem in words, or None when it is exactly what the rule predicts. `min_tokens` above 0 must
-    be refused with a 400 naming it (docs/api.md)."""
+    a problem in words, or None when it is exactly what the engine's `rules` predict. Under kern's,
+    `min_tokens` above 0 must be refused with a 400 naming it (docs/api.md)."""
     status = getattr(outcome, "status", None)
-    if body.get("min_tokens"):
+    if body.get("min_tokens") and not rules.min_tokens:
         body_ = getattr(outcome, "body", None)
         param = ((body_ or {}).get("error") or {}).get("param") if isinstance(body_, dict) else None
         if status == 400 and param == "min_tokens":
@@ -83,8 +86,8 @@ def judge(body: dict[str, Any], path: str, outcome: dict[str, Any] | Exception, 
         return f"refused as {status} naming {param!r}, not 400 naming min_tokens"
     if isinstance(outcome, Exception):
         return f"refused: {outcome}"
-    made = expected_for(body, oracle, rows, eos)
+    made = expected_for(body, oracle, rows, eos, rules)
     if made is None:
         return None
     served, want = made
-    return compare(shape(outcome, path.endswith("/chat/completions")), want, list(served))
+    return compare(shape(outcome, path.endswith("/chat/completions"), rules.chat_prompt_top), want, list(served))

@@ -26,6 +26,7 @@ from typing import Any
 import httpx
 
 from kern.errors import KernError
+from verdicts.params import RULES
 
 __all__ = ["CACHE_SIZE", "CAPABILITIES", "CONTRACT", "DEFAULT_TARGETS", "Engine", "EngineError", "KERN_ONLY",
            "PLACEHOLDERS", "PRESETS"]
@@ -191,6 +192,12 @@ class Engine:
         f = self.facts.get("families")
         return [str(x) for x in f] if isinstance(f, list) else None
 
+    @property
+    def params_rules(self) -> str:
+        """The request-parameter rules its `params` follow (``facts.params``: a name of
+        `verdicts.params.RULES`, ``vllm`` for vLLM's; kern's when it does not say)."""
+        return str(self.facts.get("params") or "kern")
+
     def has(self, capability: str) -> bool:
         if capability == CACHE_SIZE:  # told by the command, not declared (CACHE_SIZE)
             return not self.external or "{cache_tokens}" in (self.command or "") or self.has("kern-serve")
@@ -220,6 +227,9 @@ class Engine:
                 self.version = str(v["version"])
         if self.has("cached-tokens") and not isinstance(self.facts.get("page"), int):
             raise EngineError("the engine declares cached-tokens but no facts.page (its cache block size in tokens)")
+        if self.params_rules not in RULES:
+            raise EngineError(f"facts.params {self.params_rules!r} names no rules the gate knows "
+                              f"(known: {', '.join(RULES)})")
 
     def describe(self) -> dict[str, Any]:
         """For the summary and JUnit: what was gated."""

@@ -30,6 +30,8 @@ class Oracle(Protocol):
     logits: Callable[[list[int]], list[float]] | None  # its logits after a context (None: it has none)
     path_of: Callable[[list[int], int, int, bool], dict | None] | None  # what each step of a request emits,
     # for the policy oracle (None: it cannot say)
+    eos_masked: Callable[[list[int]], int] | None  # the token its model emits with EOS masked (an engine's
+    # min_tokens; None: it cannot say)
 
     def run(self, ids: list[int], steps: int, rows: int) -> list[int]:
         """The greedy continuation of `ids`, at most `steps` tokens."""

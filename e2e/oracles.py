@@ -35,6 +35,8 @@ class Adapted:
         self.prober = None if isinstance(raw, CommandRun) else raw.prober
         self.logits = None if ref is None else ref.logits
         self.path_of = None if ref is None else ref.path_of
+        self.eos_masked = (ref.eos_masked if ref is not None and callable(getattr(ref.module, "eos_masked", None))
+                           else None)
 
     def run(self, ids: list[int], steps: int, rows: int) -> list[int]:
         return self.raw.run(ids, steps, rows)

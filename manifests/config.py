@@ -138,10 +138,13 @@ def _facts(name: str, t: dict, problems: list[str]) -> dict | None:
             return isinstance(v, list) and all(isinstance(x, str) for x in v)
         if k == "reset":  # the path of its cache reset (docs/engine-contract.md)
             return isinstance(v, str) and v.startswith("/")
+        if k == "params":  # the request-parameter rules it follows (verdicts/params.py: kern, vllm)
+            return isinstance(v, str) and bool(v)
         return isinstance(v, int) and not isinstance(v, bool)
     if facts is not None and (not isinstance(facts, dict) or not all(fits(k, v) for k, v in facts.items())):
         problems.append(f"targets.{name}.facts: expected a table of integers (page = 32, ...) and families, "
-                        f"a list of toy family names, and reset, a path (\"/reset_prefix_cache\"), got {facts!r}")
+                        f"a list of toy family names, reset, a path (\"/reset_prefix_cache\"), and params, the "
+                        f"name of the parameter rules it follows (\"vllm\"), got {facts!r}")
     return facts
 
 

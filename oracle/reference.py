@@ -157,6 +157,13 @@ class Reference:
         bits = [int(b) for b in self._call("logits", [int(t) for t in context])]
         return [struct.unpack("<f", struct.pack("<I", (b & 0xFFFF) << 16))[0] for b in bits]
 
+    def eos_masked(self, context: list[int]) -> int | None:
+        """The module's `eos_masked(ids, manifest)`: the token its model emits after `context` with EOS
+        masked (an engine that honours ``min_tokens``, vLLM), or None when the module has none."""
+        if not callable(getattr(self.module, "eos_masked", None)):
+            return None
+        return int(self._call("eos_masked", [int(t) for t in context]))
+
     def path_of(self, ids: list[int], steps: int, rows: int, emits: bool) -> dict | None:
         """The module's `path` (what each step emits, for the policy oracle), or None without one."""
         fn = getattr(self.module, "path", None)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
@@ -118,3 +119,28 @@ def test_decoded_path_runs_past_eos():
     assert (p["reason"], p["first"], p["counts"], p["fed"]) == ("length", 1, [1, 1, 1], 8)
     p = decoded_path(5, [65, EOS, 66, EOS], False)
     assert (p["first"], p["counts"], p["fed"]) == (0, [1, 1, 1, 1], 8)
+
+
+def test_vllms_rules_differ_from_kerns_where_vllm_documents_otherwise():
+    """The vLLM rules (held to vLLM's own code in tests/test_vllm_params_rules.py, where vLLM is
+    installed) part from kern's in four places, each by hand here: a partial character is held, never
+    flushed; of two strings completing on one token the earlier-ending wins (kern: the first given);
+    min_tokens masks EOS and holds stop strings off until it; echo adds no prompt text."""
+    from verdicts.params import RULES
+
+    kern, vllm = RULES["kern"], RULES["vllm"]
+    partial = [0x61, 0xE2, 0x82]  # "a" and two bytes of a three-byte character
+    assert expect(partial, 3, EOS).text == "a\ufffd"
+    assert expect(partial, 3, EOS, rules=vllm).text == "a"
+    bad = [0x78, 0xC3, 0x79]  # "x", a lead byte, "y": the third token shows "\ufffdy" at once
+    k, v = (expect(bad, 3, EOS, stop=("y", "\ufffd"), rules=r) for r in (kern, vllm))
+    assert (k.text, k.finish, k.stop_reason) == ("x\ufffd", "stop", "y")
+    assert (v.text, v.finish, v.stop_reason) == ("x", "stop", "\ufffd")
+    ab = [0x61, 0x62, 0x61, 0x62, 0x63, EOS]  # "ababc"
+    got = expect(ab, 8, EOS, stop=("ab",), rules=vllm, min_tokens=3)  # the first "ab" ends at token 2: too soon
+    assert (got.token_ids, got.text, got.finish, got.stop_reason) == ([0x61, 0x62, 0x61, 0x62], "ab", "stop", "ab")
+    assert expect(ab, 8, EOS, stop=("ab",), rules=vllm).token_ids == [0x61, 0x62]
+    with pytest.raises(ValueError, match="refused under the kern rules"):
+        expect(ab, 8, EOS, rules=kern, min_tokens=3)
+    with pytest.raises(ValueError, match="not a masked continuation"):
+        expect([0x61, EOS], 8, EOS, rules=vllm, min_tokens=3)

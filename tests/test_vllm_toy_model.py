@@ -128,3 +128,20 @@ def test_the_plugins_model_computes_the_references_tokens():
             nxt = int(model.forward(torch.tensor([nxt]), torch.tensor([p]))[-1, 0])
         assert out == R.generate(ids, 40)
         assert model.max_err < 0.01
+
+
+def test_with_eos_masked_the_plugins_logits_pick_the_references_eos_masked_token():
+    """vLLM's min_tokens masks EOS in the logits; the token then chosen is EOS's runner-up, which the
+    reference's `eos_masked` names (and which is the model's own token wherever that is not EOS)."""
+    torch, M, cfg = _model_with_plain_attention()
+    ids = [random.Random(7).randrange(256) for _ in range(400)]
+    model = M.KernToyForCausalLM(vllm_config=cfg)
+    logits = model.compute_logits(model.forward(torch.tensor(ids), torch.arange(len(ids))))
+    top = logits.argmax(dim=1).tolist()
+    logits[:, R.EOS] = float("-inf")
+    masked = logits.argmax(dim=1).tolist()
+    eos_rows = [i for i, t in enumerate(top) if t == R.EOS]
+    assert eos_rows, "no position of this prompt is followed by EOS: pick another seed"
+    for i in eos_rows + list(range(0, len(ids), 37)):
+        assert masked[i] == R.eos_masked(ids[:i + 1]), i
+        assert masked[i] == top[i] or top[i] == R.EOS

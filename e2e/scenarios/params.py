@@ -32,7 +32,7 @@ from e2e.client import Answer, Rejected
 from e2e.prompts import PROMPTS
 from kern.tokens import EOS
 from verdicts import Same
-from verdicts.params import Expected, continuation, decoded_path, expect, text_of
+from verdicts.params import RULES, Expected, continuation, decoded_path, expect, text_of
 
 TOKENS = 96  # answer tokens asked: long enough for stop strings of up to 64 characters
 PROMPTS_USED = 4
@@ -63,22 +63,24 @@ class Judge:
         return not self.problems, head + ("; " + "; ".join(self.problems[:5]) if self.problems else "")
 
 
-def shape(data: dict[str, Any], chat: bool) -> dict[str, Any]:
-    """What a response says, whole or as its stream's chunks joined."""
+def shape(data: dict[str, Any], chat: bool, prompt_top: bool = False) -> dict[str, Any]:
+    """What a response says, whole or as its stream's chunks joined; `prompt_top`: a chat answer's
+    prompt_token_ids are on the response (a stream's chunk), not its choice (vLLM's rule)."""
     key = "message" if chat else None
+    top = chat and prompt_top
     if "chunks" in data:
         chunks = data["chunks"]
         choices = [c["choices"][0] for c in chunks if c.get("choices")]
         text = "".join((c.get("delta") or {}).get("content") or "" if chat else c.get("text") or "" for c in choices)
         ids = [t for c in choices for t in (c.get("token_ids") or [])]
         last = choices[-1] if choices else {}
-        prompt = next((c["prompt_token_ids"] for c in choices if "prompt_token_ids" in c), None)
+        prompt = next((c["prompt_token_ids"] for c in (chunks if top else choices) if c.get("prompt_token_ids") is not None), None)
         return {"ids": ids, "text": text, "finish": last.get("finish_reason"), "reason": last.get("stop_reason"),
                 "usage": data.get("usage") or {}, "done": data.get("done"), "prompt": prompt}
     c = data["choices"][0]
     text = c["message"]["content"] if key else c.get("text")
     return {"ids": c.get("token_ids"), "text": text, "finish": c.get("finish_reason"), "reason": c.get("stop_reason"),
-            "usage": data.get("usage") or {}, "done": True, "prompt": c.get("prompt_token_ids")}
+            "usage": data.get("usage") or {}, "done": True, "prompt": (data if top else c).get("prompt_token_ids")}
 
 
 def compare(got: dict[str, Any], want: Expected, served: list[int]) -> str | None:
@@ -129,6 +131,8 @@ class Params:
         self.rng = random.Random(seed_of(r))
         self.eos = eos_of(r)
         self.plain = Same(r.oracle, r.rows)
+        engine = getattr(r.opts, "engine", None)
+        self.rules = RULES[engine.params_rules if engine is not None else "kern"]  # the engine's documented rules
 
     def body(self, prompt: list[int], max_tokens: int, chat: bool = False, **fields) -> dict[str, Any]:
         b: dict[str, Any] = {"model": self.r.target.model, "max_tokens": max_tokens, "temperature": 0,
@@ -154,7 +158,7 @@ class Params:
         except Rejected as exc:
             judge.note(label, f"refused: {exc}")
             return
-        got = shape(data, chat)
+        got = shape(data, chat, self.rules.chat_prompt_top)
         problem = compare(got, want, served)
         if problem:
             judge.note(label, problem)
@@ -207,7 +211,7 @@ def _stop_strings(p, stop, conts) -> None:
         strings = stops_from(rng, text_of(cont))
         include = rng.random() < 0.3
         stream, chat = j % 2 == 1, j % 4 >= 2
-        want = expect(cont, TOKENS, p.eos, stop=tuple(strings), include=include)
+        want = expect(cont, TOKENS, p.eos, stop=tuple(strings), include=include, rules=p.rules)
         body = p.body(served, TOKENS, chat, stop=strings, include_stop_str_in_output=include, stream=stream)
         p.send(stop, f"stop {[len(s) for s in strings]}{' kept' if include else ''}{' streamed' if stream else ''}"
                f"{' chat' if chat else ''}", body, served, want, chat)
@@ -222,16 +226,20 @@ def _stop_ids(p, ids, conts) -> list:
         body_cont = [t for t in cont if t != p.eos]
         t = body_cont[rng.randrange(len(body_cont))]
         include = j == 1
-        want = expect(cont, TOKENS, p.eos, stop_ids=(t,), include=include)
+        want = expect(cont, TOKENS, p.eos, stop_ids=(t,), include=include, rules=p.rules)
         p.send(ids, f"stop_token_ids [{t}]", p.body(served, TOKENS, stop_token_ids=[t], include_stop_str_in_output=include,
                                                      stream=j == 2), served, want)
     ended = [(s, c) for s, c in conts if c and c[-1] == p.eos]
     for served, cont in ended[:1]:
         for m in (len(cont), len(cont) - 1):
-            p.send(ids, f"max_tokens {m} (EOS at {len(cont)})", p.body(served, m), served, expect(cont, m, p.eos))
-    # min_tokens: 0 is the default; any more is refused (docs/api.md), a clear 400 naming it
+            p.send(ids, f"max_tokens {m} (EOS at {len(cont)})", p.body(served, m), served,
+                   expect(cont, m, p.eos, rules=p.rules))
     served, cont = conts[0]
-    p.send(ids, "min_tokens 0", p.body(served, TOKENS, min_tokens=0), served, expect(cont, TOKENS, p.eos))
+    p.send(ids, "min_tokens 0", p.body(served, TOKENS, min_tokens=0), served, expect(cont, TOKENS, p.eos, rules=p.rules))
+    if p.rules.min_tokens:
+        _min_tokens_honoured(p, ids, ended)
+        return ended
+    # min_tokens: 0 is the default; any more is refused (docs/api.md), a clear 400 naming it
     m, chat, stream = rng.randint(1, TOKENS), rng.random() < 0.5, rng.random() < 0.5
     label = f"min_tokens {m}{' chat' if chat else ''}{' streamed' if stream else ''}"
     ids.n += 1
@@ -248,11 +256,38 @@ def _stop_ids(p, ids, conts) -> list:
     return ended
 
 
+def _min_tokens_honoured(p, ids, ended) -> None:
+    """min_tokens where the engine honours it (vLLM): EOS masked until that many tokens are out, the
+    model's runner-up in its place (the reference's `eos_masked`), and a stop string counted only when
+    it completes after them. Asked where the plain answer ended on EOS, past that EOS: plain, streamed
+    and with stop strings cut from the masked answer's text (some complete before min_tokens)."""
+    masked_of = getattr(p.r.oracle, "eos_masked", None)
+    label = "min_tokens"
+    if masked_of is None:
+        ids.n += 1
+        ids.note(label, f"the engine honours min_tokens ({p.rules.name} rules) but the reference has no "
+                        "eos_masked(ids, manifest) to say what the model emits with EOS masked")
+        return
+    if not ended:
+        return  # no plain answer ended on EOS: nothing for min_tokens to hold off (the notes count what ran)
+    rng = p.rng
+    served, cont = ended[0]
+    for j in range(3):
+        m = rng.randint(len(cont), TOKENS)  # past the plain answer's EOS
+        run_on = continuation(p.r.oracle, p.r.rows, served, TOKENS, p.eos, False, masked=(m, masked_of))
+        strings = tuple(stops_from(rng, text_of(run_on[:m + 8]))) if j == 2 else ()
+        want = expect(run_on, TOKENS, p.eos, stop=strings, rules=p.rules, min_tokens=m)
+        p.send(ids, f"min_tokens {m} (EOS at {len(cont)}){' streamed' if j == 1 else ''}"
+               f"{f' stop {[len(s) for s in strings]}' if strings else ''}",
+               p.body(served, TOKENS, min_tokens=m, stream=j == 1, **({"stop": list(strings)} if strings else {})),
+               served, want)
+
+
 def _echo_and_truncation(p, prompt, conts) -> None:
     rng = p.rng
     for j in range(2):
         served, cont = conts[j]
-        want = expect(cont, TOKENS, p.eos, echo=text_of(served))
+        want = expect(cont, TOKENS, p.eos, echo=text_of(served) if p.rules.echo_text else "", rules=p.rules)
         p.send(prompt, f"echo{' streamed' if j else ''}", p.body(served, TOKENS, echo=True, stream=j == 1),
                served, want)
     for j in range(2):
@@ -261,11 +296,11 @@ def _echo_and_truncation(p, prompt, conts) -> None:
         served = full[-k:]
         cont = p.continuation(served)
         p.send(prompt, f"truncate_prompt_tokens {k}", p.body(full, TOKENS, truncate_prompt_tokens=k), served,
-               expect(cont, TOKENS, p.eos))
+               expect(cont, TOKENS, p.eos, rules=p.rules))
         if j == 1:  # echo after truncation: the text of the prompt served leads (docs/api.md), streamed
             p.send(prompt, f"echo, truncate_prompt_tokens {k}, streamed",
                    p.body(full, TOKENS, truncate_prompt_tokens=k, echo=True, stream=True), served,
-                   expect(cont, TOKENS, p.eos, echo=text_of(served)))
+                   expect(cont, TOKENS, p.eos, echo=text_of(served) if p.rules.echo_text else "", rules=p.rules))
 
 
 def _ignore_eos(r, p, ids, ended) -> None:
@@ -281,8 +316,8 @@ def _ignore_eos(r, p, ids, ended) -> None:
     run_on = continuation(r.oracle, r.rows, served, TOKENS, p.eos, ignore_eos=True)
     emits = policy.policy.emits if policy is not None and policy.active else True
     p.send(ids, "ignore_eos", p.body(served, TOKENS, ignore_eos=True), served,
-           expect(run_on, TOKENS, p.eos, ignore_eos=True), walk=decoded_path(len(served), run_on[:TOKENS], emits))
+           expect(run_on, TOKENS, p.eos, ignore_eos=True, rules=p.rules), walk=decoded_path(len(served), run_on[:TOKENS], emits))
     p.send(ids, "ignore_eos, stop_token_ids [EOS]", p.body(served, TOKENS, ignore_eos=True, stop_token_ids=[p.eos]),
-           served, expect(run_on, TOKENS, p.eos, stop_ids=(p.eos,), ignore_eos=True))
+           served, expect(run_on, TOKENS, p.eos, stop_ids=(p.eos,), ignore_eos=True, rules=p.rules))
     if policy is not None and policy.active:
         policy.compare("the ignore_eos requests", p.live.client.stats())

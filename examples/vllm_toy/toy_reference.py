@@ -3,6 +3,7 @@ arithmetic in numpy (int64, no overflow: every bound is in the model's docstring
 
 generate(ids, max_tokens, manifest) -> greedy continuation of the prompt `ids`, at most
 `max_tokens` ids, stopping BEFORE EOS (EOS is not included).
+eos_masked(ids, manifest) -> the token it emits after `ids` with EOS masked (vLLM's min_tokens).
 
 Two layers, as the model computes them through vLLM's paged KV cache:
   layer 1: S_p = sum_{i<=p} h(t_i, i)                      (128 ints, the whole prefix's sum)
@@ -73,10 +74,25 @@ def layer2(S, positions):
     return k, v, q.reshape(-1, 2, 2)
 
 
+def _z(S_p, T, n, p):
+    return (int((S_p * K["D"]).sum()) + int((T * K["D2"]).sum()) + int((n * K["E2"]).sum()) + (p + 1) * K["E"]) % P
+
+
 def readout(S_p, T, n, p):
     """The next token from position p's layer-1 sum, layer-2 sums T [128] and counts n [2]."""
-    z = (int((S_p * K["D"]).sum()) + int((T * K["D2"]).sum()) + int((n * K["E2"]).sum()) + (p + 1) * K["E"]) % P
+    z = _z(S_p, T, n, p)
     return EOS if (z // VOCAB) % EOS_EVERY == 0 else z % 256
+
+
+def eos_masked(ids, manifest=None):
+    """The token the model emits after `ids` with EOS masked (vLLM's `min_tokens`): z % 256, EOS's
+    runner-up in the model's logits (the same token as `generate` gives where the next is not EOS)."""
+    ids = [int(t) for t in ids]
+    pos = np.arange(len(ids))
+    S = np.cumsum(h(ids, pos), axis=0)
+    k, v, q = layer2(S, pos)
+    T, n = _read(k, v, q[-1])
+    return _z(S[-1], T, n, len(ids) - 1) % 256
 
 
 def _read(k, v, q_p):

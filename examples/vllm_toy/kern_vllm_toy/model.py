@@ -17,6 +17,8 @@ Per token t at absolute position p:
            n = round(1 / o[0]), T[d] = round(o[d] * n) = their V's sum
   z = (S . D + T . D2 + n . E2 + (p+1)*E) mod P
   next = 256 (EOS) if (z // 257) % 96 == 0 else z % 256
+  logits: 0 at next, -1 at z % 256 when next is EOS (what it emits with EOS masked: vLLM's min_tokens),
+  -1e4 elsewhere
 
 Exact by construction: every rounded float32 value is a sum of at most max_model_len integers
 below 16 (or 1 / n, n <= max_model_len), within 0.01 of its integer at 1,024 tokens; the model
@@ -174,6 +176,7 @@ class KernToyForCausalLM(nn.Module):
             self.max_err = e
         hidden = torch.zeros(n, self.hidden_size, dtype=torch.float32, device=dev)
         hidden[:, 0] = nxt.to(torch.float32)
+        hidden[:, 1] = (z % 256).to(torch.float32)  # the second choice: what it emits with EOS masked
         return hidden
 
     def _inject_fault(self):
@@ -203,6 +206,9 @@ class KernToyForCausalLM(nn.Module):
         nxt = hidden_states[:, 0].round().to(torch.int64).clamp(0, VOCAB - 1)
         logits = torch.full((n, VOCAB), -1e4, dtype=torch.float32,
                             device=hidden_states.device)
+        second = hidden_states[:, 1].round().to(torch.int64).clamp(0, 255)
+        # EOS's runner-up is z % 256, so a sampler that masks EOS (min_tokens) emits it, not a tie
+        logits.scatter_(1, second.reshape(n, 1), torch.where(nxt == EOS, -1.0, -1e4).reshape(n, 1))
         logits.scatter_(1, nxt.reshape(n, 1), 0.0)
         return logits
 
