@@ -228,10 +228,19 @@ def rounds_table(cells: Iterable[Cell], results: list[Result], top: int = 4) -> 
 @click.option("--rounds", type=click.IntRange(1), default=1, show_default=True,
               help="Run every cell this many times, round after round (each run under OUT/<cell>.r<k>); "
                    "the table then has a row per cell: runs as expected, wall times, the checks failed most.")
-def main(cells_file: Path, out: Path, jobs: int, ray_address: str | None, rounds: int) -> None:
+@click.option("--only", default="", metavar="NAMES",
+              help="Run only these cells (names, space or comma separated); an unknown name is an error.")
+def main(cells_file: Path, out: Path, jobs: int, ray_address: str | None, rounds: int, only: str) -> None:
     """Gate runs of a campaign file's cells (engine, version, seed), locally or over a Ray cluster; one
     row per cell. Exit 0 when every cell ended with the exit code it expects, 1 otherwise."""
     cells = load_cells(cells_file)
+    if only:
+        names = only.replace(",", " ").split()
+        unknown = sorted(set(names) - {c.name for c in cells})
+        if unknown:
+            raise click.UsageError(f"--only: no cell named {', '.join(unknown)} in {cells_file} "
+                                   f"(its cells: {', '.join(c.name for c in cells)})")
+        cells = [c for c in cells if c.name in names]
     runs = rounds_of(cells, rounds)
     executor = Ray(ray_address) if ray_address else Local(jobs)
     where = f"the Ray cluster at {ray_address}" if ray_address else f"{jobs} local process(es) at once"

@@ -180,3 +180,14 @@ def test_the_paged_engines_campaign_names_every_planted_bug_once():
     assert [(c.name, c.expect) for c in cells] == [("clean", 0)] + [(b, 1) for b in BUGS]
     assert all(dict(c.env).get("KERN_ENGINE_BUG") == c.name for c in cells[1:]) and not cells[0].env
     assert all("{cache_tokens}" in c.args[1] for c in cells)
+
+
+def test_only_runs_the_named_cells_and_names_an_unknown_one(cells_file, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(ROOT)
+    with pytest.raises(SystemExit) as exc:
+        main([str(cells_file), "--out", str(tmp_path / "out"), "--only", "dict-seed-1,nope"])
+    assert exc.value.code == 2 and "no cell named nope" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        main([str(cells_file), "--out", str(tmp_path / "out"), "--only", "dict-off-by-one"])
+    assert exc.value.code == 0
+    assert [p.name for p in (tmp_path / "out").iterdir() if p.is_dir()] == ["dict-off-by-one"]

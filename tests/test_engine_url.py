@@ -144,7 +144,7 @@ def test_what_cannot_be_gated_on_a_running_engine_is_a_usage_error(tmp_path, run
 def test_a_step_needs_a_fresh_engine_only_where_it_starts_its_own_or_reads_an_empty_cache():
     e = Engine.running("http://127.0.0.1:1")
     fresh = {st.session for st in STEPS if fresh_lacking(e, st)}
-    assert FRESH_SESSIONS == {"prefix", "blocks", "cold_burst", "tight", "freed"}  # the rows' own `fresh`
+    assert FRESH_SESSIONS == {"prefix", "blocks", "cold_burst", "tight", "freed", "generated"}  # the rows' own `fresh`
     assert fresh == FRESH_SESSIONS | {st.session for st in STEPS if st.flags is not None or st.cache is not None}
     assert "default" not in fresh  # reads what the gate sent it: a running engine's cache does no harm
     e.facts["reset"] = "/reset_prefix_cache"

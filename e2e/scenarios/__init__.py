@@ -18,7 +18,7 @@ from typing import Callable
 from e2e.config import GateTarget
 from e2e.engine import CACHE_SIZE, FRESH, Engine
 from e2e.scenarios import (abort, blocks, churn, cold_burst, concurrent, conc1, configs, cuts, explore, float_controls,
-                           freed, host, kern_test, long_room, params, prefix, recency, repeat, rows1, slots, stream, ties, tight,
+                           freed, generated, host, kern_test, long_room, params, prefix, recency, repeat, rows1, slots, stream, ties, tight,
                            turn2, wake_room)
 
 __all__ = ["CHECKS", "COMPARED", "CROSS_CHECKS", "FRESH_SESSIONS", "METRICS_CHECKS", "NEEDS", "POLICY_CHECKS",
@@ -137,6 +137,10 @@ STEPS: tuple[Step, ...] = (
     Step("freed", "freed", ("freed_while_read",), ("conc1",), freed.run, cache=freed.cache, early=True,
          flags=freed.flags, serial=False, applies=lambda t: t.stages <= 1, port=20, fresh=True,
          runs=(CACHE_SIZE, "stream")),
+    # a workload drawn from --seed for any engine (issue 40), judged by answers and cached_tokens in a cache
+    # it churns; our own kern's drawn workload is explore (its /stats and policy), so this runs when named
+    Step("generated", "generated", ("generated_equals_run",), ("conc1",), generated.run, cache=generated.cache,
+         early=True, flags=tight.flags, applies=lambda t: t.stages <= 1, foreign=True, port=21, fresh=True, runs=(CACHE_SIZE,)),
 )
 
 POLICY_CHECKS: tuple[str, ...] = tuple(f"policy_{session}" for session in
