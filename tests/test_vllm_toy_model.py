@@ -34,6 +34,22 @@ def _state(ids):
     return s, *R.layer2(s, pos)
 
 
+def test_the_paged_toy_reads_layer_1_alone_and_the_other_does_not():
+    """A manifest saying paged (manifest-paged.json) gives the answer of layer 1's sums alone: a prompt
+    whose prefix sums at its last position match another's answers alike there, while the two-layer toy,
+    which reads layer 2 too, answers most prompts otherwise than the paged one."""
+    rng = random.Random(5)
+    differ = 0
+    for _ in range(12):
+        ids = [rng.randrange(256) for _ in range(rng.randrange(2, 60))]
+        paged, full = R.generate(ids, 8, {"paged": True}), R.generate(ids, 8)
+        differ += paged != full
+        pos = np.arange(len(ids))
+        S = np.cumsum(R.h(ids, pos), axis=0)
+        assert (paged or [R.EOS])[0] == R.readout(S[-1], None, None, len(ids) - 1, paged=True)
+    assert differ >= 10, differ
+
+
 def test_layer2_entries_change_with_any_earlier_token():
     """Strength: for 300 random prompts and one changed earlier token each, the K bits and the V of
     every later position differ (K alone: 128 bits, V: 128 values below 16); position 0's K is all 0
@@ -115,8 +131,13 @@ def _model_with_plain_attention():
     return torch, M, cfg
 
 
-def test_the_plugins_model_computes_the_references_tokens():
+@pytest.mark.parametrize("paged", [False, True])
+def test_the_plugins_model_computes_the_references_tokens(paged):
+    """Both toys the plugin serves: the two-layer one, and with kern_paged in its config (model-paged/)
+    the one whose answer reads layer 1 alone, as the reference computes it for a manifest saying paged."""
     torch, M, cfg = _model_with_plain_attention()
+    cfg.model_config.hf_config.kern_paged = paged
+    manifest = {"paged": True} if paged else None
     rng = random.Random(1)
     for _ in range(4):
         ids = [rng.randrange(256) for _ in range(rng.randrange(1, 80))]
@@ -126,7 +147,7 @@ def test_the_plugins_model_computes_the_references_tokens():
             out.append(nxt)
             p += 1
             nxt = int(model.forward(torch.tensor([nxt]), torch.tensor([p]))[-1, 0])
-        assert out == R.generate(ids, 40)
+        assert out == R.generate(ids, 40, manifest)
         assert model.max_err < 0.01
 
 

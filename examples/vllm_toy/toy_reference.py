@@ -10,7 +10,7 @@ Two layers, as the model computes them through vLLM's paged KV cache:
   layer 2, per KV head g: from S_i, i: K bits k_i (64), V v_i (64 ints < 16, v_i[0] = [i == 0]),
            and the query's two dims d1, d2; position p reads every i <= p whose k_i is 0 at d1 and d2
            (position 0's k is all 0: it is always read), n_g of them: T_g = sum of their v (T_g[0] = 1)
-  next = f(S_p, T_0, T_1, n_0, n_1, p)
+  next = f(S_p, T_0, T_1, n_0, n_1, p)     (a manifest with "paged": true: next = f(S_p, p), layer 1 alone)
 """
 
 import numpy as np
@@ -74,14 +74,20 @@ def layer2(S, positions):
     return k, v, q.reshape(-1, 2, 2)
 
 
-def _z(S_p, T, n, p):
+def _z(S_p, T, n, p, paged=False):
+    if paged:  # the manifest's "paged": layer 1 alone (model-paged/config.json's kern_paged)
+        return (int((S_p * K["D"]).sum()) + (p + 1) * K["E"]) % P
     return (int((S_p * K["D"]).sum()) + int((T * K["D2"]).sum()) + int((n * K["E2"]).sum()) + (p + 1) * K["E"]) % P
 
 
-def readout(S_p, T, n, p):
+def readout(S_p, T, n, p, paged=False):
     """The next token from position p's layer-1 sum, layer-2 sums T [128] and counts n [2]."""
-    z = _z(S_p, T, n, p)
+    z = _z(S_p, T, n, p, paged)
     return EOS if (z // VOCAB) % EOS_EVERY == 0 else z % 256
+
+
+def _paged(manifest) -> bool:
+    return bool((manifest or {}).get("paged"))
 
 
 def eos_masked(ids, manifest=None):
@@ -92,7 +98,7 @@ def eos_masked(ids, manifest=None):
     S = np.cumsum(h(ids, pos), axis=0)
     k, v, q = layer2(S, pos)
     T, n = _read(k, v, q[-1])
-    return _z(S[-1], T, n, len(ids) - 1) % 256
+    return _z(S[-1], T, n, len(ids) - 1, _paged(manifest)) % 256
 
 
 def _read(k, v, q_p):
@@ -118,7 +124,7 @@ def generate(ids, max_tokens, manifest=None):
     out = []
     while len(out) < max_tokens:
         T, n = _read(k, v, q[-1])
-        nxt = readout(S[-1], T, n, p)
+        nxt = readout(S[-1], T, n, p, _paged(manifest))
         if nxt == EOS:
             break
         out.append(nxt)

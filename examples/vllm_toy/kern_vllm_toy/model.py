@@ -15,7 +15,8 @@ Per token t at absolute position p:
            scores -L/8 per key bit set at d1 or d2: a key with one is weighted exp(-128) = 0 in
            float32, so o = the mean of V over the n keys with neither (position 0 always one):
            n = round(1 / o[0]), T[d] = round(o[d] * n) = their V's sum
-  z = (S . D + T . D2 + n . E2 + (p+1)*E) mod P
+  z = (S . D + T . D2 + n . E2 + (p+1)*E) mod P     (kern_paged in the config: z = (S . D + (p+1)*E) mod P,
+                                                    layer 1 alone: each cached entry a function of (token, position))
   next = 256 (EOS) if (z // 257) % 96 == 0 else z % 256
   logits: 0 at next, -1 at z % 256 when next is EOS (what it emits with EOS masked: vLLM's min_tokens),
   -1e4 elsewhere
@@ -88,6 +89,10 @@ class KernToyForCausalLM(nn.Module):
         assert self.num_kv_heads * self.head_dim == NV and self.head_dim == HEAD
         assert self.num_heads * self.head_dim == self.hidden_size
         self.group = self.num_heads // self.num_kv_heads
+        # kern_paged (model-paged/config.json): the answer reads layer 1 alone, whose cached entries are
+        # functions of (token, position): a block reused under the wrong prefix still answers right, as on
+        # kern's toy-paged (layer 2 still runs, its cache kept, its output unread)
+        self.paged = bool(getattr(config, "kern_paged", False))
         for name, value in _constants().items():
             if isinstance(value, torch.Tensor):
                 self.register_buffer(name, value, persistent=False)
@@ -168,6 +173,8 @@ class KernToyForCausalLM(nn.Module):
         e3 = self._check((t_f - T).abs(), "layer 2's sum")
         z = ((S * self.D).sum(dim=1) + (T.to(torch.int64) * self.D2).sum(dim=1)
              + (cnt.to(torch.int64) * self.E2).sum(dim=1) + p1.reshape(n) * self.E) % P
+        if self.paged:
+            z = ((S * self.D).sum(dim=1) + p1.reshape(n) * self.E) % P
         nxt = torch.where((z // VOCAB) % EOS_EVERY == 0, torch.full_like(z, EOS), z % 256)
         e = max(e1, e2, e3)
         if e > self.max_err:
