@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from serve.api.app import Reply
 from serve.api.validate import Ask
 from serve.core.request import Done, Request, Stops, Update
+from tests.stop_strings import stop_strings
 from verdicts.params import decoded_path, expect, text_of
 
 EOS = 256
@@ -51,15 +52,7 @@ tokens = st.lists(st.one_of(st.integers(32, 126), st.integers(0, 255), st.just(E
 @st.composite
 def case(draw):
     cont = draw(tokens)
-    text = text_of(cont)
-    stop = []
-    for _ in range(draw(st.integers(0, 3))):
-        if text and draw(st.booleans()):
-            n = draw(st.integers(1, min(64, len(text))))
-            i = draw(st.integers(0, len(text) - n))
-            stop.append(text[i:i + n])
-        else:
-            stop.append(draw(st.text(min_size=1, max_size=8)))
+    stop = stop_strings(draw, text_of(cont), 64, 8)
     stop_ids = draw(st.lists(st.sampled_from(cont), max_size=2, unique=True)) if draw(st.booleans()) else []
     ignore_eos = draw(st.booleans())
     include = draw(st.booleans())

@@ -23,6 +23,7 @@ if importlib.util.find_spec("vllm") is None:
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
+from tests.stop_strings import stop_strings  # noqa: E402
 from verdicts.params import RULES, expect, text_of  # noqa: E402
 
 EOS = 256
@@ -74,15 +75,7 @@ def case(draw):
     cont = body[:min_tokens] + tail + body[min_tokens:]  # no EOS before min_tokens (masked)
     if min_tokens == 0 and draw(st.booleans()):
         cont = cont + [EOS]
-    text = text_of(cont)
-    stop = []
-    for _ in range(draw(st.integers(0, 3))):
-        if text and draw(st.booleans()):
-            n = draw(st.integers(1, min(12, len(text))))
-            i = draw(st.integers(0, len(text) - n))
-            stop.append(text[i:i + n])
-        else:
-            stop.append(draw(st.text(min_size=1, max_size=4)))
+    stop = stop_strings(draw, text_of(cont), 12, 4)
     stop_ids = ()
     if min_tokens == 0 and draw(st.booleans()):
         stop_ids = (draw(st.sampled_from(cont)),) if cont[0] != EOS else ()
