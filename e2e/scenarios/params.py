@@ -237,7 +237,7 @@ def _stop_ids(p, ids, conts) -> list:
     served, cont = conts[0]
     p.send(ids, "min_tokens 0", p.body(served, TOKENS, min_tokens=0), served, expect(cont, TOKENS, p.eos, rules=p.rules))
     if p.rules.min_tokens:
-        _min_tokens_honoured(p, ids, ended)
+        _min_tokens_honoured(p, ids, ended or conts[:1])
         return ended
     # min_tokens: 0 is the default; any more is refused (docs/api.md), a clear 400 naming it
     m, chat, stream = rng.randint(1, TOKENS), rng.random() < 0.5, rng.random() < 0.5
@@ -256,11 +256,12 @@ def _stop_ids(p, ids, conts) -> list:
     return ended
 
 
-def _min_tokens_honoured(p, ids, ended) -> None:
+def _min_tokens_honoured(p, ids, convs) -> None:
     """min_tokens where the engine honours it (vLLM): EOS masked until that many tokens are out, the
     model's runner-up in its place (the reference's `eos_masked`), and a stop string counted only when
-    it completes after them. Asked where the plain answer ended on EOS, past that EOS: plain, streamed
-    and with stop strings cut from the masked answer's text (some complete before min_tokens)."""
+    it completes after them. Asked of the first conversation whose plain answer ended on EOS, past that
+    EOS (else of one that ran to TOKENS: nothing to mask, the answer the plain one): plain, streamed and
+    with stop strings cut from the masked answer's text (some complete before min_tokens)."""
     masked_of = getattr(p.r.oracle, "eos_masked", None)
     label = "min_tokens"
     if masked_of is None:
@@ -268,16 +269,15 @@ def _min_tokens_honoured(p, ids, ended) -> None:
         ids.note(label, f"the engine honours min_tokens ({p.rules.name} rules) but the reference has no "
                         "eos_masked(ids, manifest) to say what the model emits with EOS masked")
         return
-    if not ended:
-        return  # no plain answer ended on EOS: nothing for min_tokens to hold off (the notes count what ran)
     rng = p.rng
-    served, cont = ended[0]
+    served, cont = convs[0]
     for j in range(3):
-        m = rng.randint(len(cont), TOKENS)  # past the plain answer's EOS
+        m = rng.randint(min(len(cont), TOKENS), TOKENS)  # past the plain answer's EOS
         run_on = continuation(p.r.oracle, p.r.rows, served, TOKENS, p.eos, False, masked=(m, masked_of))
         strings = tuple(stops_from(rng, text_of(run_on[:m + 8]))) if j == 2 else ()
         want = expect(run_on, TOKENS, p.eos, stop=strings, rules=p.rules, min_tokens=m)
-        p.send(ids, f"min_tokens {m} (EOS at {len(cont)}){' streamed' if j == 1 else ''}"
+        p.send(ids, f"min_tokens {m} ({f'EOS at {len(cont)}' if cont[-1] == p.eos else 'no EOS'})"
+               f"{' streamed' if j == 1 else ''}"
                f"{f' stop {[len(s) for s in strings]}' if strings else ''}",
                p.body(served, TOKENS, min_tokens=m, stream=j == 1, **({"stop": list(strings)} if strings else {})),
                served, want)
