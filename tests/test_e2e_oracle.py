@@ -26,7 +26,7 @@ def _members() -> set[str]:
 
 def test_the_protocol_declares_what_the_gate_reads():
     assert _members() == {"kind", "exact", "available", "accept_pct", "eos", "prober", "logits", "path_of", "run",
-                          "near_tie", "prefetch", "close"}
+                          "near_tie", "prefetch", "close", "eos_masked"}
 
 
 @pytest.mark.parametrize("raw", [

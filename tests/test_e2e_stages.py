@@ -151,7 +151,7 @@ def test_only_the_sessions_a_staged_target_does_not_run_are_left_out():
     _, chosen = load_targets(None, ["toy-layers", "toy-layers-pp2"])
     single, staged = chosen
     assert single_only(staged, single) == {"params", "explore", "blocks", "cold_burst", "tight", "long_room", "recency",
-                                             "split", "frontends2", "freed"}
+                                             "split", "frontends2", "freed", "generated"}
     extra = [{**SERVED[0], "session": "explore", "step": "explore"}]
     ref = _report("toy-layers", copy.deepcopy(SERVED) + extra, copy.deepcopy(COUNTERS))
     assert compare(_report("toy-layers-pp2", copy.deepcopy(SERVED), COUNTERS), ref, {"explore"})[0]

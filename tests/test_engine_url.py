@@ -175,7 +175,8 @@ def test_a_target_in_the_config_describes_an_engine_without_kern_capabilities():
     from e2e.config import load_targets
     from e2e.running import declared
 
-    _, (vllm,) = load_targets(str(ROOT / "examples" / "vllm_toy" / "kern.toml"), None)
+    _, (vllm, paged) = load_targets(str(ROOT / "examples" / "vllm_toy" / "kern.toml"), None)
+    assert (vllm.model, paged.model) == ("kern-toy-vllm", "kern-toy-vllm-paged")
     e = declared(Engine.running("http://127.0.0.1:1"), vllm)
     assert e.capabilities == frozenset(vllm.capabilities) and e.declared and e.name == "vLLM"
     assert e.reset == "/reset_prefix_cache" and e.facts["page"] == 32

@@ -27,7 +27,8 @@ PAGED = (f"{sys.executable} {ROOT / 'tests' / 'engines' / 'paged_engine.py'} --p
          "--cache-tokens {cache_tokens}")
 CORE = {"conc1_equals_run", "turn2_warm_equals_run", "concurrent", "prefix_cold_warm_restored",
         "blocks_moved", "blocks_reparented", "block_edges", "cold_prefix_burst"}  # the wild workloads need only the core
-SIZED = {"eviction_proven", "refcount_stress", "preempt_recompute", "freed_while_read"}  # {cache_tokens} in the command
+SIZED = {"eviction_proven", "refcount_stress", "preempt_recompute", "freed_while_read",
+         "generated_equals_run"}  # {cache_tokens} in the command
 
 
 def gate(tmp_path: Path, *args: str) -> tuple[int, dict]:

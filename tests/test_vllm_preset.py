@@ -78,8 +78,8 @@ def test_the_preset_sizes_unsized_sessions_by_its_fact_and_sized_ones_by_theirs(
     assert e.default_cache(16384) == 1536
     assert Engine(command="x {port}").default_cache(16384) == 16384
     assert "{cache_tokens}" in cfg.engine and e.has(CACHE_SIZE)
-    assert e.argv(9000, "m", e.default_cache(16384))[-1] == "1536"
-    assert e.argv(9000, "m", 512)[-1] == "512"
+    assert e.argv(9000, "m", e.default_cache(16384))[-2:] == ["1536", "m"]  # serve.sh PORT CACHE MODEL
+    assert e.argv(9000, "m", 512)[-2:] == ["512", "m"]
 
 
 def test_capabilities_over_the_preset_replace_its_declaration_and_are_checked(tmp_path, monkeypatch, capsys):

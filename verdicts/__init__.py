@@ -9,14 +9,15 @@
 - `gate`: `oracle_gate`, `summarize` (and the `Report`/`Check` shape, the exit codes).
 - `policy`: `Policy`, the policy oracle (hits, tiers, snapshots, counters of the cache policy).
 - `params`: `expect` (what a completion with request parameters answers), `Expected`, `text_of`,
-  `decoded_path` (the policy's path of an answer run past EOS).
+  `decoded_path` (the policy's path of an answer run past EOS), `RULES`/`Rules` (each engine's rules
+  where engines differ), `held` (the text an incremental detokenizer shows).
 """
 
 from .acceptance import BURST_SHARE, accept_rate, acceptance_holds
 from .evidence import PROBE_AGREE_ULPS, evidence, probe_disagreement
 from .gate import EXIT_FAIL, EXIT_NOTHING_RAN, EXIT_PASS, Check, Report, oracle_gate, summarize
 from .hits import turn2_hit
-from .params import Expected, continuation, decoded_path, expect, text_of
+from .params import RULES, Expected, Rules, continuation, decoded_path, expect, held, text_of
 from .policy import POLICY_COUNTERS, Policy, Prediction, Unmodelled
 from .same import EXCUSED_MAX, PROMPT_CHARS, Oracle, Same, divergence, prompt_text, served_text
 from .ulp import NEAR_TIE_ULPS, near_tie, ulp_of, ulps_down
@@ -36,7 +37,9 @@ __all__ = [
     "PROMPT_CHARS",
     "Policy",
     "Prediction",
+    "RULES",
     "Report",
+    "Rules",
     "Same",
     "Unmodelled",
     "accept_rate",
@@ -46,6 +49,7 @@ __all__ = [
     "divergence",
     "evidence",
     "expect",
+    "held",
     "near_tie",
     "oracle_gate",
     "probe_disagreement",

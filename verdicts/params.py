@@ -50,7 +50,7 @@ from kern.tokens import BYTES
 
 from .same import Oracle
 
-__all__ = ["RULES", "Expected", "Rules", "continuation", "decoded_path", "expect", "text_of"]
+__all__ = ["RULES", "Expected", "Rules", "continuation", "decoded_path", "expect", "held", "text_of"]
 
 
 def text_of(ids: list[int]) -> str:

@@ -262,7 +262,7 @@ def _min_tokens_honoured(p, ids, convs) -> None:
     it completes after them. Asked of the first conversation whose plain answer ended on EOS, past that
     EOS (else of one that ran to TOKENS: nothing to mask, the answer the plain one): plain, streamed and
     with stop strings cut from the masked answer's text (some complete before min_tokens)."""
-    masked_of = getattr(p.r.oracle, "eos_masked", None)
+    masked_of = p.r.oracle.eos_masked
     label = "min_tokens"
     if masked_of is None:
         ids.n += 1
