@@ -56,7 +56,7 @@ def expected_for(body: dict[str, Any], oracle: Oracle, rows: int, eos: int, rule
     """(served prompt, `Expected`) for `body` under the engine's `rules`, or None when it is not a body
     a replay predicts (min_tokens above 0 where the rules refuse it, or the oracle cannot mask EOS)."""
     k = int(body.get("min_tokens") or 0)
-    masked_of = oracle.eos_masked
+    masked_of = oracle.eos_masked if k else None  # read only where min_tokens asks it
     if not judged(body) or (k and (not rules.min_tokens or masked_of is None)):
         return None
     served = served_of(body)
