@@ -37,9 +37,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from e2e.case_params import judge, judged, served_of
-from verdicts.params import RULES
 from e2e.client import Answer, Rejected
-from e2e.scenarios.params import eos_of
+from e2e.scenarios.params import eos_of, rules_of
 from verdicts import Same
 
 __all__ = ["Case", "ddmin", "kind_of", "replay", "shrink", "write"]
@@ -155,9 +154,8 @@ def _send(run, live, same: Same, params: list, q: dict[str, Any]) -> None:
         except Rejected as exc:
             outcome = exc
         if run.oracle.exact and judged(q["body"]):  # a float target's near-ties: the session's
-            engine = getattr(run.opts, "engine", None)
-            rules = RULES[engine.params_rules if engine is not None else "kern"]
-            params.append((q["body"], judge(q["body"], q["path"], outcome, run.oracle, run.rows, eos_of(run), rules)))
+            params.append((q["body"], judge(q["body"], q["path"], outcome, run.oracle, run.rows, eos_of(run),
+                                            rules_of(run))))
     elif kind == "hang_up":
         run.serial_ends("a stream hung up (its abort's timing)")
         live.client.hang_up(q["prompt"], q["chunks"], q["max_tokens"], ignore_eos=q["ignore_eos"])

@@ -32,7 +32,7 @@ from e2e.client import Answer, Rejected
 from e2e.prompts import PROMPTS
 from kern.tokens import EOS
 from verdicts import Same
-from verdicts.params import RULES, Expected, continuation, decoded_path, expect, text_of
+from verdicts.params import RULES, Expected, Rules, continuation, decoded_path, expect, text_of
 
 TOKENS = 96  # answer tokens asked: long enough for stop strings of up to 64 characters
 PROMPTS_USED = 4
@@ -40,6 +40,12 @@ PROMPTS_USED = 4
 
 def seed_of(r) -> str:
     return f"{getattr(r.opts, 'seed', 0)}:{r.target.model}:params"  # a staged target draws as its single process
+
+
+def rules_of(r) -> Rules:
+    """The parameter rules of the engine a run gates (its ``facts.params``; kern's for our own)."""
+    engine = getattr(r.opts, "engine", None)
+    return RULES[engine.params_rules if engine is not None else "kern"]
 
 
 def eos_of(r) -> int:
@@ -131,8 +137,7 @@ class Params:
         self.rng = random.Random(seed_of(r))
         self.eos = eos_of(r)
         self.plain = Same(r.oracle, r.rows)
-        engine = getattr(r.opts, "engine", None)
-        self.rules = RULES[engine.params_rules if engine is not None else "kern"]  # the engine's documented rules
+        self.rules = rules_of(r)
 
     def body(self, prompt: list[int], max_tokens: int, chat: bool = False, **fields) -> dict[str, Any]:
         b: dict[str, Any] = {"model": self.r.target.model, "max_tokens": max_tokens, "temperature": 0,
