@@ -108,7 +108,7 @@ STEPS: tuple[Step, ...] = (
          applies=lambda t: t.stages <= 1, serial=False, facts=False, port=16, runs=("kern-runtime",)),
     Step("frontends2", "frontends2", ("frontends2_equals_run",), (), configs.frontends, flags=configs.frontends_flags,
          applies=lambda t: t.stages <= 1, serial=False, facts=False, port=17, runs=("kern-runtime",)),
-    Step("stage_loss", "stage_loss", ("stage_loss_resumed",), (), configs.stage_loss,
+    Step("stage_loss", "stage_loss", ("stage_loss_resumed",), (), configs.stage_loss, flags=configs.stage_loss_flags,
          applies=lambda t: t.stages > 1, serial=False, facts=False, port=18, runs=("kern-runtime",)),
     Step("prefix", "prefix", ("prefix_cold_warm_restored",), (), prefix.run, serial=False, foreign=True, port=11,
          fresh=True),

@@ -12,22 +12,20 @@ at info) its own lines show the layout asked for: an ``engine core`` line and it
 wrong request or front end, ids that collide across front ends, a held token lost) changes an answer.
 
 stage_loss (a pipeline target): the twelve prompts, whole and streamed, all at once (max_tokens
-at least `LOAD_TOKENS`); once the server has run `KILL_AT` steps of the load with a request still
-running (its ``/stats/live``, read every `POLL_S`), one stage (drawn from ``--seed``) is SIGKILLed by
-the pid its ``pp stage ready`` line logs. A trigger counted in the tokens a client had read let the
-kill land, beside a second test suite, after the server had finished every answer (the clients lag
-behind the server's writes): nothing resumed, not judged. The head starts it again and
-resumes every request from its prompt and the tokens it already produced: `stage_loss_resumed` holds
-every answer identical to the oracle's, no request erred, and the server's ``/stats`` shows one loss,
-no request answered with an error, and at least one request resumed mid-answer (``resumed``; else
-nothing was running at the kill and the check is reported, not judged). The stage's pid is read before
-the load, so nothing slow stands between the trigger and the kill, and each read of ``/stats/live`` may
-take `LIVE_S` (a loaded server answers it late, but of the moment it answers); still, a gate starved on a loaded
-machine (beside a second test suite) once saw the trigger only after the server had finished every
-answer: then the load runs once more, the replacement stage killed the same way, and the two loads
-are judged together (`ROUNDS_LOSS`; losses must equal the kills). A trigger counted in finished
-answers instead let the kill land, on a loaded machine, when only requests that had not started were
-left: requeued, but none resumed from emitted tokens, so a resume bug went unseen.
+at least `LOAD_TOKENS`), on a server started with ``--fault stall-until-loss``: `KILL_AT` steps after its
+first request the head stalls (a stage hung mid-load, answers unchanged) until a stage is lost. The
+gate reads ``/stats/live`` until the server has run `KILL_AT` steps of the load with a request running,
+then SIGKILLs one stage (drawn from ``--seed``) by the pid its ``pp stage ready`` line logs. The stall
+holds the server at the trigger until the kill, so however starved the gate is (beside a second test
+suite, on two cores shared with nine other targets) the kill lands mid-answer: nothing races the clock.
+Earlier triggers raced it and lost: one counted in the tokens a client had read landed after the server
+had finished every answer (the clients lag behind its writes), one counted in finished answers when only
+requests that had not started were left, and one on /stats/live unheld saw a whole load (about 70 steps,
+half a second) go out between two of its reads, twice (CI on 3727287). The head starts the stage again
+and resumes every request from its prompt and the tokens it already produced: `stage_loss_resumed`
+holds every answer identical to the oracle's, no request erred, and the server's ``/stats`` shows one
+loss, no request answered with an error, and at least one request resumed mid-answer (``resumed``;
+else nothing was running at the kill and the check is reported, not judged).
 
 Only this checkout's kern serves these configurations: an engine under the contract, or another kern
 (``--kern``), skips them (their rows' `runs` in `e2e/scenarios/__init__.py`).
@@ -46,23 +44,20 @@ from e2e.prompts import PROMPTS
 from e2e.scenarios.stream import streamed
 from verdicts import Same
 
-__all__ = ["frontends", "frontends_flags", "split", "split_flags", "stage_loss"]
+__all__ = ["frontends", "frontends_flags", "split", "split_flags", "stage_loss", "stage_loss_flags"]
 
 PROMPTS_AT_ONCE = 6  # split and frontends2: prompts 1-6, each whole and streamed (12 requests at once)
 ROUNDS = 4  # split: the burst again on new connections
 ROUNDS_FRONTENDS = 8  # frontends2: more, as the kernel shares new connections between the two front ends
 # unevenly, and on a loaded machine all of four rounds' could go to one (no request ids could then collide)
-KILL_AT = 12  # stage_loss: the server's steps into the load when a stage is killed (a request still running)
+KILL_AT = 12  # stage_loss: the server's steps into the load when a stage is killed (a request still running); the
+# server's stall-until-loss fault stalls it there (its STALL_AT, the same 12: tests/test_e2e_configs.py)
+STALL_FAULT = "stall-until-loss"
 LOAD_TOKENS = 64  # stage_loss: max_tokens at least this (the longest answer has about LOAD_TOKENS - KILL_AT left at the kill)
 POLL_S = 0.005  # stage_loss: how often /stats/live is read for the kill
 LIVE_S = 30.0  # stage_loss: how long one read of /stats/live may take: under load the server answers it
 # late, but of the moment it answers, so the kill follows a fresh answer (with the hang watch's 1 s, every
 # read beside a second suite gave up and the load ended unseen)
-ROUNDS_LOSS = 2  # stage_loss: loads at most; a second when the first kill found nothing mid-answer (the gate,
-# starved on a loaded machine, saw the trigger after the server had finished every answer)
-MISSED = "the load ended before the server had run"  # stage_loss: no read of /stats/live saw the trigger
-# (the whole load went out between two reads, on a gate sharing two cores with nine other targets): the load
-# runs again, within ROUNDS_LOSS, before that is a failure
 STAGE_S = 60.0  # for the killed stage's replacement to be logged ready
 
 
@@ -72,6 +67,10 @@ def split_flags(r) -> list[str]:
 
 def frontends_flags(r) -> list[str]:
     return ["--frontends", "2"]
+
+
+def stage_loss_flags(r) -> list[str]:
+    return ["--fault", STALL_FAULT]
 
 
 def _calls(r, prompts: list[str]) -> list[tuple[list[int], bool]]:
@@ -196,27 +195,19 @@ def stage_loss(r) -> None:
     m = max(r.m, LOAD_TOKENS)
     longest = len(r.oracle.run(calls[_longest(r, calls, m)][0], m, r.rows))
     same, problems, pipe = Same(r.oracle, r.rows), [], {}
-    loads: list[Load] = []
-    for attempt in range(ROUNDS_LOSS):
-        load = _killed_under_load(r, live, calls, k, m, same, problems)
-        loads.append(load)
-        if load.missed and attempt + 1 < ROUNDS_LOSS and not problems:
-            continue  # the whole load was out between two reads of /stats/live: nothing killed, load again
-        if load.why:
-            problems.append(load.why)
-            break
-        problems += _restarted(live, k, load.killed, sum(x.killed > 0 for x in loads))
-        pipe = (live.client.stats() or {}).get("pipeline") or {}
-        if pipe.get("resumed") or problems:
-            break  # judged (a request was mid-answer at the kill), or failed
-    kills = sum(x.killed > 0 for x in loads)
+    load = _killed_under_load(r, live, calls, k, m, same, problems)
+    if load.why:
+        problems.append(load.why)
+    else:
+        problems += _restarted(live, k, load.killed)
+    pipe = (live.client.stats() or {}).get("pipeline") or {}
+    kills = int(load.killed > 0)
     if pipe.get("losses") != kills or pipe.get("answered_error"):
         problems.append(f"/stats pipeline {pipe}: want losses {kills} and answered_error 0")
     ok = not problems and (same.ok or not r.oracle.exact)
     note = (f"{len(calls)} requests at once (the 12 prompts, whole and streamed, {m} tokens, the longest answer "
             f"{longest}), stage {k} of {r.target.stages} SIGKILLed {KILL_AT} steps into the load with requests "
-            f"running ({len(loads)} load(s), {kills} kill(s): another load when the first kill found nothing mid-answer "
-            f"or the first load ended before the trigger was seen), "
+            f"running (the server stalled there by --fault {STALL_FAULT}), "
             f"{pipe.get('requeued', '?')} requests requeued, {pipe.get('resumed', '?')} of them resumed mid-answer; {same}")
     if ok and not pipe.get("resumed"):  # right answers, but the kill came when nothing ran
         ok = None
@@ -226,7 +217,7 @@ def stage_loss(r) -> None:
 
 def _killed_under_load(r, live, calls, k: int, m: int, same: Same, problems: list[str]) -> "Load":
     """One load of `calls`, stage `k` SIGKILLed `KILL_AT` server steps into it with a request running
-    (the pid read before the load: nothing slow between the trigger and the kill); every answer judged
+    (the server stalls there until a stage is lost; the pid read before the load); every answer judged
     into `same`, errors into `problems`. What was killed, or why nothing was (`Load`)."""
     pid = _stage_pid(live.session.log, k)
     base = (live.client.live(LIVE_S) or {}).get("steps")
@@ -260,29 +251,26 @@ def _killed_under_load(r, live, calls, k: int, m: int, same: Same, problems: lis
     if base is None:
         return Load(why="/stats/live did not answer before the load: nothing to time the kill by, nothing was killed")
     if not killed:
-        return Load(why=f"{MISSED} {KILL_AT} steps of it with a request running (/stats/live last said "
-                        f"{seen[-1] if seen else None}, {base} steps before): nothing was killed", missed=True)
+        return Load(why=f"the load ended before the server had run {KILL_AT} steps of it with a request running "
+                        f"(/stats/live last said {seen[-1] if seen else None}, {base} steps before; the server's stall "
+                        f"at that step was missing or ended): nothing was killed")
     return Load(killed=killed[0])
 
 
 @dataclass(frozen=True)
 class Load:
-    """One stage_loss load: the stage's pid it killed (0: none), else why not; `missed` when the whole
-    load went out between two reads of /stats/live (it may run again, within ROUNDS_LOSS)."""
+    """One stage_loss load: the stage's pid it killed (0: none), else why not."""
 
     killed: int = 0
     why: str = ""
-    missed: bool = False
 
 
-def _restarted(live, stage: int, pid: int, restarts: int = 1) -> list[str]:
-    """Within STAGE_S, the killed stage's replacement logged ready under another pid (the head's
-    `restarts`-th restart)."""
+def _restarted(live, stage: int, pid: int) -> list[str]:
+    """Within STAGE_S, the killed stage's replacement logged ready under another pid (the head's restart)."""
     deadline = time.monotonic() + STAGE_S
     while time.monotonic() < deadline:
         now = _stage_pid(live.session.log, stage)
-        if now is not None and now != pid and live.session.log.count("pp stage restarted") >= restarts:
+        if now is not None and now != pid and live.session.log.count("pp stage restarted") >= 1:
             return []
         time.sleep(0.05)
     return [f"stage {stage} (pid {pid}) was not replaced within {STAGE_S:.0f} s"]
-

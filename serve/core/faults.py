@@ -25,6 +25,8 @@ __all__ = ["FAULTS", "Faults", "FaultyDevice", "runner_up"]
 SLOW_STEP_S = 0.02  # the slow-steps fault's extra time per step
 WEDGE_S = 600.0  # the wedge-step fault's step (bounded, so a hosted server's thread ends some day)
 LONG_STEP_S = 12.0  # the long-first-step fault's extra time, once: longer than the watch's first poll and STILL_S together
+STALL_AT = 12  # the stall-until-loss fault: steps after the first request when the head stalls (e2e's stage_loss KILL_AT)
+STALL_S = 120.0  # the stall-until-loss fault's longest stall: past it, the step goes on (nothing was lost)
 
 FAULTS = {
     "wrong-token": "one answer token off (the first non-stop token of every answer, xor 1)",
@@ -67,6 +69,9 @@ FAULTS = {
                       "first that were written after another first block (the same tokens at the same positions; "
                       "a block cache whose key ignores the block's parent): invisible on toy-paged, whose slots "
                       "depend on token and position alone; toy-attn and toy-layers answer wrong",
+    "stall-until-loss": "pipeline targets: once, STALL_AT (12) steps after the first request, the head's next step "
+                        "waits until a stage is lost (at most STALL_S, 120 s), answers unchanged (a stage hung "
+                        "mid-load until someone kills it): a gate's kill lands mid-answer however starved it is",
 }
 
 
@@ -133,6 +138,8 @@ class FaultyDevice:
         self.rows = rows
         self.steps = 0
         self.long_done = False
+        self.first_request_step: int | None = None  # stall-until-loss: `steps` when the first request was seen
+        self.stalled = False
         self._before = [BEFORE[n] for n in BEFORE if n in names]
         self._after = [AFTER[n] for n in AFTER if n in names]
 
@@ -223,6 +230,16 @@ def _long_first_step(dev: FaultyDevice) -> None:
         time.sleep(LONG_STEP_S)  # not a bug: a first-use compile, a loaded box
 
 
+def _stall_until_loss(dev: FaultyDevice) -> None:
+    if dev.broken is None or dev.stalled or not dev.counters["requests"]:
+        return
+    if dev.first_request_step is None:
+        dev.first_request_step = dev.steps
+    if dev.steps - dev.first_request_step >= STALL_AT:
+        dev.stalled = True
+        dev.broken.wait(STALL_S)  # not a bug: a stage hung until it is killed (the loss is then taken as always)
+
+
 def _slow_steps(dev: FaultyDevice, forward: bool, tokens: list) -> None:
     time.sleep(SLOW_STEP_S)
 
@@ -259,7 +276,7 @@ def _reject_drafts(dev: FaultyDevice, forward: bool, tokens: list) -> list | Non
     return None
 
 
-BEFORE = {"wedge-step": _wedge_step, "long-first-step": _long_first_step}
+BEFORE = {"wedge-step": _wedge_step, "long-first-step": _long_first_step, "stall-until-loss": _stall_until_loss}
 AFTER = {"slow-steps": _slow_steps, "raise-in-scheduler": _raise_in_scheduler, "flip-near-ties": _flip_near_ties,
          "wrong-token-batched": _wrong_token_batched, "reject-drafts": _reject_drafts}
 STEP_FAULTS = (*BEFORE, *AFTER)
