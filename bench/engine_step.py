@@ -6,7 +6,7 @@
 
 `serve.core.engine.build` and `serve.core.core.Core` driven in this process (admit, schedule, launch, commit) for
 `--seqs` requests at once, no HTTP, as `bench/serve_load.py`'s "engine alone" is. Every forward step is
-split into: schedule (admit, schedule, and the core's launch work outside the runtime: the cells, the
+split into (a launch of several decode steps, `--decode-steps K`, counted as K steps): schedule (admit, schedule, and the core's launch work outside the runtime: the cells, the
 runtime's checks and padding), stage (the runtime's host staging of fills and tables), upload,
 launch (issuing the calls or a graph replay), kernel (device time between two marks; the CPU runs
 kernels as issued), readback (the emitted tokens), and commit (positions, answers, checkpoints). Prefill
@@ -77,6 +77,7 @@ def one_round(e, rnd: int, seqs: int, max_tokens: int, prompt_tokens: int) -> di
                 prefill_s += time.perf_counter() - a
                 continue
             before = {k: getattr(rt.timing, k) for k in ("stage", "upload", "launch", "kernel", "readback")}
+            launched = rt.timing.decode_steps
             before_tokens = got[0]
             a = time.perf_counter()
             flight = core.launch(work)
@@ -86,7 +87,7 @@ def one_round(e, rnd: int, seqs: int, max_tokens: int, prompt_tokens: int) -> di
             for k, v in before.items():
                 spent[k] += getattr(rt.timing, k) - v
             spent["commit"] += c - b
-            steps += 1
+            steps += rt.timing.decode_steps - launched  # a launch of several steps (--decode-steps) counts each
             decode_tokens += got[0] - before_tokens
             # what launch spent outside the runtime's own parts (cells, in-flight bookkeeping)
             spent["schedule"] += (b - a) - sum(getattr(rt.timing, k) - v for k, v in before.items()
@@ -108,6 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=1, help="rounds run first and discarded (default 1)")
     ap.add_argument("--pin", default=None, help="CPUs to keep this process on, e.g. 2 or 2,3 (default: any)")
     ap.add_argument("--no-graphs", action="store_true")
+    ap.add_argument("--decode-steps", type=int, default=None,
+                    help="decode steps a launch (kern serve's flag; default 8 on a GPU, 1 on the CPU)")
     ap.add_argument("--profile", default=None, help="write the last round's cProfile stats here")
     args = ap.parse_args(argv)
 
@@ -128,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     cap = 2 * args.seqs * (args.prompt_tokens + args.max_tokens + 64)
     try:
         e = build(args.target, Options(backend=args.backend, max_seqs=args.seqs, graphs=not args.no_graphs,
-                                       capacity=cap))
+                                       capacity=cap, decode_steps=args.decode_steps))
     except KernError as exc:  # an unknown target, a backend that cannot load, flags it cannot serve
         ap.error(str(exc))
     for rnd in range(args.warmup):
@@ -142,6 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         if prof:
             prof.disable()
             prof.dump_stats(args.profile)
+    args.engine_decode_steps = e.decode_steps
     report(args, results)
     return 0
 
@@ -158,7 +162,7 @@ def report(args, results: list[dict]) -> None:
     tok_s = r["tokens"] / r["wall"]
     ceiling = r["decode_tokens"] / r["kernel"] if r["kernel"] else float("inf")
     print(f"engine alone: {args.target} backend={args.backend} seqs={args.seqs} max_tokens={args.max_tokens} "
-          f"prompt={args.prompt_tokens} graphs={not args.no_graphs}")
+          f"prompt={args.prompt_tokens} graphs={not args.no_graphs} decode_steps={args.engine_decode_steps}")
     print(f"  best of {args.rounds} rounds: {r['tokens']} tokens in {r['wall']:.3f} s: {tok_s:,.0f} tok/s; {r['steps']} decode steps, "
           f"prefill {1000 * r['prefill_s']:.1f} ms in all")
     print("  per decode step (ms, each part's least over the rounds): " + "  ".join(f"{k} {ms[k]:.3f}" for k in PARTS)

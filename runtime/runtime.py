@@ -70,6 +70,7 @@ class Runtime:
         self._graphs: dict[tuple[str, int], Any] = {}
         self._warm: set[tuple[str, int]] = set()
         self.timing = StepTiming()
+        self._multistep = None  # several decode steps a launch, made at its first use (`steps`)
         self.last_env: dict[str, int] = {}  # the vars of the last step (what a cut stage hands on is sized by them)
 
     # -- load ------------------------------------------------------------------------------------
@@ -272,9 +273,7 @@ class Runtime:
         step's size)."""
         m = self.manifest
         prog = m.programs[program]
-        fwd = self._forwards.get(program)
-        if fwd is None:
-            fwd = self._forwards[program] = next(f for f in self.protocol.forwards if f.program == program)
+        fwd = self._forward(program)
         if not cells:
             return []
         per = len(cells[0].ids)
@@ -304,6 +303,21 @@ class Runtime:
             self.timing.unsettled.append((m0, m1, decode))
         self.timing.add(decode, t1 - t0, t2 - t1, t3 - t2, t4 - t3, kernel)
         return [c.tokens for c in cells]
+
+    def _forward(self, program: str):
+        fwd = self._forwards.get(program)
+        if fwd is None:
+            fwd = self._forwards[program] = next(f for f in self.protocol.forwards if f.program == program)
+        return fwd
+
+    def steps(self, program: str, cells: list[Cell], k: int, limits: list[int]) -> list[list[int]]:
+        """`k` decode steps of `program` in one launch (runtime/multistep.py); cell g emits at most
+        `limits[g]` tokens. Each cell's emitted tokens."""
+        if self._multistep is None or self._multistep.kmax < k:
+            from runtime.multistep import Multistep
+
+            self._multistep = Multistep(self, max(k, 8))
+        return self._multistep.steps(program, cells, k, limits)
 
     def _padded(self, program: str, fwd, cells: list[Cell], per: int) -> tuple[list[Cell], int, dict[str, int]]:
         """(the cells padded to the call's size, that size, the call's vars): a chunk program's cells

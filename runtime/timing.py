@@ -35,17 +35,19 @@ class StepTiming:
                 self.decode_kernel += k
         self.unsettled.clear()
 
-    def add(self, decode: bool, stage: float, upload: float, launch: float, readback: float, kernel: float) -> None:
-        """One step's times (seconds), added field by field: no dict and no attribute lookups by name
-        on the step's path (it runs every step, beside 77 microseconds of kernels on an H100)."""
-        self.steps += 1
+    def add(self, decode: bool, stage: float, upload: float, launch: float, readback: float, kernel: float,
+            steps: int = 1) -> None:
+        """One launch's times (seconds), of `steps` steps (several decode steps a launch:
+        runtime/multistep.py), added field by field: no dict and no attribute lookups by name on the
+        step's path (it runs every step, beside 77 microseconds of kernels on an H100)."""
+        self.steps += steps
         self.stage += stage
         self.upload += upload
         self.launch += launch
         self.readback += readback
         self.kernel += kernel
         if decode:
-            self.decode_steps += 1
+            self.decode_steps += steps
             self.decode_kernel += kernel
 
     def as_dict(self) -> dict[str, float]:

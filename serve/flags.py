@@ -44,6 +44,7 @@ class ServeFlags:
     reserve_gib: float = 4.0
     weights: tuple[str, ...] = ()
     no_graphs: bool = False
+    decode_steps: int | None = None
     no_pack: bool = False
     faults: tuple[str, ...] = ()
     # connections and bodies (serve.api.guard.Limits)

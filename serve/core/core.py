@@ -26,6 +26,7 @@ points doing the correct thing; `serve/core/faults.py` replaces one at start for
 from __future__ import annotations
 
 import collections
+import operator
 import time
 from dataclasses import dataclass, field
 
@@ -36,8 +37,8 @@ from serve.common import logs
 from serve.core.admission import WAIT, Admission
 from serve.core.engine import Engine
 from serve.core.pack import Bounds, Waiting, pack
-from serve.core.request import Done, Request, Status, Update
-from serve.core.stats import Counters
+from serve.core.request import Done, Request, Status, Tickets, Update
+from serve.core.stats import Counters, snapshot_holdings
 
 QUEUE_SHOWN = 32  # request names /stats lists per queue (the gate names a stuck request from them)
 
@@ -46,20 +47,7 @@ __all__ = ["Core", "Flight", "Plan", "Work", "snapshot_holdings"]
 PREFILL, FORWARD = "prefill", "forward"
 
 
-def _order(req: Request) -> int:
-    return req.order  # the admission order
-
-
-class _Tickets:
-    """The waiting queue's tickets, read lazily (each round reads only as far as the policy looks)."""
-
-    __slots__ = ("waiting",)
-
-    def __init__(self, waiting) -> None:
-        self.waiting = waiting
-
-    def __iter__(self):
-        return (r.ticket for r in self.waiting)
+_order = operator.attrgetter("order")  # a request's admission order
 
 
 @dataclass(slots=True)
@@ -120,6 +108,7 @@ class Core:
         self.emits = rt.protocol.prefill_emits
         self.prefill_program = rt.protocol.chunk().program
         self.step_forward = rt.protocol.forward(1, engine.rows)
+        self.decode_steps = getattr(engine, "decode_steps", 1)  # steps a launch (runtime/multistep.py)
         # a packed prefill call: up to the chunk's rows, the chunk program's groups, its context bound
         self.bounds = Bounds(engine.chunk, rt.protocol.chunk().groups, engine.context or 1 << 62)
 
@@ -230,7 +219,7 @@ class Core:
         """Start (or refuse) one waiting request; False when none the policy tries fits."""
         waiting = self.waiting
         head = None
-        for i in self.turns.order(_Tickets(waiting)):
+        for i in self.turns.order(Tickets(waiting)):
             req = waiting[i]
             head = req if head is None else head
             got = self.admission.admit(req)
@@ -326,21 +315,23 @@ class Core:
         rows = self.engine.rows
         groups = self.step_forward.groups
         parts = []
+        k = self.decode_steps
         for at in range(0, len(batch), groups):
             part = batch[at : at + groups]
             cells = [Cell(r.lease.pages, r.lease.slot, [r.anchor] * rows, r.pos) for r in part]
-            parts.append(self._step(rt.protocol.forward(len(cells), rows).program, cells))
+            program = rt.protocol.forward(len(cells), rows).program
+            parts.append(self._step(program, cells, k, [r.max_tokens - len(r.out) for r in part] if k > 1 else None))
         self.counters.add("batched_steps", len(batch) > 1)  # e2e's proof that its burst shared a step
         self.in_flight.update(map(id, batch))
         return Flight(work, parts)
 
-    def _step(self, program: str, cells: list[Cell]) -> list[list[int]]:
+    def _step(self, program: str, cells: list[Cell], k: int = 1, limits: list[int] | None = None) -> list[list[int]]:
         t0 = time.perf_counter()
         self.step_since = time.monotonic()
-        tokens = self.device.step(program, cells)
+        tokens = self.device.step(program, cells) if limits is None else self.device.steps(program, cells, k, limits)
         self.step_since = None
         self.counters.step_s += time.perf_counter() - t0
-        self.counters.add("steps")
+        self.counters.add("steps", k if limits is not None else 1)
         return tokens
 
     # commit
@@ -360,6 +351,9 @@ class Core:
             rows = self.engine.rows
             tokens = flight.tokens[0] if len(flight.tokens) == 1 else [t for part in flight.tokens for t in part]
             for req, toks in zip(work.reqs, tokens):
+                if rows == 1 and len(toks) > 1:  # several steps a launch (runtime/multistep.py)
+                    self._commit_run(req, toks)
+                    continue
                 req.pos += len(toks)
                 if rows > 1:
                     self.counters.add("rounds")
@@ -383,6 +377,17 @@ class Core:
                 self._send(req, Update(new))
             return
         self._send(req, Update(new, self._finish(req)))
+
+    def _commit_run(self, req: Request, toks: list[int]) -> None:
+        """One launch's several steps committed as single steps would be: the pages completed before a
+        finishing step checkpointed, the tokens past a stop dropped, pos where the counted steps left it."""
+        p0 = req.pos
+        new, used = req.take_run(toks)
+        full = (p0 + used - 1) // self.engine.unit
+        if req.reason is not None and not self.engine.lined and full > req.page_mark:
+            self.admission.checkpoint(req, full)
+        req.pos = p0 + used
+        self._commit(req, new)
 
     def _finish(self, req: Request) -> Done:
         e = self.engine
@@ -458,13 +463,11 @@ class Core:
     def gauges(self) -> dict[str, int]:
         e = self.engine
         pages, slots = snapshot_holdings(e.prefix)
-        return {
-            "running": len(self.running), "waiting": len(self.waiting), "leases": e.pool.leases - 1,
-            "pages_used": e.pool.used, "snapshot_pages": len(pages), "slots": e.pool.slots,
-            "slots_used": e.pool.slots_used, "snapshot_slots": len(slots),
-            "resident_entries": e.prefix.count(Tier.DEVICE), "parked_entries": e.prefix.count(Tier.HOST),
-            "host_used_bytes": e.host.used() if e.host is not None else 0,
-        }
+        return {"running": len(self.running), "waiting": len(self.waiting), "leases": e.pool.leases - 1,
+                "pages_used": e.pool.used, "snapshot_pages": len(pages), "slots": e.pool.slots,
+                "slots_used": e.pool.slots_used, "snapshot_slots": len(slots),
+                "resident_entries": e.prefix.count(Tier.DEVICE), "parked_entries": e.prefix.count(Tier.HOST),
+                "host_used_bytes": e.host.used() if e.host is not None else 0}
 
     def stats(self) -> dict:
         c = self.counters
@@ -486,15 +489,3 @@ class Core:
                              "restarting": not rt.whole.is_set() and rt.failed is None}}
                if rt.broken is not None else {}),
         }
-
-
-def snapshot_holdings(prefix) -> tuple[set[int], set[int]]:
-    """Device pages and slots the index's resident snapshots hold, recounted from their stores, so a
-    page the tallies lost track of shows up as a leak."""
-    pages: set[int] = set()
-    slots: set[int] = set()
-    for store in prefix.resident_stores():
-        pages.update(store.page_ids())
-        if store.seq_slot() is not None:
-            slots.add(store.seq_slot())
-    return pages, slots

@@ -21,6 +21,7 @@ __all__ = ["Engine", "EngineError", "Options", "build", "size"]
 
 GIB = 1 << 30
 CPU_CAPACITY = 16384
+DECODE_STEPS_GPU = 8  # --decode-steps on a GPU by default: the host's fixed cost a launch over 8 steps (issue 43)
 
 
 class EngineError(KernError, ValueError):
@@ -41,6 +42,7 @@ class Options:
     config: str | None = None
     faults: Faults = field(default_factory=Faults)
     graphs: bool = True  # capture `graph: true` programs as CUDA graphs (GPU)
+    decode_steps: int | None = None  # decode steps a launch (None: DECODE_STEPS_GPU on a GPU, 1 on the CPU)
     pack: bool = True  # pack prefill when the manifest declares cu_seqlens (--no-pack: never)
     host_chunk: int | None = None  # the host tier in pieces of this many bytes (--host-chunk-bytes)
     admission: Rule = field(default_factory=Rule)  # the admission policy (--admission and its shares)
@@ -70,6 +72,7 @@ class Engine:
     context: int | None = None  # the chunk program's context bound, if it declares one
     admission: Rule = field(default_factory=Rule)  # the admission policy (pool/fair.py)
     queue_timeout: float | None = None  # seconds a request may wait for room (None: no bound)
+    decode_steps: int = 1  # decode steps a launch (runtime/multistep.py; 1 where the decode program cannot)
 
     @property
     def pad_pages(self) -> int:
@@ -97,6 +100,7 @@ class Engine:
             "page_bytes": self.pool.geometry.page_size, "slot_bytes": self.pool.geometry.slot_size,
             "prefill_emits": self.runtime.protocol.prefill_emits,
             "context": self.context,  # a packed prefill call's context bound (None: the manifest declares none)
+            "decode_steps": self.decode_steps,
         }
 
 
@@ -204,10 +208,24 @@ def build(what: str, opts: Options, phases: Phases | None = None) -> Engine:
     if not isinstance(pad, Lease):
         raise EngineError(f"the pool cannot lease the pad ({pad!r}); raise --capacity")
     rt.set_pad(pad.pages[0], pad.slot)
+    steps = decode_steps(rt, rows, opts.decode_steps, backend.name)
     return Engine(
         model=m.model, manifest_path=str(target.manifest), runtime=rt, pool=pool, pad=pad, host=host,
         prefix=Prefix(unit), rows=rows, chunk=chunk, max_seqs=max_seqs, lined=lined, unit=unit, reach=reach,
         backend=backend.name, host_bytes=host_bytes, seq_slots=pool.slots, faults=opts.faults,
         pack=opts.pack and proto.packs, context=proto.context_bound, admission=opts.admission,
-        queue_timeout=opts.queue_timeout,
+        queue_timeout=opts.queue_timeout, decode_steps=steps,
     )
+
+
+def decode_steps(rt, rows: int, asked: int | None, backend: str) -> int:
+    """Decode steps a launch: as asked (default DECODE_STEPS_GPU on a GPU, 1 on the CPU), or 1 where
+    the one-row decode program cannot run several (runtime/multistep.py's `eligible`; rows > 1)."""
+    k = asked if asked is not None else (DECODE_STEPS_GPU if backend != "cpu" else 1)
+    if k < 1:
+        raise EngineError(f"--decode-steps {k} must be >= 1")
+    if k == 1 or rows != 1:
+        return 1
+    from runtime.multistep import eligible
+
+    return 1 if eligible(rt, rt.protocol.forward(1, 1).program) is not None else k

@@ -19,6 +19,7 @@ import time
 
 from kern.tokens import EOS
 from pool import Denied, Tier
+from runtime.step import Cell
 
 __all__ = ["FAULTS", "Faults", "FaultyDevice", "runner_up"]
 
@@ -151,6 +152,18 @@ class FaultyDevice:
         for fault in self._after:
             tokens = fault(self, program != self.prefill_program, tokens) or tokens
         return tokens
+
+    def steps(self, program: str, cells: list, k: int, limits: list) -> list:
+        """Several decode steps taken one at a time through `step`, so each step's faults apply (each
+        step feeds a cell its last token; a cell past its limit sits the rest out)."""
+        out: list[list[int]] = [[] for _ in cells]
+        for j in range(k):
+            live = [g for g in range(len(cells)) if j < limits[g] and (j == 0 or out[g])]
+            step = [Cell(cells[g].pages, cells[g].slot, [out[g][-1]] if j else cells[g].ids, cells[g].pos + j)
+                    for g in live]
+            for g, toks in zip(live, self.step(program, step)):
+                out[g] += toks[:1]
+        return out
 
     # the rest of the Device: the real one's
     @property

@@ -13,7 +13,7 @@ from kern.tokens import EOS  # the one definition of where an answer ends
 from serve.core.answer import Done, Stops, Update  # re-exported: their importers read them here
 from serve.core.messages import Asked
 
-__all__ = ["EOS", "Delivery", "Done", "Request", "Status", "Stops", "Update"]
+__all__ = ["EOS", "Delivery", "Done", "Request", "Status", "Stops", "Tickets", "Update"]
 
 
 class Delivery(enum.Enum):
@@ -130,3 +130,24 @@ class Request(Asked):
         if self.reason is not None and self.stops is not None and self.stops.end():
             self.reason = "stop"  # the decoder's flushed tail completed a stop string
         return new
+
+    def take_run(self, tokens: list[int]) -> tuple[list[int], int]:
+        """`take` over several steps' tokens (one each): what the client gets now, and how many of the
+        steps count (up to the one that ended the request); the tokens of steps past it are dropped."""
+        new = self.take(tokens)
+        used = len(new) if self.reason is not None else len(tokens)
+        if used < len(tokens):
+            del self.emitted[used - len(tokens) :]
+        return new, used
+
+
+class Tickets:
+    """The waiting queue's tickets, read lazily (each round reads only as far as the policy looks)."""
+
+    __slots__ = ("waiting",)
+
+    def __init__(self, waiting) -> None:
+        self.waiting = waiting
+
+    def __iter__(self):
+        return (r.ticket for r in self.waiting)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from serve.common import logs
 
-__all__ = ["COUNTERS", "GAUGES", "Counters", "Window"]
+__all__ = ["COUNTERS", "GAUGES", "Counters", "Window", "snapshot_holdings"]
 
 COUNTERS = (
     "requests", "steps", "rounds", "drafted_rows", "accepted_rows", "prefill_tokens", "prefix_hit_tokens",
@@ -83,3 +83,15 @@ class Window:
             )
         self.start = now
         self.base = c.copy()
+
+
+def snapshot_holdings(prefix) -> tuple[set[int], set[int]]:
+    """Device pages and slots the index's resident snapshots hold, recounted from their stores, so a
+    page the tallies lost track of shows up as a leak."""
+    pages: set[int] = set()
+    slots: set[int] = set()
+    for store in prefix.resident_stores():
+        pages.update(store.page_ids())
+        if store.seq_slot() is not None:
+            slots.add(store.seq_slot())
+    return pages, slots

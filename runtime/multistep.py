@@ -1,0 +1,217 @@
+"""Several decode steps a launch (`kern serve --decode-steps K`): the step on the device (issue 43).
+
+A host-driven decode step costs the host a fixed 0.3 ms or so (schedule, stage, upload, launch,
+readback, commit) beside 0.08 ms of kernels at 64 sequences on an H100. Here one launch runs K steps
+of a batch: the host stages every step's positions, lengths and slots at once (they are known ahead:
+a sequence's positions are pos, pos+1, ...; its slots come from the pages its lease already holds,
+sized for its whole answer at admission), and between two steps the device itself feeds each
+sequence the token it just emitted and moves its fills to the next step's, with device-to-device
+copies. On a GPU the K steps (copies and kernels) are one CUDA graph, captured per (program, batch
+size, K) on the second use, so a steady batch costs one graph launch and one readback of K x b tokens
+per K steps. The CPU backend runs the same copies and calls in order: it is the reference every
+device path is held to (tests/test_multistep.py: K steps equal K single steps, token for token and
+byte for byte of the state).
+
+A sequence may stop before K (its `limits`: the tokens it may still emit): from its limit on its
+steps write to the pad slot and read only its own real positions, so nothing of its state past
+what it really fed is written; what they emit is not returned. A stop inside the K steps (EOS, a stop
+string) is the core's to see: it keeps the tokens up to the stop and drops the rest, whose state
+writes lie past everything the sequence's answer fed (never read: a hit covers only matched tokens).
+
+Eligible programs (`eligible`): batched, one row a sequence, one emitted token a sequence and no
+count (not a speculative round), no line tables (a lined state folds every token in place: a step
+past a stop would spoil it), and fills only of the kinds token, position, seq_len, slot and cu_seqlens
+(one row a sequence: the same at every step), the token fill of the emitted buffer's dtype.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+__all__ = ["Multistep", "eligible"]
+
+_NONE = object()  # no graph tried yet for a key (None: tried and failed, run plainly)
+
+_MOVING = ("position", "seq_len", "slot")  # the fills a later step takes from the staged rows
+
+
+def eligible(rt, program: str) -> str | None:
+    """None when `program` can run several steps a launch on `rt`, else why not."""
+    fwd = next((f for f in rt.protocol.forwards if f.program == program), None)
+    if fwd is None or fwd.rows != 1:
+        return f"program {program} is not a one-row batched program"
+    if not fwd.emits or fwd.count or fwd.width != 1:
+        return f"program {program} does not emit exactly one token a sequence"
+    fills, _, lines = rt._staging(program)
+    if lines:
+        return f"program {program} reads a line table (a lined state folds every step in place)"
+    extra = set(fills) - {"token", "cu_seqlens", *_MOVING}  # cu_seqlens: 0, 1, .., b at every step
+    if extra:
+        return f"program {program} reads fills of kind {', '.join(sorted(extra))}"
+    if len(fills.get("token", [])) != 1:
+        return f"program {program} reads no single token fill"
+    if rt.buffers[fills["token"][0]].dtype != rt.buffers[fwd.emits].dtype:
+        return f"program {program}'s token fill and its emitted tokens differ in dtype"
+    return None
+
+
+class Multistep:
+    """K decode steps a launch over one runtime: staged rows on the device (at their largest, so a
+    captured graph's addresses never move), and the graphs per (program, batch size, K)."""
+
+    def __init__(self, rt, kmax: int) -> None:
+        self.rt = rt
+        self.kmax = kmax
+        be = rt.backend
+        n = kmax * rt.groups_max
+        self.rows: dict[str, Any] = {}  # fill name -> K x b staged values, in the buffer's dtype
+        for kind in _MOVING:
+            for name in rt.fills.get(kind, []):
+                dt = str(np.dtype(rt.buffers[name].dtype))
+                self.rows[name] = be.view(be.zeros(n * np.dtype(dt).itemsize), _code(dt))
+        self._out = be.zeros(n * 8)  # every step's emitted tokens, K x b (viewed in the emitted dtype)
+        self._graphs: dict[tuple[str, int, int], Any] = {}
+        self._warm: set[tuple[str, int, int]] = set()
+        self._why: dict[str, str | None] = {}
+
+    def why_not(self, program: str) -> str | None:
+        if program not in self._why:
+            self._why[program] = eligible(self.rt, program)
+        return self._why[program]
+
+    def steps(self, program: str, cells: list, k: int, limits: list[int]) -> list[list[int]]:
+        """Run `k` steps of `program` over `cells` (one row each: its anchor at its pos); cell g
+        emits at most `limits[g]` (>= 1) tokens. Each cell's emitted tokens, in order."""
+        rt = self.rt
+        why = self.why_not(program)
+        if why is not None:
+            raise ValueError(why)
+        if not 1 <= k <= self.kmax:
+            raise ValueError(f"{k} steps a launch: this runtime takes 1 to {self.kmax}")
+        if len(limits) != len(cells) or min(limits, default=1) < 1:
+            raise ValueError("one limit of at least 1 a cell")
+        fwd = rt._forward(program)
+        padded, b, env = rt._padded(program, fwd, cells, 1)
+        line_pad = rt.pad.slot if rt.pad is not None and rt.pad.slot is not None else 0
+        t0 = time.perf_counter()
+        host, res, tables = rt._stage(program, padded, 1, line_pad, True)
+        lim = np.ones(b, np.int64)
+        lim[: len(cells)] = np.minimum(np.asarray(limits, np.int64), k)
+        rows = self._rows(program, padded, res, lim, k, b, host)
+        t1 = time.perf_counter()
+        be = rt.backend
+        rt._upload(host, res, tables, None)
+        for name, arr in rows.items():
+            be.upload(self.rows[name], arr)
+        t2 = time.perf_counter()
+        m0 = be.mark()
+        self._run(program, b, k, env)
+        m1 = be.mark()
+        t3 = time.perf_counter()
+        got = be.download(self._emitted(program), k * b).reshape(k, b)
+        t4 = time.perf_counter()
+        rt.timing.settle(be)
+        rt.timing.add(True, t1 - t0, t2 - t1, t3 - t2, t4 - t3, be.elapsed_ms(m0, m1) / 1000.0, k)
+        n = len(cells)
+        return [col[:m] for col, m in zip(got[:, :n].T.tolist(), lim[:n].tolist())]
+
+    def _emitted(self, program: str):
+        rt = self.rt
+        return rt.backend.view(self._out, _code(str(np.dtype(rt.buffers[rt._forward(program).emits].dtype))))
+
+    def _rows(self, program: str, padded: list, res, lim: np.ndarray, k: int, b: int,
+              host: dict) -> dict[str, np.ndarray]:
+        """Every step's moving fills, K x b: a cell's positions pos..pos+limit-1 and then its last
+        real one held (its steps past the limit write to the pad page's first slot, as a padding
+        cell's step does, and read only real rows)."""
+        rt = self.rt
+        if rt.pad is None and not lim.all():
+            raise ValueError("a limit under K needs a pad page (set_pad)")
+        pad_slot = rt.pad.pages[0] * rt.unit if rt.pad is not None else 0
+        fills = rt._staging(program)[0]
+        pos = np.fromiter((c.pos for c in padded), np.int64, b)
+        j = np.arange(k, dtype=np.int64)[:, None]
+        live = j < lim[None, :]
+        at = pos[None, :] + np.minimum(j, (lim - 1)[None, :])  # K x b positions
+        out: dict[str, np.ndarray] = {}
+        for name in fills.get("position", []):
+            out[name] = at.reshape(-1)
+        for name in fills.get("seq_len", []):
+            out[name] = (at + 1).reshape(-1)
+        if fills.get("slot"):
+            cell = np.broadcast_to(np.arange(b, dtype=np.int64)[None, :], (k, b)).reshape(-1)
+            if res is not None:
+                slots = res.slots(cell, at.reshape(-1))
+            else:
+                slots = _slots(padded, rt.unit, cell, at.reshape(-1))
+            slots = np.where(live.reshape(-1), slots, pad_slot)
+            for name in fills["slot"]:
+                out[name] = slots
+        for name, arr in out.items():  # step 0's are what the single step staged (its own pad cells too)
+            if not np.array_equal(arr[:b], host[name][:b]):
+                raise AssertionError(f"multistep: step 0's {name} differs from the single step's staging")
+        return out
+
+    def _run(self, program: str, b: int, k: int, env: dict) -> None:
+        """The k steps: step 0's fills are uploaded; each later step's token fill is the emitted
+        buffer and its moving fills its staged rows, copied on the device; every step's emitted
+        tokens copied out. A graph per (program, b, k) from its second use where the backend has them."""
+        rt = self.rt
+        key = (program, b, k)
+        g = self._graphs.get(key, _NONE)
+        if g is not _NONE and g is not None:
+            rt.backend.replay(g)
+            return
+        run = lambda: self._body(program, b, k, env)  # noqa: E731
+        graphable = rt.graphs and rt.manifest.programs[program].graph
+        if not graphable or g is None or key not in self._warm:
+            self._warm.add(key)  # a key's first use runs plainly (kernels loaded, scratch sized)
+            run()
+            return
+        try:
+            g = rt.backend.capture(run)
+        except Exception:  # a launch that cannot be captured: this key runs plainly
+            g = None
+        self._graphs[key] = g
+        if g is None:
+            run()
+        else:
+            rt.backend.replay(g)
+
+    def _body(self, program: str, b: int, k: int, env: dict) -> None:
+        rt = self.rt
+        be = rt.backend
+        fwd = rt._forward(program)
+        fills = rt._staging(program)[0]
+        calls = rt.manifest.programs[program].calls
+        emits = _u8(be, rt.buffers[fwd.emits])
+        token = _u8(be, rt.buffers[fills["token"][0]])
+        out = _u8(be, self._out)
+        width = rt.buffers[fwd.emits].itemsize
+        moving = [(_u8(be, rt.buffers[n]), _u8(be, self.rows[n]), self.rows[n].itemsize)
+                  for kind in _MOVING for n in fills.get(kind, [])]
+        for j in range(k):
+            if j:
+                be.copy(token, 0, emits, 0, b * width)
+                for buf, staged, n in moving:
+                    be.copy(buf, 0, staged, j * b * n, b * n)
+            for call in calls:
+                rt.run_call(call, env)
+            be.copy(out, j * b * width, emits, 0, b * width)
+
+
+def _u8(be, arr):
+    return be.view(arr, "u8")
+
+
+def _code(dtype: str) -> str:
+    return {"int64": "i64", "int32": "i32", "uint64": "u64", "uint8": "u8", "float32": "f32"}[dtype]
+
+
+def _slots(cells: list, unit: int, cell: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """The slot of each (cell, position) from the cells' page lists (no resident tables)."""
+    return np.fromiter((cells[c].pages[r // unit] * unit + r % unit for c, r in zip(cell.tolist(), rows.tolist())),
+                       np.int64, len(rows))

@@ -1,0 +1,60 @@
+"""Several decode steps a launch on the GPU (runtime/multistep.py) give the CPU reference's tokens and
+page bytes, plainly, captured as a CUDA graph and replayed, for every eligible toy.
+
+Marked `gpu`; the whole module skips cleanly where cupy is missing or sees no CUDA device."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+cp = pytest.importorskip("cupy")
+try:
+    _devices = cp.cuda.runtime.getDeviceCount()
+except Exception:  # no driver: cupy imports but cannot talk to a device
+    _devices = 0
+if _devices < 1:
+    pytest.skip("no CUDA device visible to cupy", allow_module_level=True)
+
+from runtime import gpu  # noqa: E402  (before numba.cuda: see its docstring)
+
+if not gpu.gpu_available():
+    pytest.skip("numba.cuda cannot launch on the device", allow_module_level=True)
+
+from runtime.step import Cell  # noqa: E402
+from tests.test_multistep import PAD, _prefilled, _seqs  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+
+def _pages(rt) -> list[np.ndarray]:
+    be = rt.backend
+    return [be.download(rt.arenas[s.name], PAD * rt.page_bytes[s.name]) for s in rt.paged]
+
+
+@pytest.mark.parametrize("name", ["toy-paged", "toy-attn", "toy-layers", "toy-big"])
+@pytest.mark.parametrize("graphs", [True, False], ids=["graphs", "plain"])
+def test_gpu_launches_equal_the_cpu_reference(name, graphs):
+    """Five launches of K=6 over 9 sequences with random limits (the same on both backends): tokens
+    equal launch by launch, and every page but the pad's byte for byte at the end (the first two
+    launches run plainly and capture, the rest replay, with graphs on)."""
+    rng = random.Random(7)
+    prompts = [bytes(rng.randrange(256) for _ in range(rng.randrange(1, 60))) for _ in range(9)]
+    seqs = _seqs(prompts)
+    cpu = _prefilled(prompts, name)
+    dev = _prefilled(prompts, name, backend=gpu.GpuBackend(), graphs=graphs)
+    state = [(pages, anchor, pos) for pages, anchor, pos in seqs]
+    for _ in range(5):
+        limits = [rng.randrange(1, 7) for _ in seqs]
+        cells = [Cell(p, None, [a], pos) for p, a, pos in state]
+        want = cpu.steps("decode", cells, 6, limits)
+        cells = [Cell(p, None, [a], pos) for p, a, pos in state]
+        got = dev.steps("decode", cells, 6, limits)
+        assert got == want
+        # the next launch as the core's: all 6 steps' tokens where the limit let them run, else the same cell
+        state = [(p, toks[-1], pos + len(toks)) for (p, _, pos), toks in zip(state, want)]
+    assert all(np.array_equal(a, b) for a, b in zip(_pages(dev), _pages(cpu)))
+    if graphs:
+        assert any(g is not None for g in dev._multistep._graphs.values())
