@@ -161,3 +161,16 @@ def test_a_program_that_cannot_run_several_steps_is_refused_by_name(name, why):
     program = max((f for f in rt.protocol.forwards if f.rows is not None), key=lambda f: f.rows).program
     with pytest.raises(ValueError, match=why):
         rt.steps(program, [Cell([0], 0, [1] * (rt._forward(program).rows or 1), 0)], 2, [2])
+
+
+def test_the_gate_passes_a_server_taking_five_steps_a_launch(tmp_path):
+    """End to end on the CPU: every check of toy-attn's gate (answers, hits, the policy oracle, metrics)
+    against servers at --decode-steps 5 (the launches cross page boundaries unevenly, stops land inside
+    them), and each server said it ran at 5."""
+    from tests.test_e2e_driver import EXIT_PASS, gate
+
+    code, reports = gate(tmp_path, "--targets", "toy-attn", "--server-flags", "--decode-steps 5", max_tokens=24)
+    failed = [c["name"] for c in reports["toy-attn"]["checks"] if c["ok"] is False]
+    assert code == EXIT_PASS and not failed, failed
+    logs = list((tmp_path / "results" / "toy-attn").glob("server-*.log"))
+    assert logs and all("decode_steps=5" in p.read_text() for p in logs), [p.name for p in logs]
