@@ -3,6 +3,7 @@
     Backend          the interface (one per device kind)
     CpuBackend       numpy arrays, numba njit kernels
     KernelError      a kernel that failed to compile or run, with the entry that failed
+    graphed          run a step's work as a captured graph per key (plain first, captured second)
 """
 
 from __future__ import annotations
@@ -121,6 +122,30 @@ class CpuBackend(Backend):
 
 def _chunked(arr: Any) -> bool:
     return type(arr) is ChunkedArena  # on the step's uploads: one type test, no import
+
+
+def graphed(backend: "Backend", graphs: dict, warm: set, key, run: Callable[[], Any], enabled: bool) -> None:
+    """Run `run` as the graph of `key`: a key's first use runs plainly (it loads the kernels and sizes
+    their scratch); its second is captured and then replayed, as is every later one. With graphs off,
+    a backend without them, or a capture that failed (`graphs[key]` None), it runs plainly for good."""
+    if not enabled or graphs.get(key, 0) is None:
+        run()
+        return
+    g = graphs.get(key)
+    if g is None:
+        if key not in warm:
+            warm.add(key)
+            run()
+            return
+        try:
+            g = backend.capture(run)
+        except Exception:  # a launch that cannot be captured: this key runs plainly
+            g = None
+        graphs[key] = g
+        if g is None:
+            run()
+            return
+    backend.replay(g)
 
 
 @contextlib.contextmanager

@@ -31,9 +31,10 @@ from typing import Any
 
 import numpy as np
 
+from runtime.backend import graphed
+
 __all__ = ["Multistep", "eligible"]
 
-_NONE = object()  # no graph tried yet for a key (None: tried and failed, run plainly)
 
 _MOVING = ("position", "seq_len", "slot")  # the fills a later step takes from the staged rows
 
@@ -160,26 +161,8 @@ class Multistep:
         buffer and its moving fills its staged rows, copied on the device; every step's emitted
         tokens copied out. A graph per (program, b, k) from its second use where the backend has them."""
         rt = self.rt
-        key = (program, b, k)
-        g = self._graphs.get(key, _NONE)
-        if g is not _NONE and g is not None:
-            rt.backend.replay(g)
-            return
-        run = lambda: self._body(program, b, k, env)  # noqa: E731
-        graphable = rt.graphs and rt.manifest.programs[program].graph
-        if not graphable or g is None or key not in self._warm:
-            self._warm.add(key)  # a key's first use runs plainly (kernels loaded, scratch sized)
-            run()
-            return
-        try:
-            g = rt.backend.capture(run)
-        except Exception:  # a launch that cannot be captured: this key runs plainly
-            g = None
-        self._graphs[key] = g
-        if g is None:
-            run()
-        else:
-            rt.backend.replay(g)
+        enabled = rt.graphs and rt.manifest.programs[program].graph
+        graphed(rt.backend, self._graphs, self._warm, (program, b, k), lambda: self._body(program, b, k, env), enabled)
 
     def _body(self, program: str, b: int, k: int, env: dict) -> None:
         rt = self.rt

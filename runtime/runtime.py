@@ -18,7 +18,7 @@ import numpy as np
 
 from manifests import derive, expr
 from manifests.schema import Manifest
-from runtime.backend import Backend, KernelError, map_kernel_exceptions
+from runtime.backend import Backend, KernelError, graphed, map_kernel_exceptions
 from runtime.backends import make_backend
 from runtime.load import run_derives
 from runtime.protocol import Protocol
@@ -420,31 +420,11 @@ class Runtime:
         return got
 
     def _run_calls(self, program: str, b: int, run: Callable[[], Any], graph: bool) -> None:
-        """Run a step's calls: plainly, or for a `graph: true` program as a captured graph per bucket.
+        """Run a step's calls: plainly, or for a `graph: true` program as a captured graph per bucket
+        (`graphed`). The graph holds the buffers' and arenas' addresses, which never move after load,
+        and reads its inputs from the buffers the step just uploaded."""
+        graphed(self.backend, self._graphs, self._warm, (program, b), run, graph and self.graphs)
 
-        A bucket's first step runs plainly (it loads the kernels and sizes their scratch); its second
-        is captured and then replayed, as is every later one. A backend without graphs, or a capture
-        that fails, runs plainly from then on. The graph holds the buffers' and arenas' addresses,
-        which never move after load, and reads its inputs from the buffers the step just uploaded."""
-        key = (program, b)
-        if not (graph and self.graphs) or self._graphs.get(key, 0) is None:
-            run()
-            return
-        g = self._graphs.get(key)
-        if g is None:
-            if key not in self._warm:
-                self._warm.add(key)
-                run()
-                return
-            try:
-                g = self.backend.capture(run)
-            except Exception:  # a launch that cannot be captured: this bucket runs plainly
-                g = None
-            self._graphs[key] = g
-            if g is None:
-                run()
-                return
-        self.backend.replay(g)
     def _chunk_env(self, program: str, fwd, cells: list[Cell]) -> dict[str, int]:
         """The vars of one chunk call over `cells`: rows, sequences and (if declared) the context."""
         m = self.manifest

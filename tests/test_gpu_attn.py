@@ -6,18 +6,9 @@ sees no CUDA device."""
 import numpy as np
 import pytest
 
-cp = pytest.importorskip("cupy")
-try:
-    _devices = cp.cuda.runtime.getDeviceCount()
-except Exception:  # no driver
-    _devices = 0
-if _devices < 1:
-    pytest.skip("no CUDA device visible to cupy", allow_module_level=True)
+from tests.gpu_required import skip_without_gpu
 
-from runtime import gpu  # noqa: E402  (before numba.cuda)
-
-if not gpu.gpu_available():
-    pytest.skip("numba.cuda cannot launch on the device", allow_module_level=True)
+cp = skip_without_gpu()  # runtime.gpu imported too, before numba.cuda
 
 from toy import model  # noqa: E402
 from toy.attn import cpu as cpu_k  # noqa: E402

@@ -10,18 +10,11 @@ import random
 import numpy as np
 import pytest
 
-cp = pytest.importorskip("cupy")
-try:
-    _devices = cp.cuda.runtime.getDeviceCount()
-except Exception:  # no driver: cupy imports but cannot talk to a device
-    _devices = 0
-if _devices < 1:
-    pytest.skip("no CUDA device visible to cupy", allow_module_level=True)
+from tests.gpu_required import skip_without_gpu
+
+cp = skip_without_gpu()
 
 from runtime import gpu  # noqa: E402  (before numba.cuda: see its docstring)
-
-if not gpu.gpu_available():
-    pytest.skip("numba.cuda cannot launch on the device", allow_module_level=True)
 
 from runtime.step import Cell  # noqa: E402
 from tests.test_multistep import PAD, _prefilled, _seqs  # noqa: E402
