@@ -185,3 +185,50 @@ def _quietly(server) -> None:
         httpx.post(server.url + "/v1/completions", json={"prompt": LONG[:8], "max_tokens": 4}, timeout=60)
     except httpx.HTTPError:
         pass
+
+
+class _Losable:
+    """A device double that can lose a stage: each step returns one token a cell; `lose()` sets
+    `broken` and counts the loss as a pipeline's take does."""
+
+    protocol = timing = None
+
+    def __init__(self) -> None:
+        self.broken = threading.Event()
+        self.losses = 0
+
+    def step(self, program, cells):
+        return [[1] for _ in cells]
+
+    def lose(self) -> None:
+        self.losses += 1
+        self.broken.set()
+
+
+def _stall_steps(dev, n: int) -> float:
+    """Seconds `n` steps of one cell take through the fault."""
+    t0 = time.monotonic()
+    for _ in range(n):
+        dev.step("decode", [None])
+    return time.monotonic() - t0
+
+
+def test_stall_until_loss_holds_the_step_until_a_stage_is_lost_and_never_after_a_loss(monkeypatch):
+    """The fault e2e's stage_loss session runs under: STALL_AT steps after the first request the next
+    step waits for a loss (here one 0.5 s later), once; a server that lost a stage before the stall point
+    (the gate's kill came first) never stalls (on pp3 the resumed load once sat out all 120 s of it)."""
+    from serve.core import faults
+
+    monkeypatch.setattr(faults, "STALL_S", 10.0)
+    inner = _Losable()
+    dev = faults.FaultyDevice(inner, ["stall-until-loss"], {"requests": 1}, "prefill", 1)
+    assert _stall_steps(dev, faults.STALL_AT) < 0.5  # up to the stall point: no wait
+    threading.Timer(0.5, inner.lose).start()
+    assert 0.4 < _stall_steps(dev, 1) < 5.0  # the stall, ended by the loss
+    assert _stall_steps(dev, 3 * faults.STALL_AT) < 0.5  # once
+    early = _Losable()
+    dev = faults.FaultyDevice(early, ["stall-until-loss"], {"requests": 1}, "prefill", 1)
+    _stall_steps(dev, 3)
+    early.lose()
+    early.broken.clear()  # the loss taken (the scheduler's take_loss), a replacement serving
+    assert _stall_steps(dev, 3 * faults.STALL_AT) < 0.5

@@ -70,9 +70,10 @@ FAULTS = {
                       "first that were written after another first block (the same tokens at the same positions; "
                       "a block cache whose key ignores the block's parent): invisible on toy-paged, whose slots "
                       "depend on token and position alone; toy-attn and toy-layers answer wrong",
-    "stall-until-loss": "pipeline targets: once, STALL_AT (12) steps after the first request, the head's next step "
-                        "waits until a stage is lost (at most STALL_S, 120 s), answers unchanged (a stage hung "
-                        "mid-load until someone kills it): a gate's kill lands mid-answer however starved it is",
+    "stall-until-loss": "pipeline targets: once, STALL_AT (12) steps after the first request, unless a stage was "
+                        "lost before, the head's next step waits until a stage is lost (at most STALL_S, 120 s), "
+                        "answers unchanged (a stage hung mid-load until someone kills it): a gate's kill lands "
+                        "mid-answer however starved it is",
 }
 
 
@@ -245,6 +246,9 @@ def _long_first_step(dev: FaultyDevice) -> None:
 
 def _stall_until_loss(dev: FaultyDevice) -> None:
     if dev.broken is None or dev.stalled or not dev.counters["requests"]:
+        return
+    if dev.inner.losses:  # a stage was lost before the stall point (a gate's kill needs no stall): none after
+        dev.stalled = True
         return
     if dev.first_request_step is None:
         dev.first_request_step = dev.steps
