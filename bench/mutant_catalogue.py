@@ -696,9 +696,17 @@ CATALOGUE: tuple[Mutant, ...] = (
            "a D2H copy into pinned memory read before the stream is synchronized (vLLM's async output "
            "processing / non_blocking .cpu(): the previous step's tokens read as this step's)", backend="gpu"),
     Mutant("graph-key-ignores-batch", "runtime/runtime.py",
-           "        key = (program, b)\n",
-           "        key = (program, 0)  # one graph per program, whatever the batch\n",
-           ("conc1_equals_run", "concurrent", "repeat_hit"), ("toy-paged",),
+           "self._graphs, self._warm, (program, b), run,",
+           "self._graphs, self._warm, (program, 0), run,",  # one graph per program, whatever the batch
+           # toy-stateful: a lined decode runs one step a launch (toy-paged's decode runs several on a
+           # GPU since --decode-steps: its graphs are multistep-graph-key-ignores-batch's)
+           ("conc1_equals_run", "concurrent", "repeat_hit"), ("toy-stateful",),
            "a CUDA graph captured for one batch size replayed for another (vLLM/SGLang graph buckets: a batch "
            "padded to the wrong captured size, or a graph keyed without it)", backend="gpu"),
+    Mutant("multistep-graph-key-ignores-batch", "runtime/multistep.py",
+           "self._graphs, self._warm, (program, b, k),",
+           "self._graphs, self._warm, (program, 0, k),",  # one graph of K steps per program, whatever the batch
+           ("conc1_equals_run", "concurrent", "repeat_hit"), ("toy-paged",),
+           "several decode steps a launch replayed from a graph captured for another batch size (the K steps' "
+           "copies and kernels sized for it): --decode-steps' graphs keyed without the batch", backend="gpu"),
 )
