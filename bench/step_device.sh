@@ -2,7 +2,7 @@
 # Issue 43's step on the device in one GPU call: the multistep tests against the CPU reference, the
 # engine alone at 64 sequences with 1, 8 and 16 decode steps a launch (bench/engine_step.py: each
 # figure beside its kernel-only ceiling of the same run), one `kern serve` against the engine alone in
-# the same run (bench/serve_load.py, whole and streamed, the server's default --decode-steps), and the
+# the same run (bench/serve_load.py, whole and streamed, both at --decode-steps SERVE_STEPS, default 8), and the
 # gate on every target twice (the second warm). Logs under OUT; a short table last.
 #
 #   bash bench/step_device.sh [OUT]     # OUT defaults to $OUT, else /tmp/kern-step-device
@@ -21,7 +21,7 @@ for k in $STEPS; do
 done
 if [ "${SERVE:-1}" = 1 ]; then
   timeout 400 "$PY" bench/serve_load.py --backend gpu --streams "$STREAMS" --max-tokens "$TOKENS" --rounds 4 \
-    --repeats 3 > "$OUT/serve-load.log" 2>&1
+    --repeats 3 --serve-flag="--decode-steps=${SERVE_STEPS:-8}" > "$OUT/serve-load.log" 2>&1
 fi
 if [ "${GATE:-1}" = 1 ]; then
   for run in 1 2; do

@@ -21,7 +21,6 @@ __all__ = ["Engine", "EngineError", "Options", "build", "size"]
 
 GIB = 1 << 30
 CPU_CAPACITY = 16384
-DECODE_STEPS_GPU = 8  # --decode-steps on a GPU by default: the host's fixed cost a launch over 8 steps (issue 43)
 
 
 class EngineError(KernError, ValueError):
@@ -42,7 +41,7 @@ class Options:
     config: str | None = None
     faults: Faults = field(default_factory=Faults)
     graphs: bool = True  # capture `graph: true` programs as CUDA graphs (GPU)
-    decode_steps: int | None = None  # decode steps a launch (None: DECODE_STEPS_GPU on a GPU, 1 on the CPU)
+    decode_steps: int | None = None  # decode steps a launch (None: 1)
     pack: bool = True  # pack prefill when the manifest declares cu_seqlens (--no-pack: never)
     host_chunk: int | None = None  # the host tier in pieces of this many bytes (--host-chunk-bytes)
     admission: Rule = field(default_factory=Rule)  # the admission policy (--admission and its shares)
@@ -208,7 +207,7 @@ def build(what: str, opts: Options, phases: Phases | None = None) -> Engine:
     if not isinstance(pad, Lease):
         raise EngineError(f"the pool cannot lease the pad ({pad!r}); raise --capacity")
     rt.set_pad(pad.pages[0], pad.slot)
-    steps = decode_steps(rt, rows, opts.decode_steps, backend.name)
+    steps = decode_steps(rt, rows, opts.decode_steps)
     return Engine(
         model=m.model, manifest_path=str(target.manifest), runtime=rt, pool=pool, pad=pad, host=host,
         prefix=Prefix(unit), rows=rows, chunk=chunk, max_seqs=max_seqs, lined=lined, unit=unit, reach=reach,
@@ -218,10 +217,10 @@ def build(what: str, opts: Options, phases: Phases | None = None) -> Engine:
     )
 
 
-def decode_steps(rt, rows: int, asked: int | None, backend: str) -> int:
-    """Decode steps a launch: as asked (default DECODE_STEPS_GPU on a GPU, 1 on the CPU), or 1 where
-    the one-row decode program cannot run several (runtime/multistep.py's `eligible`; rows > 1)."""
-    k = asked if asked is not None else (DECODE_STEPS_GPU if backend != "cpu" else 1)
+def decode_steps(rt, rows: int, asked: int | None) -> int:
+    """Decode steps a launch: as asked (default 1: several are for a GPU, not yet measured on one), or 1
+    where the one-row decode program cannot run several (runtime/multistep.py's `eligible`; rows > 1)."""
+    k = asked if asked is not None else 1
     if k < 1:
         raise EngineError(f"--decode-steps {k} must be >= 1")
     if k == 1 or rows != 1:
