@@ -31,7 +31,10 @@ class Prefix:
     def __init__(self, unit: int) -> None:
         self.unit = unit
         self._root = Node(b"", 0, 0, None, 0)
-        self._entries: set[Entry] = set()
+        # insertion-ordered, so a rebuilt heap's order among equal ticks (and all it decides) is the same
+        # every run: a set ordered them by address, and a mutant whose rebuild ties every tick was caught
+        # in some runs only (CI on c8594c3: compaction-forgets-recency survived)
+        self._entries: dict[Entry, None] = {}
         self._clock = 0
         self._seq = 0
         # per tier, a heap of (tick, seq, entry): at most one item an entry, whose tick is at most
@@ -164,7 +167,7 @@ class Prefix:
         return node
 
     def _remove(self, e: Entry) -> None:
-        self._entries.discard(e)
+        self._entries.pop(e, None)
         device = e.device
         if device is not None:
             self._resident -= 1
@@ -244,7 +247,7 @@ class Prefix:
         else:
             e = Entry(key, store, store.has_slot, node)
             node.entry = e
-            self._entries.add(e)
+            self._entries[e] = None
             self._resident += 1
             if not e.slot:
                 up = node
