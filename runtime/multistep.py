@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from runtime.backend import graphed
+from runtime.step import _paged
 
 __all__ = ["Multistep", "eligible"]
 
@@ -68,11 +69,11 @@ class Multistep:
         self.kmax = kmax
         be = rt.backend
         n = kmax * rt.groups_max
-        self.rows: dict[str, Any] = {}  # fill name -> K x b staged values, in the buffer's dtype
+        m = rt.manifest
+        self.rows: dict[str, Any] = {}  # fill name -> the values of steps 1..K-1, (K-1) x b, in the buffer's dtype
         for kind in _MOVING:
             for name in rt.fills.get(kind, []):
-                dt = str(np.dtype(rt.buffers[name].dtype))
-                self.rows[name] = be.view(be.zeros(n * np.dtype(dt).itemsize), _code(dt))
+                self.rows[name] = be.view(be.zeros(n * rt.buffers[name].itemsize), m.buffers[name].dtype)
         self._out = be.zeros(n * 8)  # every step's emitted tokens, K x b (viewed in the emitted dtype)
         self._graphs: dict[tuple[str, int, int], Any] = {}
         self._warm: set[tuple[str, int, int]] = set()
@@ -101,7 +102,7 @@ class Multistep:
         host, res, tables = rt._stage(program, padded, 1, line_pad, True)
         lim = np.ones(b, np.int64)
         lim[: len(cells)] = np.minimum(np.asarray(limits, np.int64), k)
-        rows = self._rows(program, padded, res, lim, k, b, host)
+        rows = self._rows(program, padded, res, lim, k, b)
         t1 = time.perf_counter()
         be = rt.backend
         rt._upload(host, res, tables, None)
@@ -121,39 +122,37 @@ class Multistep:
 
     def _emitted(self, program: str):
         rt = self.rt
-        return rt.backend.view(self._out, _code(str(np.dtype(rt.buffers[rt._forward(program).emits].dtype))))
+        return rt.backend.view(self._out, rt.manifest.buffers[rt._forward(program).emits].dtype)
 
-    def _rows(self, program: str, padded: list, res, lim: np.ndarray, k: int, b: int,
-              host: dict) -> dict[str, np.ndarray]:
-        """Every step's moving fills, K x b: a cell's positions pos..pos+limit-1 and then its last
-        real one held (its steps past the limit write to the pad page's first slot, as a padding
-        cell's step does, and read only real rows)."""
+    def _rows(self, program: str, padded: list, res, lim: np.ndarray, k: int, b: int) -> dict[str, np.ndarray]:
+        """The moving fills of steps 1..K-1 ((K-1) x b; step 0's are the single step's staging): a
+        cell's positions pos+1..pos+limit-1 and then its last real one held (its steps past the limit
+        write to the pad page's first slot, as a padding cell's step does, and read only real rows)."""
         rt = self.rt
         if rt.pad is None and not lim.all():
             raise ValueError("a limit under K needs a pad page (set_pad)")
         pad_slot = rt.pad.pages[0] * rt.unit if rt.pad is not None else 0
         fills = rt._staging(program)[0]
         pos = np.fromiter((c.pos for c in padded), np.int64, b)
-        j = np.arange(k, dtype=np.int64)[:, None]
+        j = np.arange(1, k, dtype=np.int64)[:, None]
         live = j < lim[None, :]
-        at = pos[None, :] + np.minimum(j, (lim - 1)[None, :])  # K x b positions
+        at = pos[None, :] + np.minimum(j, (lim - 1)[None, :])  # (K-1) x b positions
         out: dict[str, np.ndarray] = {}
         for name in fills.get("position", []):
             out[name] = at.reshape(-1)
         for name in fills.get("seq_len", []):
             out[name] = (at + 1).reshape(-1)
         if fills.get("slot"):
-            cell = np.broadcast_to(np.arange(b, dtype=np.int64)[None, :], (k, b)).reshape(-1)
+            cell = np.broadcast_to(np.arange(b, dtype=np.int64)[None, :], (k - 1, b)).reshape(-1)
             if res is not None:
                 slots = res.slots(cell, at.reshape(-1))
-            else:
-                slots = _slots(padded, rt.unit, cell, at.reshape(-1))
+            else:  # no resident tables: the slot map as a single step builds it whole
+                built: dict[str, np.ndarray] = {}
+                _paged(padded, rt.unit, {"slot": ["slots"]}, [], cell, at.reshape(-1), built)
+                slots = built["slots"]
             slots = np.where(live.reshape(-1), slots, pad_slot)
             for name in fills["slot"]:
                 out[name] = slots
-        for name, arr in out.items():  # step 0's are what the single step staged (its own pad cells too)
-            if not np.array_equal(arr[:b], host[name][:b]):
-                raise AssertionError(f"multistep: step 0's {name} differs from the single step's staging")
         return out
 
     def _run(self, program: str, b: int, k: int, env: dict) -> None:
@@ -180,7 +179,7 @@ class Multistep:
             if j:
                 be.copy(token, 0, emits, 0, b * width)
                 for buf, staged, n in moving:
-                    be.copy(buf, 0, staged, j * b * n, b * n)
+                    be.copy(buf, 0, staged, (j - 1) * b * n, b * n)
             for call in calls:
                 rt.run_call(call, env)
             be.copy(out, j * b * width, emits, 0, b * width)
@@ -188,13 +187,3 @@ class Multistep:
 
 def _u8(be, arr):
     return be.view(arr, "u8")
-
-
-def _code(dtype: str) -> str:
-    return {"int64": "i64", "int32": "i32", "uint64": "u64", "uint8": "u8", "float32": "f32"}[dtype]
-
-
-def _slots(cells: list, unit: int, cell: np.ndarray, rows: np.ndarray) -> np.ndarray:
-    """The slot of each (cell, position) from the cells' page lists (no resident tables)."""
-    return np.fromiter((cells[c].pages[r // unit] * unit + r % unit for c, r in zip(cell.tolist(), rows.tolist())),
-                       np.int64, len(rows))

@@ -9,6 +9,8 @@ its limit write only to the pad page)."""
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -159,3 +161,23 @@ def test_the_gate_passes_a_server_taking_five_steps_a_launch(tmp_path):
     assert code == EXIT_PASS and not failed, failed
     logs = list((tmp_path / "results" / "toy-attn").glob("server-*.log"))
     assert logs and all("decode_steps=5" in p.read_text() for p in logs), [p.name for p in logs]
+
+
+def test_a_faulty_device_takes_several_steps_one_at_a_time_with_the_same_answers():
+    """`FaultyDevice.steps` (a server with a step fault and --decode-steps K) runs the K steps through its
+    own `step`, so each step's fault applies: slow-steps' sleep K times, and the tokens those single steps
+    give, limits and all, equal the runtime's K steps a launch. (Its step counter was once named `steps`
+    too, which hid the method: such a server would have failed its first launch.)"""
+    from serve.core.faults import SLOW_STEP_S, FaultyDevice
+
+    prompts = [b"slow and steady", b"x", b"a third sequence, longer than the rest"]
+    seqs = _seqs(prompts)
+    limits = [4, 1, 3]
+    plain, inner = _prefilled(prompts), _prefilled(prompts)
+    faulty = FaultyDevice(inner, ["slow-steps"], {"requests": 1}, "prefill", 1)
+    cells = lambda: [Cell(pages, None, [anchor], pos) for pages, anchor, pos in seqs]  # noqa: E731
+    want = plain.steps("decode", cells(), 4, limits)
+    t0 = time.monotonic()
+    got = faulty.steps("decode", cells(), 4, limits)
+    assert got == want == _single(_prefilled(prompts), seqs, limits)
+    assert faulty.stepped == 4 and time.monotonic() - t0 >= 4 * SLOW_STEP_S

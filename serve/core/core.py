@@ -315,23 +315,25 @@ class Core:
         rows = self.engine.rows
         groups = self.step_forward.groups
         parts = []
-        k = self.decode_steps
+        several = self.decode_steps > 1
         for at in range(0, len(batch), groups):
             part = batch[at : at + groups]
             cells = [Cell(r.lease.pages, r.lease.slot, [r.anchor] * rows, r.pos) for r in part]
             program = rt.protocol.forward(len(cells), rows).program
-            parts.append(self._step(program, cells, k, [r.max_tokens - len(r.out) for r in part] if k > 1 else None))
+            parts.append(self._step(program, cells, [r.max_tokens - len(r.out) for r in part] if several else None))
         self.counters.add("batched_steps", len(batch) > 1)  # e2e's proof that its burst shared a step
         self.in_flight.update(map(id, batch))
         return Flight(work, parts)
 
-    def _step(self, program: str, cells: list[Cell], k: int = 1, limits: list[int] | None = None) -> list[list[int]]:
+    def _step(self, program: str, cells: list[Cell], limits: list[int] | None = None) -> list[list[int]]:
+        """One step of `program` over `cells`, or with each cell's `limits` `decode_steps` of them."""
         t0 = time.perf_counter()
         self.step_since = time.monotonic()
-        tokens = self.device.step(program, cells) if limits is None else self.device.steps(program, cells, k, limits)
+        k = 1 if limits is None else self.decode_steps
+        tokens = self.device.step(program, cells) if k == 1 else self.device.steps(program, cells, k, limits)
         self.step_since = None
         self.counters.step_s += time.perf_counter() - t0
-        self.counters.add("steps", k if limits is not None else 1)
+        self.counters.add("steps", k)
         return tokens
 
     # commit

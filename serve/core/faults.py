@@ -138,9 +138,9 @@ class FaultyDevice:
         self.counters = counters  # the core's: the request count some faults wait for
         self.prefill_program = prefill_program
         self.rows = rows
-        self.steps = 0
+        self.stepped = 0  # steps taken (not `steps`: that is the several-steps method)
         self.long_done = False
-        self.first_request_step: int | None = None  # stall-until-loss: `steps` when the first request was seen
+        self.first_request_step: int | None = None  # stall-until-loss: `stepped` when the first request was seen
         self.stalled = False
         self._before = [BEFORE[n] for n in BEFORE if n in names]
         self._after = [AFTER[n] for n in AFTER if n in names]
@@ -149,7 +149,7 @@ class FaultyDevice:
         for fault in self._before:
             fault(self)
         tokens = self.inner.step(program, cells)
-        self.steps += 1
+        self.stepped += 1
         for fault in self._after:
             tokens = fault(self, program != self.prefill_program, tokens) or tokens
         return tokens
@@ -247,12 +247,12 @@ def _long_first_step(dev: FaultyDevice) -> None:
 def _stall_until_loss(dev: FaultyDevice) -> None:
     if dev.broken is None or dev.stalled or not dev.counters["requests"]:
         return
-    if dev.inner.losses:  # a stage was lost before the stall point (a gate's kill needs no stall): none after
+    if dev.losses:  # a stage was lost before the stall point (a gate's kill needs no stall): none after
         dev.stalled = True
         return
     if dev.first_request_step is None:
-        dev.first_request_step = dev.steps
-    if dev.steps - dev.first_request_step >= STALL_AT:
+        dev.first_request_step = dev.stepped
+    if dev.stepped - dev.first_request_step >= STALL_AT:
         dev.stalled = True
         dev.broken.wait(STALL_S)  # not a bug: a stage hung until it is killed (the loss is then taken as always)
 
@@ -262,7 +262,7 @@ def _slow_steps(dev: FaultyDevice, forward: bool, tokens: list) -> None:
 
 
 def _raise_in_scheduler(dev: FaultyDevice, forward: bool, tokens: list) -> None:
-    if dev.steps > 1:
+    if dev.stepped > 1:
         raise RuntimeError("fault injected: raise-in-scheduler")
 
 
