@@ -181,3 +181,17 @@ def test_a_faulty_device_takes_several_steps_one_at_a_time_with_the_same_answers
     got = faulty.steps("decode", cells(), 4, limits)
     assert got == want == _single(_prefilled(prompts), seqs, limits)
     assert faulty.stepped == 4 and time.monotonic() - t0 >= 4 * SLOW_STEP_S
+
+
+def test_without_resident_tables_the_slots_come_from_the_pages_as_a_single_step_builds_them():
+    """A runtime that keeps no page-table rows between steps (a manifest whose kernel writes a table)
+    stages each step's slot map whole: K steps a launch, with a sequence stopping early, still equal
+    single steps, pages and all."""
+    prompts = [b"no resident rows", b"yz"]
+    seqs = _seqs(prompts)
+    one, many = _prefilled(prompts), _prefilled(prompts)
+    one.resident = many.resident = None
+    want = _single(one, seqs, [5, 2])
+    got = many.steps("decode", [Cell(p, None, [a], pos) for p, a, pos in seqs], 5, [5, 2])
+    assert got == want
+    assert all(np.array_equal(a, b) for a, b in zip(_pages_but_pad(many), _pages_but_pad(one)))
