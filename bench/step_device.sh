@@ -6,26 +6,27 @@
 # gate on every target twice (the second warm). Logs under OUT; a short table last.
 #
 #   bash bench/step_device.sh [OUT]     # OUT defaults to $OUT, else /tmp/kern-step-device
-#   STEPS="1 8 16" ROUNDS=5 STREAMS=64 TOKENS=256 GATE=1 SERVE=1 TESTS=1
+#   STEPS="1 8 16" ROUNDS=5 STREAMS=64 TOKENS=256 GATE=1 SERVE=1 TESTS=1 GATE_RUNS=2
+#   and each part's time limit in seconds: T_TESTS=300 T_STEP=300 (each K) T_SERVE=400 T_GATE=300 (each run)
 #
 # Nothing here installs anything: the caller puts kern's dependencies on the path first.
 source "$(dirname "$0")/script_env.sh" /tmp/kern-step-device "$@"
 STEPS="${STEPS:-1 8 16}" ROUNDS="${ROUNDS:-5}" STREAMS="${STREAMS:-64}" TOKENS="${TOKENS:-256}"
 if [ "${TESTS:-1}" = 1 ]; then
-  timeout 300 "$PY" -m pytest -q -p no:cacheprovider tests/test_gpu_multistep.py tests/test_multistep.py \
+  timeout "${T_TESTS:-300}" "$PY" -m pytest -q -n 4 -p no:cacheprovider tests/test_gpu_multistep.py tests/test_multistep.py \
     > "$OUT/tests.log" 2>&1; echo "tests exit $?" >> "$OUT/tests.log"
 fi
 for k in $STEPS; do
-  timeout 300 "$PY" bench/engine_step.py --backend gpu --seqs "$STREAMS" --max-tokens "$TOKENS" --rounds "$ROUNDS" \
+  timeout "${T_STEP:-300}" "$PY" bench/engine_step.py --backend gpu --seqs "$STREAMS" --max-tokens "$TOKENS" --rounds "$ROUNDS" \
     --warmup 1 --pin 2 --decode-steps "$k" > "$OUT/engine-step-k$k.log" 2>&1
 done
 if [ "${SERVE:-1}" = 1 ]; then
-  timeout 400 "$PY" bench/serve_load.py --backend gpu --streams "$STREAMS" --max-tokens "$TOKENS" --rounds 4 \
+  timeout "${T_SERVE:-400}" "$PY" bench/serve_load.py --backend gpu --streams "$STREAMS" --max-tokens "$TOKENS" --rounds 4 \
     --repeats 3 --serve-flag="--decode-steps=${SERVE_STEPS:-8}" > "$OUT/serve-load.log" 2>&1
 fi
 if [ "${GATE:-1}" = 1 ]; then
-  for run in 1 2; do
-    timeout 300 "$PY" -m e2e.cli --backend gpu --out "$OUT/e2e-$run" > "$OUT/gate-$run.log" 2>&1
+  for run in $(seq "${GATE_RUNS:-2}"); do
+    timeout "${T_GATE:-300}" "$PY" -m e2e.cli --backend gpu --out "$OUT/e2e-$run" > "$OUT/gate-$run.log" 2>&1
     echo "gate exit $?" >> "$OUT/gate-$run.log"
   done
 fi

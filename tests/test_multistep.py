@@ -195,3 +195,19 @@ def test_without_resident_tables_the_slots_come_from_the_pages_as_a_single_step_
     got = many.steps("decode", [Cell(p, None, [a], pos) for p, a, pos in seqs], 5, [5, 2])
     assert got == want
     assert all(np.array_equal(a, b) for a, b in zip(_pages_but_pad(many), _pages_but_pad(one)))
+
+
+@pytest.mark.parametrize("backend, asked, want", [("cpu", None, 1), ("gpu", None, 8), ("gpu", 3, 3), ("cpu", 4, 4)])
+def test_decode_steps_default_eight_on_a_gpu_one_on_the_cpu_and_as_asked_otherwise(backend, asked, want):
+    """`--decode-steps`' default follows the backend (serve/core/engine.py `decode_steps`): 8 on a GPU,
+    1 on the CPU; a value asked for is taken on either; a program that cannot run several gets 1."""
+    from serve.core.engine import decode_steps
+
+    m, w = target("toy-paged")
+    rt = Runtime(m, w, pages=PAGES, backend=CpuBackend(), max_seqs=4)
+    rt.backend.name = backend  # the default reads the backend's name alone (an instance attribute here)
+    assert decode_steps(rt, 1, asked) == want
+    m, w = target("toy-stateful")
+    lined = Runtime(m, w, pages=PAGES, slots=4, backend=CpuBackend(), max_seqs=4)
+    lined.backend.name = backend
+    assert decode_steps(lined, 1, asked) == 1

@@ -217,10 +217,15 @@ def build(what: str, opts: Options, phases: Phases | None = None) -> Engine:
     )
 
 
+DEFAULT_STEPS = 8
+"""`--decode-steps`' default on a GPU (bench/step_device.sh measures it against 1 and 16)."""
+
+
 def decode_steps(rt, rows: int, asked: int | None) -> int:
-    """Decode steps a launch: as asked (default 1: several are for a GPU, not yet measured on one), or 1
-    where the one-row decode program cannot run several (runtime/multistep.py's `eligible`; rows > 1)."""
-    k = asked if asked is not None else 1
+    """Decode steps a launch: as asked (default: `DEFAULT_STEPS` on a GPU, where the host's fixed cost
+    a launch is the step's bound; 1 on the CPU, where the kernels are), or 1 where the one-row decode
+    program cannot run several (runtime/multistep.py's `eligible`; rows > 1)."""
+    k = asked if asked is not None else (DEFAULT_STEPS if rt.backend.name == "gpu" else 1)
     if k < 1:
         raise EngineError(f"--decode-steps {k} must be >= 1")
     if k == 1 or rows != 1:
