@@ -121,13 +121,18 @@ class Client:
         # say: a server that sends a stream's usage only when asked still fills the ledger
         self.stream_usage = stream_usage
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        # every connection may be kept alive (httpx keeps 20 by default): with more in flight, httpcore's
-        # pool closes a "surplus" idle one it has just handed to a queued request (encode/httpcore#1110),
-        # and that request's stream ended in EBADF once in about 160 loaded freed_while_read runs
+        # One httpx client (one connection pool) per thread (`http`). A pool shared by threads closes
+        # connections under each other: httpcore hands an idle connection to a request, and before that
+        # request's thread writes on it another thread's call finds it idle past its keep-alive expiry
+        # (or "surplus", encode/httpcore#1110) and closes it, so the request ends in EBADF. Under load
+        # (a thread not run for KEEPALIVE_S) that was 2 of 70 toy-paged gates at load 15-45
+        # (cold_burst, refcount_stress). A pool only its own thread touches cannot race.
         limits = httpx.Limits(max_connections=64, max_keepalive_connections=64, keepalive_expiry=KEEPALIVE_S)
         self._connect = lambda: httpx.Client(base_url=session.url, timeout=timeout, headers=headers, verify=tls(),
                                              limits=limits)
-        self.http = self._connect()
+        self._mine = threading.local()  # this thread's client, and the generation it was made in
+        self._clients: list[httpx.Client] = []  # every thread's, to close
+        self._generation = 0  # `reconnect` moves it on: each thread then makes a new client
         self.resent = 0  # requests sent again after an idle connection was closed under them
         self._lock = threading.Lock()
         self._next = 0
@@ -140,15 +145,32 @@ class Client:
         self._in_burst = threading.local()
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=64, thread_name_prefix="request")
 
+    @property
+    def http(self) -> httpx.Client:
+        """This thread's client (made at its first use, and again after `reconnect`)."""
+        mine = self._mine
+        if getattr(mine, "generation", None) != self._generation:
+            with self._lock:
+                mine.client, mine.generation = self._connect(), self._generation
+                self._clients.append(mine.client)
+        return mine.client
+
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
-        self.http.close()
+        with self._lock:
+            old, self._clients = self._clients, []
+            self._generation += 1
+        for c in old:
+            c.close()
 
     def reconnect(self) -> None:
         """Drop every kept-alive connection (call with nothing in flight): the next requests open new
         ones, which a server with several front ends hands out among them afresh."""
-        old, self.http = self.http, self._connect()
-        old.close()
+        with self._lock:
+            old, self._clients = self._clients, []
+            self._generation += 1
+        for c in old:
+            c.close()
 
     def _take_id(self) -> str:
         with self._lock:
