@@ -29,14 +29,13 @@ from verdicts.gate import EXIT_NOTHING_RAN
 from e2e.driver import SESSIONS, _names, _skipped, engine_of, gate_all
 from e2e.flags import GateFlags
 from e2e.gate import Options
-from e2e.shards import GPU_PROCESSES, processes_default, run_shards, split, why_single
 from e2e.shrinking import replay_case, shrink_failures
 from e2e.spawners import GPU_HOSTS, WORKER_CORES, close_spawners, no_gpu, start_spawners
 from e2e.progress import Progress
 from e2e.report import commit, junit, write_report, write_summary
 from e2e.scenarios import CHECKS
 from e2e.session import STARTED, stop_all
-from e2e.stages import CHECK as STAGES_CHECK, record as record_stages
+from e2e.stages import record as record_stages
 from manifests.config import PACKAGED, PACKAGED_PP
 from oracle.reference import PACKAGED_MODEL, Reference, ReferenceError
 from oracle.version import option as version_option
@@ -127,12 +126,6 @@ def _greedy(argv: list[str]) -> list[str]:
                    "still fails: OUT/<target>/case_<target>_<session>.json and a pytest file beside it.")
 @click.option("--replay-case", "replay_path", type=click.Path(dir_okay=False, exists=True), default=None,
               help="Replay one case file (what --shrink wrote) on a fresh server; exit 0 pass, 1 fail.")
-@click.option("--processes", type=click.IntRange(min=0), default=0, show_default=True,
-              help="Gate processes the targets are split over (e2e/shards.py: each its own clients, oracles and "
-                   "interpreter lock; the summary, JUnit file and exit code over every target, as one process "
-                   "writes them). 0: " + f"{GPU_PROCESSES} on a GPU machine of 16 or more cores, else 1. Only the plain "
-                   "gate of this checkout's kern splits (not --engine, --engine-url, --kern, --explore, --shrink, "
-                   "--replay-case, --capabilities or a fixed --port).")
 @click.option("--explore", "explore_n", type=click.IntRange(min=1), default=None,
               help="Gate N fresh random seeds, each its own run under OUT/seed-S, of the generated sessions' "
                    "checks (or --scenarios); prints each seed and the command that replays a failing one.")
@@ -206,12 +199,11 @@ def _gate(cfg, chosen, opts: Options, ref: Path | None, wanted: set[str] | None,
     """The gate itself, once its options are made: spawners, targets, the summary; exits with its code."""
     backend, jobs, explore_n, max_tokens, junit_path = f.backend, f.jobs, f.explore_n, f.max_tokens, f.junit_path
     why = None
-    processes = _processes(f, chosen, opts.say)
     with concurrent.futures.ThreadPoolExecutor(1) as ex:
         # --backend gpu: is there one? Asked (cupy's import, the driver's start: about 1 s on an H200)
         # while the hosts warm, which fail on their own without one and are then closed unheard
         check = ex.submit(no_gpu) if backend == "gpu" else None
-        if processes == 1 and opts.kern is None and not all(engine_of(t, opts).external for t in chosen if not t.skipped):
+        if opts.kern is None and not all(engine_of(t, opts).external for t in chosen if not t.skipped):
             start_spawners(opts, cfg, chosen, backend, f.zygote, f.hosts, check)
         why = check.result() if check is not None else None
     if why is not None:
@@ -226,11 +218,6 @@ def _gate(cfg, chosen, opts: Options, ref: Path | None, wanted: set[str] | None,
         finally:
             close_spawners(opts)
         sys.exit(code)
-    elif processes > 1:
-        reports = run_shards(f, split(chosen, processes), opts.out, f.hosts, opts.say)
-        for r in reports:  # the staged targets' check again, over every target (a child saw only its own)
-            r["checks"] = [c for c in r.get("checks", []) if c["name"] != STAGES_CHECK]
-        record_stages(chosen, reports, wanted, opts.say)
     else:
         try:
             reports = gate_all(chosen, opts, ref, wanted, jobs or max(1, os.cpu_count() or 1))
@@ -250,8 +237,7 @@ def _gate(cfg, chosen, opts: Options, ref: Path | None, wanted: set[str] | None,
     meta = {"commit": commit(), "backend": backend, "max_tokens": max_tokens, "wall_s": time.monotonic() - t0,
             "out": str(opts.out), "seed": opts.seed, "engine": opts.engine.shown if opts.engine else None,
             "config": None if cfg.resolve() in (PACKAGED.resolve(), PACKAGED_PP.resolve()) else str(cfg),
-            "zygote_warm_s": getattr(opts.zygote, "warm_s", None),
-            "gate_cpu_s": _own_cpu() if processes == 1 else None, "processes": processes,
+            "zygote_warm_s": getattr(opts.zygote, "warm_s", None), "gate_cpu_s": _own_cpu(),
             "hosts": len(opts.hosts) if opts.hosts is not None else 0, "hosts_warm_s": getattr(opts.hosts, "warm_s", None),
             "hosts_cpu_s": opts.hosts.cpu_s() if opts.hosts is not None else None}
     table, code = write_summary(opts.out, reports, meta)
@@ -326,20 +312,6 @@ def _engine_option(engine_cmd: str | None, capabilities: str | None, kern: str |
         return config, Engine.foreign(engine_cmd, _names((capabilities,)) if capabilities is not None else None)
     except EngineError as exc:
         raise click.UsageError(str(exc)) from None
-
-
-def _processes(f: GateFlags, chosen: list[GateTarget], say) -> int:
-    """The gate processes this run splits its targets over (`--processes`; 1 where it cannot split)."""
-    asked = f.processes or processes_default(f, lambda: no_gpu() is None)
-    n = min(asked, len([t for t in chosen if not t.skipped]))
-    if n <= 1:
-        return 1
-    why = why_single(f)
-    if why is not None:
-        if f.processes > 1:
-            say(f"e2e: --processes {f.processes} not taken: {why}")
-        return 1
-    return n
 
 
 def _own_cpu() -> float:

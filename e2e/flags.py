@@ -40,4 +40,3 @@ class GateFlags:
     shrink_: bool = False
     replay_path: str | None = None
     explore_n: int | None = None
-    processes: int = 0  # 0: `e2e.shards.processes_default`

@@ -90,9 +90,6 @@ def summary_text(reports: list[dict[str, Any]], meta: dict[str, Any] | None = No
     lines.append(f"- wall time: {float(wall):.1f} s")
     if meta.get("zygote_warm_s") is not None:
         lines.append(f"- servers forked from a zygote, warm in {float(meta['zygote_warm_s']):.1f} s")
-    if (meta.get("processes") or 1) > 1:
-        lines.append(f"- the targets split over {int(meta['processes'])} gate processes (`--processes`), each "
-                     "its own folder under shards/ with its log and summary; each target's folder here links to its")
     if meta.get("hosts"):
         lines.append(f"- single-process servers, `kern test` and `kern run` as threads of {int(meta['hosts'])} "
                      f"host(s), warm in {float(meta.get('hosts_warm_s') or 0):.1f} s"
