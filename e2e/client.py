@@ -321,16 +321,18 @@ class Client:
             raise Rejected(r.status_code, r.json())
         return list(r.json()["tokens"])
 
+    def get(self, path: str, timeout: float = 30.0) -> httpx.Response:
+        """``GET path`` on this thread's kept-alive connection, sent again on a fresh one when the server
+        closed the old one before reading it (idle past the server's keep-alive while this thread
+        waited: seen at load 48-81 as "Server disconnected without sending a response")."""
+        return self._resending(lambda: self.http.get(path, timeout=timeout))
+
     def _get_info(self, path: str) -> httpx.Response:
         """``GET path`` (/stats, /metrics); a 503 (kern serve's front end answering for a busy engine
         core: ``engine_core_not_answering``) asked again, for up to 30 s in all."""
         deadline = time.monotonic() + 30
         while True:
-            try:
-                r = self.http.get(path, timeout=30)
-            except httpx.TransportError:
-                self.session.check(grace=5.0)
-                raise
+            r = self.get(path)
             if r.status_code != 503 or time.monotonic() > deadline:
                 return r
             time.sleep(0.2)

@@ -6,7 +6,8 @@ before the first thread writes on it; the request then ends in `ReadError: [Errn
 descriptor`. This failed 2 of 70 loaded toy-paged gates (cold_burst, refcount_stress).
 
 The properties: no two threads ever get the same client; a thread keeps its own client from call to
-call; `reconnect` and `close` close every client made so far, and the next use makes a new one."""
+call; `reconnect` and `close` close every client made so far, and the next use makes a new one; a GET
+the server closed unread is sent again once, on a fresh connection."""
 
 from __future__ import annotations
 
@@ -49,3 +50,48 @@ def test_reconnect_and_close_close_every_client_and_the_next_use_makes_a_new_one
     assert fresh is not here and not fresh.is_closed
     c.close()
     assert fresh.is_closed
+
+
+def test_a_get_the_server_closed_unread_is_sent_again_once_on_a_fresh_connection():
+    """A server that closes a connection without answering ("Server disconnected without sending a
+    response": its keep-alive ran out while the client's thread waited) gets the GET again, once, on a
+    new connection; the answer is the second one's. A server that does it twice is an error."""
+    import socket
+
+    import httpx
+    import pytest
+
+    def serve(closes: int):
+        lsock = socket.socket()
+        lsock.bind(("127.0.0.1", 0))
+        lsock.listen(4)
+        seen = []
+
+        def run():
+            for i in range(closes + 1):
+                try:
+                    conn, _ = lsock.accept()
+                except OSError:
+                    return
+                seen.append(conn.recv(65536).split(b"\r\n", 1)[0])
+                if i >= closes:
+                    conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+                conn.close()
+            lsock.close()
+
+        threading.Thread(target=run, daemon=True).start()
+        return lsock, seen
+
+    lsock, seen = serve(1)
+    checked = []
+    session = SimpleNamespace(url=f"http://127.0.0.1:{lsock.getsockname()[1]}", log=None, check=lambda grace: checked.append(grace))
+    c = Client(session, "toy")
+    r = c.get("/stats/live")
+    assert (r.status_code, r.text, c.resent) == (200, "ok", 1)
+    assert seen == [b"GET /stats/live HTTP/1.1"] * 2 and checked  # the session asked whether the server lives
+    c.close()
+    lsock, seen = serve(2)
+    c = Client(SimpleNamespace(url=f"http://127.0.0.1:{lsock.getsockname()[1]}", log=None, check=lambda grace: checked.append(grace)), "toy")
+    with pytest.raises(httpx.RemoteProtocolError):
+        c.get("/stats/live")
+    c.close()

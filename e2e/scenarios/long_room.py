@@ -66,7 +66,7 @@ def _seen(live, running: int, waiting: int, over) -> bool:
     when `over()` (a long request ended: the moment passed)."""
     deadline = time.monotonic() + WAIT_S
     while time.monotonic() < deadline and not over():
-        d = live.client.http.get("/stats/live", timeout=30).json()
+        d = live.client.get("/stats/live").json()
         if d.get("running") == running and d.get("waiting") == waiting:
             return True
         time.sleep(0.005)
@@ -126,7 +126,7 @@ def run(r) -> None:
     r.serial_ends("long_room's requests run at once")
     if live.stats.has_endpoint is None:
         live.stats.read()
-    if not live.stats.has_endpoint or live.client.http.get("/stats/live", timeout=30).status_code != 200:
+    if not live.stats.has_endpoint or live.client.get("/stats/live").status_code != 200:
         r.checks.add("long_beside_short", None, "not gated: the server has no /stats/live")
         return
     facts = r.server_facts.get("long_room") or r.facts["long_room"]
