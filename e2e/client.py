@@ -125,7 +125,7 @@ class Client:
         # connections under each other: httpcore hands an idle connection to a request, and before that
         # request's thread writes on it another thread's call finds it idle past its keep-alive expiry
         # (or "surplus", encode/httpcore#1110) and closes it, so the request ends in EBADF. Under load
-        # (a thread not run for KEEPALIVE_S) that was 2 of 70 toy-paged gates at load 15-45
+        # (a thread not run for KEEPALIVE_S) that was 2 of 92 toy-paged gates at load 15-45
         # (cold_burst, refcount_stress). A pool only its own thread touches cannot race.
         limits = httpx.Limits(max_connections=64, max_keepalive_connections=64, keepalive_expiry=KEEPALIVE_S)
         self._connect = lambda: httpx.Client(base_url=session.url, timeout=timeout, headers=headers, verify=tls(),
