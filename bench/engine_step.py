@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pin", default=None, help="CPUs to keep this process on, e.g. 2 or 2,3 (default: any)")
     ap.add_argument("--no-graphs", action="store_true")
     ap.add_argument("--decode-steps", type=int, default=None,
-                    help="decode steps a launch (kern serve's flag; default 1)")
+                    help="decode steps a launch (kern serve's flag; default 8 on a GPU, 1 on the CPU)")
     ap.add_argument("--profile", default=None, help="write the last round's cProfile stats here")
     args = ap.parse_args(argv)
 

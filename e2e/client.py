@@ -157,15 +157,12 @@ class Client:
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
-        with self._lock:
-            old, self._clients = self._clients, []
-            self._generation += 1
-        for c in old:
-            c.close()
+        self.reconnect()
 
     def reconnect(self) -> None:
-        """Drop every kept-alive connection (call with nothing in flight): the next requests open new
-        ones, which a server with several front ends hands out among them afresh."""
+        """Drop every kept-alive connection (call with nothing in flight): every thread's client is
+        closed and the next requests open new ones, which a server with several front ends hands out
+        among them afresh."""
         with self._lock:
             old, self._clients = self._clients, []
             self._generation += 1

@@ -11,9 +11,13 @@ the server closed unread is sent again once, on a fresh connection."""
 
 from __future__ import annotations
 
+import socket
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
+
+import httpx
+import pytest
 
 from e2e.client import Client
 
@@ -56,11 +60,6 @@ def test_a_get_the_server_closed_unread_is_sent_again_once_on_a_fresh_connection
     """A server that closes a connection without answering ("Server disconnected without sending a
     response": its keep-alive ran out while the client's thread waited) gets the GET again, once, on a
     new connection; the answer is the second one's. A server that does it twice is an error."""
-    import socket
-
-    import httpx
-    import pytest
-
     def serve(closes: int):
         lsock = socket.socket()
         lsock.bind(("127.0.0.1", 0))

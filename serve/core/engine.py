@@ -41,7 +41,7 @@ class Options:
     config: str | None = None
     faults: Faults = field(default_factory=Faults)
     graphs: bool = True  # capture `graph: true` programs as CUDA graphs (GPU)
-    decode_steps: int | None = None  # decode steps a launch (None: 1)
+    decode_steps: int | None = None  # decode steps a launch (None: DEFAULT_STEPS on a GPU, 1 on the CPU)
     pack: bool = True  # pack prefill when the manifest declares cu_seqlens (--no-pack: never)
     host_chunk: int | None = None  # the host tier in pieces of this many bytes (--host-chunk-bytes)
     admission: Rule = field(default_factory=Rule)  # the admission policy (--admission and its shares)
