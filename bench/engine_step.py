@@ -2,18 +2,19 @@
 
     python bench/engine_step.py [--target toy-paged] [--seqs 64] [--max-tokens 256] [--backend cpu|gpu]
                                 [--prompt-tokens 32] [--rounds 2] [--warmup 1] [--pin CPUS] [--no-graphs]
-                                [--profile FILE]
+                                [--decode-steps K] [--overlap | --no-overlap] [--profile FILE]
 
-`serve.core.engine.build` and `serve.core.core.Core` driven in this process (admit, schedule, launch, commit) for
-`--seqs` requests at once, no HTTP, as `bench/serve_load.py`'s "engine alone" is. Every forward step is
-split into (a launch of several decode steps, `--decode-steps K`, counted as K steps): schedule (admit, schedule, and the core's launch work outside the runtime: the cells, the
-runtime's checks and padding), stage (the runtime's host staging of fills and tables), upload,
-launch (issuing the calls or a graph replay), kernel (device time between two marks; the CPU runs
-kernels as issued), readback (the emitted tokens), and commit (positions, answers, checkpoints). Prefill
-calls are timed apart. Prints output tok/s and, as the ceiling measured in the same run, the tok/s the
-kernels alone would give (decode tokens / decode kernel time) with their ratio, and the staging share
-of the step (stage + upload over the whole step). Best round of `--rounds` (each a fresh Core) for tok/s,
-and each part's least over the rounds (a shared machine's noise only adds time). With
+`serve.core.engine.build` and `serve.core.core.Core` driven in this process (admit, schedule, run) for
+`--seqs` requests at once, no HTTP, as `bench/serve_load.py`'s "engine alone" is. Every forward step
+(a launch of several decode steps, `--decode-steps K`, counted as K steps) is split into: schedule
+(admit and schedule), stage (the runtime's host staging of fills and tables), upload, launch (issuing
+the calls or a graph replay), kernel (device time between two marks; the CPU runs kernels as issued),
+readback (waiting for the emitted tokens), and commit (the core's own work around the runtime: the
+cells, chaining the next launch under `--overlap`, positions, answers, checkpoints). Iterations with
+prefill calls are timed apart. Prints output tok/s and, as the ceiling measured in the same run, the
+tok/s the kernels alone would give (decode tokens / decode kernel time) with their ratio, and the
+staging share of the step (stage + upload over the whole step). Best round of `--rounds` (each a fresh
+Core) for tok/s, and each part's least over the rounds (a shared machine's noise only adds time). With
 `--profile FILE`, the last round runs under cProfile and its stats are written to FILE.
 
 A steady figure (issue 43): `--warmup` rounds run first and are discarded (numba's or CUDA's first
@@ -46,7 +47,7 @@ def prompt(i: int, n: int) -> list[int]:
 
 
 def one_round(e, rnd: int, seqs: int, max_tokens: int, prompt_tokens: int) -> dict:
-    from serve.core.core import FORWARD, Core
+    from serve.core.core import Core
     from serve.core.request import Request
 
     core = Core(e)
@@ -64,34 +65,27 @@ def one_round(e, rnd: int, seqs: int, max_tokens: int, prompt_tokens: int) -> di
     steps = 0
     decode_tokens = 0
     t_start = time.perf_counter()
-    while core.waiting or core.running:
+    while core.waiting or core.running or core.pending is not None:
         t0 = time.perf_counter()
         core.admit()
         plan = core.schedule()
         t1 = time.perf_counter()
         spent["schedule"] += t1 - t0
-        for work in plan.works:
-            if work.kind != FORWARD:
-                a = time.perf_counter()
-                core.commit(core.launch(work))
-                prefill_s += time.perf_counter() - a
-                continue
-            before = {k: getattr(rt.timing, k) for k in ("stage", "upload", "launch", "kernel", "readback")}
-            launched = rt.timing.decode_steps
-            before_tokens = got[0]
-            a = time.perf_counter()
-            flight = core.launch(work)
-            b = time.perf_counter()
-            core.commit(flight)
-            c = time.perf_counter()
-            for k, v in before.items():
-                spent[k] += getattr(rt.timing, k) - v
-            spent["commit"] += c - b
-            steps += rt.timing.decode_steps - launched  # a launch of several steps (--decode-steps) counts each
-            decode_tokens += got[0] - before_tokens
-            # what launch spent outside the runtime's own parts (cells, in-flight bookkeeping)
-            spent["schedule"] += (b - a) - sum(getattr(rt.timing, k) - v for k, v in before.items()
-                                               if k != "kernel")
+        if plan.prefill:  # prefill calls (and the forward step beside them): timed apart
+            core.run(plan)
+            prefill_s += time.perf_counter() - t1
+            continue
+        before = {k: getattr(rt.timing, k) for k in ("stage", "upload", "launch", "kernel", "readback")}
+        launched = rt.timing.decode_steps
+        before_tokens = got[0]
+        core.run(plan)  # a launch and its commit; with --overlap, the next launch and the last one's commit
+        c = time.perf_counter()
+        for k, v in before.items():
+            spent[k] += getattr(rt.timing, k) - v
+        steps += rt.timing.decode_steps - launched  # a launch of several steps (--decode-steps) counts each
+        decode_tokens += got[0] - before_tokens
+        # the core's own work around the runtime's parts: the cells, chaining, the commit
+        spent["commit"] += (c - t1) - sum(getattr(rt.timing, k) - v for k, v in before.items() if k != "kernel")
     getattr(rt, "synchronize", lambda: None)()
     wall = time.perf_counter() - t_start
     return {"wall": wall, "tokens": got[0], "steps": steps, "decode_tokens": decode_tokens, "prefill_s": prefill_s,
@@ -111,6 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-graphs", action="store_true")
     ap.add_argument("--decode-steps", type=int, default=None,
                     help="decode steps a launch (kern serve's flag; default 8 on a GPU, 1 on the CPU)")
+    ap.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=None,
+                    help="send the next launch before committing the last (kern serve's flag; default on a GPU)")
     ap.add_argument("--profile", default=None, help="write the last round's cProfile stats here")
     args = ap.parse_args(argv)
 
@@ -131,7 +127,8 @@ def main(argv: list[str] | None = None) -> int:
     cap = 2 * args.seqs * (args.prompt_tokens + args.max_tokens + 64)
     try:
         e = build(args.target, Options(backend=args.backend, max_seqs=args.seqs, graphs=not args.no_graphs,
-                                       capacity=cap, decode_steps=args.decode_steps))
+                                       capacity=cap, decode_steps=args.decode_steps,
+                                       overlap=args.overlap))
     except KernError as exc:  # an unknown target, a backend that cannot load, flags it cannot serve
         ap.error(str(exc))
     for rnd in range(args.warmup):
@@ -146,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
             prof.disable()
             prof.dump_stats(args.profile)
     args.engine_decode_steps = e.decode_steps
+    args.engine_overlap = e.overlap
     report(args, results)
     return 0
 
@@ -162,7 +160,8 @@ def report(args, results: list[dict]) -> None:
     tok_s = r["tokens"] / r["wall"]
     ceiling = r["decode_tokens"] / r["kernel"] if r["kernel"] else float("inf")
     print(f"engine alone: {args.target} backend={args.backend} seqs={args.seqs} max_tokens={args.max_tokens} "
-          f"prompt={args.prompt_tokens} graphs={not args.no_graphs} decode_steps={args.engine_decode_steps}")
+          f"prompt={args.prompt_tokens} graphs={not args.no_graphs} decode_steps={args.engine_decode_steps} "
+          f"overlap={args.engine_overlap}")
     print(f"  best of {args.rounds} rounds: {r['tokens']} tokens in {r['wall']:.3f} s: {tok_s:,.0f} tok/s; {r['steps']} decode steps, "
           f"prefill {1000 * r['prefill_s']:.1f} ms in all")
     print("  per decode step (ms, each part's least over the rounds): " + "  ".join(f"{k} {ms[k]:.3f}" for k in PARTS)

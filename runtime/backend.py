@@ -49,6 +49,19 @@ class Backend:
         """Byte copy between any two u8 arrays of this backend or the host tier."""
         raise NotImplementedError
 
+    def pinned(self, nbytes: int) -> np.ndarray:
+        """Host memory a device copy may land in without waiting (pinned on a GPU), zeroed."""
+        return np.zeros(nbytes, np.uint8)
+
+    def download_start(self, src: Any, nbytes: int, landing: np.ndarray) -> Any:
+        """Start copying `nbytes` of u8 device array `src` into `landing` (from `pinned`) after the work
+        issued so far; returns what `download_wait` waits on. The CPU copies at once."""
+        landing[:nbytes] = src[:nbytes]
+        return None
+
+    def download_wait(self, done: Any) -> None:
+        """Block until the copy `download_start` returned `done` for has landed."""
+
     def zero(self, arr: Any, off: int, nbytes: int) -> None:
         raise NotImplementedError
 

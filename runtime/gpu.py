@@ -213,6 +213,18 @@ class GpuBackend(Backend):
         self.stream.synchronize()
         return out
 
+    def pinned(self, nbytes: int) -> np.ndarray:
+        return _pinned_zeros(nbytes)
+
+    def download_start(self, src, nbytes: int, landing: np.ndarray):
+        """The copy goes on the runtime's stream after the work issued so far; an event marks its landing."""
+        if nbytes:
+            cp.cuda.runtime.memcpyAsync(landing.ctypes.data, src.data.ptr, nbytes, _MEMCPY_DEFAULT, self.stream.ptr)
+        return self.stream.record()
+
+    def download_wait(self, done) -> None:
+        done.synchronize()
+
     def copy(self, dst, dst_off: int, src, src_off: int, nbytes: int) -> None:
         """Byte copy: device to device on the runtime's stream; to or from the host tier on the
         transfer stream, ordered both ways against the runtime's stream (module docstring)."""

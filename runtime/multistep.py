@@ -27,6 +27,7 @@ past a stop would spoil it), and fills only of the kinds token, position, seq_le
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -34,10 +35,25 @@ import numpy as np
 from runtime.backend import graphed
 from runtime.step import _paged
 
-__all__ = ["Multistep", "eligible"]
+__all__ = ["Launched", "Multistep", "eligible"]
 
 
 _MOVING = ("position", "seq_len", "slot")  # the fills a later step takes from the staged rows
+
+
+@dataclass(eq=False, slots=True)
+class Launched:
+    """Steps issued and not yet collected: what `Multistep.collect` needs to read their tokens."""
+
+    program: str
+    n: int  # cells
+    k: int
+    b: int  # the padded batch
+    limits: list[int]  # each cell's tokens, at most k
+    landing: Any  # the pinned memory the tokens land in
+    done: Any  # what the backend waits on before reading it
+    m0: Any  # the device marks around the kernels
+    m1: Any
 
 
 def eligible(rt, program: str) -> str | None:
@@ -75,6 +91,10 @@ class Multistep:
             for name in rt.fills.get(kind, []):
                 self.rows[name] = be.view(be.zeros(n * rt.buffers[name].itemsize), m.buffers[name].dtype)
         self._out = be.zeros(n * 8)  # every step's emitted tokens, K x b (viewed in the emitted dtype)
+        # pinned memory the emitted tokens land in: two, so a launch may go out before the last is collected
+        self._landing = [be.pinned(n * 8), be.pinned(n * 8)]
+        self._open: list[Launched] = []  # launches not collected yet, oldest first
+        self._last: tuple[int, int, int, int] | None = None  # the last launch: (rt.launched after it, k, b, token width)
         self._graphs: dict[tuple[str, int, int], Any] = {}
         self._warm: set[tuple[str, int, int]] = set()
         self._why: dict[str, str | None] = {}
@@ -87,6 +107,14 @@ class Multistep:
     def steps(self, program: str, cells: list, k: int, limits: list[int]) -> list[list[int]]:
         """Run `k` steps of `program` over `cells` (one row each: its anchor at its pos); cell g
         emits at most `limits[g]` (>= 1) tokens. Each cell's emitted tokens, in order."""
+        return self.collect(self.launch(program, cells, k, limits))
+
+    def launch(self, program: str, cells: list, k: int, limits: list[int], follow: list[int] | None = None) -> Launched:
+        """Issue `k` steps of `program` over `cells` and return at once: the device runs them while the
+        caller goes on (`collect` waits and gives the tokens). With `follow`, cell g's first token is
+        not its anchor but the last token the previous launch emitted in row `follow[g]` (-1: its
+        anchor), read on the device: the caller may launch the next steps before it has collected
+        the previous ones. No other step may have run since that launch (its tokens would be gone)."""
         rt = self.rt
         why = self.why_not(program)
         if why is not None:
@@ -95,6 +123,8 @@ class Multistep:
             raise ValueError(f"{k} steps a launch: this runtime takes 1 to {self.kmax}")
         if len(limits) != len(cells) or min(limits, default=1) < 1:
             raise ValueError("one limit of at least 1 a cell")
+        if len(self._open) >= len(self._landing):
+            raise ValueError(f"{len(self._open)} launches not collected: collect one before the next")
         fwd = rt._forward(program)
         padded, b, env = rt._padded(program, fwd, cells, 1)
         line_pad = rt.pad.slot if rt.pad is not None and rt.pad.slot is not None else 0
@@ -108,21 +138,65 @@ class Multistep:
         rt._upload(host, res, tables, None)
         for name, arr in rows.items():
             be.upload(self.rows[name], arr)
+        if follow is not None:
+            self._follow(program, follow, len(cells))
         t2 = time.perf_counter()
         m0 = be.mark()
         self._run(program, b, k, env)
         m1 = be.mark()
+        landing = next(x for x in self._landing if not any(x is o.landing for o in self._open))
+        width = rt.buffers[fwd.emits].itemsize
+        done = be.download_start(self._out, k * b * width, landing)
         t3 = time.perf_counter()
-        got = be.download(self._emitted(program), k * b).reshape(k, b)
-        t4 = time.perf_counter()
-        rt.timing.settle(be)
-        rt.timing.add(True, t1 - t0, t2 - t1, t3 - t2, t4 - t3, be.elapsed_ms(m0, m1) / 1000.0, k)
-        n = len(cells)
-        return [col[:m] for col, m in zip(got[:, :n].T.tolist(), lim[:n].tolist())]
+        rt.launched += 1
+        self._last = (rt.launched, k, b, width)
+        rt.timing.add(True, t1 - t0, t2 - t1, t3 - t2, 0.0, 0.0, k)
+        got = Launched(program, len(cells), k, b, lim[: len(cells)].tolist(), landing, done, m0, m1)
+        self._open.append(got)
+        return got
 
-    def _emitted(self, program: str):
+    def collect(self, got: Launched) -> list[list[int]]:
+        """Wait for a launch's steps; each cell's emitted tokens (at most its limit), in order."""
         rt = self.rt
-        return rt.backend.view(self._out, rt.manifest.buffers[rt._forward(program).emits].dtype)
+        be = rt.backend
+        t0 = time.perf_counter()
+        be.download_wait(got.done)
+        dtype = rt.manifest.buffers[rt._forward(got.program).emits].dtype
+        toks = be.view(got.landing, dtype)[: got.k * got.b].reshape(got.k, got.b)
+        cols = toks[:, : got.n].T.tolist()
+        self._open.remove(got)
+        t1 = time.perf_counter()
+        rt.timing.settle(be)
+        rt.timing.add(True, 0.0, 0.0, 0.0, t1 - t0, be.elapsed_ms(got.m0, got.m1) / 1000.0, 0)
+        return [col[:m] for col, m in zip(cols, got.limits)]
+
+    def _follow(self, program: str, follow: list[int], n: int) -> None:
+        """Cell g's token fill from the previous launch's last emitted token of row `follow[g]`
+        (a device copy per run of consecutive rows; -1 keeps the anchor just uploaded)."""
+        rt = self.rt
+        if len(follow) != n:
+            raise ValueError(f"{len(follow)} follow rows for {n} cells")
+        last = self._last
+        if last is None or last[0] != rt.launched:
+            raise ValueError("follow: another step ran since the launch it follows (its tokens are gone)")
+        _, k, b, width = last
+        if max(follow, default=-1) >= b:
+            raise ValueError(f"follow: row {max(follow)} is past the previous launch's {b} rows")
+        be = rt.backend
+        token = _u8(be, rt.buffers[rt._staging(program)[0]["token"][0]])
+        out = _u8(be, self._out)
+        base = (k - 1) * b * width
+        g = 0
+        while g < n:
+            src = follow[g]
+            if src < 0:
+                g += 1
+                continue
+            end = g + 1
+            while end < n and follow[end] == src + (end - g):
+                end += 1
+            be.copy(token, g * width, out, base + src * width, (end - g) * width)
+            g = end
 
     def _rows(self, program: str, padded: list, res, lim: np.ndarray, k: int, b: int) -> dict[str, np.ndarray]:
         """The moving fills of steps 1..K-1 ((K-1) x b; step 0's are the single step's staging): a

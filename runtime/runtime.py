@@ -71,6 +71,7 @@ class Runtime:
         self._warm: set[tuple[str, int]] = set()
         self.timing = StepTiming()
         self._multistep = None  # several decode steps a launch, made at its first use (`steps`)
+        self.launched = 0  # steps and launches issued so far (a launch that follows another checks none came between)
         self.last_env: dict[str, int] = {}  # the vars of the last step (what a cut stage hands on is sized by them)
 
     # -- load ------------------------------------------------------------------------------------
@@ -279,6 +280,7 @@ class Runtime:
         per = len(cells[0].ids)
         padded, b, env = self._padded(program, fwd, cells, per)
         self.last_env = env
+        self.launched += 1
         pad_slot = self.pad.slot if self.pad is not None and self.pad.slot is not None else 0
         t0 = time.perf_counter()
         host, res, tables = self._stage(program, padded, per, pad_slot, fwd.rows is not None)
@@ -313,11 +315,22 @@ class Runtime:
     def steps(self, program: str, cells: list[Cell], k: int, limits: list[int]) -> list[list[int]]:
         """`k` decode steps of `program` in one launch (runtime/multistep.py); cell g emits at most
         `limits[g]` tokens. Each cell's emitted tokens."""
+        return self.collect(self.launch_steps(program, cells, k, limits))
+
+    def launch_steps(self, program: str, cells: list[Cell], k: int, limits: list[int], follow: list[int] | None = None):
+        """`steps` issued without waiting (`collect` gives the tokens); with `follow`, each cell's first
+        token is the previous launch's last in that row, read on the device (`Multistep.launch`)."""
         if self._multistep is None or self._multistep.kmax < k:
             from runtime.multistep import Multistep
 
+            if self._multistep is not None and self._multistep._open:
+                raise ValueError(f"{k} steps a launch is over the {self._multistep.kmax} of launches not collected")
             self._multistep = Multistep(self, max(k, 8))
-        return self._multistep.steps(program, cells, k, limits)
+        return self._multistep.launch(program, cells, k, limits, follow)
+
+    def collect(self, launched) -> list[list[int]]:
+        """Wait for a `launch_steps`' steps: each cell's emitted tokens."""
+        return self._multistep.collect(launched)
 
     def _padded(self, program: str, fwd, cells: list[Cell], per: int) -> tuple[list[Cell], int, dict[str, int]]:
         """(the cells padded to the call's size, that size, the call's vars): a chunk program's cells

@@ -45,6 +45,7 @@ class ServeFlags:
     weights: tuple[str, ...] = ()
     no_graphs: bool = False
     decode_steps: int | None = None
+    overlap: bool | None = None
     no_pack: bool = False
     faults: tuple[str, ...] = ()
     # connections and bodies (serve.api.guard.Limits)

@@ -158,7 +158,7 @@ def ready_fields(engine) -> dict:
         ready["seq_slots"] = f["seq_slots"]
     host_gib = engine.host_bytes / (1 << 30)
     ready.update(max_seqs=engine.max_seqs, max_seqs_per_rank=engine.max_seqs, max_request_tokens=f["max_request_tokens"],
-                 chunk=engine.chunk, rows=engine.rows, decode_steps=f["decode_steps"], checkpoints=f["checkpoints"],
+                 chunk=engine.chunk, rows=engine.rows, decode_steps=f["decode_steps"], overlap=f["overlap"], checkpoints=f["checkpoints"],
                  host_gib=host_gib,
                  host_gib_per_rank=host_gib, model=engine.model, backend=engine.backend,
                  faults=",".join(sorted(engine.faults.names)) or "none")

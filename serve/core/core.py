@@ -10,7 +10,11 @@ blocks and never sleeps; whoever drives it (the scheduler thread, or a test in p
 
 A launched step is *in flight* until its commit: its requests are left out of later schedules, and an
 abort that arrives meanwhile is applied at the commit, so a pipeline may launch several steps (of
-different requests) before the first commit lands. `launch` builds its cells from the requests' state
+different requests) before the first commit lands. With `overlap` (`kern serve --overlap`), `run` leaves
+a forward launch *pending*; the next `run`, if the batch is unchanged, launches the same requests' next
+steps (fed their last tokens on the device) before committing it, so the host's commit and staging
+overlap the device's steps. A request that stopped in the committed steps has its rows of the next
+launch dropped at that commit (their writes lie past all it fed, in pages no cached prefix holds). `launch` builds its cells from the requests' state
 as it stands, so the works of one plan are launched in order (a non-emitting prefill's first step
 follows its last chunk's commit).
 
@@ -30,15 +34,15 @@ import operator
 import time
 from dataclasses import dataclass, field
 
-from pool import Tier
 from pool.fair import Rule, Ticket, Turns
 from runtime.step import Cell
 from serve.common import logs
 from serve.core.admission import WAIT, Admission
 from serve.core.engine import Engine
+from serve.core.loss import lose_state
 from serve.core.pack import Bounds, Waiting, pack
 from serve.core.request import Done, Request, Status, Tickets, Update
-from serve.core.stats import Counters, snapshot_holdings
+from serve.core.stats import Counters, core_gauges, core_stats, snapshot_holdings
 
 QUEUE_SHOWN = 32  # request names /stats lists per queue (the gate names a stuck request from them)
 
@@ -79,6 +83,7 @@ class Flight:
     work: Work
     tokens: list[list[list[int]]]  # per program call (a prefill has one, a forward one per group-sized
     # part), each cell's emitted tokens
+    launched: object = None  # an overlapped launch's handle: its tokens are collected at the commit
 
 
 class Core:
@@ -109,6 +114,9 @@ class Core:
         self.prefill_program = rt.protocol.chunk().program
         self.step_forward = rt.protocol.forward(1, engine.rows)
         self.decode_steps = getattr(engine, "decode_steps", 1)  # steps a launch (runtime/multistep.py)
+        # the next launch goes out before the last one's commit (serve/core/faults.py turns it off)
+        self.overlap = bool(getattr(engine, "overlap", False)) and self.decode_steps > 1
+        self.pending: Flight | None = None  # an overlapped forward launch not committed yet
         # a packed prefill call: up to the chunk's rows, the chunk program's groups, its context bound
         self.bounds = Bounds(engine.chunk, rt.protocol.chunk().groups, engine.context or 1 << 62)
 
@@ -159,40 +167,8 @@ class Core:
         self._send(req, Update([], Done(None, req.cached, req.tier, error=error)))
 
     def lose_state(self, error=None) -> int:
-        """The runtime lost state (a pipeline stage): every step in flight is void, every lease and
-        every cached prefix (resident or parked) is dropped. With `error`, every request running or
-        waiting is answered with it; without, the running ones go back to the FRONT of the queue in
-        their order, to be recomputed from their prompt and the tokens already emitted (nothing is
-        sent twice). Returns how many requests were requeued or answered."""
-        e = self.engine
-        self.in_flight.clear()
-        late, self._aborted = self._aborted, []
-        running, self.running = sorted(self.running, key=_order), []
-        for req in running:
-            if req.lease is not None:
-                req.lease.release()
-                req.lease = None
-            req.move(Status.WAITING)
-            req.pos = req.fed_end = req.cached = req.page_mark = 0
-            req.tier, req.woken = None, False
-            self.turns.requeue(req.ticket)
-        e.prefix.clear()
-        self.waiting.extendleft(reversed(running))
-        mid = sum(1 for req in running if req.emitted)  # resumed from the tokens they already emitted
-        for req in late:
-            self.abort(req)
-        n = len(self.waiting)
-        if error is not None:
-            self.lost = error
-            while self.waiting:
-                self.abort(self.waiting[0], error)
-        if error is None:
-            self.restarts += 1
-            self.requeued += n
-            self.resumed += mid
-        else:
-            self.lost_answered += n
-        return n
+        """The runtime lost state (a pipeline stage): serve/core/loss.py. Returns the requests requeued or answered."""
+        return lose_state(self, error)
 
     def stop(self) -> None:
         """Stop admitting: abort what waits; what runs runs to its end."""
@@ -294,9 +270,41 @@ class Core:
         return not self.emits and any(r is req and req.pos + n == req.fed_end for call in plan.prefill for r, n in call)
 
     def run(self, plan: Plan) -> None:
-        """Launch and commit every work of `plan`, in order (what the scheduler thread does)."""
+        """Launch and commit every work of `plan`, in order (what the scheduler thread does). With `overlap`
+        a forward launch stays pending: chained when `plan` is empty, else committed and the batch replanned."""
+        if self.pending is not None:
+            if not plan.works and self._chain():
+                return
+            self.settle()
+            plan = self.schedule()
         for work in plan.works:
-            self.commit(self.launch(work))
+            flight = self.launch(work)
+            if flight.launched is not None:
+                self.pending = flight
+            else:
+                self.commit(flight)
+
+    def settle(self) -> None:
+        """Commit the pending launch, if any."""
+        prev, self.pending = self.pending, None
+        if prev is not None:
+            self.commit(prev)
+
+    def _chain(self) -> bool:
+        """Launch the pending requests' next steps, fed on the device, then commit the pending ones.
+        False (nothing done) where one of them has ended or ends in the pending steps, or an abort waits."""
+        prev, k = self.pending, self.decode_steps
+        reqs = prev.work.reqs
+        if self._aborted or any(not r.stepping or r.max_tokens - len(r.out) <= k for r in reqs):
+            return False  # one stopped in the launch before (its rows here are void) or ends by length in this
+        cells = [Cell(r.lease.pages, r.lease.slot, [r.anchor], r.pos + k) for r in reqs]
+        program = self.device.protocol.forward(len(cells), 1).program
+        launched = self._launch(program, cells, [r.max_tokens - len(r.out) - k for r in reqs], list(range(len(reqs))))
+        self.pending = Flight(Work(FORWARD, list(reqs)), [], launched)
+        self.commit(prev)
+        if not any(r.stepping for r in self.pending.work.reqs):
+            self.settle()  # every one of them stopped: nothing waits on the launch but its collection
+        return True
 
     def launch(self, work: Work) -> Flight:
         """Run `work`'s step on the runtime from its requests' state; they are in flight until `commit`."""
@@ -314,34 +322,53 @@ class Core:
         work.reqs = batch
         rows = self.engine.rows
         groups = self.step_forward.groups
-        parts = []
+        parts, launched = [], None
         several = self.decode_steps > 1
-        for at in range(0, len(batch), groups):
+        if several and self.overlap and len(batch) <= groups:  # one launch, left pending (`run`)
+            cells = [Cell(r.lease.pages, r.lease.slot, [r.anchor], r.pos) for r in batch]
+            launched = self._launch(rt.protocol.forward(len(cells), 1).program, cells,
+                                    [r.max_tokens - len(r.out) for r in batch], None)
+        for at in range(0, len(batch) if launched is None else 0, groups):
             part = batch[at : at + groups]
             cells = [Cell(r.lease.pages, r.lease.slot, [r.anchor] * rows, r.pos) for r in part]
             program = rt.protocol.forward(len(cells), rows).program
             parts.append(self._step(program, cells, [r.max_tokens - len(r.out) for r in part] if several else None))
         self.counters.add("batched_steps", len(batch) > 1)  # e2e's proof that its burst shared a step
         self.in_flight.update(map(id, batch))
-        return Flight(work, parts)
+        return Flight(work, parts, launched)
 
     def _step(self, program: str, cells: list[Cell], limits: list[int] | None = None) -> list[list[int]]:
         """One step of `program` over `cells`, or with each cell's `limits` `decode_steps` of them."""
+        k = 1 if limits is None else self.decode_steps
+        self.counters.add("steps", k)
+        if k == 1:
+            return self._timed(self.device.step, program, cells)
+        return self._timed(self.device.steps, program, cells, k, limits)
+
+    def _launch(self, program: str, cells: list[Cell], limits: list[int], follow: list[int] | None):
+        """`decode_steps` steps of `program` issued, not waited for (`overlap`)."""
+        self.counters.add("steps", self.decode_steps)
+        return self._timed(self.device.launch_steps, program, cells, self.decode_steps, limits, follow)
+
+    def _timed(self, call, *args):
+        """A call into the device, timed into the counters and shown to /stats/live while it runs."""
         t0 = time.perf_counter()
         self.step_since = time.monotonic()
-        k = 1 if limits is None else self.decode_steps
-        tokens = self.device.step(program, cells) if k == 1 else self.device.steps(program, cells, k, limits)
+        got = call(*args)  # a StageLost leaves step_since for the scheduler to clear
         self.step_since = None
         self.counters.step_s += time.perf_counter() - t0
-        self.counters.add("steps", k)
-        return tokens
+        return got
 
     # commit
 
     def commit(self, flight: Flight) -> None:
         """Apply what a launched step emitted: positions, answer tokens, checkpoints, finishes."""
         work = flight.work
+        if flight.launched is not None:  # an overlapped launch: wait for its tokens
+            flight.tokens = [self._timed(self.device.collect, flight.launched)]
         self.in_flight.difference_update(map(id, work.reqs))
+        if self.pending is not None and self.pending is not flight:  # its requests are in flight again
+            self.in_flight.update(map(id, self.pending.work.reqs))
         if work.kind == PREFILL:
             for req, n, emitted in zip(work.reqs, work.ns, flight.tokens[0]):
                 req.pos += n
@@ -353,6 +380,8 @@ class Core:
             rows = self.engine.rows
             tokens = flight.tokens[0] if len(flight.tokens) == 1 else [t for part in flight.tokens for t in part]
             for req, toks in zip(work.reqs, tokens):
+                if not req.stepping:  # stopped in the launch before this overlapped one: its steps are void
+                    continue
                 if rows == 1 and len(toks) > 1:  # several steps a launch (runtime/multistep.py)
                     self._commit_run(req, toks)
                     continue
@@ -460,34 +489,10 @@ class Core:
         """Send `update` to the request's client as it is."""
         req.send(update)
 
-    # views
+    # views (serve/core/stats.py)
 
     def gauges(self) -> dict[str, int]:
-        e = self.engine
-        pages, slots = snapshot_holdings(e.prefix)
-        return {"running": len(self.running), "waiting": len(self.waiting), "leases": e.pool.leases - 1,
-                "pages_used": e.pool.used, "snapshot_pages": len(pages), "slots": e.pool.slots,
-                "slots_used": e.pool.slots_used, "snapshot_slots": len(slots),
-                "resident_entries": e.prefix.count(Tier.DEVICE), "parked_entries": e.prefix.count(Tier.HOST),
-                "host_used_bytes": e.host.used() if e.host is not None else 0}
+        return core_gauges(self)
 
     def stats(self) -> dict:
-        c = self.counters
-        rt = self.device
-        timing = rt.timing  # None: a pipeline head's runtime keeps none
-        return {
-            "facts": self.engine.facts(),
-            "counters": dict(c.values),
-            "gauges": self.gauges(),
-            "parked_lengths": self.engine.prefix.parked_lengths(),
-            "queue": {"running": [r.id for r in list(self.running)[:QUEUE_SHOWN]],
-                      "waiting": [r.id for r in list(self.waiting)[:QUEUE_SHOWN]],
-                      "admission": self.turns.rule.name, "timed_out": self.timed_out},
-            "timing": {"steps": c["steps"], "step_s": c.step_s, "loop_s": c.loop_s, "tokens": c.tokens,
-                       **(timing.as_dict() if timing is not None else {})},
-            **({"pipeline": {"epoch": rt.epoch, "losses": rt.losses, "restarts": self.restarts, "requeued": self.requeued,
-                             "resumed": self.resumed, "answered_error": self.lost_answered,
-                             # a stage being started again: no step runs, yet the server is at work
-                             "restarting": not rt.whole.is_set() and rt.failed is None}}
-               if rt.broken is not None else {}),
-        }
+        return core_stats(self, QUEUE_SHOWN)

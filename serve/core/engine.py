@@ -42,6 +42,7 @@ class Options:
     faults: Faults = field(default_factory=Faults)
     graphs: bool = True  # capture `graph: true` programs as CUDA graphs (GPU)
     decode_steps: int | None = None  # decode steps a launch (None: DEFAULT_STEPS on a GPU, 1 on the CPU)
+    overlap: bool | None = None  # launch the next decode steps before committing the last (None: on a GPU)
     pack: bool = True  # pack prefill when the manifest declares cu_seqlens (--no-pack: never)
     host_chunk: int | None = None  # the host tier in pieces of this many bytes (--host-chunk-bytes)
     admission: Rule = field(default_factory=Rule)  # the admission policy (--admission and its shares)
@@ -72,6 +73,7 @@ class Engine:
     admission: Rule = field(default_factory=Rule)  # the admission policy (pool/fair.py)
     queue_timeout: float | None = None  # seconds a request may wait for room (None: no bound)
     decode_steps: int = 1  # decode steps a launch (runtime/multistep.py; 1 where the decode program cannot)
+    overlap: bool = False  # the next launch goes out before the last one's commit (serve/core/core.py; decode_steps > 1)
 
     @property
     def pad_pages(self) -> int:
@@ -99,7 +101,7 @@ class Engine:
             "page_bytes": self.pool.geometry.page_size, "slot_bytes": self.pool.geometry.slot_size,
             "prefill_emits": self.runtime.protocol.prefill_emits,
             "context": self.context,  # a packed prefill call's context bound (None: the manifest declares none)
-            "decode_steps": self.decode_steps,
+            "decode_steps": self.decode_steps, "overlap": self.overlap,
         }
 
 
@@ -208,12 +210,13 @@ def build(what: str, opts: Options, phases: Phases | None = None) -> Engine:
         raise EngineError(f"the pool cannot lease the pad ({pad!r}); raise --capacity")
     rt.set_pad(pad.pages[0], pad.slot)
     steps = decode_steps(rt, rows, opts.decode_steps)
+    overlap = steps > 1 and (opts.overlap if opts.overlap is not None else backend.name == "gpu")
     return Engine(
         model=m.model, manifest_path=str(target.manifest), runtime=rt, pool=pool, pad=pad, host=host,
         prefix=Prefix(unit), rows=rows, chunk=chunk, max_seqs=max_seqs, lined=lined, unit=unit, reach=reach,
         backend=backend.name, host_bytes=host_bytes, seq_slots=pool.slots, faults=opts.faults,
         pack=opts.pack and proto.packs, context=proto.context_bound, admission=opts.admission,
-        queue_timeout=opts.queue_timeout, decode_steps=steps,
+        queue_timeout=opts.queue_timeout, decode_steps=steps, overlap=overlap,
     )
 
 

@@ -114,6 +114,7 @@ class Faults:
         steps = [n for n in STEP_FAULTS if n in self.names]
         if steps:
             core.device = FaultyDevice(core.device, steps, core.counters, core.prefill_program, core.engine.rows)
+            core.overlap = False  # its steps run one at a time, each returning its tokens
         for name in HOOK_FAULTS:  # in this order: no-checkpoint's retire replaces keep-overshoot's
             if name in self.names:
                 HOOK_FAULTS[name](core)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from serve.common import logs
 
-__all__ = ["COUNTERS", "GAUGES", "Counters", "Window", "snapshot_holdings"]
+__all__ = ["COUNTERS", "GAUGES", "Counters", "Window", "core_gauges", "core_stats", "snapshot_holdings"]
 
 COUNTERS = (
     "requests", "steps", "rounds", "drafted_rows", "accepted_rows", "prefill_tokens", "prefix_hit_tokens",
@@ -95,3 +95,39 @@ def snapshot_holdings(prefix) -> tuple[set[int], set[int]]:
         if store.seq_slot() is not None:
             slots.add(store.seq_slot())
     return pages, slots
+
+
+def core_gauges(core) -> dict[str, int]:
+    """A `serve.core.core.Core`'s gauges: its queues, and the pool's, the index's and the host tier's holdings."""
+    from pool import Tier
+
+    e = core.engine
+    pages, slots = snapshot_holdings(e.prefix)
+    return {"running": len(core.running), "waiting": len(core.waiting), "leases": e.pool.leases - 1,
+            "pages_used": e.pool.used, "snapshot_pages": len(pages), "slots": e.pool.slots,
+            "slots_used": e.pool.slots_used, "snapshot_slots": len(slots),
+            "resident_entries": e.prefix.count(Tier.DEVICE), "parked_entries": e.prefix.count(Tier.HOST),
+            "host_used_bytes": e.host.used() if e.host is not None else 0}
+
+
+def core_stats(core, shown: int) -> dict:
+    """A `Core`'s /stats view: facts, counters, gauges, its queues (`shown` names of each), the step's timing."""
+    c = core.counters
+    rt = core.device
+    timing = rt.timing  # None: a pipeline head's runtime keeps none
+    return {
+        "facts": core.engine.facts(),
+        "counters": dict(c.values),
+        "gauges": core.gauges(),
+        "parked_lengths": core.engine.prefix.parked_lengths(),
+        "queue": {"running": [r.id for r in list(core.running)[:shown]],
+                  "waiting": [r.id for r in list(core.waiting)[:shown]],
+                  "admission": core.turns.rule.name, "timed_out": core.timed_out},
+        "timing": {"steps": c["steps"], "step_s": c.step_s, "loop_s": c.loop_s, "tokens": c.tokens,
+                   **(timing.as_dict() if timing is not None else {})},
+        **({"pipeline": {"epoch": rt.epoch, "losses": rt.losses, "restarts": core.restarts, "requeued": core.requeued,
+                         "resumed": core.resumed, "answered_error": core.lost_answered,
+                         # a stage being started again: no step runs, yet the server is at work
+                         "restarting": not rt.whole.is_set() and rt.failed is None}}
+           if rt.broken is not None else {}),
+    }
