@@ -3,7 +3,7 @@
 # engine alone at 64 sequences with 1, 8 and 16 decode steps a launch, each with the next launch sent
 # before the last one's commit and without (--overlap, --no-overlap; bench/engine_step.py: each
 # figure beside its kernel-only ceiling of the same run), one `kern serve` against the engine alone in
-# the same run (bench/serve_load.py, whole and streamed, both at --decode-steps SERVE_STEPS, default 8), and the
+# the same run (bench/serve_load.py, whole and streamed, both at --decode-steps K for each K of SERVE_STEPS, default 8), and the
 # gate on every target twice (the second warm). Logs under OUT; a short table last.
 #
 #   bash bench/step_device.sh [OUT]     # OUT defaults to $OUT, else /tmp/kern-step-device
@@ -25,8 +25,10 @@ for k in $STEPS; do
   done
 done
 if [ "${SERVE:-1}" = 1 ]; then
-  timeout "${T_SERVE:-400}" "$PY" bench/serve_load.py --backend gpu --streams "$STREAMS" --max-tokens "$TOKENS" --rounds 4 \
-    --repeats 3 --serve-flag="--decode-steps=${SERVE_STEPS:-8}" > "$OUT/serve-load.log" 2>&1
+  for k in ${SERVE_STEPS:-8}; do
+    timeout "${T_SERVE:-400}" "$PY" bench/serve_load.py --backend gpu --streams "$STREAMS" --max-tokens "$TOKENS" --rounds 4 \
+      --repeats 3 --serve-flag="--decode-steps=$k" > "$OUT/serve-load-k$k.log" 2>&1
+  done
 fi
 if [ "${GATE:-1}" = 1 ]; then
   for run in $(seq "${GATE_RUNS:-2}"); do
@@ -44,11 +46,11 @@ for path in sorted(glob.glob(f"{out}/engine-step-k*.log")):
     for line in open(path):
         if re.search(r"best of|per decode step|ceiling \(|median of", line):
             print(" ", line.strip())
-for path in glob.glob(f"{out}/serve-load.log"):
-    print("== serve-load")
+for path in sorted(glob.glob(f"{out}/serve-load-k*.log")):
+    print(f"== {path.rsplit('/', 1)[1]}")
     for line in open(path):
         cells = [c.strip() for c in line.split("|")[1:-1]]
-        if len(cells) > 3 and cells[0] in ("engine alone", "HTTP", "HTTP streaming"):
+        if len(cells) > 8 and cells[0] in ("engine alone", "HTTP", "HTTP streaming"):
             print(f"  {cells[0]:15} {cells[1]:>9} tok/s  x{cells[2]:>5}  range {cells[3]:>17}")
 for path in sorted(glob.glob(f"{out}/gate-*.log")):
     text = open(path).read()

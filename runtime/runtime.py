@@ -71,7 +71,6 @@ class Runtime:
         self._warm: set[tuple[str, int]] = set()
         self.timing = StepTiming()
         self._multistep = None  # several decode steps a launch, made at its first use (`steps`)
-        self.launched = 0  # steps and launches issued so far (a launch that follows another checks none came between)
         self.last_env: dict[str, int] = {}  # the vars of the last step (what a cut stage hands on is sized by them)
 
     # -- load ------------------------------------------------------------------------------------
@@ -280,7 +279,6 @@ class Runtime:
         per = len(cells[0].ids)
         padded, b, env = self._padded(program, fwd, cells, per)
         self.last_env = env
-        self.launched += 1
         pad_slot = self.pad.slot if self.pad is not None and self.pad.slot is not None else 0
         t0 = time.perf_counter()
         host, res, tables = self._stage(program, padded, per, pad_slot, fwd.rows is not None)

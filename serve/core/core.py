@@ -11,10 +11,11 @@ blocks and never sleeps; whoever drives it (the scheduler thread, or a test in p
 A launched step is *in flight* until its commit: its requests are left out of later schedules, and an
 abort that arrives meanwhile is applied at the commit, so a pipeline may launch several steps (of
 different requests) before the first commit lands. With `overlap` (`kern serve --overlap`), `run` leaves
-a forward launch *pending*; the next `run`, if the batch is unchanged, launches the same requests' next
-steps (fed their last tokens on the device) before committing it, so the host's commit and staging
-overlap the device's steps. A request that stopped in the committed steps has its rows of the next
-launch dropped at that commit (their writes lie past all it fed, in pages no cached prefix holds). `launch` builds its cells from the requests' state
+a forward launch *pending*; the next `run` launches the next steps (the pending requests fed their last
+tokens on the device, newly prefilled ones theirs from the host) before committing it, so the host's
+commit and staging overlap the device's steps. A request that stopped in the committed steps has its
+rows of the next launch dropped at that commit (their writes lie past all it fed, in pages no cached
+prefix holds, and reach the device before any later use of its freed pages: one stream, in order). `launch` builds its cells from the requests' state
 as it stands, so the works of one plan are launched in order (a non-emitting prefill's first step
 follows its last chunk's commit).
 
@@ -32,7 +33,6 @@ from __future__ import annotations
 import collections
 import operator
 import time
-from dataclasses import dataclass, field
 
 from pool.fair import Rule, Ticket, Turns
 from runtime.step import Cell
@@ -40,6 +40,8 @@ from serve.common import logs
 from serve.core.admission import WAIT, Admission
 from serve.core.engine import Engine
 from serve.core.loss import lose_state
+from serve.core.overlap import chain
+from serve.core.work import FORWARD, PREFILL, Flight, Plan, Work
 from serve.core.pack import Bounds, Waiting, pack
 from serve.core.request import Done, Request, Status, Tickets, Update
 from serve.core.stats import Counters, core_gauges, core_stats, snapshot_holdings
@@ -48,42 +50,7 @@ QUEUE_SHOWN = 32  # request names /stats lists per queue (the gate names a stuck
 
 __all__ = ["Core", "Flight", "Plan", "Work", "snapshot_holdings"]
 
-PREFILL, FORWARD = "prefill", "forward"
-
-
 _order = operator.attrgetter("order")  # a request's admission order
-
-
-@dataclass(slots=True)
-class Work:
-    """One runtime step: a prefill call feeding `ns[i]` tokens of each request `reqs[i]` (one request
-    unpacked, several packed), or one batched forward step."""
-
-    kind: str
-    reqs: list[Request]
-    ns: list[int] = field(default_factory=list)
-
-
-@dataclass(slots=True)
-class Plan:
-    prefill: list[list[tuple[Request, int]]] = field(default_factory=list)  # calls of (request, tokens)
-    step: list[Request] = field(default_factory=list)
-
-    @property
-    def works(self) -> list[Work]:
-        """The plan's steps in launch order: the prefill calls, then the forward batches."""
-        calls = [Work(PREFILL, [r for r, _ in call], [n for _, n in call]) for call in self.prefill]
-        return calls + ([Work(FORWARD, list(self.step))] if self.step else [])
-
-
-@dataclass(slots=True)
-class Flight:
-    """A launched step awaiting its commit: the work and what the device's steps returned."""
-
-    work: Work
-    tokens: list[list[list[int]]]  # per program call (a prefill has one, a forward one per group-sized
-    # part), each cell's emitted tokens
-    launched: object = None  # an overlapped launch's handle: its tokens are collected at the commit
 
 
 class Core:
@@ -271,9 +238,9 @@ class Core:
 
     def run(self, plan: Plan) -> None:
         """Launch and commit every work of `plan`, in order (what the scheduler thread does). With `overlap`
-        a forward launch stays pending: chained when `plan` is empty, else committed and the batch replanned."""
+        a forward launch stays pending, and the next `run` chains onto it (serve/core/overlap.py)."""
         if self.pending is not None:
-            if not plan.works and self._chain():
+            if chain(self, plan):
                 return
             self.settle()
             plan = self.schedule()
@@ -289,22 +256,6 @@ class Core:
         prev, self.pending = self.pending, None
         if prev is not None:
             self.commit(prev)
-
-    def _chain(self) -> bool:
-        """Launch the pending requests' next steps, fed on the device, then commit the pending ones.
-        False (nothing done) where one of them has ended or ends in the pending steps, or an abort waits."""
-        prev, k = self.pending, self.decode_steps
-        reqs = prev.work.reqs
-        if self._aborted or any(not r.stepping or r.max_tokens - len(r.out) <= k for r in reqs):
-            return False  # one stopped in the launch before (its rows here are void) or ends by length in this
-        cells = [Cell(r.lease.pages, r.lease.slot, [r.anchor], r.pos + k) for r in reqs]
-        program = self.device.protocol.forward(len(cells), 1).program
-        launched = self._launch(program, cells, [r.max_tokens - len(r.out) - k for r in reqs], list(range(len(reqs))))
-        self.pending = Flight(Work(FORWARD, list(reqs)), [], launched)
-        self.commit(prev)
-        if not any(r.stepping for r in self.pending.work.reqs):
-            self.settle()  # every one of them stopped: nothing waits on the launch but its collection
-        return True
 
     def launch(self, work: Work) -> Flight:
         """Run `work`'s step on the runtime from its requests' state; they are in flight until `commit`."""
