@@ -422,6 +422,9 @@ class Client:
 
         def one(i: int, prompt: str | list[int], n: int) -> None:
             self._in_burst.on = True
+            self.http  # noqa: B018  this thread's client made before the barrier: 12 made after it (4 ms of
+            # CPU each, under the interpreter lock) spread the burst over 50 ms or more, and a fast engine
+            # answered each before the next arrived (toy-big's `concurrent` shared no step on an H100)
             try:
                 ready.wait(10)
             except threading.BrokenBarrierError:  # a thread slow to start: send all the same

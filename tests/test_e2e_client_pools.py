@@ -94,3 +94,23 @@ def test_a_get_the_server_closed_unread_is_sent_again_once_on_a_fresh_connection
     with pytest.raises(httpx.RemoteProtocolError):
         c.get("/stats/live")
     c.close()
+
+
+def test_a_burst_makes_every_thread_s_client_before_its_barrier():
+    """`run_all` sends its calls together: each thread's client (4 ms of CPU to make, under the
+    interpreter lock) is made before the barrier, so when the first call goes out every thread holds
+    its client and nothing but the request itself is left to do (made after it, twelve clients spread a
+    burst over 50 ms, and a fast engine answered each before the next arrived)."""
+    c = _client()
+    made: list[bool] = []
+    lock = threading.Lock()
+
+    def complete(prompt, n):
+        with lock:  # whether every other thread of the burst already holds its client
+            made.append(len(c._clients) == 12)
+        return prompt
+
+    c.complete = complete
+    assert c.run_all([(f"p{i}", 4) for i in range(12)]) == [f"p{i}" for i in range(12)]
+    assert made == [True] * 12
+    c.close()
