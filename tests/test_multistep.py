@@ -152,15 +152,17 @@ def test_a_program_that_cannot_run_several_steps_is_refused_by_name(name, why):
 
 def test_the_gate_passes_a_server_taking_five_steps_a_launch(tmp_path):
     """End to end on the CPU: every check of toy-attn's gate (answers, hits, the policy oracle, metrics)
-    against servers at --decode-steps 5 (the launches cross page boundaries unevenly, stops land inside
-    them), and each server said it ran at 5."""
+    against servers at --decode-steps 5 with --overlap, as a GPU serves by default (the launches cross
+    page boundaries unevenly, stops land inside them, each launch goes out before the last one's
+    commit), and each server said it ran so."""
     from tests.test_e2e_driver import EXIT_PASS, gate
 
-    code, reports = gate(tmp_path, "--targets", "toy-attn", "--server-flags", "--decode-steps 5", max_tokens=24)
+    code, reports = gate(tmp_path, "--targets", "toy-attn", "--server-flags", "--decode-steps 5 --overlap",
+                         max_tokens=24)
     failed = [c["name"] for c in reports["toy-attn"]["checks"] if c["ok"] is False]
     assert code == EXIT_PASS and not failed, failed
     logs = list((tmp_path / "results" / "toy-attn").glob("server-*.log"))
-    assert logs and all("decode_steps=5" in p.read_text() for p in logs), [p.name for p in logs]
+    assert logs and all("decode_steps=5 overlap=true" in p.read_text() for p in logs), [p.name for p in logs]
 
 
 def test_a_faulty_device_takes_several_steps_one_at_a_time_with_the_same_answers():
