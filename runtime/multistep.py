@@ -18,6 +18,11 @@ what it really fed is written; what they emit is not returned. A stop inside the
 string) is the core's to see: it keeps the tokens up to the stop and drops the rest, whose state
 writes lie past everything the sequence's answer fed (never read: a hit covers only matched tokens).
 
+`launch` issues the steps and returns; `collect` waits for their tokens (copied, on the same stream,
+into one of two pinned landings), so a caller may send the next launch first (`kern serve --overlap`,
+serve/core/overlap.py). Such a launch names, for each cell, the row of the previous launch whose last
+emitted token it is fed (`follow`), copied on the device from that launch's tokens before its steps.
+
 Eligible programs (`eligible`): batched, one row a sequence, one emitted token a sequence and no
 count (not a speculative round), no line tables (a lined state folds every token in place: a step
 past a stop would spoil it), and fills only of the kinds token, position, seq_len, slot and cu_seqlens
@@ -112,8 +117,8 @@ class Multistep:
     def launch(self, program: str, cells: list, k: int, limits: list[int], follow: list[int] | None = None) -> Launched:
         """Issue `k` steps of `program` over `cells` and return at once: the device runs them while the
         caller goes on (`collect` waits and gives the tokens). With `follow`, cell g's first token is
-        not its anchor but the last token the previous launch emitted in row `follow[g]` (-1: its
-        anchor), read on the device: the caller may launch the next steps before it has collected
+        not its anchor but the last token the previous launch emitted in row `follow[g]` (a row that
+        ran all its k steps; -1: its anchor), read on the device: the caller may launch the next steps before it has collected
         the previous ones (steps of other programs may run between: they leave those tokens alone)."""
         rt = self.rt
         why = self.why_not(program)

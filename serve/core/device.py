@@ -19,9 +19,10 @@ implementation to this list, member by member and signature by signature.
     hold_partial()         whether a partial prefill call should wait (a pipeline full of items)
     trouble()              what /health says of the device: None when it is whole
 
-Only the single-process runtime has `steps`, `launch_steps` and `collect` (several decode steps a launch,
-runtime/multistep.py): the core calls them only where its engine says `decode_steps` > 1 (and `overlap`
-for the last two), which `serve.core.engine.build` says of that runtime alone.
+Several decode steps a launch (runtime/multistep.py) are the single-process runtime's alone: `steps` (which
+the fault wrapper also has, taking them one at a time), and `launch_steps` and `collect` (which it has
+not: binding a step fault turns the core's `overlap` off). The core calls them only where its engine
+says `decode_steps` > 1 (and `overlap`), which `serve.core.engine.build` says of that runtime alone.
 
 `Losable` is a `Device` that can lose state (the pipeline head, `serve/pipeline/pipeline.py`: a
 stage process lost): what the scheduler takes a loss with, so it imports no pipeline module. A device
