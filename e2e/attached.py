@@ -17,6 +17,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from e2e.session import ServerError, Session
+from e2e.tls import tls
 from kern.errors import KernError
 
 __all__ = ["Attached", "NotServing", "models", "pick_target", "probe"]
@@ -32,7 +33,7 @@ def probe(url: str) -> None:
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise NotServing(f"--engine-url {url!r} is not an http:// URL")
     try:
-        status = httpx.get(url + "/health", timeout=10.0).status_code
+        status = httpx.get(url + "/health", timeout=10.0, verify=tls()).status_code
     except httpx.HTTPError as exc:
         raise NotServing(f"nothing answers at {url} (GET /health: {type(exc).__name__}: {exc}); "
                          "start the engine first, or give its URL") from None
@@ -44,7 +45,7 @@ def probe(url: str) -> None:
 def models(url: str) -> list[str] | None:
     """The model ids ``GET /v1/models`` lists (None: it answers no such list)."""
     try:
-        r = httpx.get(url + "/v1/models", timeout=10.0)
+        r = httpx.get(url + "/v1/models", timeout=10.0, verify=tls())
         data = r.json().get("data") if r.status_code == 200 else None
     except (httpx.HTTPError, ValueError, AttributeError):
         return None
@@ -93,7 +94,7 @@ class Attached(Session):
             if not self._healthy():
                 raise ServerError(f"session {self.name}: GET {self.url}/health is not 200")
             if self.reset is not None:
-                r = httpx.post(self.url + self.reset, timeout=60.0)
+                r = httpx.post(self.url + self.reset, timeout=60.0, verify=tls())
                 if r.status_code != 200:
                     raise ServerError(f"session {self.name}: POST {self.url}{self.reset} (the engine's declared "
                                       f"cache reset) answered {r.status_code}: {r.text[:200]} (vLLM serves "

@@ -25,7 +25,8 @@ from typing import Any, Callable
 import httpx
 
 from e2e.metrics import Ledger, Sent
-from e2e.session import Session, tls
+from e2e.session import Session
+from e2e.tls import tls
 from e2e.watch import Hung, Watch
 from kern.errors import KernError
 

@@ -25,6 +25,7 @@ from typing import Any
 
 import httpx
 
+from e2e.tls import tls
 from kern.errors import KernError
 from verdicts.params import RULES
 
@@ -254,7 +255,7 @@ class Engine:
 
 def _get_json(url: str) -> dict | None:
     try:
-        r = httpx.get(url, timeout=10.0)
+        r = httpx.get(url, timeout=10.0, verify=tls())
         body = r.json() if r.status_code == 200 else None
     except (httpx.HTTPError, ValueError):
         return None

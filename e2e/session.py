@@ -30,6 +30,7 @@ import httpx
 
 from e2e.log import Log, kv
 from e2e.spawn import Processes, SpawnError, Spawner, kern_args, own_kern, project_env
+from e2e.tls import tls
 from kern.errors import KernError
 
 __all__ = ["STARTED", "ServerExited", "ServerError", "Session", "Unavailable", "free_port", "launch", "merge_flags", "tls",
@@ -91,21 +92,6 @@ class ServerExited(ServerError):
                          + (f"; log tail: {tail}" if tail else ""))
         self.code = code
         self.tail = tail
-
-
-_TLS: list = []
-
-
-def tls():
-    """One TLS context for every client this process makes: httpx would otherwise load the CA bundle
-    for each (about 25 ms of CPU a client, where a gate makes hundreds, all for plain http)."""
-    if not _TLS:
-        import ssl
-
-        import certifi
-
-        _TLS.append(ssl.create_default_context(cafile=certifi.where()))
-    return _TLS[0]
 
 
 def free_port() -> int:
@@ -314,7 +300,7 @@ class Session:
         """``GET /health`` answers 200 (a refused connection or a 503 is still warming up); an engine
         with no such route (404, 405) cannot be told ready: `ServerError` at once, not a 600 s wait."""
         try:
-            status = httpx.get(self.url + "/health", timeout=5.0).status_code
+            status = httpx.get(self.url + "/health", timeout=5.0, verify=tls()).status_code
         except httpx.HTTPError:
             return False
         if status in (404, 405):

@@ -26,6 +26,7 @@ from typing import Any, Callable
 
 import httpx
 
+from e2e.tls import tls
 from kern.errors import KernError
 
 __all__ = ["Hung", "Watch", "WATCH_AFTER_S", "STALL_S", "STILL_S"]
@@ -56,7 +57,7 @@ class Watch:
 
     def _stats(self) -> dict[str, Any] | None:
         try:
-            r = httpx.get(self.url + "/stats", headers=self.headers, timeout=POLL_S * 4)
+            r = httpx.get(self.url + "/stats", headers=self.headers, timeout=POLL_S * 4, verify=tls())
         except httpx.TimeoutException:
             self.live = self._live()  # busy (in a step?): not idle; /stats/live says what it is doing
             return None
@@ -80,7 +81,7 @@ class Watch:
         """``GET /stats/live`` (answered off the scheduler's thread), or None: no answer within
         `timeout`, or no such endpoint (an older server, the Rust kern)."""
         try:
-            r = httpx.get(self.url + "/stats/live", headers=self.headers, timeout=timeout)
+            r = httpx.get(self.url + "/stats/live", headers=self.headers, timeout=timeout, verify=tls())
             return r.json() if r.status_code == 200 else None
         except (httpx.HTTPError, ValueError):
             return None

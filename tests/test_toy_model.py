@@ -2,6 +2,8 @@
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from toy import model
 
@@ -72,6 +74,17 @@ def test_next_of(s, want):
 def test_slot_sum_rotates_heads_by_position():
     assert model.slot_sum(65, 0) == sum(model.mark(65, 0, w) for w in range(64)) & M == 0xF3005AA875EA6F5C
     assert model.slot_sum(65, 5) == sum(model.rotl(model.mark(65, 5, w), 5) for w in range(64)) & M
+
+
+@settings(max_examples=300, deadline=None)
+@given(pairs=st.lists(st.tuples(st.integers(0, 256), st.integers(0, (1 << 40) - 1)), max_size=40))
+def test_numpy_slot_sums_equal_the_word_by_word_definition(pairs):
+    """`slot_sums` (numpy's wrapping uint64, every word at once: what the oracle computes prompts with)
+    equals the sum of `slot_sum_words` (the definition: `mark`, `rotl`, `& MASK` word by word), for
+    any tokens and positions up to 2**40 (rotations by 0 and by 63 among them); so does `slot_sum`."""
+    ts, ps = [t for t, _ in pairs], [p for _, p in pairs]
+    assert model.slot_sums(ts, ps) == sum(model.slot_sum_words(t, p) for t, p in pairs) & M
+    assert all(model.slot_sum(t, p) == model.slot_sum_words(t, p) for t, p in pairs[:5])
 
 
 PAGED = {"states": {"kv": {"bytes_per_token": 4096}}}
