@@ -87,6 +87,22 @@ def test_numpy_slot_sums_equal_the_word_by_word_definition(pairs):
     assert all(model.slot_sum(t, p) == model.slot_sum_words(t, p) for t, p in pairs[:5])
 
 
+@settings(max_examples=60, deadline=None)
+@given(pairs=st.lists(st.tuples(st.integers(0, 256), st.integers(0, (1 << 40) - 1)), min_size=1, max_size=6),
+       features=st.lists(st.integers(0, 16 * 256 - 1), min_size=1, max_size=8))
+def test_float_contributions_of_many_slots_equal_the_definition_word_by_word(pairs, features):
+    """`contributions_of` (every feature of every slot at once, numpy) gives, for any slot (t, q) and
+    feature f, y = (int(z >> 40) - 2**23) * 2**-23 with z = splitmix(rotl(mark(t, q, f & 63), q) ^ f),
+    computed here in Python integers; `contributions` (one slot) is its row."""
+    got = model.contributions_of([t for t, _ in pairs], [q for _, q in pairs])
+    for i, (t, q) in enumerate(pairs):
+        for f in features:
+            z = model.splitmix(model.rotl(model.mark(t, q, f & 63), q) ^ f)
+            assert got[i, f] == np.float32(((z >> 40) - (1 << 23)) * 2.0**-23), (t, q, f)
+    t, q = pairs[0]
+    assert np.array_equal(model.contributions(t, q), got[0])
+
+
 PAGED = {"states": {"kv": {"bytes_per_token": 4096}}}
 LINED = {"states": {"kv": {"bytes_per_token": 4096}, "mem": {"bytes_per_seq": 1 << 20}}}
 
@@ -146,3 +162,27 @@ def test_the_reference_loads_by_path_with_no_toy_package_importable(tmp_path):
                          timeout=60)
     assert got.returncode == 0, got.stderr[-2000:]
     assert got.stdout.split() == [str(model.EOS), str(model.mark(1, 2, 3))]
+
+
+FLOAT = {"buffers": {"logits": {}}}
+
+
+@settings(max_examples=15, deadline=None)
+@given(head=st.binary(min_size=0, max_size=40), tails=st.lists(st.binary(max_size=30), min_size=1, max_size=4),
+       n=st.integers(1, 24))
+def test_the_float_reference_answers_the_same_from_its_kept_prefixes(head, tails, n):
+    """The float toy keeps its features every 16 positions, keyed by the tokens fed (prompts and the
+    answers made from them), and starts a later prompt from the longest kept prefix. The property: every
+    answer, and every next turn's (prompt + answer + more, which starts inside a kept answer), equals the
+    answer made from nothing (the kept prefixes dropped before each)."""
+    prompts = [list(head + t) or [0] for t in tails]
+    warm = [model.generate(p, n, FLOAT) for p in prompts]
+    turns = [model.generate(p + a + [63], n, FLOAT) for p, a in zip(prompts, warm)]
+    cold = []
+    for p in prompts:
+        model._FLOAT_KEPT.clear()
+        cold.append(model.generate(p, n, FLOAT))
+    assert warm == cold
+    for p, a, got in zip(prompts, warm, turns):
+        model._FLOAT_KEPT.clear()
+        assert got == model.generate(p + a + [63], n, FLOAT)

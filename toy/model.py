@@ -15,7 +15,9 @@ The toy families, told apart by the manifest's states alone:
 - **paged**: otherwise: next_of(S).
 """
 
+import collections
 import itertools
+import threading
 from functools import lru_cache
 
 import numpy as np
@@ -70,22 +72,32 @@ def slot_sum_words(t: int, p: int) -> int:
 
 
 _U64 = np.uint64
+
+
+def _splitmix_np(x: np.ndarray) -> np.ndarray:
+    x = x + np.uint64(0x9E3779B97F4A7C15)
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
 _WORD_KEYS = (np.arange(WORDS, dtype=_U64) * _U64(0xC2B2AE35)) ^ np.array(SALT, dtype=_U64)  # w's part of a mark
 
 
-def slot_sums(ts, ps) -> int:
-    """The sum of `slot_sum(t, p)` over the pairs of `ts` and `ps`, mod 2**64: `mark`, `rotl` and the sum
-    on numpy's uint64, which wraps as `& MASK` does, every word of every slot at once (a prompt of a
-    hundred tokens in about 60 us; word by word it took 7 ms, most of a gate's oracle time)."""
+def _heads(ts, ps) -> np.ndarray:
+    """The head words of each slot (t, p), rotated by p: n x 64 uint64, `rotl(mark(t, p, w), p)` on
+    numpy's uint64, which wraps as `& MASK` does, every word of every slot at once."""
     t = np.asarray(ts, dtype=_U64).reshape(-1, 1)
     p = np.asarray(ps, dtype=_U64).reshape(-1, 1)
-    x = _WORD_KEYS[None, :] ^ (t * _U64(0x100000001B3)) ^ (p * _U64(0x9E3779B1))
-    x = x + _U64(0x9E3779B97F4A7C15)  # splitmix
-    x = (x ^ (x >> _U64(30))) * _U64(0xBF58476D1CE4E5B9)
-    x = (x ^ (x >> _U64(27))) * _U64(0x94D049BB133111EB)
-    x = x ^ (x >> _U64(31))
-    k = p & _U64(63)  # rotl by p (k = 0: both shifts by 0, x | x)
-    return int(((x << k) | (x >> ((_U64(64) - k) & _U64(63)))).sum(dtype=_U64))
+    x = _splitmix_np(_WORD_KEYS[None, :] ^ (t * _U64(0x100000001B3)) ^ (p * _U64(0x9E3779B1)))
+    k = p & _U64(63)  # k = 0: both shifts by 0, x | x
+    return (x << k) | (x >> ((_U64(64) - k) & _U64(63)))
+
+
+def slot_sums(ts, ps) -> int:
+    """The sum of `slot_sum(t, p)` over the pairs of `ts` and `ps`, mod 2**64 (a prompt of a hundred
+    tokens in about 60 us; word by word it took 7 ms, most of a gate's oracle time)."""
+    return int(_heads(ts, ps).sum(dtype=_U64))
 
 
 @lru_cache(maxsize=1 << 20)  # a pure function of (t, p); a gate asks the same slots again and again
@@ -170,13 +182,6 @@ def is_float(manifest: dict) -> bool:
     return "logits" in manifest.get("buffers", {})
 
 
-def _splitmix_np(x: np.ndarray) -> np.ndarray:
-    x = x + np.uint64(0x9E3779B97F4A7C15)
-    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return x ^ (x >> np.uint64(31))
-
-
 def bias(q: int) -> np.float32:
     mant = (1 << 23) + (splitmix(q ^ BIAS_SALT) >> 41)
     return np.float32(mant * 2.0 ** (BIAS_EXP - 23 + (q & 3)))
@@ -184,18 +189,20 @@ def bias(q: int) -> np.float32:
 
 def contributions(t: int, q: int) -> np.ndarray:
     """y(q, f) of the slot (t, q) for every feature: float32 in [-1, 1), exact."""
-    heads = np.array([mark(t, q, w) for w in range(WORDS)], np.uint64)
-    h = heads[_W]
-    k = np.uint64(q & 63)
-    rot = h if k == 0 else (h << k) | (h >> (np.uint64(64) - k))
-    z = _splitmix_np(rot ^ _F)
+    return contributions_of([t], [q])[0]
+
+
+def contributions_of(ts, qs) -> np.ndarray:
+    """y(q, f) of each slot (t, q), a row a slot (n x FEATURES float32): `head_q[f & 63]` rotated by q
+    for all slots at once (`_heads`)."""
+    z = _splitmix_np(_heads(ts, qs)[:, _W] ^ _F[None, :])
     return ((z >> np.uint64(40)).astype(np.int64) - (1 << 23)).astype(np.float32) * np.float32(2.0**-23)
 
 
-def add_position(acc: np.ndarray, t: int, q: int) -> np.ndarray:
-    """One position's step of the reference order, for every feature."""
+def add_position(acc: np.ndarray, t: int, q: int, y: np.ndarray | None = None) -> np.ndarray:
+    """One position's step of the reference order, for every feature (`y`: its contributions, if made)."""
     b = bias(q)
-    return (acc + (contributions(t, q) + b)) - b
+    return (acc + ((contributions(t, q) if y is None else y) + b)) - b
 
 
 def bf16_bits(x: np.ndarray) -> np.ndarray:
@@ -224,10 +231,41 @@ def float_next(logits_bits: np.ndarray) -> int:
 
 
 def _float_state(ids: list[int]) -> tuple[np.ndarray, int]:
-    acc = np.zeros(FEATURES, np.float32)
-    for p, t in enumerate(ids):
-        acc = add_position(acc, t, p)
+    """The features and the slot sum after feeding `ids`: from the longest prefix of `ids` whose features
+    are kept (`_FLOAT_KEPT`, every `_FLOAT_EVERY` positions), then position by position in the reference
+    order (256 positions' contributions made at once)."""
+    ids = list(ids)
+    start, acc = 0, np.zeros(FEATURES, np.float32)
+    with _FLOAT_LOCK:
+        for m in range(len(ids) // _FLOAT_EVERY * _FLOAT_EVERY, 0, -_FLOAT_EVERY):
+            hit = _FLOAT_KEPT.get(key := tuple(ids[:m]))
+            if hit is not None:
+                _FLOAT_KEPT.move_to_end(key)
+                start, acc = m, hit
+                break
+    for at in range(start, len(ids), 256):
+        ys = contributions_of(ids[at : at + 256], range(at, min(at + 256, len(ids))))
+        for j, y in enumerate(ys):
+            acc = add_position(acc, ids[at + j], at + j, y)
+            _keep_float(ids, at + j + 1, acc)
     return acc, slot_sums(ids, range(len(ids)))
+
+
+_FLOAT_EVERY = 16  # the features after every 16th position are kept, keyed by the tokens fed
+_FLOAT_KEPT: "collections.OrderedDict[tuple[int, ...], np.ndarray]" = collections.OrderedDict()
+_FLOAT_CAP = 4096  # prefixes kept (16 KiB each), the least recently used dropped
+_FLOAT_LOCK = threading.Lock()
+
+
+def _keep_float(seq: list[int], n: int, acc: np.ndarray) -> None:
+    """Keep the features after the first `n` tokens of `seq` when n is a multiple of `_FLOAT_EVERY`
+    (`acc` is never written in place: every step makes a new array)."""
+    if n % _FLOAT_EVERY:
+        return
+    with _FLOAT_LOCK:
+        _FLOAT_KEPT[tuple(seq[:n])] = acc
+        if len(_FLOAT_KEPT) > _FLOAT_CAP:
+            _FLOAT_KEPT.popitem(last=False)
 
 
 def logits(ids: list[int], manifest: dict) -> list[int]:
@@ -248,6 +286,8 @@ def _generate_float(ids: list[int], max_tokens: int) -> list[int]:
         s = (s + slot_sum(t, n)) & MASK
         acc = add_position(acc, t, n)
         n += 1
+        if n % _FLOAT_EVERY == 0:  # a next turn's prompt extends this answer
+            _keep_float(ids + out, n, acc)
     return out
 
 
