@@ -15,9 +15,9 @@ a forward launch *pending*; the next `run` launches the next steps (the pending 
 tokens on the device, newly prefilled ones theirs from the host) before committing it, so the host's
 commit and staging overlap the device's steps. A request that stopped in the committed steps has its
 rows of the next launch dropped at that commit (their writes lie past all it fed, in pages no cached
-prefix holds, and reach the device before any later use of its freed pages: one stream, in order). `launch` builds its cells from the requests' state
-as it stands, so the works of one plan are launched in order (a non-emitting prefill's first step
-follows its last chunk's commit).
+prefix holds, and reach the device before any later use of its freed pages: one stream, in order).
+`launch` builds its cells from the requests' state as it stands, so the works of one plan are launched
+in order (a non-emitting prefill's first step follows its last chunk's commit).
 
 Commit applies the checkpoint policy (SPEC §7): a paged manifest checkpoints the whole pages a step
 completed unless the step ends the request; a lined one retires its lease into one snapshot at stop
@@ -41,10 +41,10 @@ from serve.core.admission import WAIT, Admission
 from serve.core.engine import Engine
 from serve.core.loss import lose_state
 from serve.core.overlap import chain
-from serve.core.work import FORWARD, PREFILL, Flight, Plan, Work
 from serve.core.pack import Bounds, Waiting, pack
 from serve.core.request import Done, Request, Status, Tickets, Update
 from serve.core.stats import Counters, core_gauges, core_stats, snapshot_holdings
+from serve.core.work import FORWARD, PREFILL, Flight, Plan, Work
 
 QUEUE_SHOWN = 32  # request names /stats lists per queue (the gate names a stuck request from them)
 
@@ -291,23 +291,25 @@ class Core:
     def _step(self, program: str, cells: list[Cell], limits: list[int] | None = None) -> list[list[int]]:
         """One step of `program` over `cells`, or with each cell's `limits` `decode_steps` of them."""
         k = 1 if limits is None else self.decode_steps
-        self.counters.add("steps", k)
         if k == 1:
-            return self._timed(self.device.step, program, cells)
-        return self._timed(self.device.steps, program, cells, k, limits)
+            return self._timed(k, self.device.step, program, cells)
+        return self._timed(k, self.device.steps, program, cells, k, limits)
 
     def _launch(self, program: str, cells: list[Cell], limits: list[int], follow: list[int] | None):
         """`decode_steps` steps of `program` issued, not waited for (`overlap`)."""
-        self.counters.add("steps", self.decode_steps)
-        return self._timed(self.device.launch_steps, program, cells, self.decode_steps, limits, follow)
+        k = self.decode_steps
+        return self._timed(k, self.device.launch_steps, program, cells, k, limits, follow)
 
-    def _timed(self, call, *args):
-        """A call into the device, timed into the counters and shown to /stats/live while it runs."""
+    def _timed(self, steps: int, call, *args):
+        """A call into the device, timed into the counters, shown to /stats/live while it runs, and
+        counted as `steps` steps once it returned (a StageLost counts none and leaves step_since for
+        the scheduler to clear)."""
         t0 = time.perf_counter()
         self.step_since = time.monotonic()
-        got = call(*args)  # a StageLost leaves step_since for the scheduler to clear
+        got = call(*args)
         self.step_since = None
         self.counters.step_s += time.perf_counter() - t0
+        self.counters.add("steps", steps)
         return got
 
     # commit
@@ -316,7 +318,7 @@ class Core:
         """Apply what a launched step emitted: positions, answer tokens, checkpoints, finishes."""
         work = flight.work
         if flight.launched is not None:  # an overlapped launch: wait for its tokens
-            flight.tokens = [self._timed(self.device.collect, flight.launched)]
+            flight.tokens = [self._timed(0, self.device.collect, flight.launched)]
         self.in_flight.difference_update(map(id, work.reqs))
         if self.pending is not None and self.pending is not flight:  # its requests are in flight again
             self.in_flight.update(map(id, self.pending.work.reqs))
