@@ -18,6 +18,7 @@ from runtime import gpu  # noqa: E402  (before numba.cuda: see its docstring)
 
 from runtime.step import Cell  # noqa: E402
 from tests.test_multistep import PAD, _prefilled, _seqs  # noqa: E402
+from tests.test_overlap import chained  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -61,27 +62,11 @@ def test_gpu_chained_launches_equal_the_cpu_reference(name):
     rng = random.Random(11)
     prompts = [bytes(rng.randrange(256) for _ in range(rng.randrange(1, 60))) for _ in range(6)]
     seqs = _seqs(prompts)
+    orders = [[0, 1, 2, 3, 4, 5], [0, 1, 2, 3, 4, 5], [5, 4, 3, 2, 1, 0], [5, 4, 3, 2, 1, 0], [1, 3], [2, 1, 3]]
+    launches = [(order, [6] * len(order)) for order in orders]
     runs = []
     for rt in (_prefilled(prompts, name), _prefilled(prompts, name, backend=gpu.GpuBackend())):
-        pos = [p for _, _, p in seqs]
-        anchor = [a for _, a, _ in seqs]
-        got: list[list[int]] = [[] for _ in seqs]
-        orders = [[0, 1, 2, 3, 4, 5], [0, 1, 2, 3, 4, 5], [5, 4, 3, 2, 1, 0], [5, 4, 3, 2, 1, 0], [1, 3], [2, 1, 3]]
-        last, last_order = None, None
-        for order in orders:
-            follow = [last_order.index(g) if last_order and g in last_order else -1 for g in order]
-            cells = [Cell(seqs[g][0], None, [anchor[g]], pos[g] + (6 if last_order and g in last_order else 0))
-                     for g in order]
-            launched = rt.launch_steps("decode", cells, 6, [6] * len(order), follow if last is not None else None)
-            if last is not None:
-                for g, toks in zip(last_order, rt.collect(last)):
-                    got[g] += toks
-                    pos[g] += len(toks)
-                    anchor[g] = toks[-1]
-            last, last_order = launched, order
-        for g, toks in zip(last_order, rt.collect(last)):
-            got[g] += toks
-        runs.append((got, rt))
+        runs.append((chained(rt, seqs, 6, launches)[0], rt))
     (want, cpu), (have, dev) = runs
     assert have == want
     assert all(np.array_equal(a, b) for a, b in zip(_pages(dev), _pages(cpu)))

@@ -29,45 +29,56 @@ from tests.test_multistep import _pages_but_pad, _prefilled, _seqs, _single
 from toy import model as tm
 
 
+def chained(rt, seqs, k: int, launches: list[tuple[list[int], list[int]]]) -> tuple[list[list[int]], list[int]]:
+    """Send each launch (the sequences in its rows, their limits) before collecting the one before, each
+    sequence that was in that one fed on the device from its row there (`follow`), the others from the
+    host. A sequence that ran short of k in the launch before sits the next out (its last row is not its
+    token). Each sequence's tokens, and how many each was asked for."""
+    pos = [p for _, _, p in seqs]
+    anchor = [a for _, a, _ in seqs]
+    total = [0] * len(seqs)
+    got: list[list[int]] = [[] for _ in seqs]
+    rows: dict[int, int] = {}  # sequence -> its row in the launch still open
+    full: set[int] = set()  # the sequences of that launch that ran all k steps
+    last, last_order = None, []
+    for order, limits in launches:
+        kept = [(g, m) for g, m in zip(order, limits) if g not in rows or g in full]
+        if not kept:
+            continue
+        order, limits = [g for g, _ in kept], [m for _, m in kept]
+        follow = [rows.get(g, -1) for g in order]
+        # a followed sequence's position: where the open launch's k steps leave it
+        cells = [Cell(seqs[g][0], None, [anchor[g]], pos[g] + (k if g in rows else 0)) for g in order]
+        launched = rt.launch_steps("decode", cells, k, limits, follow if last is not None else None)
+        if last is not None:
+            for g, toks in zip(last_order, rt.collect(last)):
+                got[g] += toks
+                pos[g] += len(toks)
+                anchor[g] = toks[-1]
+        last, last_order = launched, order
+        rows = {g: i for i, g in enumerate(order)}
+        full = {g for g, m in zip(order, limits) if m == k}
+        for g, m in zip(order, limits):
+            total[g] += m
+    if last is not None:
+        for g, toks in zip(last_order, rt.collect(last)):
+            got[g] += toks
+    return got, total
+
+
 @settings(max_examples=30, deadline=None)
 @given(prompts=st.lists(st.binary(min_size=1, max_size=30), min_size=1, max_size=5), k=st.integers(1, 5),
        data=st.data(), name=st.sampled_from(["toy-paged", "toy-attn"]))
 def test_chained_launches_fed_on_the_device_equal_single_steps(prompts, k, data, name):
     n = len(prompts)
     seqs = _seqs(prompts)
-    many = _prefilled(prompts, name)
-    pos = [p for _, _, p in seqs]
-    anchor = [a for _, a, _ in seqs]
-    total = [0] * n
-    got: list[list[int]] = [[] for _ in range(n)]
-    prev_rows: dict[int, int] = {}  # sequence -> its row in the launch still open
-    prev_full: set[int] = set()  # sequences of that launch that ran all k steps (their last token is real)
-    open_launch = None
-    open_order: list[int] = []
+    launches = []
     for _ in range(data.draw(st.integers(1, 4), label="launches")):
         order = data.draw(st.permutations(range(n)), label="order")[: data.draw(st.integers(1, n), label="size")]
-        # a sequence that ran short of k in the open launch sits this one out (its last row is not its token)
-        order = [g for g in order if g not in prev_rows or g in prev_full]
-        if not order:
-            continue
-        limits = data.draw(st.lists(st.integers(1, k), min_size=len(order), max_size=len(order)), label="limits")
-        follow = [prev_rows.get(g, -1) for g in order]
-        # a followed sequence's position: where the open launch's k steps leave it
-        cells = [Cell(seqs[g][0], None, [anchor[g]], pos[g] + (k if g in prev_rows else 0)) for g in order]
-        launched = many.launch_steps("decode", cells, k, limits, follow if open_launch is not None else None)
-        if open_launch is not None:
-            for g, toks in zip(open_order, many.collect(open_launch)):
-                got[g] += toks
-                pos[g] += len(toks)
-                anchor[g] = toks[-1]
-        open_launch, open_order = launched, order
-        prev_rows = {g: i for i, g in enumerate(order)}
-        prev_full = {g for g, m in zip(order, limits) if m == k}
-        for g, m in zip(order, limits):
-            total[g] += m
-    if open_launch is not None:
-        for g, toks in zip(open_order, many.collect(open_launch)):
-            got[g] += toks
+        launches.append((order, data.draw(st.lists(st.integers(1, k), min_size=len(order), max_size=len(order)),
+                                          label="limits")))
+    many = _prefilled(prompts, name)
+    got, total = chained(many, seqs, k, launches)
     live = [g for g in range(n) if total[g]]
     one = _prefilled(prompts, name)
     want = _single(one, [seqs[g] for g in live], [total[g] for g in live])
