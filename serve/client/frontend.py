@@ -128,6 +128,21 @@ def janitor(path: str) -> None:
     os.waitpid(first, 0)
 
 
+def send_or_drop(push, raw: bytes, ended: threading.Event) -> None:
+    """Send `raw` to the core; dropped once `ended` (the core's reaper saw it end: `_fail_all` answers
+    whatever was sent). A PUSH socket with no peer blocks a send for good (the queue bound does not
+    apply), and a core that died has none: the event loop, sending a request that arrived between the
+    death and the reaper, froze, nothing was answered and the server never exited (1 in 6 runs of
+    tests/test_serve_exit.py's core kill on a loaded box)."""
+    while True:
+        try:
+            push.send(raw, zmq.NOBLOCK)
+            return
+        except zmq.Again:  # no core connected: gone (its reaper sets `ended` within moments) or not yet up
+            if ended.wait(0.01):
+                return
+
+
 def _signal(pid: int, sig: int) -> None:
     """Send `sig` to a peer front end, which may have ended already."""
     try:
@@ -454,7 +469,7 @@ class RemoteScheduler:
 
     def _send(self, raw: bytes) -> None:
         with self.sending:  # the event loop's, and a peer's reaper (`_reap_peer`)
-            self.push.send(raw)
+            send_or_drop(self.push, raw, self.ended)
 
     def _fail_all(self) -> None:
         error = dead_error(self.code)
