@@ -33,7 +33,7 @@ from e2e.spawn import Processes, SpawnError, Spawner, kern_args, own_kern, proje
 from e2e.tls import tls
 from kern.errors import KernError
 
-__all__ = ["STARTED", "ServerExited", "ServerError", "Session", "Unavailable", "free_port", "launch", "merge_flags", "tls",
+__all__ = ["STARTED", "ServerExited", "ServerError", "Session", "Unavailable", "free_port", "launch", "merge_flags",
            "unused_port", "kern_args", "own_kern", "project_env", "server_command", "split_flags", "stop_all"]
 
 EXIT_MEANINGS = {101: "scheduler crashed", -9: "killed", -15: "terminated"}

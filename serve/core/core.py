@@ -275,15 +275,16 @@ class Core:
         groups = self.step_forward.groups
         parts, launched = [], None
         several = self.decode_steps > 1
-        if several and self.overlap and len(batch) <= groups:  # one launch, left pending (`run`)
-            cells = [Cell(r.lease.pages, r.lease.slot, [r.anchor], r.pos) for r in batch]
-            launched = self._launch(rt.protocol.forward(len(cells), 1).program, cells,
-                                    [r.max_tokens - len(r.out) for r in batch], None)
-        for at in range(0, len(batch) if launched is None else 0, groups):
+        pending = several and self.overlap and len(batch) <= groups  # one launch, left pending (`run`)
+        for at in range(0, len(batch), groups):
             part = batch[at : at + groups]
             cells = [Cell(r.lease.pages, r.lease.slot, [r.anchor] * rows, r.pos) for r in part]
             program = rt.protocol.forward(len(cells), rows).program
-            parts.append(self._step(program, cells, [r.max_tokens - len(r.out) for r in part] if several else None))
+            limits = [r.max_tokens - len(r.out) for r in part] if several else None
+            if pending:
+                launched = self._launch(program, cells, limits, None)
+            else:
+                parts.append(self._step(program, cells, limits))
         self.counters.add("batched_steps", len(batch) > 1)  # e2e's proof that its burst shared a step
         self.in_flight.update(map(id, batch))
         return Flight(work, parts, launched)

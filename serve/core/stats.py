@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from pool import Tier
 from serve.common import logs
 
 __all__ = ["COUNTERS", "GAUGES", "Counters", "Window", "core_gauges", "core_stats", "snapshot_holdings"]
@@ -99,8 +100,6 @@ def snapshot_holdings(prefix) -> tuple[set[int], set[int]]:
 
 def core_gauges(core) -> dict[str, int]:
     """A `serve.core.core.Core`'s gauges: its queues, and the pool's, the index's and the host tier's holdings."""
-    from pool import Tier
-
     e = core.engine
     pages, slots = snapshot_holdings(e.prefix)
     return {"running": len(core.running), "waiting": len(core.waiting), "leases": e.pool.leases - 1,
