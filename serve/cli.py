@@ -266,9 +266,16 @@ def _engine(flags: ServeFlags, opts, phases):
     if target_weights and not opts.weights:
         opts.weights = tuple(str(w) for w in target_weights)
     engine, head = build_head(paths, opts, PipelineOptions(listen=flags.pp_listen, timeout=flags.pp_timeout,
-                                                          startup=flags.stage_connect, restart=flags.pp_restart))
+                                                          startup=flags.stage_connect, restart=flags.pp_restart,
+                                                          entry=_stage_entry))
     phases.mark("stages")  # the head's load and its stages' start
     return engine, head
+
+
+def _stage_entry(argv: list[str]) -> None:
+    """What a stage forked warm from its head runs (serve/pipeline/forked.py): this command on the
+    stage's command line, as `python -m serve ARGV` would; it exits with the command's code."""
+    serve_command.main(args=argv, prog_name="kern-serve", standalone_mode=True)
 
 
 def _limits(flags: ServeFlags) -> Limits:

@@ -401,7 +401,8 @@ def test_a_stage_started_by_hand_is_replaced_by_hand(kern_server, tmp_path):
 
 def _stage_children(head_pid: int) -> set[int]:
     """The live stage processes a head started (Linux /proc): its children, or with
-    --frontend-process (KERN_FRONTEND_PROCESS=1) its engine core's."""
+    --frontend-process (KERN_FRONTEND_PROCESS=1) its engine core's; a fresh one by its command line
+    (--pp-head), a forked copy by its name (kern-stage, serve/pipeline/forked.py)."""
     procs = {}
     for d in os.listdir("/proc"):
         if not d.isdigit():
@@ -409,11 +410,12 @@ def _stage_children(head_pid: int) -> set[int]:
         try:
             stat = open(f"/proc/{d}/stat").read().rsplit(")", 1)[-1].split()
             cmd = open(f"/proc/{d}/cmdline", "rb").read()
+            comm = open(f"/proc/{d}/comm").read().strip()
         except OSError:
             continue
-        procs[int(d)] = (int(stat[1]), stat[0], cmd)
+        procs[int(d)] = (int(stat[1]), stat[0], b"--pp-head" in cmd or comm.startswith("kern-stage"))
     heads = {head_pid} | {pid for pid, (ppid, _, _) in procs.items() if ppid == head_pid}
-    return {pid for pid, (ppid, state, cmd) in procs.items() if ppid in heads and state != "Z" and b"--pp-head" in cmd}
+    return {pid for pid, (ppid, state, stage) in procs.items() if ppid in heads and state != "Z" and stage}
 
 
 def test_a_replacement_killed_before_it_is_ready_is_replaced_again(kern_server):

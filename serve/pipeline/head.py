@@ -23,10 +23,12 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import zmq
 
 from serve.common import logs
+from serve.pipeline.forked import Warm
 from serve.pipeline.liveness import EXIT_PIPELINE, HeadWatch, die, hb_identity
 from serve.pipeline.stage import cut_of
 from serve.pipeline.transport import Message, ZmqWire
@@ -49,6 +51,8 @@ class PipelineOptions:
     # again to load; None: STARTUP_S, or `timeout` when longer
     share: int = 1  # processes sharing this device's free memory (the default --capacity on a GPU)
     restart: bool = True  # replace a lost stage and resume (False: answer errors and exit 3)
+    entry: Callable[[list[str]], None] | None = None  # what a forked stage runs on its command line (the
+    # serve command, standalone: it exits); None: every stage a fresh `python -m serve` (serve/pipeline/forked.py)
 
 
 @dataclass
@@ -180,22 +184,31 @@ def _gather(watch: HeadWatch, kind: str, want: set[int], timeout: float, procs, 
     return got
 
 
-def _spawn(path: Path, k: int, head_addr: str, opts, pp: PipelineOptions, weights) -> subprocess.Popen:
-    """Stage k on this machine, on the head's backend and device (stages started separately with
-    --pp-head choose their own)."""
-    cmd = [sys.executable, "-m", "serve", str(path), "--pp-head", head_addr, "--pp-timeout", str(pp.timeout),
-           "--backend", opts.backend, "--host-gib", str(opts.host_gib), "--pp-parent", str(os.getpid()),
-           "--stage-connect-timeout", str(startup_s(pp)),
-           "--log-level", logs.level()]  # its `pp item` lines are debug, as the head's
+def _stage_args(path: Path, head_addr: str, opts, pp: PipelineOptions, weights) -> list[str]:
+    """A stage's command line after `python -m serve`: on this machine, on the head's backend and
+    device (stages started separately with --pp-head choose their own)."""
+    args = [str(path), "--pp-head", head_addr, "--pp-timeout", str(pp.timeout),
+            "--backend", opts.backend, "--host-gib", str(opts.host_gib), "--pp-parent", str(os.getpid()),
+            "--stage-connect-timeout", str(startup_s(pp)),
+            "--log-level", logs.level()]  # its `pp item` lines are debug, as the head's
     if opts.device is not None:
-        cmd += ["--device", str(opts.device)]
+        args += ["--device", str(opts.device)]
     if opts.capacity is None and opts.backend != "cpu":
-        cmd += ["--pp-share", str(pp.share)]  # the stages and the head split one device's free memory
+        args += ["--pp-share", str(pp.share)]  # the stages and the head split one device's free memory
     if opts.capacity is not None:
-        cmd += ["--capacity", str(opts.capacity)]
+        args += ["--capacity", str(opts.capacity)]
     for w in weights:
-        cmd += ["--weights", str(w)]
-    return subprocess.Popen(cmd, stdin=subprocess.DEVNULL)
+        args += ["--weights", str(w)]
+    return args
+
+
+def _spawn(args: list[str], k: int, warm: Warm | None):
+    """Stage k: its warm copy told `args` (`serve/pipeline/forked.py`), else a fresh process."""
+    if warm is not None:
+        forked = warm.start(k, args)
+        if forked is not None:
+            return forked
+    return subprocess.Popen([sys.executable, "-m", "serve", *args], stdin=subprocess.DEVNULL)
 
 
 def startup_s(pp: PipelineOptions) -> float:
@@ -262,12 +275,9 @@ def build_head(paths: list[Path], opts, pp: PipelineOptions):
     """The engine for stage 0 with a Pipeline as its runtime, and the Head that stops the stages."""
     from manifests import derive
     from manifests.config import resolve
-    from pool import Geometry, Prefix
-    from runtime.backends import make_backend
     from runtime.protocol import Protocol
-    from runtime.runtime import Runtime
-    from serve.core.engine import Engine, EngineError, sizing
-    from serve.pipeline.pipeline import Pipeline
+    from serve.core.engine import EngineError
+    import runtime.runtime  # noqa: F401 - imported before the fork: the stages' copies hold it too
 
     if opts.device is not None and opts.backend != "cpu":
         os.environ.setdefault("CUDA_VISIBLE_DEVICES", str(opts.device).split(",")[0])
@@ -278,6 +288,26 @@ def build_head(paths: list[Path], opts, pp: PipelineOptions):
     if derive.is_lined(m0) or any(derive.is_lined(m) for m in manifests):
         raise EngineError("a pipeline serves paged targets only (lined states through stages come later)")
     proto0, proto = Protocol(m0), Protocol(last)
+    # the stages as warm copies of this process, before it makes a device context, a socket or a thread
+    warm = Warm.fork(list(range(1, n)), pp.entry) if pp.listen is None else None
+    try:
+        return _build(paths, opts, pp, manifests, target, cid, n, proto0, proto, warm)
+    finally:
+        if warm is not None:
+            warm.close()  # the copies not started (a load that failed first) exit
+
+
+def _build(paths: list[Path], opts, pp: PipelineOptions, manifests, target, cid: str, n: int, proto0, proto,
+           warm: Warm | None):
+    """`build_head` once its stages' copies are made: the device, the stages' hellos, the pool, stage 0."""
+    from manifests import derive
+    from pool import Geometry, Prefix
+    from runtime.backends import make_backend
+    from runtime.runtime import Runtime
+    from serve.core.engine import Engine, sizing
+    from serve.pipeline.pipeline import Pipeline
+
+    m0 = manifests[0]
     backend = make_backend(opts.backend)
     unit, reach = derive.page_unit(m0), derive.reach(m0)
     geometry = Geometry(**derive.geometry(m0))
@@ -287,7 +317,7 @@ def build_head(paths: list[Path], opts, pp: PipelineOptions):
     rows, chunk, max_seqs, capacity = sized.rows, sized.chunk, sized.max_seqs, sized.capacity
     hpb0 = unit * sum(b for _, b in geometry.paged)  # one page of every paged state: a host page here
 
-    head, procs, hellos = _start_stages(paths, opts, pp, target.weights, cid, n)
+    head, procs, hellos = _start_stages(paths, opts, pp, target.weights, cid, n, warm)
     ctx, watch, startup = head.ctx, head.watch, startup_s(pp)
     fewest, host_pages, pool, host, pad = _shared_pool(hellos, capacity, unit, geometry, opts.host_gib * GIB, hpb0)
     table, sends = _send_tables(watch, manifests, hellos, pool, pad, max_seqs, host_pages, n)
@@ -371,7 +401,7 @@ def _stage_manifests(paths: list[Path]) -> list:
     return manifests
 
 
-def _start_stages(paths: list[Path], opts, pp: PipelineOptions, weights, cid: str, n: int):
+def _start_stages(paths: list[Path], opts, pp: PipelineOptions, weights, cid: str, n: int, warm: Warm | None = None):
     """Bind the control socket, start the other stages here (or wait for ones started by hand), and take
     each one's hello: (the Head, the processes started, the hellos by stage). A stage of another cut ends
     the head."""
@@ -380,10 +410,11 @@ def _start_stages(paths: list[Path], opts, pp: PipelineOptions, weights, cid: st
     watch = HeadWatch(ctl, list(range(1, n)), pp.timeout)
     watch.start()
     head = Head(watch, ctx=ctx)
-    logs.event("pp head listening", address=ctl.address, stages=n, cut=cid)
+    logs.event("pp head listening", address=ctl.address, stages=n, cut=cid,
+               started="by hand" if pp.listen is not None else "forked" if warm is not None else "spawned")
     procs = []
     if pp.listen is None:
-        head.spawn = lambda k: _spawn(paths[k], k, ctl.address, opts, pp, weights)
+        head.spawn = lambda k: _spawn(_stage_args(paths[k], ctl.address, opts, pp, weights), k, warm)
         for k in range(1, n):
             procs.append((k, head.spawn(k)))
         head.procs = dict(procs)
