@@ -30,7 +30,8 @@ from e2e.driver import SESSIONS, _names, _skipped, engine_of, gate_all
 from e2e.flags import GateFlags
 from e2e.gate import Options
 from e2e.shrinking import replay_case, shrink_failures
-from e2e.spawners import GPU_HOSTS, WORKER_CORES, close_spawners, no_gpu, start_spawners
+from e2e.spawners import (GPU_HOSTS, HOSTS_PER_TARGET, REFERENCE_WORKERS, WORKER_CORES, close_spawners, no_gpu,
+                           reference_workers, start_spawners)
 from e2e.progress import Progress
 from e2e.report import commit, junit, write_report, write_summary
 from e2e.scenarios import CHECKS
@@ -107,11 +108,13 @@ def _greedy(argv: list[str]) -> list[str]:
 @click.option("--hosts", type=click.IntRange(min=0), default=None,
               help="Run our own kern's single-process servers, `kern test` and `kern run` as threads of N warm "
                    "host processes (one device context each) instead of a process each (0: off). Default: "
-                   f"{GPU_HOSTS} on a GPU (whose driver makes one CUDA context at a time, about 0.2 s each), "
-                   "0 on the CPU (forked from the zygote). Ignored with --kern.")
+                   f"{GPU_HOSTS} on a GPU ({HOSTS_PER_TARGET} per target where fewer: the driver makes one CUDA "
+                   "context at a time, about 0.2 s each), 0 on the CPU (forked from the zygote). Ignored with --kern.")
 @click.option("--reference-worker/--reference-in-process", "reference_worker", default=None,
-              help="Run each target's reference arithmetic (model.py) in a process of its own, off the gate's "
-                   f"GIL. Default: in a worker on a machine of {WORKER_CORES} or more cores, else in process.")
+              help="Run each target's reference arithmetic (model.py) in processes of its own, off the gate's "
+                   f"GIL: a quarter of the cores, 1 to {REFERENCE_WORKERS} per target, each call sent to the one its "
+                   "prompt's first 16 tokens pick. Default: in workers on a machine of "
+                   f"{WORKER_CORES} or more cores, else in process.")
 @click.option("--sessions-at-once/--sessions-in-turn", "at_once", default=True, show_default=True,
               help="Run a target's independent sessions at once, each in its own server, every session's "
                    "server started as soon as the first one's facts are known; --sessions-in-turn runs "
@@ -171,7 +174,7 @@ def cli(**given) -> None:
     workers = f.reference_worker
     opts = Options(cfg.resolve(), Path(f.out), f.max_tokens, f.backend, f.port, f.server_flags, f.capacity,
                    f.load_timeout, shlex.split(f.kern) if f.kern else None, at_once=f.at_once,
-                   reference_worker=(os.cpu_count() or 1) >= WORKER_CORES if workers is None else workers,
+                   reference_worker=reference_workers(workers, os.cpu_count() or 1),
                    started=t0, seed=f.seed, engine=engine, progress=progress)
     names = [t.name for t in chosen]
     under = (engine.shown if engine else f.kern if f.kern else "the config's, per target"

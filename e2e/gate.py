@@ -73,7 +73,7 @@ class Options:
     kern_test_timeout: float = 3600.0
     zygote: Zygote | None = None  # a warm process (only without `kern`): servers and `kern test` are forked from it
     started: float = field(default_factory=time.monotonic)  # when the gate began: targets' timelines count from it
-    reference_worker: bool = False  # each target's reference arithmetic in a process of its own
+    reference_worker: int = 0  # each target's reference arithmetic in this many processes of its own (0: in process)
     hosts: Hosts | None = None  # warm processes (only without `kern`): runs them as threads instead (not staged servers)
     at_once: bool = True  # a target's independent sessions at once (`run_target`); False: one after another
     seed: int = 0  # what the generated sessions (params, explore) draw from: `e2e --seed`

@@ -53,7 +53,7 @@ class Adapted:
             self.raw.close()
 
 
-def oracles_for(t: GateTarget, reference: Path | None, out: Path, backend: str, worker: bool = False,
+def oracles_for(t: GateTarget, reference: Path | None, out: Path, backend: str, worker: int = 0,
              hosts=None, timeout: float = 600.0,
              kern: list[str] | None = None) -> tuple[Oracle, KernRun | CommandRun | None]:
     """(oracle, runner): the reference (its own `oracle` over `reference`) and `kern run` (in process,

@@ -82,14 +82,15 @@ class Reference:
         self.cache = cache
         pct = getattr(self.module, "ACCEPT_PCT", None)
         self.accept_pct: tuple[float, float] | None = tuple(pct) if pct is not None else None  # type: ignore[assignment]
-        # `worker`: the module's arithmetic runs in a process of its own (one, so what it remembers of
-        # earlier calls, a plain-Python model's memo, serves every later one); the caller's threads
-        # (a gate's lanes, its other targets) keep their GIL for their clients and checks
+        # `worker`: the module's arithmetic runs in processes of their own (True: one; N: up to N,
+        # `Workers`: a call goes to the one its prompt's start picks, so what a plain-Python model
+        # remembers of a prompt serves the calls that extend it); the caller's threads (a gate's
+        # lanes, its other targets) keep their GIL for their clients and checks
         self._pool = None
         self._memo: dict[tuple, Any] = {}  # (what, args) -> its answer, or a Future of it (`prefetch`)
         self._memo_lock = threading.Lock()
         if worker:
-            self._pool = Worker(self.path, self.manifest)
+            self._pool = Workers(self.path, self.manifest, int(worker))
 
     def _call(self, name: str, *args):
         """`name(*args, manifest)` of the module (`path`: `path(ids, steps, manifest, rows, emits)`),
@@ -253,6 +254,47 @@ class Worker:
             self.proc.wait()
 
 
+ROUTE_TOKENS = 16  # a call's worker: picked by its ids' first this many tokens
+
+
+class Workers:
+    """Up to `n` `Worker` processes, each started at the first call routed to it. A call goes to the
+    worker its ids' first ROUTE_TOKENS tokens pick (`index`): a prompt's later turns, its paths and
+    its probes meet the memo of the worker that fed it, and unrelated prompts spread over the
+    processes instead of taking turns in one (a layered or float target's oracle, plain Python, was
+    its gate's slowest session on a GPU machine)."""
+
+    def __init__(self, path: Path, manifest: dict[str, Any], n: int = 1):
+        if n < 1:
+            raise ValueError(f"reference workers: {n} must be at least 1")
+        self.path, self.manifest = path, manifest
+        self.slots: list[Worker | None] = [None] * n
+        self.lock = threading.Lock()
+
+    def index(self, ids) -> int:
+        """The worker for a call on `ids` (a function of their first ROUTE_TOKENS tokens alone)."""
+        return hash(tuple(int(t) for t in list(ids)[:ROUTE_TOKENS])) % len(self.slots)
+
+    def submit(self, name: str, *args) -> Future:
+        ids = args[0] if args and isinstance(args[0], (list, tuple)) else ()
+        i = self.index(ids)
+        with self.lock:
+            w = self.slots[i]
+            if w is None:
+                w = self.slots[i] = Worker(self.path, self.manifest)
+        return w.submit(name, *args)
+
+    @property
+    def started(self) -> list["Worker"]:
+        return [w for w in self.slots if w is not None]
+
+    def close(self) -> None:
+        with self.lock:
+            workers, self.slots = self.started, [None] * len(self.slots)
+        for w in workers:
+            w.close()
+
+
 def _worker_call(module: ModuleType, manifest: dict[str, Any], name: str, *args):
     if name == "path":
         ids, steps, rows, emits = args
@@ -287,7 +329,7 @@ if __name__ == "__main__":
     import argparse
 
     ap = argparse.ArgumentParser(prog="python -m oracle.reference",
-                                 description="The reference worker a gate starts (`Reference(worker=True)`): loads "
+                                 description="A reference worker a gate starts (`Reference(worker=N)`): loads "
                                              "MODEL, then answers pickled calls on stdin with pickled answers on "
                                              "stdout until stdin closes. Not for typing at.")
     ap.add_argument("model", help="the model.py to load")
