@@ -32,8 +32,9 @@ import select
 import signal
 import sys
 import time
-import traceback
 from typing import Callable
+
+from kern.child import exit_with, fresh_signals
 
 os.environ["NUMBA_THREADING_LAYER"] = "workqueue"  # before numba is imported: see the docstring
 
@@ -108,18 +109,12 @@ def gpu_imports() -> str:
 def child(argv: list[str], log: str, env: dict[str, str], command: Command, inherited: tuple[int, ...] = ()) -> None:
     """In the forked child: become the command's process, run it, exit with its code. `inherited`:
     the zygote's own descriptors (its signal pipe), closed here."""
-    code = 1
-    try:
+
+    def become() -> int | None:
         for fd in inherited:
             os.close(fd)
         os.setsid()
-        # the signals as a fresh Python sets them: SIGPIPE ignored (a write to a socket the client
-        # closed raises, it does not kill the server), SIGINT raising KeyboardInterrupt
-        for sig in (signal.SIGTERM, signal.SIGCHLD):
-            signal.signal(sig, signal.SIG_DFL)
-        signal.signal(signal.SIGPIPE, signal.SIG_IGN)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        signal.set_wakeup_fd(-1)
+        fresh_signals()
         fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
@@ -132,16 +127,9 @@ def child(argv: list[str], log: str, env: dict[str, str], command: Command, inhe
         sys.stderr = open(2, "w", buffering=1, closefd=False)
         os.environ.update(env)
         sys.argv = ["kern", *argv]
-        code = command(argv)
-    except BaseException:
-        traceback.print_exc()
-        code = 1
-    finally:
-        try:
-            sys.stdout.flush()
-            sys.stderr.flush()
-        finally:
-            os._exit(code)
+        return command(argv)
+
+    exit_with(become)
 
 
 def serve_requests(command: Command) -> None:

@@ -32,6 +32,8 @@ import threading
 import time
 from typing import Callable
 
+from kern.child import exit_with, fresh_signals
+
 __all__ = ["Forked", "Warm", "name_process"]
 
 
@@ -181,15 +183,10 @@ def _close_sockets() -> None:
 
 def _child(r: int, entry: Callable[[list[str]], None]) -> None:
     """The copy: wait for its command, serve it, exit with its code (never returns)."""
-    code = 0
-    try:
+
+    def serve() -> None:
         name_process("kern-stage")
-        # the signals as a fresh Python sets them (the head's handlers are the head's)
-        for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD):
-            signal.signal(sig, signal.SIG_DFL)
-        signal.signal(signal.SIGPIPE, signal.SIG_IGN)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        signal.set_wakeup_fd(-1)
+        fresh_signals()
         _close_sockets()
         devnull = os.open(os.devnull, os.O_RDONLY)
         os.dup2(devnull, 0)
@@ -198,16 +195,5 @@ def _child(r: int, entry: Callable[[list[str]], None]) -> None:
         os.close(r)
         if raw:
             entry(json.loads(raw))
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    except BaseException:  # noqa: BLE001 - a copy must never return into the head's stack
-        import traceback
 
-        traceback.print_exc()
-        code = 1
-    finally:
-        try:
-            sys.stdout.flush()
-            sys.stderr.flush()
-        finally:
-            os._exit(code)
+    exit_with(serve)
