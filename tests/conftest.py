@@ -295,7 +295,7 @@ def assert_nothing_leaked(server: ServerProcess, timeout: float = 10.0) -> dict:
 
 def pytest_xdist_auto_num_workers(config):
     """`-n auto`: two workers a core, 16 at most (many tests wait on servers: on the 2-core box the
-    whole suite took 450 s on 3 workers and 399 s on 4, 2026-12-07; earlier, when it was smaller,
+    whole suite took 450 and 452 s on 3 workers, 399 and 444 s on 4, 2026-12-07; earlier, when it was smaller,
     3 workers 115-131 s against 2 workers' 145 s). The cap keeps a big machine's memory (a worker
     and its servers hold about 0.5 GB) in bounds."""
     return max(2, min(16, 2 * (os.cpu_count() or 1)))
