@@ -83,6 +83,25 @@ def test_copies_never_started_exit_when_released():
     assert "gone [False, False] bad 2" in out.stdout, out.stdout + out.stderr
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="fork")
+def test_a_copy_that_died_while_waiting_is_not_started():
+    """A copy killed before it was told its command: `start` gives None (the head spawns a fresh
+    stage instead) and the dead copy is reaped; the other copy still starts."""
+    code = (
+        "import os, signal\n"
+        "from serve.pipeline.forked import Warm\n"
+        "w = Warm.fork([1, 2], lambda argv: print('served', argv, flush=True))\n"
+        "os.kill(w.pids[1], signal.SIGKILL)\n"
+        "import time; time.sleep(0.2)\n"
+        "print('dead', w.start(1, ['x']))\n"
+        "ok = w.start(2, ['y'])\n"
+        "print('code', ok.wait(30))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "dead None" in out.stdout and "served ['y']" in out.stdout and "code 0" in out.stdout, out.stdout
+
+
 def _listening_inodes(port: int) -> set[str]:
     found = set()
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):

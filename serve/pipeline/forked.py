@@ -128,15 +128,22 @@ class Warm:
 
     def start(self, k: int, argv: list[str]) -> Forked | None:
         """Stage k's copy, told to serve as `python -m serve ARGV` would; None once it was used (a
-        restart: the caller starts a fresh process)."""
+        restart) or when the copy is gone (killed while it waited): the caller starts a fresh process."""
         w = self.pipes.pop(k, None)
         if w is None:
             return None
+        copy = Forked(self.pids[k])
         try:
-            os.write(w, json.dumps(argv).encode())
+            data = json.dumps(argv).encode()
+            while data:
+                data = data[os.write(w, data):]
+        except OSError:  # no reader left (EPIPE): the copy died
+            copy.kill()
+            copy.wait()
+            return None
         finally:
             os.close(w)
-        return Forked(self.pids[k])
+        return copy
 
     def close(self) -> None:
         """Let every copy not started exit (its pipe closes unwritten) and reap it."""
