@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 # One numba thread per test process (and per server it forks) unless the caller says otherwise. The
-# tests already run 2 workers per core, each with servers of its own; at the tests' sizes a
+# tests already run 1.5 workers per core, each with servers of its own; at the tests' sizes a
 # parallel kernel gains nothing from a second thread, and under the omp layer that thread spins
 # between launches (a 300-step run: 0.56 s wall either way, 1.11 CPU-s with 2 threads, 0.56 with 1),
 # taking the core from the other workers. `bash .ci/run`'s gate keeps numba's default.
@@ -294,11 +294,10 @@ def assert_nothing_leaked(server: ServerProcess, timeout: float = 10.0) -> dict:
 
 
 def pytest_xdist_auto_num_workers(config):
-    """`-n auto`: two workers a core, 16 at most (many tests wait on servers: on the 2-core box the
-    whole suite took 450 and 452 s on 3 workers, 399 and 444 s on 4, 2026-12-07; earlier, when it was smaller,
-    3 workers 115-131 s against 2 workers' 145 s). The cap keeps a big machine's memory (a worker
-    and its servers hold about 0.5 GB) in bounds."""
-    return max(2, min(16, 2 * (os.cpu_count() or 1)))
+    """`-n auto`: half again as many workers as cores (many tests wait on servers; measured on the
+    2-core box: 3 workers 115-131 s, 2 workers 145 s, when the suite was smaller; at 1,490 tests, 3
+    workers 450 and 452 s, 4 workers 399, 444 and 473 s, 2026-12-07: no gain above the noise)."""
+    return max(2, (3 * (os.cpu_count() or 1)) // 2)
 
 
 def _runs_a_few(config) -> bool:
