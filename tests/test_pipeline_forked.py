@@ -60,6 +60,13 @@ def test_no_copy_is_made_beside_another_thread():
         t.join()
 
 
+def _fresh_python(code: str) -> str:
+    """`code` run by a fresh interpreter (one thread: where `Warm.fork` makes copies); what it printed."""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    return out.stdout
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="fork")
 def test_copies_never_started_exit_when_released():
     """In a process of one thread (a fresh interpreter): no entry, no copy; two copies made and released unstarted both
@@ -78,9 +85,7 @@ def test_copies_never_started_exit_when_released():
         "gone = [os.path.exists(f'/proc/{pids[k]}') for k in (1, 2)]\n"
         "print('gone', gone, 'bad', bad.wait(60))\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    assert "gone [False, False] bad 2" in out.stdout, out.stdout + out.stderr
+    assert "gone [False, False] bad 2" in _fresh_python(code)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="fork")
@@ -97,9 +102,8 @@ def test_a_copy_that_died_while_waiting_is_not_started():
         "ok = w.start(2, ['y'])\n"
         "print('code', ok.wait(30))\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    assert "dead None" in out.stdout and "served ['y']" in out.stdout and "code 0" in out.stdout, out.stdout
+    said = _fresh_python(code)
+    assert "dead None" in said and "served ['y']" in said and "code 0" in said, said
 
 
 def _listening_inodes(port: int) -> set[str]:
