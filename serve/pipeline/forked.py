@@ -10,14 +10,16 @@ socket is bound, `Warm.start(k, argv)` writes stage k's command line (the one `_
 down it, and the copy runs the entry the head was given for it (`serve.cli`'s command, standalone:
 `PipelineOptions.entry`) on that command line, then exits with its code.
 
-Forked only where it is safe and the head was given an entry: Linux, one Python thread, no NVIDIA device file open (CUDA not
-initialised), and no stage address to wait for (`--pp-listen`). Otherwise, and for every restart after a loss (the head has threads by then),
-a stage is a fresh process as before. A copy whose pipe closes unwritten (the head failed before
-its control socket) exits 0 at once.
+Forked only where it is safe and the head was given an entry: Linux, one Python thread, no NVIDIA
+device file open (CUDA not initialised), and no stage address to wait for (`--pp-listen`).
+Otherwise, and for every restart after a loss (the head has threads by then), a stage is a fresh
+process as before. A copy whose pipe closes unwritten (the head failed before its control socket)
+exits 0 at once.
 
 A copy is named `kern-stage` (`ps -o comm`, /proc/PID/comm), `kern-stage-K` once it serves stage K
-(a fresh stage process too): its command line is the head's. It closes the sockets it inherited (the head's HTTP socket among them: a stage never holds the
-server's port) and reads /dev/null as its stdin, as the fresh process did.
+(a fresh stage process too): its command line is the head's. It closes the sockets it inherited
+(the head's HTTP socket among them: a stage never holds the server's port) and reads /dev/null as
+its stdin, as the fresh process did.
 """
 
 from __future__ import annotations
@@ -57,7 +59,6 @@ class Forked:
     def __init__(self, pid: int):
         self.pid = pid
         self.returncode: int | None = None
-        self.args = ["(forked stage)"]
 
     def poll(self) -> int | None:
         if self.returncode is None:
