@@ -2,7 +2,7 @@
 
     python bench/engine_step.py [--target toy-paged] [--seqs 64] [--max-tokens 256] [--backend cpu|gpu]
                                 [--prompt-tokens 32] [--rounds 2] [--warmup 1] [--pin CPUS] [--no-graphs]
-                                [--decode-steps K] [--overlap | --no-overlap] [--profile FILE]
+                                [--decode-steps K] [--overlap | --no-overlap] [--profile FILE] [--no-pack]
 
 `serve.core.engine.build` and `serve.core.core.Core` driven in this process (admit, schedule, run) for
 `--seqs` requests at once, no HTTP, as `bench/serve_load.py`'s "engine alone" is. Every forward step
@@ -108,6 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=None,
                     help="send the next launch before committing the last (kern serve's flag; default on a GPU)")
     ap.add_argument("--profile", default=None, help="write the last round's cProfile stats here")
+    ap.add_argument("--no-pack", action="store_true",
+                    help="one sequence a prefill call, as before a manifest's chunk packed (kern serve's flag)")
     args = ap.parse_args(argv)
 
     from kern.errors import KernError
@@ -128,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         e = build(args.target, Options(backend=args.backend, max_seqs=args.seqs, graphs=not args.no_graphs,
                                        capacity=cap, decode_steps=args.decode_steps,
-                                       overlap=args.overlap))
+                                       overlap=args.overlap, pack=not args.no_pack))
     except KernError as exc:  # an unknown target, a backend that cannot load, flags it cannot serve
         ap.error(str(exc))
     for rnd in range(args.warmup):

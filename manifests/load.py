@@ -382,10 +382,15 @@ def _program(path: str, name: str, d: Any, err: _Errors) -> Program | None:
             err.add(f"{path}.{k}", f"expected true or false, got {json.dumps(flags[k])}")
             flags[k] = False
     groups = rows = context = None
+    independent = False
     if "batch" in d:
         b = d["batch"]
-        if not err.fields(f"{path}.batch", b, ("groups", "rows"), ("context",)):
+        if not err.fields(f"{path}.batch", b, ("groups", "rows"), ("context", "independent_rows")):
             return None
+        independent = b.get("independent_rows", False)
+        if not isinstance(independent, bool):
+            err.add(f"{path}.batch.independent_rows", f"expected true or false, got {json.dumps(independent)}")
+            independent = False
         groups = err.int_(f"{path}.batch.groups", b["groups"], 1)
         rows = b["rows"]
         if not isinstance(rows, str) and err.int_(f"{path}.batch.rows", rows, 1) is None:
@@ -406,4 +411,5 @@ def _program(path: str, name: str, d: Any, err: _Errors) -> Program | None:
             calls.append(Call(c["op"], tuple(args), c.get("label")))
     if not isinstance(d["calls"], list):
         err.add(f"{path}.calls", "expected a list")
-    return Program(name, groups, rows, tuple(calls), flags["graph"], flags["once"], flags["derive"], context)
+    return Program(name, groups, rows, tuple(calls), flags["graph"], flags["once"], flags["derive"], context,
+                   independent)

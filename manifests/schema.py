@@ -152,7 +152,12 @@ class Program:
     `derive` inside load (turning `source` buffers into weights).
 
     `context` names the var bounding the call's context: the sum over the call's sequences of
-    the length each reaches (pos + rows). Its max is the bound `pack()` and admission use."""
+    the length each reaches (pos + rows). Its max is the bound `pack()` and admission use.
+
+    `independent_rows` (a chunk only): every row's calls read that row's token, position and slot,
+    the states and the weights, and nothing of its sequence (no length, table or `cu_seqlens`), and
+    the program emits nothing; so the rows of several sequences may share one call, laid one after
+    another (a prefill that only writes each token's state)."""
 
     name: str
     groups: int | None  # None: not driven by the serving loop
@@ -162,6 +167,7 @@ class Program:
     once: bool = False
     derive: bool = False
     context: str | None = None
+    independent_rows: bool = False
 
     @property
     def batched(self) -> bool:

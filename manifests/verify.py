@@ -204,8 +204,11 @@ def _batch(m: Manifest, prog, p: str, err: "_Errors", used: set, rows_var, group
             used.add(("var", prog.context))
     passed = {a.value for c in prog.calls for a in c.args if a.kind == "buf"}
     splits = [b for b in m.filled("cu_seqlens") if b.name in passed]
-    if prog.chunked and prog.groups > 1 and not splits:
-        err.add(f"{p}.batch.groups", f"a chunk of {prog.groups} sequences needs a cu_seqlens input to split its rows")
+    if prog.independent_rows:
+        _independent(m, prog, p, err, passed, groups_var)
+    elif prog.chunked and prog.groups > 1 and not splits:
+        err.add(f"{p}.batch.groups", f"a chunk of {prog.groups} sequences needs a cu_seqlens input to split its rows"
+                " (or independent_rows, where no row reads its sequence)")
     for b in splits:
         if len(b.shape) != 1:
             err.add(f"buffers.{b.name}.shape", "a cu_seqlens buffer has one dim")
@@ -214,6 +217,23 @@ def _batch(m: Manifest, prog, p: str, err: "_Errors", used: set, rows_var, group
         room = d if isinstance(d, int) else m.vars[d].max if d in m.vars else None
         if room is not None and room < prog.groups + 1:
             err.add(f"buffers.{b.name}.shape", f"holds {room} offsets, {p} packs {prog.groups} sequences (needs {prog.groups + 1})")
+
+
+def _independent(m: Manifest, prog, p: str, err: "_Errors", passed: set, groups_var) -> None:
+    """independent_rows: a chunk whose rows read nothing of their sequence and that emits nothing."""
+    if not prog.chunked:
+        err.add(f"{p}.batch.independent_rows", "only a chunk (rows given as a var) lays several sequences' rows in one call")
+        return
+    for name in sorted(passed):
+        b = m.buffers.get(name)
+        if b is None:
+            continue
+        table = b.fill is None and b.domain is not None and b.domain.index_into is not None  # a page or line table
+        per_seq = table or b.fill in ("seq_len", "cu_seqlens")
+        if b.fill in ("tokens", "count"):
+            err.add(f"{p}.batch.independent_rows", f"buffer {name!r} emits per sequence: independent rows emit nothing")
+        elif per_seq or (groups_var is not None and groups_var.name in b.shape):
+            err.add(f"{p}.batch.independent_rows", f"buffer {name!r} is per sequence: its rows read their sequence")
 
 
 def _programs(m: Manifest, err: "_Errors", used: set) -> None:

@@ -93,8 +93,11 @@ class Protocol:
 
     @property
     def packs(self) -> bool:
-        """Whether the chunk program takes several sequences per call, split by a cu_seqlens input."""
+        """Whether the chunk program takes several sequences per call: split by a cu_seqlens input, or
+        rows laid one after another that read nothing of their sequence (`independent_rows`)."""
         c = self.chunk()
+        if c and c.groups > 1 and self.manifest.programs[c.program].independent_rows:
+            return True
         return bool(c and self.manifest.filled("cu_seqlens") and any(
             a.kind == "buf" and self.manifest.buffers[a.value].fill == "cu_seqlens"
             for call in self.manifest.programs[c.program].calls for a in call.args))

@@ -173,7 +173,35 @@ def test_a_packed_chunk_needs_cu_seqlens():
     raw = packed()
     raw["buffers"]["cu"].pop("fill")
     assert ("programs.prefill.batch.groups: a chunk of 16 sequences needs a cu_seqlens input to split its rows"
-            in problems(raw))
+            " (or independent_rows, where no row reads its sequence)" in problems(raw))
+
+
+def test_a_write_only_prefill_packs_by_independent_rows():
+    """The shipped paged toys' prefill writes each row's slot and reads nothing of its sequence: it
+    packs without cu_seqlens, and the protocol says so; a lined one (its rows fold into a line) does not."""
+    m = manifests.parse(json.dumps(good()), "m.json")
+    assert m.programs["prefill"].independent_rows and m.programs["prefill"].groups == 256
+    assert Protocol(m).packs
+    lined = manifests.parse(json.dumps(manifest(next(s for s in SHAPES if s.lined), 256)), "m.json")
+    assert not lined.programs["prefill"].independent_rows and not Protocol(lined).packs
+
+
+def test_independent_rows_read_nothing_of_their_sequence_and_emit_nothing():
+    raw = good()
+    call = raw["programs"]["prefill"]["calls"]
+    call.append(copy.deepcopy(raw["programs"]["decode"]["calls"][1]))  # predict: lengths, a page table, a token out
+    ps = problems(raw)
+    for name in ("seq_lens", "block_table"):
+        assert f"programs.prefill.batch.independent_rows: buffer {name!r} is per sequence: its rows read their sequence" in ps
+    assert ("programs.prefill.batch.independent_rows: buffer 'next_token' emits per sequence: independent rows emit "
+            "nothing") in ps
+    raw = good()
+    raw["programs"]["decode"]["batch"]["independent_rows"] = True
+    assert ("programs.decode.batch.independent_rows: only a chunk (rows given as a var) lays several sequences' rows "
+            "in one call") in problems(raw)
+    raw = good()
+    raw["programs"]["prefill"]["batch"]["independent_rows"] = "yes"
+    assert 'programs.prefill.batch.independent_rows: expected true or false, got "yes"' in problems(raw)
 
 
 def test_cu_seqlens_holds_one_offset_more_than_the_sequences():
@@ -205,7 +233,9 @@ def test_the_context_bound_is_a_var_on_the_chunk():
     assert Protocol(m).context_bound == 16384
     assert Protocol(m).packs
     assert Protocol(manifests.parse(good())).context_bound is None
-    assert not Protocol(manifests.parse(good())).packs
+    one = good()
+    one["programs"]["prefill"]["batch"] = {"groups": 1, "rows": "tokens"}  # a chunk of one sequence
+    assert not Protocol(manifests.parse(one)).packs
 
 
 def test_the_context_bound_names_a_var_of_its_own():

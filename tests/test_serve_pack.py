@@ -30,17 +30,20 @@ def _no_layers() -> bool:
     return False
 
 
-@pytest.mark.skipif(_no_layers(), reason=f"no {LAYERS} target yet (the layered toy with cu_seqlens, issue 9)")
-def test_packed_prefill_answers_as_unpacked(kern_server):
+@pytest.mark.parametrize("target", [
+    pytest.param(LAYERS, marks=pytest.mark.skipif(_no_layers(), reason=f"no {LAYERS} target yet (issue 9)")),
+    "toy-paged",  # no cu_seqlens: its prefill's rows are independent (docs/manifest.md)
+])
+def test_packed_prefill_answers_as_unpacked(kern_server, target):
     prompts = [list(p.encode()) * 3 for p in PROMPTS[:12]]
     # slow steps (20 ms more each, answers unchanged): the twelve requests, sent at once, are all
     # queued while the first prefill call runs, whatever the machine's load (beside a second suite
     # they once arrived one by one, and every packed call held one sequence)
-    packed = kern_server(LAYERS, "--chunk", "64", "--capacity", "8192", "--fault", "slow-steps")
-    unpacked = kern_server(LAYERS, "--chunk", "64", "--capacity", "8192", "--no-pack", "--fault", "slow-steps")
+    packed = kern_server(target, "--chunk", "64", "--capacity", "8192", "--fault", "slow-steps")
+    unpacked = kern_server(target, "--chunk", "64", "--capacity", "8192", "--no-pack", "--fault", "slow-steps")
     got_packed = answers(packed, prompts, 8)
     got_unpacked = answers(unpacked, prompts, 8)
-    assert got_packed == got_unpacked == [oracle(LAYERS, p, 8) for p in prompts]
+    assert got_packed == got_unpacked == [oracle(target, p, 8) for p in prompts]
     sp, su = assert_nothing_leaked(packed), assert_nothing_leaked(unpacked)
     assert sp["facts"]["pack"] is True and su["facts"]["pack"] is False
     assert sp["counters"]["prefill_tokens"] == su["counters"]["prefill_tokens"]

@@ -136,8 +136,11 @@ def _programs(s: Shape) -> dict:
         predict_call = {"op": "predict", "args": [b("seq_lens"), b("block_table"), st("kv"), b("salt"), b("next_token")]}
         prefill = [write_call]
         decode = [write_call, predict_call]
+    # a paged prefill only writes each row's slot from its token and position: several sequences' rows
+    # share one call (`independent_rows`); a lined one folds its rows into its sequence's line in order
+    chunk = {"groups": 1, "rows": "tokens"} if s.lined else {"groups": SEQS, "rows": "tokens", "independent_rows": True}
     programs = {
-        "prefill": {"batch": {"groups": 1, "rows": "tokens"}, "calls": prefill},
+        "prefill": {"batch": chunk, "calls": prefill},
         "decode": {"batch": {"groups": SEQS, "rows": 1}, "graph": True, "calls": decode},
     }
     if s.rows > 1:

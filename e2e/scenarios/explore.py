@@ -13,7 +13,7 @@ the model's name (docs/checks.md has the phases in full):
   evicted or parked to seat it; paged targets: a lined pool also carves the request's line slot out
   of its pages, so what it seats depends on the layout, and such a request may be refused with
   `kv_budget_exceeded`) and one token over (400 `context_length_exceeded`);
-- paged targets that do not pack: a heap compaction, then evictions (`compaction_plan`: prefill a
+- paged targets whose prefill declares no context bound: a heap compaction, then evictions (`compaction_plan`: prefill a
   page per call, a churn on a branch point whose removed entries outgrow the recency heap, a long
   prompt that evicts everything older, then fresh prompts that must each evict the coldest of
   conversations whose recency was shuffled);
@@ -136,7 +136,7 @@ CHURN_PAGES = 4  # what the churn leaves resident: `a`'s and `b`'s entries, `x`'
 
 
 def compaction_plan(r) -> dict[str, Any] | None:
-    """A heap compaction, then evictions (paged targets that do not pack: a checkpoint every page).
+    """A heap compaction, then evictions (paged targets without a packed context bound: a checkpoint every page).
 
     The index keeps each tier's recency in a lazy heap and rebuilds it (`Prefix._compact`) once it
     holds more than twice the tier's entries and 64: the items left behind by entries removed while

@@ -43,7 +43,7 @@ class Options:
     graphs: bool = True  # capture `graph: true` programs as CUDA graphs (GPU)
     decode_steps: int | None = None  # decode steps a launch (None: DEFAULT_STEPS on a GPU, 1 on the CPU)
     overlap: bool | None = None  # launch the next decode steps before committing the last (None: on a GPU)
-    pack: bool = True  # pack prefill when the manifest declares cu_seqlens (--no-pack: never)
+    pack: bool = True  # pack prefill where the manifest's chunk packs (cu_seqlens or independent_rows; --no-pack: never)
     host_chunk: int | None = None  # the host tier in pieces of this many bytes (--host-chunk-bytes)
     admission: Rule = field(default_factory=Rule)  # the admission policy (--admission and its shares)
     queue_timeout: float | None = None  # seconds a request may wait for room; then a 503 queue_timeout
@@ -68,7 +68,7 @@ class Engine:
     host_bytes: int
     seq_slots: int
     faults: Faults
-    pack: bool = False  # prefill calls take several sequences (the chunk program splits them by cu_seqlens)
+    pack: bool = False  # prefill calls take several sequences (split by cu_seqlens, or independent rows)
     context: int | None = None  # the chunk program's context bound, if it declares one
     admission: Rule = field(default_factory=Rule)  # the admission policy (pool/fair.py)
     queue_timeout: float | None = None  # seconds a request may wait for room (None: no bound)
