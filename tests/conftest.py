@@ -30,6 +30,38 @@ REPO = Path(__file__).resolve().parents[1]
 BACKEND = os.environ.get("KERN_TEST_BACKEND", "cpu")
 
 
+def _one_default_tls_context() -> None:
+    """Every httpx client a test makes with the default TLS settings shares one context (as the gate's
+    own clients share `e2e.tls`'s): each module-level `httpx.post` is a client of its own, and loading
+    the CA bundle for each took 30 ms on the 2-core box (300 requests of one property test: 9 s). One
+    context per value of what the default reads (`trust_env`, SSL_CERT_FILE, SSL_CERT_DIR); a client
+    given its own `verify` or `cert` (the TLS tests) still builds its own. httpx's private helper: if
+    it moves, nothing is shared and nothing breaks."""
+    try:
+        import httpx._config as config
+        import httpx._transports.default as default
+    except ImportError:
+        return
+    make = getattr(default, "create_ssl_context", None)
+    if make is None:
+        return
+
+    made: dict = {}
+
+    def shared(verify=True, cert=None, trust_env=True):
+        if verify is not True or cert is not None:
+            return make(verify=verify, cert=cert, trust_env=trust_env)
+        key = (trust_env, os.environ.get("SSL_CERT_FILE"), os.environ.get("SSL_CERT_DIR"))  # what the default reads
+        if key not in made:
+            made[key] = make(verify=verify, cert=cert, trust_env=trust_env)
+        return made[key]
+
+    default.create_ssl_context = config.create_ssl_context = shared
+
+
+_one_default_tls_context()
+
+
 @dataclass
 class ServerProcess:
     """A running server: its session (`e2e.session.Session`: the one launcher, `e2e/spawn.py`), base URL
