@@ -27,7 +27,7 @@ one() {  # NAME TARGETS
   dt=$(( ($(date +%s%N) - t0) / 1000000 ))
   printf '%-28s rc=%-3s command %6d ms  %s  %s\n' "$name" "$rc" "$dt" \
     "$(grep -o "^- [a-z0-9-]* (from [0-9.]* s into the gate, [0-9.]* s" "$OUT/$name.log" | sed 's/^- //' | tr '\n' ';')" \
-    "$(grep -o "hosts: [0-9]* warm in [0-9.]*s\|zygote: warm in [0-9.]*s" "$OUT/$name.log" | tr '\n' ' ')" | tee -a "$OUT/alone-table.txt"
+    "$(grep -o "hosts: [0-9]*\( of [0-9]*\)\{0,1\} warm in [0-9.]*s\|zygote: warm in [0-9.]*s" "$OUT/$name.log" | tr '\n' ' ')" | tee -a "$OUT/alone-table.txt"
 }
 "$PY" -m e2e.cli --targets toy-paged "${FLAGS[@]}" --out "$OUT/warm-up" > "$OUT/warm-up.log" 2>&1
 for run in $(seq "${RUNS:-1}"); do

@@ -242,6 +242,7 @@ def _gate(cfg, chosen, opts: Options, ref: Path | None, wanted: set[str] | None,
             "config": None if cfg.resolve() in (PACKAGED.resolve(), PACKAGED_PP.resolve()) else str(cfg),
             "zygote_warm_s": getattr(opts.zygote, "warm_s", None), "gate_cpu_s": _own_cpu(),
             "hosts": len(opts.hosts) if opts.hosts is not None else 0, "hosts_warm_s": getattr(opts.hosts, "warm_s", None),
+            "hosts_all_warm_s": getattr(opts.hosts, "all_warm_s", None),
             "hosts_cpu_s": opts.hosts.cpu_s() if opts.hosts is not None else None}
     table, code = write_summary(opts.out, reports, meta)
     opts.progress.stop()

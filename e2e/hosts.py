@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from e2e.spawn import kern_args
@@ -60,6 +59,9 @@ class Hosts:
 
     def __init__(self, n: int, env: dict[str, str], backend: str, config: Path | None = None,
                  warm: list[str] | tuple[str, ...] = (), log_dir: Path | None = None, ready_timeout: float = 600.0):
+        """Back once the first host is ready (or every one failed): the gate's first session starts
+        then, and the others join `hosts` as each warms (on a GPU the driver makes their contexts one
+        at a time: four took 2.0-4.4 s, the first ready well before the last)."""
         if n < 1:
             raise ValueError(f"hosts: {n} must be at least 1")
         self.logs: list[Path] = []
@@ -67,32 +69,58 @@ class Hosts:
             log_dir.mkdir(parents=True, exist_ok=True)
             self.logs = [log_dir / f"host-{i}.log" for i in range(n)]
         self.lock = threading.Lock()
+        self.joined = threading.Condition(self.lock)  # a host ready or failed
         self.weights: dict[Host, dict[int, int]] = {}  # per host, its running commands' weights
+        self.hosts: list[Host] = []  # the ready ones, in the order they became ready
+        self.errors: list[str] = []
+        self.asked = n
+        self.all_warm_s: float | None = None  # when the last one was ready (or failed)
+        self.closing = False
+        self.dropped = 0  # ready only after close: closed at once
         t0 = time.monotonic()
-
-        def start(i: int) -> Host:
-            err = open(self.logs[i], "ab") if self.logs else None
-            try:
-                host = Host(env, config, warm, ready_timeout, args=["--backend", backend], stderr=err)
-                host.log = self.logs[i] if self.logs else None
-                return host
-            finally:
-                if err is not None:
-                    err.close()
-
-        with ThreadPoolExecutor(n) as ex:
-            futures = [ex.submit(start, i) for i in range(n)]
-        self.hosts: list[Host] = []
-        errors = []
-        for f in futures:
-            try:
-                self.hosts.append(f.result())
-            except (ZygoteGone, OSError) as exc:
-                errors.append(str(exc))
-        if not self.hosts:
-            raise ZygoteGone("; ".join(errors) or "no host started")
-        self.errors = errors
+        self.starters = [threading.Thread(target=self._start, args=(i, env, backend, config, warm, ready_timeout, t0),
+                                          name=f"host-start-{i}", daemon=True) for i in range(n)]
+        for t in self.starters:
+            t.start()
+        with self.joined:
+            self.joined.wait_for(lambda: self.hosts or not self.starting())
+            if not self.hosts:
+                raise ZygoteGone("; ".join(self.errors) or "no host started")
         self.warm_s = round(time.monotonic() - t0, 2)
+
+    def _start(self, i: int, env, backend: str, config, warm, ready_timeout: float, t0: float) -> None:
+        err = open(self.logs[i], "ab") if self.logs else None
+        try:
+            host = Host(env, config, warm, ready_timeout, args=["--backend", backend], stderr=err)
+            host.log = self.logs[i] if self.logs else None
+        except Exception as exc:  # ZygoteGone, OSError, or anything else: this one failed, the others go on
+            host, failed = None, str(exc) or type(exc).__name__
+        finally:
+            if err is not None:
+                err.close()
+        late = None
+        with self.joined:
+            if host is None:
+                self.errors.append(failed)
+            elif self.closing:  # the gate ended while this one warmed: it takes no command
+                late = host
+                self.dropped += 1
+            else:
+                self.hosts.append(host)
+            if not self.starting():
+                self.all_warm_s = round(time.monotonic() - t0, 2)
+            self.joined.notify_all()
+        if late is not None:
+            late.close()
+
+    def wait_all(self, timeout: float | None = None) -> bool:
+        """Wait until no host is still warming; True if none is."""
+        with self.joined:
+            return self.joined.wait_for(lambda: not self.starting(), timeout)
+
+    def starting(self) -> int:
+        """Hosts neither ready nor failed yet (under `lock`)."""
+        return self.asked - len(self.hosts) - len(self.errors) - self.dropped
 
     def load(self, host: Host) -> int:
         """The weight of the commands `host` runs now."""
@@ -109,6 +137,9 @@ class Hosts:
         while True:
             with self.lock:
                 alive = [h for h in self.hosts if not h.gone]
+                if not alive and self.starting():
+                    self.joined.wait()  # the ready ones died: the next to warm takes it
+                    continue
                 if not alive:
                     raise ZygoteGone("every host has exited")
                 host = min(alive, key=self.load)
@@ -126,8 +157,9 @@ class Hosts:
         return self.spawn(kern_args(cmd), log, env=env, weight=weight)
 
     def slowest(self) -> str:
-        """The last host to be ready, its warm by part: "imports 1.2, device 0.9, targets 2.1 s"."""
-        h = max(self.hosts, key=lambda h: h.warm_s or 0.0)
+        """The last host ready so far, its warm by part: "imports 1.2, device 0.9, targets 2.1 s"."""
+        with self.lock:
+            h = max(self.hosts, key=lambda h: h.warm_s or 0.0)
         parts = [f"{k.removesuffix('_s')} {v:.1f}" for k, v in h.warm_split.items()]
         return ", ".join(parts) + " s" if parts else ""
 
@@ -135,11 +167,17 @@ class Hosts:
         return len(self.hosts)
 
     def close(self) -> None:
-        """Every host told to end at once; back when each has said every command of its has ended."""
-        for h in self.hosts:
+        """Every host told to end at once; back when each has said every command of its has ended (a
+        host still warming is closed as soon as it is ready)."""
+        with self.lock:
+            self.closing = True
+            hosts = list(self.hosts)
+        for h in hosts:
             h.hang_up()
-        for h in self.hosts:
+        for h in hosts:
             h.close()
+        for t in self.starters:
+            t.join()
 
     def cpu_s(self) -> float | None:
         """CPU seconds (user + sys) the hosts spent, all their commands together, once closed."""

@@ -92,7 +92,8 @@ def summary_text(reports: list[dict[str, Any]], meta: dict[str, Any] | None = No
         lines.append(f"- servers forked from a zygote, warm in {float(meta['zygote_warm_s']):.1f} s")
     if meta.get("hosts"):
         lines.append(f"- single-process servers, `kern test` and `kern run` as threads of {int(meta['hosts'])} "
-                     f"host(s), warm in {float(meta.get('hosts_warm_s') or 0):.1f} s"
+                     f"host(s), the first warm in {float(meta.get('hosts_warm_s') or 0):.1f} s"
+                     + (f", the last in {float(meta['hosts_all_warm_s']):.1f} s" if meta.get("hosts_all_warm_s") else "")
                      + (f"; the hosts spent {float(meta['hosts_cpu_s']):.1f} s CPU (no split per server)"
                         if meta.get("hosts_cpu_s") is not None else ""))
     lines += ["", table]

@@ -92,10 +92,11 @@ def start_hosts(n: int, cfg: Path, chosen: list[GateTarget], on_cpu: bool, out: 
             progress.done("hosts")
     for e in h.errors:
         click.echo(f"e2e: a host did not start: {e}", err=True)
-    slowest = h.slowest()
-    say(f"hosts: {len(h)} warm in {time.monotonic() - t0:.1f}s ({'cpu' if on_cpu else 'gpu'}; "
-               f"{len(warm)} target(s) run once in each{'; the last: ' + slowest if slowest else ''}); "
-               f"their own logs under {out / 'hosts'}")
+    first = h.slowest()
+    more = f" of {h.asked}" if len(h) < h.asked else ""
+    say(f"hosts: {len(h)}{more} warm in {time.monotonic() - t0:.1f}s ({'cpu' if on_cpu else 'gpu'}; "
+               f"{len(warm)} target(s) run once in each{'; the last: ' + first if first else ''}"
+               f"{'; the others join as they warm' if more else ''}); their own logs under {out / 'hosts'}")
     return h
 
 

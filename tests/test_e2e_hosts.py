@@ -15,6 +15,7 @@ import pytest
 
 from e2e.cli import main
 from e2e.hosts import Host, Hosts
+from e2e.zygote import ZygoteGone
 from e2e.log import Log
 from e2e.session import ServerExited, Session, project_env, server_command
 from manifests.config import PACKAGED
@@ -141,7 +142,7 @@ def test_hosts_place_by_weight_and_close_stops_everything(tmp_path):
     one weighs nothing. Closing the hosts stops what they still run: no server outlives them, and
     the processes end."""
     hs = Hosts(2, project_env(), "cpu", PACKAGED, ["toy-paged"], log_dir=tmp_path / "hosts")
-    assert len(hs) == 2
+    assert 1 <= len(hs) <= 2 and hs.wait_all(60) and len(hs) == 2  # back at the first ready; the other joins
     for h in hs.hosts:  # each said its warm by part, and the parts fit in its whole warm
         assert set(h.warm_split) == {"imports_s", "device_s", "targets_s"} and min(h.warm_split.values()) >= 0
         assert sum(h.warm_split.values()) <= h.warm_s + 0.05, (h.warm_split, h.warm_s)
@@ -169,6 +170,53 @@ def test_hosts_place_by_weight_and_close_stops_everything(tmp_path):
     while any(h.proc.poll() is None for h in hs.hosts) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert all(h.proc.poll() is not None for h in hs.hosts), [h.proc.pid for h in hs.hosts]
+
+
+class _FakeHost:
+    """A stand-in for `Host`: ready after the delay its index's entry in DELAYS gives (None: fails)."""
+
+    DELAYS: list = []
+    made: list = []
+
+    def __init__(self, env, config, warm, ready_timeout, args=(), stderr=None):
+        delay = _FakeHost.DELAYS.pop(0)
+        if delay is None:
+            raise OSError("no such host")
+        time.sleep(delay)
+        self.gone, self.closed, self.warm_s, self.warm_split = False, False, delay, {}
+        _FakeHost.made.append(self)
+
+    def hang_up(self):
+        pass
+
+    def close(self):
+        self.closed = True
+
+
+def test_hosts_are_back_at_the_first_ready_and_the_rest_join_as_they_warm(monkeypatch):
+    """`Hosts(n)` returns once one host is ready (the gate's first session starts on it) while the
+    others still warm; each joins when ready, a failed one is an error, and `close` closes every host,
+    one still warming included, as soon as it is ready."""
+    import e2e.hosts as hosts_module
+
+    monkeypatch.setattr(hosts_module, "Host", _FakeHost)
+    _FakeHost.made = []
+    _FakeHost.DELAYS = [0.0, 0.6, None]  # taken in start order: which index gets which does not matter
+    t0 = time.monotonic()
+    hs = Hosts(3, {}, "gpu")
+    assert time.monotonic() - t0 < 0.5 and len(hs) == 1 and hs.starting() == 1
+    assert hs.wait_all(10) and len(hs) == 2 and hs.errors == ["no such host"] and hs.all_warm_s >= 0.6
+    hs.close()
+    assert all(h.closed for h in _FakeHost.made)
+    _FakeHost.made = []
+    _FakeHost.DELAYS = [0.0, 0.8]
+    hs = Hosts(2, {}, "gpu")
+    assert len(hs) == 1
+    hs.close()  # the second is still warming: closed as soon as it is ready, never given a command
+    assert len(_FakeHost.made) == 2 and all(h.closed for h in _FakeHost.made) and len(hs) == 1
+    _FakeHost.DELAYS = [None, None]
+    with pytest.raises(ZygoteGone, match="no such host"):
+        Hosts(2, {}, "gpu")
 
 
 def test_a_server_whose_host_died_says_so(tmp_path):
