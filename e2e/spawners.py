@@ -92,10 +92,11 @@ def start_hosts(n: int, cfg: Path, chosen: list[GateTarget], on_cpu: bool, out: 
             progress.done("hosts")
     for e in h.errors:
         click.echo(f"e2e: a host did not start: {e}", err=True)
-    first = h.slowest()
+    split = h.slowest()
     more = f" of {h.asked}" if len(h) < h.asked else ""
+    which = "the first" if more else "the last"
     say(f"hosts: {len(h)}{more} warm in {time.monotonic() - t0:.1f}s ({'cpu' if on_cpu else 'gpu'}; "
-               f"{len(warm)} target(s) run once in each{'; the last: ' + first if first else ''}"
+               f"{len(warm)} target(s) run once in each{f'; {which}: ' + split if split else ''}"
                f"{'; the others join as they warm' if more else ''}); their own logs under {out / 'hosts'}")
     return h
 
