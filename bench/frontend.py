@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from serve.api.app import make_app  # noqa: E402
 from serve.client.frontend import RemoteEngine  # noqa: E402
-from serve.core.request import Done, Update  # noqa: E402
+from serve.core.request import Delivery, Done, Update  # noqa: E402
 
 FACTS = {"facts": {}, "model": "toy-paged", "rows": 1, "reach": 4096, "pages": 4096, "unit": 16,
          "max_request_tokens": 4096, "faults": [], "lined": False, "backend": "cpu", "max_seqs": 256, "chunk": 2048}
@@ -35,8 +35,8 @@ FACTS = {"facts": {}, "model": "toy-paged", "rows": 1, "reach": 4096, "pages": 4
 class Answering:
     """A scheduler that answers at once: `chunks` updates of `per` tokens each, one a loop turn."""
 
-    on_loop = True
-    holds_whole = False
+    delivery = Delivery.HELD  # updates on the event loop, as a front end of its own process gets them
+    shared = None  # the only front end: no metrics shared with others (as `serve.core.scheduler.Scheduler`)
 
     def measure(self, meter) -> None:
         pass
