@@ -21,7 +21,8 @@ def describe(m: Manifest) -> dict:
 
 
 def _program(m: Manifest, p: Program) -> dict:
-    flags = [f for f, on in (("graph", p.graph), ("once", p.once), ("derive", p.derive)) if on]
+    flags = [f for f, on in (("graph", p.graph), ("once", p.once), ("derive", p.derive),
+                             ("independent_rows", p.independent_rows)) if on]
     return {"name": p.name, "rows": p.rows, "groups": p.groups, "context": p.context, "flags": flags,
             "calls": [{"op": c.op, "label": c.label, "args": [_arg(m, a) for a in c.args]} for c in p.calls]}
 
