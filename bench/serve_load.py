@@ -63,10 +63,10 @@ class Alone:
                  flags: list[str], rounds: int = 1) -> None:
         from serve.core.engine import Options, build
 
-        steps = [int(f.split("=", 1)[1]) for f in flags if f.startswith("--decode-steps=")]  # as the server's (and --no-pack)
+        steps = [int(f.split("=", 1)[1]) for f in flags if f.startswith("--decode-steps=")]  # as the server's
         opts = Options(backend=backend, max_seqs=streams, graphs="--no-graphs" not in flags,
                        capacity=capacity(streams, max_tokens, prompt_tokens), decode_steps=(steps or [None])[-1],
-                       pack="--no-pack" not in flags)
+                       pack="--no-pack" not in flags)  # packed prefill as the server's
         self.e = build(target, opts)
         self.streams, self.max_tokens, self.prompt_tokens, self.rounds = streams, max_tokens, prompt_tokens, rounds
         self.cpu: int | None = None  # with --pin: the CPU the server's engine core gets, this run's too

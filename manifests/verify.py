@@ -14,7 +14,7 @@ from __future__ import annotations
 import importlib
 from typing import Protocol
 
-from manifests import expr
+from manifests import derive, expr
 from manifests.schema import INPUT_FILLS, OUTPUT_FILLS, Manifest
 
 
@@ -224,12 +224,12 @@ def _independent(m: Manifest, prog, p: str, err: "_Errors", passed: set, groups_
     if not prog.chunked:
         err.add(f"{p}.batch.independent_rows", "only a chunk (rows given as a var) lays several sequences' rows in one call")
         return
+    tables = {b.name for b in derive.page_tables(m) + derive.line_tables(m)}
     for name in sorted(passed):
         b = m.buffers.get(name)
         if b is None:
             continue
-        table = b.fill is None and b.domain is not None and b.domain.index_into is not None  # a page or line table
-        per_seq = table or b.fill in ("seq_len", "cu_seqlens")
+        per_seq = name in tables or b.fill in ("seq_len", "cu_seqlens")
         if b.fill in ("tokens", "count"):
             err.add(f"{p}.batch.independent_rows", f"buffer {name!r} emits per sequence: independent rows emit nothing")
         elif per_seq or (groups_var is not None and groups_var.name in b.shape):
