@@ -11,8 +11,10 @@ ends, `--rounds` requests per stream (one round alone is mostly the ramp-up of 6
 - **engine alone**: `serve.core.engine.build` and `serve.core.core.Core` driven in this process (admit, schedule,
   launch, commit) for `--streams` requests at once, nothing else: the ceiling the server's HTTP side
   and scheduler thread are measured against.
-- **HTTP**: a `kern serve` process, loaded by `--workers` client processes, each one keep-alive
-  `httpx.Client` shared by its threads (`--streams` requests in flight in all); every request has its
+- **HTTP**: a `kern serve` process, loaded by `--workers` client processes, each running its streams
+  as asyncio tasks over a keep-alive connection each (bench/load_client.py; `--client httpx`: one
+  `httpx.Client` shared by a thread a stream, the old client, whose own CPU a request was as long
+  as the server's at a round's boundary), `--streams` requests in flight in all; every request has its
   own prompt (no cache hits) and `ignore_eos`, so each generates exactly `--max-tokens` tokens. Run
   once non-streaming and once streaming: output tok/s, its ratio to the engine alone, time to first
   token and the inter-token latency (the gaps between a stream's chunks, per token) at p50 and p99, and
@@ -32,17 +34,16 @@ one table. Never gates CI.
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing as mp
 import os
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 import launch
+import load_client
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -177,65 +178,23 @@ def start_server(target: str, backend: str, streams: int, log: Path, flags: list
                                  "--log-level", "info", *flags], log, timeout=600)
 
 
-def _worker(url: str, first: int, count: int, max_tokens: int, prompt_tokens: int, stream: bool, go, out,
-            rounds: int = 1) -> None:
-    """One client process: `count` streams at once over one keep-alive client, each sending `rounds`
-    requests one after another; each request's (tokens, ttft_s, [gap per token, ...])."""
-    import httpx
-
-    client = httpx.Client(base_url=url, timeout=600, limits=httpx.Limits(max_connections=count,
-                                                                          max_keepalive_connections=count))
-    results = []
-
-    def streamed(j: int) -> None:
-        for r in range(rounds):
-            results.append(one(first + j + r * 10_000))
-
-    def one(i: int) -> tuple:
-        body = {"prompt": prompt(i, prompt_tokens), "max_tokens": max_tokens, "temperature": 0,
-                "ignore_eos": True, "return_token_ids": True, "stream": stream}
-        t0 = time.perf_counter()
-        if not stream:
-            r = client.post("/v1/completions", json=body)
-            r.raise_for_status()
-            n = len(r.json()["choices"][0]["token_ids"])
-            return n, None, []  # no first token to time: the answer comes whole
-        n, ttft, gaps, last = 0, None, [], t0
-        with client.stream("POST", "/v1/completions", json=body) as r:
-            r.raise_for_status()
-            for line in r.iter_lines():
-                if not line.startswith("data: {"):
-                    continue
-                k = len(json.loads(line[6:])["choices"][0].get("token_ids") or [])
-                now = time.perf_counter()
-                if k:
-                    if ttft is None:
-                        ttft = now - t0
-                    else:
-                        gaps += [(now - last) / k] * k
-                    last = now
-                    n += k
-        return n, ttft or 0.0, gaps
-
-    go.wait()
-    c0 = time.process_time()
-    threads = [threading.Thread(target=streamed, args=(j,)) for j in range(count)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    out.put((results, time.process_time() - c0))
-    client.close()
+def bodies_of(first: int, count: int, max_tokens: int, prompt_tokens: int, stream: bool, rounds: int) -> list:
+    """Each of `count` streams' `rounds` request bodies, one after another: its own prompt each (no cache
+    hits) and `ignore_eos`, so each answer is exactly `max_tokens` tokens."""
+    return [[{"prompt": prompt(first + j + r * 10_000, prompt_tokens), "max_tokens": max_tokens, "temperature": 0,
+              "ignore_eos": True, "return_token_ids": True, "stream": stream} for r in range(rounds)]
+            for j in range(count)]
 
 
 def http_load(url: str, streams: int, workers: int, max_tokens: int, prompt_tokens: int, stream: bool,
-              base: int, rounds: int = 1) -> dict:
+              base: int, rounds: int = 1, client: str = "asyncio") -> dict:
     ctx = mp.get_context("spawn")
     go, out = ctx.Event(), ctx.Queue()
     per = [streams // workers + (1 if w < streams % workers else 0) for w in range(workers)]
     procs, first = [], base
     for n in per:
-        p = ctx.Process(target=_worker, args=(url, first, n, max_tokens, prompt_tokens, stream, go, out, rounds))
+        bodies = bodies_of(first, n, max_tokens, prompt_tokens, stream, rounds)
+        p = ctx.Process(target=load_client.worker, args=(url, bodies, go, out, client))
         p.start()
         procs.append(p)
         first += n
@@ -355,6 +314,9 @@ def loop_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--rounds", type=int, default=4, help="requests each stream sends one after another (the "
                     "engine alone keeps the same number in flight): one round is mostly ramp-up and tail")
     ap.add_argument("--serve-flag", action="append", default=[], help="an extra kern serve flag (repeatable)")
+    ap.add_argument("--client", default="asyncio", choices=["asyncio", "httpx"], help="the clients' HTTP: asyncio, "
+                    "a keep-alive connection a stream as tasks of one loop (bench/load_client.py); httpx, one "
+                    "httpx.Client a process shared by a thread a stream (several hundred us of client CPU a request)")
     ap.add_argument("--pin", action=argparse.BooleanOptionalAction, default=None, help="the server's processes on "
                     "CPUs of their own (the front end on CPU 1, its first child, the engine core, on CPU 0, where "
                     "the engine alone runs too; every process's ZeroMQ I/O threads on CPU 2; with "
@@ -397,13 +359,13 @@ def main() -> None:
         try:
             if args.pin:
                 pin(proc.pid)
-            http_load(url, min(4, args.streams), 1, 4, args.prompt_tokens, False, 10_000_000)  # warm
+            http_load(url, min(4, args.streams), 1, 4, args.prompt_tokens, False, 10_000_000, 1, args.client)  # warm
             for rep in range(args.repeats):
                 runs["engine alone"].append(alone.run())
                 for k, stream in enumerate((False, True)):
                     before, counted = cpu_s(proc.pid), counters_of(url)
                     r = http_load(url, args.streams, args.workers, args.max_tokens, args.prompt_tokens, stream,
-                                  (1 + 2 * rep + k) * 1_000_000, args.rounds)
+                                  (1 + 2 * rep + k) * 1_000_000, args.rounds, args.client)
                     after = cpu_s(proc.pid)
                     r["cpu"] = [(a - b) / r["tokens"] * 1e6 for a, b in zip(after, before)]
                     r["counters"] = (counted, counters_of(url))

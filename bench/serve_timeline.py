@@ -132,11 +132,11 @@ def main() -> None:
     try:
         if pin:
             sl.pin(proc.pid)
-        sl.http_load(url, min(4, args.streams), 1, 4, args.prompt_tokens, False, 10_000_000)
+        sl.http_load(url, min(4, args.streams), 1, 4, args.prompt_tokens, False, 10_000_000, 1, args.client)
         for k in range(args.runs):
             for stream in (False, True):
                 r = sl.http_load(url, args.streams, workers, args.max_tokens, args.prompt_tokens, stream,
-                                 (1 + 2 * k + stream) * 1_000_000, args.rounds)
+                                 (1 + 2 * k + stream) * 1_000_000, args.rounds, args.client)
                 spans.append((f"{'stream' if stream else 'http'}-{k + 1}", r["t0"], r["t0"] + r["wall"], r["tokens"]))
                 print(f"{spans[-1][0]}: {r['tok_s']:,.0f} tok/s", file=sys.stderr, flush=True)
         time.sleep(0.5)
