@@ -4,7 +4,8 @@ running and waiting) for the engine alone and for one `kern serve` under HTTP lo
 
     python bench/serve_timeline.py [--target toy-paged] [--backend cpu|gpu] [--streams 64]
                                    [--max-tokens 256] [--prompt-tokens 32] [--rounds 4] [--workers N]
-                                   [--[no-]pin] [--serve-flag=...] [--out DIR]
+                                   [--[no-]pin] [--serve-flag=...] [--out DIR] [--null-kernels]
+                                   [--profile-core PATH]
 
 The same closed loop as bench/serve_load.py (its `Alone`, its clients, its pinning): `--streams`
 requests in flight, each replaced by the next as it ends, `--rounds` each. The server is this
@@ -19,7 +20,13 @@ file per process under `--out`. Printed per run:
   the largest number in one iteration.
 
 Each run's timeline (ms from its first iteration, ms long, prefill calls, rows, running, waiting) is
-written under `--out` for a closer look. On one machine the clock is one (`time.perf_counter` is
+written under `--out` for a closer look.
+
+`--null-kernels` (CPU backend) runs no kernel, here or in the server: a step then costs the host's
+own work alone, as beside a GPU's kernels, so where the engine core's Python bounds a GPU server
+shows on any machine (on two cores, toy-paged 64 x 256, `--decode-steps=16 --overlap
+--frontend-process`: the engine alone 470-500k tok/s, HTTP 210-233k, as on an H100). `--profile-core
+PATH` runs the server's scheduler thread under cProfile. On one machine the clock is one (`time.perf_counter` is
 CLOCK_MONOTONIC on Linux), so the server's notes fall in the client's windows. Never gates CI.
 """
 
@@ -36,9 +43,13 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 NOTES: list[tuple] = []
+PROFILE: list = []  # with --profile-core: the scheduler thread's cProfile.Profile, in the server
 
 
 def _flush() -> None:
+    for prof in PROFILE:  # on the scheduler thread (Core.run's wrap): dumping stops it, so it starts again
+        prof.dump_stats(f"{os.environ['KERN_PROFILE_CORE']}.{os.getpid()}")
+        prof.enable()
     if NOTES:
         with open(f"{os.environ['KERN_TIMELINE']}.{os.getpid()}", "a") as f:
             f.write("".join("%.6f %.6f %d %d %d %d\n" % n for n in NOTES))
@@ -65,6 +76,40 @@ def trace() -> None:
 
     core.Core.run = traced
     atexit.register(_flush)
+    if os.environ.get("KERN_NULL_KERNELS") == "1":
+        null_kernels()
+    if os.environ.get("KERN_PROFILE_CORE"):
+        profile_core()
+
+
+def profile_core() -> None:
+    """The scheduler thread's every call under cProfile (`--profile-core PATH`), its stats written to
+    PATH.<pid> with the notes. cProfile's counts and times per call hold where a sampler's do not: a
+    non-blocking py-spy dropped most samples of the busy threads as torn."""
+    import cProfile
+
+    import serve.core.scheduler as scheduler
+
+    loop = scheduler.Scheduler._loop
+
+    def profiled(self) -> None:
+        prof = cProfile.Profile()
+        PROFILE.append(prof)
+        prof.enable()
+        loop(self)
+
+    scheduler.Scheduler._loop = profiled
+
+
+def null_kernels() -> None:
+    """Every kernel launch on the CPU backend a no-op (`--null-kernels`, here and in the server started
+    through this file): what a step costs is then the host's own work alone (the scheduler's Python,
+    staging, the commit, the front end and the core's messages), as it is beside a GPU's kernels. The
+    tokens are whatever the emitted buffer held (zeros): meaningless answers of the asked length
+    (`ignore_eos`)."""
+    from runtime.backend import CpuBackend
+
+    CpuBackend.launch = lambda self, fn, grid, block, args: None
 
 
 def notes(out: Path) -> list[tuple]:
@@ -107,7 +152,17 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=2, help="runs of each path (engine alone, HTTP, HTTP streaming)")
     ap.add_argument("--out", type=Path, default=None, help="where the notes and timelines go (default: a temporary "
                     "folder, named at the end)")
+    ap.add_argument("--null-kernels", action="store_true", help="the CPU backend's kernels not run, here and in the "
+                    "server (the answers meaningless): the host's own cost a step, as beside a GPU's kernels")
+    ap.add_argument("--profile-core", type=Path, default=None, help="the server's scheduler thread under cProfile, "
+                    "its stats written to PATH.<pid> (`python -m pstats`); times inflated by the profiler")
     args = ap.parse_args()
+    if args.profile_core:
+        os.environ["KERN_PROFILE_CORE"] = str(args.profile_core.resolve())  # read by the server started through this file
+    if args.null_kernels:
+        if args.backend != "cpu":
+            ap.error("--null-kernels is for --backend cpu")
+        os.environ["KERN_NULL_KERNELS"] = "1"  # the server started through this file reads it too
     sl.loop_setup(ap, args)
     pin, workers = args.pin, args.workers
     out = args.out or Path(tempfile.mkdtemp(prefix="kern-timeline-"))
