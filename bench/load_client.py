@@ -67,23 +67,35 @@ async def _body(reader: asyncio.StreamReader, headers: dict[str, str]) -> bytes:
 async def _events(reader: asyncio.StreamReader, t0: float) -> tuple[int, float | None, list[float]]:
     """A stream's (tokens, time to first token, gaps per token): each `data:` event's token ids,
     timed when the piece holding it arrived."""
-    n, ttft, gaps, last, buf = 0, None, [], t0, b""
+    clock, buf = Clock(t0), b""
     async for piece in _chunks(reader):
         now = time.perf_counter()
         buf += piece
         *events, buf = buf.split(b"\n\n")
         for event in events:
-            if not event.startswith(b"data: {"):
-                continue
-            k = len(json.loads(event[6:])["choices"][0].get("token_ids") or [])
-            if k:
-                if ttft is None:
-                    ttft = now - t0
-                else:
-                    gaps += [(now - last) / k] * k
-                last = now
-                n += k
-    return n, ttft, gaps
+            if event.startswith(b"data: {"):
+                clock.event(event[6:], now)
+    return clock.n, clock.ttft, clock.gaps
+
+
+class Clock:
+    """A stream's tokens and their timing: each `data:` event's token ids counted when it arrived, the
+    first's time from the request's start, then each event's gap shared among its tokens."""
+
+    __slots__ = ("t0", "n", "ttft", "gaps", "last")
+
+    def __init__(self, t0: float) -> None:
+        self.t0, self.n, self.ttft, self.gaps, self.last = t0, 0, None, [], t0
+
+    def event(self, data: bytes | str, now: float) -> None:
+        k = len(json.loads(data)["choices"][0].get("token_ids") or [])
+        if k:
+            if self.ttft is None:
+                self.ttft = now - self.t0
+            else:
+                self.gaps += [(now - self.last) / k] * k
+            self.last = now
+            self.n += k
 
 
 class Connection:
@@ -163,22 +175,13 @@ def _httpx_run(url: str, bodies: list[list[dict]]) -> list:
             r = client.post(PATH, json=body)
             r.raise_for_status()
             return len(r.json()["choices"][0]["token_ids"]), None, []  # no first token to time: the answer comes whole
-        n, ttft, gaps, last = 0, None, [], t0
+        clock = Clock(t0)
         with client.stream("POST", PATH, json=body) as r:
             r.raise_for_status()
             for line in r.iter_lines():
-                if not line.startswith("data: {"):
-                    continue
-                k = len(json.loads(line[6:])["choices"][0].get("token_ids") or [])
-                now = time.perf_counter()
-                if k:
-                    if ttft is None:
-                        ttft = now - t0
-                    else:
-                        gaps += [(now - last) / k] * k
-                    last = now
-                    n += k
-        return n, ttft or 0.0, gaps
+                if line.startswith("data: {"):
+                    clock.event(line[6:], time.perf_counter())
+        return clock.n, clock.ttft or 0.0, clock.gaps
 
     def stream(mine: list[dict]) -> None:
         for body in mine:
