@@ -20,14 +20,14 @@ file per process under `--out`. Printed per run:
   the largest number in one iteration.
 
 Each run's timeline (ms from its first iteration, ms long, prefill calls, rows, running, waiting) is
-written under `--out` for a closer look.
+written under `--out` for a closer look. On one machine the clock is one (`time.perf_counter` is
+CLOCK_MONOTONIC on Linux), so the server's notes fall in the client's windows. Never gates CI.
 
 `--null-kernels` (CPU backend) runs no kernel, here or in the server: a step then costs the host's
 own work alone, as beside a GPU's kernels, so where the engine core's Python bounds a GPU server
 shows on any machine (on two cores, toy-paged 64 x 256, `--decode-steps=16 --overlap
 --frontend-process`: the engine alone 470-500k tok/s, HTTP 210-233k, as on an H100). `--profile-core
-PATH` runs the server's scheduler thread under cProfile. On one machine the clock is one (`time.perf_counter` is
-CLOCK_MONOTONIC on Linux), so the server's notes fall in the client's windows. Never gates CI.
+PATH` runs the server's scheduler thread under cProfile.
 """
 
 from __future__ import annotations
