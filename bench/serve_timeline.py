@@ -90,15 +90,15 @@ def profile_core() -> None:
 
     import serve.core.scheduler as scheduler
 
-    loop = scheduler.Scheduler._loop
+    run = scheduler.Scheduler.run  # the thread's body (its warm-up, then its loop)
 
     def profiled(self) -> None:
         prof = cProfile.Profile()
         PROFILE.append(prof)
         prof.enable()
-        loop(self)
+        run(self)
 
-    scheduler.Scheduler._loop = profiled
+    scheduler.Scheduler.run = profiled
 
 
 def null_kernels() -> None:
@@ -142,6 +142,16 @@ def summary(name: str, rows: list[tuple], t0: float, t1: float, tokens: int, str
             f"{thin * 1e3:6.1f} ms | {sum(calls)} prefill calls, at most {max(calls, default=0)} in one")
 
 
+def _modes(ap: argparse.ArgumentParser, args) -> None:
+    """--profile-core and --null-kernels, told to the server started through this file by its environment."""
+    if args.profile_core:
+        os.environ["KERN_PROFILE_CORE"] = str(args.profile_core.resolve())
+    if args.null_kernels:
+        if args.backend != "cpu":
+            ap.error("--null-kernels is for --backend cpu")
+        os.environ["KERN_NULL_KERNELS"] = "1"
+
+
 def main() -> None:
     sys.path.insert(0, str(HERE))
     import launch
@@ -157,12 +167,7 @@ def main() -> None:
     ap.add_argument("--profile-core", type=Path, default=None, help="the server's scheduler thread under cProfile, "
                     "its stats written to PATH.<pid> (`python -m pstats`); times inflated by the profiler")
     args = ap.parse_args()
-    if args.profile_core:
-        os.environ["KERN_PROFILE_CORE"] = str(args.profile_core.resolve())  # read by the server started through this file
-    if args.null_kernels:
-        if args.backend != "cpu":
-            ap.error("--null-kernels is for --backend cpu")
-        os.environ["KERN_NULL_KERNELS"] = "1"  # the server started through this file reads it too
+    _modes(ap, args)
     sl.loop_setup(ap, args)
     pin, workers = args.pin, args.workers
     out = args.out or Path(tempfile.mkdtemp(prefix="kern-timeline-"))

@@ -163,6 +163,10 @@ class _Request(Request):
         assert start == 0
         return self.seq.prefix(stop)
 
+    def key_to(self, n: int) -> Tokens:
+        """A checkpoint's key: a prefix view of the one packed run (the index grows its entry in place)."""
+        return self.seq.prefix(n)
+
 
 def _no_log(name: str, level: str = "INFO", **fields) -> None:
     """The admission's log (`serve.common.logs.event`'s signature), silenced: a replay writes no log lines."""

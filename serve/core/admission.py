@@ -8,7 +8,7 @@ does the correct thing, and `serve/core/faults.py` replaces one (at start) for a
 
 from __future__ import annotations
 
-from pool import Denied, Lease, Tier, Tokens
+from pool import Denied, Lease, Tier
 from serve.common import logs
 from serve.core.engine import Engine
 from serve.core.request import Request
@@ -149,15 +149,7 @@ class Admission:
         cp, copies = e.pool.checkpoint(req.lease, n)
         if copies:  # whole pages are shared, not copied: most checkpoints have nothing to copy
             e.runtime.copy(copies)
-        # its key extends the last checkpoint's (a request's tokens at fed positions never change, a
-        # lost state and its resumption included), so only the new pages' tokens are packed
-        key = req.key
-        if key is None or key.n > n:
-            key = Tokens.of(req.fed(0, n))
-        elif key.n < n:
-            key = Tokens(key.packed() + Tokens.of(req.fed(key.n, n)).data)
-        req.key = key
-        e.prefix.insert(key, cp)
+        e.prefix.insert(req.key_to(n), cp)
         req.page_mark = full
 
     def land(self) -> None:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from kern.tokens import EOS  # the one definition of where an answer ends
+from pool import Tokens
 from serve.core.answer import Done, Stops, Update  # re-exported: their importers read them here
 from serve.core.messages import Asked
 
@@ -106,6 +107,18 @@ class Request(Asked):
         """Tokens at positions start..stop: the prompt, then what the steps emitted."""
         seq = self.ids + self.emitted if stop > len(self.ids) else self.ids
         return seq[start:stop]
+
+    def key_to(self, n: int) -> Tokens:
+        """Its first `n` tokens packed as an index key (a checkpoint's): the last key extended, only the
+        new pages' tokens packed (a request's tokens at fed positions never change, a lost state and
+        its resumption included)."""
+        key = self.key
+        if key is None or key.n > n:
+            key = Tokens.of(self.fed(0, n))
+        elif key.n < n:
+            key = Tokens(key.packed() + Tokens.of(self.fed(key.n, n)).data)
+        self.key = key
+        return key
 
     def take(self, tokens: list[int]) -> list[int]:
         """Commit what a step emitted; return what the client gets now (ends by stop or length)."""
