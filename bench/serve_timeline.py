@@ -84,8 +84,9 @@ def trace() -> None:
 
 def profile_core() -> None:
     """The scheduler thread's every call under cProfile (`--profile-core PATH`), its stats written to
-    PATH.<pid> with the notes. cProfile's counts and times per call hold where a sampler's do not: a
-    non-blocking py-spy dropped most samples of the busy threads as torn."""
+    PATH.<pid> with the notes. cProfile counts every call where a sampler may not: a non-blocking
+    py-spy of a served load on an H100 caught the busy threads too rarely to use (why is not known;
+    torn samples of running threads, dropped, would explain it)."""
     import cProfile
 
     import serve.core.scheduler as scheduler
