@@ -78,8 +78,11 @@ def _free_port() -> int:
 
 
 @pytest.fixture
-def ray_head():
-    """A local Ray head on 127.0.0.1 (2 CPUs, no dashboard), stopped with its process group after."""
+def ray_head(tmp_path):
+    """A local Ray head on 127.0.0.1 (2 CPUs, no dashboard), stopped with its process group after. Its
+    output goes to a log whose tail a failed start shows. Ray waits 30 s for its GCS to bind a port by
+    default; in the loaded suite on two cores one start exited 1 after 49 s, so it is given 120 s
+    (`RAY_gcs_server_port_wait_time_s`) and the fixture 150."""
     pytest.importorskip("ray")
     port = _free_port()
     cmd = [str(Path(sys.executable).parent / "ray"), "start", "--head", "--block", "--node-ip-address", "127.0.0.1",
@@ -87,17 +90,21 @@ def ray_head():
            "--temp-dir", tempfile.mkdtemp(prefix="ray", dir="/tmp")]  # short: Ray's socket paths have a limit
     if not Path(cmd[0]).exists():
         cmd[0:1] = [sys.executable, "-m", "ray.scripts.scripts"]
-    head = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    deadline = time.monotonic() + 60
+    log = tmp_path / "ray-head.log"
+    env = {**os.environ, "RAY_gcs_server_port_wait_time_s": os.environ.get("RAY_gcs_server_port_wait_time_s", "120")}
+    with log.open("wb") as out:
+        head = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+    deadline = time.monotonic() + 150
     while time.monotonic() < deadline:
         try:
             socket.create_connection(("127.0.0.1", port), timeout=1).close()
             break
         except OSError:
-            assert head.poll() is None, "ray start --head exited"
+            if head.poll() is not None:
+                pytest.fail(f"ray start --head exited {head.returncode}:\n{log.read_text(errors='replace')[-3000:]}")
             time.sleep(0.5)
     else:
-        pytest.fail("the Ray head did not listen within 60 s")
+        pytest.fail(f"the Ray head did not listen within 150 s:\n{log.read_text(errors='replace')[-3000:]}")
     try:
         yield f"127.0.0.1:{port}"
     finally:
