@@ -14,7 +14,8 @@ numba's OpenMP threading layer refuses to run in a child forked after it ran (GN
 safe), so this process, and every child, uses numba's ``workqueue`` layer. The GPU is never touched
 here (CUDA forbids a fork after it is initialised): a `--backend gpu` child initialises its own.
 
-Protocol (JSON lines; stdin in, stdout out): first ``{"ready": true, "warm_s": S}``; then for each
+Protocol (JSON lines; stdin in, stdout out): first ``{"ready": true, "frozen": N, "warm_s": S}`` (N: the
+objects of the warm heap frozen before any fork, `freeze`); then for each
 request ``{"argv": [...], "log": PATH, "env": {...}}`` the reply ``{"pid": N}`` (or ``{"error": why}``),
 and whenever a child ends ``{"exit": N, "code": C, "cpu_s": [USER, SYS], "maxrss_kib": K}`` (C < 0:
 killed by signal -C, as `subprocess` says it; the CPU seconds and peak memory are the child's own).
@@ -214,5 +215,20 @@ def main(argv: list[str] | None, command: Command) -> None:
     ready = {"ready": True}
     if args.gpu_imports:
         ready["gpu_imports"] = gpu_imports()
+    ready["frozen"] = freeze()
     _say({**ready, "warm_s": round(time.monotonic() - t0, 2)})
     serve_requests(command)
+
+
+def freeze() -> int:
+    """The warm heap moved to the collector's permanent generation before any fork (`gc.freeze`, as
+    Python's documentation advises for a parent that forks without exec); how many objects. A child's
+    collections then never traverse what it inherited: a server's first full one (its own
+    `freeze_heap` once warm) walked every object of the zygote's, which cost its CPU and wrote to each
+    one's header, so the kernel copied those pages into the child. A forked `kern serve toy-paged`
+    answering 20 requests spent 0.30 s user and 0.18 s system without this, 0.20 and 0.12 with it."""
+    import gc
+
+    gc.collect()
+    gc.freeze()
+    return gc.get_freeze_count()

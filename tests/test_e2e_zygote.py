@@ -118,3 +118,31 @@ def test_a_pid_the_kernel_reuses_is_not_taken_for_an_earlier_childs_exit():
     z.proc.stdout = io.BytesIO((json.dumps({"exit": 7, "code": 3}) + "\n").encode())
     z._read()
     assert z.exit_code(7) == 3
+
+
+def test_a_child_inherits_the_warm_heap_frozen(tmp_path):
+    """The zygote freezes its warm heap before it forks (`oracle.zygote.freeze`): a child's collections
+    then never walk what it inherited (nor write to those objects, which would copy their pages into
+    it). A child finds that heap in the collector's permanent generation: the objects the ready line
+    counted, less the few freed since by their reference counts (the ready line's own)."""
+    import subprocess
+    import sys
+
+    code = ("import gc; from oracle.zygote import main; "
+            "main([], lambda argv: print('frozen', gc.get_freeze_count(), flush=True) or 0)")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            env=project_env(), cwd=Path(__file__).resolve().parents[1])
+    try:
+        msgs = iter(lambda: json.loads(proc.stdout.readline() or "{}"), {})
+        ready = next(m for m in msgs if "ready" in m)
+        assert ready["ready"] and ready["frozen"] > 10_000, ready  # the server's imports alone are more
+        log = tmp_path / "child.log"
+        proc.stdin.write((json.dumps({"argv": [], "log": str(log)}) + "\n").encode())
+        proc.stdin.flush()
+        pid = next(m for m in msgs if "pid" in m)["pid"]
+        assert next(m for m in msgs if m.get("exit") == pid)["code"] == 0
+        word, n = log.read_text().split()
+        assert word == "frozen" and 0.99 * ready["frozen"] <= int(n) <= ready["frozen"], (n, ready)
+    finally:
+        proc.stdin.close()
+        proc.wait(30)
