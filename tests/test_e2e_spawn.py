@@ -70,3 +70,20 @@ def test_launch_stops_a_server_that_never_gets_ready(tmp_path):
                        term_timeout=2.0))
     child = _child_pid(tmp_path / "never.log")
     assert gone([child], 5), "a server that never got ready was left running"
+
+
+@pytest.mark.parametrize("given", [None, "3"])
+def test_a_project_child_runs_one_numba_thread_unless_told(monkeypatch, given):
+    """`project_env`: this checkout first on the path, unbuffered, and NUMBA_NUM_THREADS 1 where the
+    gate's environment does not name it (its servers outnumber the cores); a value it names is kept."""
+    from e2e.spawn import ROOT, project_env
+
+    if given is None:
+        monkeypatch.delenv("NUMBA_NUM_THREADS", raising=False)
+    else:
+        monkeypatch.setenv("NUMBA_NUM_THREADS", given)
+    monkeypatch.setenv("PYTHONPATH", "/elsewhere")
+    env = project_env()
+    assert env["NUMBA_NUM_THREADS"] == (given or "1")
+    assert env["PYTHONPATH"] == f"{ROOT}{os.pathsep}/elsewhere" and env["PYTHONUNBUFFERED"] == "1"
+    assert env["HOME"] == os.environ["HOME"]
