@@ -5,7 +5,7 @@ running and waiting) for the engine alone and for one `kern serve` under HTTP lo
     python bench/serve_timeline.py [--target toy-paged] [--backend cpu|gpu] [--streams 64]
                                    [--max-tokens 256] [--prompt-tokens 32] [--rounds 4] [--workers N]
                                    [--[no-]pin] [--serve-flag=...] [--out DIR] [--null-kernels]
-                                   [--profile-core PATH]
+                                   [--profile-core PATH [--profile-clock wall|cpu]]
 
 The same closed loop as bench/serve_load.py (its `Alone`, its clients, its pinning): `--streams`
 requests in flight, each replaced by the next as it ends, `--rounds` each. The server is this
@@ -27,7 +27,11 @@ CLOCK_MONOTONIC on Linux), so the server's notes fall in the client's windows. N
 own work alone, as beside a GPU's kernels, so where the engine core's Python bounds a GPU server
 shows on any machine (on two cores, toy-paged 64 x 256, `--decode-steps=16 --overlap
 --frontend-process`: the engine alone 470-500k tok/s, HTTP 210-233k, as on an H100). `--profile-core
-PATH` runs the server's scheduler thread under cProfile.
+PATH` runs the server's scheduler thread under cProfile (and the engine alone's runs, into PATH.alone,
+to set beside it); `--profile-clock cpu` times it by the thread's
+own CPU time (`time.thread_time`) instead of the wall clock, so time the thread spent switched out
+(the clients and the front end share the two cores here) is not counted against the calls it
+interrupted.
 """
 
 from __future__ import annotations
@@ -94,12 +98,30 @@ def profile_core() -> None:
     run = scheduler.Scheduler.run  # the thread's body (its warm-up, then its loop)
 
     def profiled(self) -> None:
-        prof = cProfile.Profile()
+        prof = cProfile.Profile(time.thread_time) if os.environ.get("KERN_PROFILE_CLOCK") == "cpu" else cProfile.Profile()
         PROFILE.append(prof)
         prof.enable()
         run(self)
 
     scheduler.Scheduler.run = profiled
+
+
+def profiled_alone(alone, path: Path | None, clock: str):
+    """One run of the engine alone, under cProfile with `--profile-core` (its stats added to
+    PATH.alone, the same clock as the server's): the same calls, to set beside the server's."""
+    if path is None:
+        return alone.run()
+    import cProfile
+    import pstats
+
+    prof = cProfile.Profile(time.thread_time) if clock == "cpu" else cProfile.Profile()
+    got = prof.runcall(alone.run)
+    out = Path(f"{path}.alone")
+    stats = pstats.Stats(prof)
+    if out.exists():
+        stats.add(str(out))
+    stats.dump_stats(out)
+    return got
 
 
 def null_kernels() -> None:
@@ -147,6 +169,7 @@ def _modes(ap: argparse.ArgumentParser, args) -> None:
     """--profile-core and --null-kernels, told to the server started through this file by its environment."""
     if args.profile_core:
         os.environ["KERN_PROFILE_CORE"] = str(args.profile_core.resolve())
+        os.environ["KERN_PROFILE_CLOCK"] = args.profile_clock
     if args.null_kernels:
         if args.backend != "cpu":
             ap.error("--null-kernels is for --backend cpu")
@@ -167,6 +190,8 @@ def main() -> None:
                     "server (the answers meaningless): the host's own cost a step, as beside a GPU's kernels")
     ap.add_argument("--profile-core", type=Path, default=None, help="the server's scheduler thread under cProfile, "
                     "its stats written to PATH.<pid> (`python -m pstats`); times inflated by the profiler")
+    ap.add_argument("--profile-clock", choices=("wall", "cpu"), default="wall", help="--profile-core's clock: the wall "
+                    "(default) or the scheduler thread's own CPU time (time.thread_time: its time switched out not counted)")
     args = ap.parse_args()
     _modes(ap, args)
     sl.loop_setup(ap, args)
@@ -183,7 +208,7 @@ def main() -> None:
     spans = []
     for k in range(args.runs):
         t0 = time.perf_counter()
-        tok, _, _ = alone.run()
+        tok, _, _ = profiled_alone(alone, args.profile_core, args.profile_clock)
         t1 = time.perf_counter()
         spans.append((f"alone-{k + 1}", t0, t1, round(tok * (t1 - t0))))
     _flush()
