@@ -78,3 +78,51 @@ def test_a_head_that_goes_away_ends_the_stage(pair, how):
     assert " pp head gone " in err
     if how == signal.SIGSTOP:
         assert 'reason="no heartbeat"' in err
+
+
+class _Wire:
+    """A head's control wire in memory: `recv` hands out what a test queued (each message from the
+    sender it names), `send` keeps what the watcher sent."""
+
+    def __init__(self) -> None:
+        import queue
+
+        self.q: queue.Queue = queue.Queue()
+        self.sent: list = []
+
+    def recv(self, timeout: float):
+        import queue
+
+        try:
+            return self.q.get(timeout=timeout)
+        except queue.Empty:
+            return None
+
+    def send(self, msg, to=None) -> None:
+        self.sent.append((to, msg.kind))
+
+
+@pytest.mark.parametrize("beats", [False, True], ids=["frozen-after-hello", "beating"])
+def test_a_stage_heard_only_by_its_hello_is_still_watched(beats):
+    """A stage frozen after its hello and before its watcher's first heartbeat reached the head (a
+    forked-warm stage is up in well under the first beat's 0.4 s; the loaded suite froze one there) is
+    lost once silent past the limit, as one frozen later is; a stage that goes on beating is not; one
+    never heard from is left to the startup's own deadline."""
+    from serve.pipeline.liveness import HeadWatch
+    from serve.pipeline.transport import Message
+
+    wire, lost = _Wire(), []
+    watch = HeadWatch(wire, [1, 2], 0.3, on_lost=lambda k, why: lost.append((k, why)))
+    wire.q.put(Message("hello", {"stage": 1}, sender=b"s1"))
+    watch.start()
+    try:
+        end = time.monotonic() + 1.5
+        while time.monotonic() < end:
+            if beats:
+                wire.q.put(Message("hb", sender=b"s1.hb"))
+            time.sleep(0.05)
+    finally:
+        watch.stop()  # a daemon thread, ended within one receive (not joined: its `_stop` is an Event)
+    assert lost == ([] if beats else [(1, "no heartbeat")]), lost
+    assert watch.control.get_nowait().kind == "hello"
+    assert (b"s1.hb", "hb") in wire.sent if beats else not wire.sent  # beats only to a heartbeat heard from

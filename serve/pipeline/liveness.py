@@ -64,8 +64,9 @@ def die_with_parent(parent: int | None) -> None:
 
 class HeadWatch(threading.Thread):
     """Owns the head's control wire from the start: `done` messages go to `inbox`, the handshake's
-    (hello, ready) to `control`; heartbeats go only to stages already heard from. A stage it has
-    reported lost is not watched again until `revive`."""
+    (hello, ready) to `control`; heartbeats go only to stages already heard from. A stage is watched for
+    silence once it said anything (its hello, from before its own watcher's first beat: a stage frozen
+    that early was never missed), and one reported lost is not watched again until `revive`."""
 
     def __init__(self, ctl: ZmqWire, stages: list[int], timeout: float, on_lost=None) -> None:
         super().__init__(name="pp-watch", daemon=True)
@@ -76,6 +77,7 @@ class HeadWatch(threading.Thread):
         self.inbox: queue.Queue = queue.Queue()  # done
         self.control: queue.Queue = queue.Queue()  # hello, ready
         self.known: set[bytes] = set()
+        self.heard: set[int] = set()  # stages that said anything since they started: watched for silence
         now = time.monotonic()
         self.seen = {k: now for k in stages}
         self.on_lost = on_lost
@@ -119,6 +121,7 @@ class HeadWatch(threading.Thread):
         if k is not None:
             self.lost.add(k)
             self.known.discard(hb_identity(k))  # beat to its replacement once that is heard from
+            self.heard.discard(k)  # and watch it from its first word
         logs.event(event, "ERROR", stage=k, **fields)
         self.on_lost(k, fields.get("reason") or fields.get("error") or event)
 
@@ -141,8 +144,8 @@ class HeadWatch(threading.Thread):
                 if k not in self.lost and p.poll() is not None:
                     self._lose(k, "pp stage lost", {"reason": f"its process exited with {p.returncode}"})
             for k, t in list(self.seen.items()):
-                if hb_identity(k) in self.known and k not in self.lost and now - t > self.timeout:
-                    # startup has its own deadline
+                if k in self.heard and k not in self.lost and now - t > self.timeout:
+                    # a stage not heard from yet is starting: startup has its own deadline
                     self._lose(k, "pp stage lost", {"reason": "no heartbeat", "silent_s": round(now - t, 1),
                                                         "pp_timeout": self.timeout})
 
@@ -158,6 +161,7 @@ class HeadWatch(threading.Thread):
             if k not in self.lost:
                 self.seen[k] = now
             self.known.add(msg.sender)
+            self.heard.add(k)
         if msg.kind == "error":
             self._lose(k, "pp stage failed", {"error": msg.head.get("error", "?")})
         elif msg.kind in ("hello", "ready"):
