@@ -99,7 +99,7 @@ class Options:
             return Processes.engine(self.engine.cwd)
         if self.hosts is not None and not staged:
             return self.hosts
-        return self.zygote or Processes.project()
+        return self.zygote or Processes.gate()
 
 
 @dataclass

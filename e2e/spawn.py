@@ -34,7 +34,7 @@ from typing import Protocol, runtime_checkable
 
 from kern.errors import KernError
 
-__all__ = ["Proc", "Processes", "SpawnError", "Spawner", "kern_args", "own_kern", "project_env", "run_command"]
+__all__ = ["Proc", "Processes", "SpawnError", "Spawner", "gate_env", "kern_args", "own_kern", "project_env", "run_command"]
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -90,6 +90,11 @@ class Processes:
         return cls(dict(project_env(), **(extra or {})), cwd)
 
     @classmethod
+    def gate(cls) -> "Processes":
+        """The gate's own servers as fresh processes (`gate_env`)."""
+        return cls(gate_env())
+
+    @classmethod
     def engine(cls, cwd: Path | str | None = None) -> "Processes":
         """An engine under the contract: the gate's environment as it is (not this checkout on its path),
         in `cwd` (a replayed case's: where the gate ran it) or the gate's own working directory."""
@@ -129,15 +134,19 @@ def run_command(spawner: Spawner, cmd: list[str], log: Path, timeout: float) -> 
 
 
 def project_env() -> dict[str, str]:
-    """The environment of a child `kern`: this checkout first on the path, so it runs the code gated;
-    and one numba thread a process unless NUMBA_NUM_THREADS says otherwise. A gate runs a target's
-    sessions at once, each its own server, and a target a core at once, so its servers outnumber the
-    cores: a second thread a kernel splits no work that another server would not take, and its hand-offs
-    cost system time (the CPU gate on two cores, two rounds interleaved: 139.5 and 137.7 s, 268 and
-    266 CPU-s at numba's default; 130.2 and 123.4 s, 249 and 237 CPU-s at one thread)."""
+    """The environment of a child `kern`: this checkout first on the path, so it runs the code gated."""
     path = os.environ.get("PYTHONPATH")
-    return {"NUMBA_NUM_THREADS": "1", **os.environ, "PYTHONUNBUFFERED": "1",
-            "PYTHONPATH": str(ROOT) + (os.pathsep + path if path else "")}
+    return dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=str(ROOT) + (os.pathsep + path if path else ""))
+
+
+def gate_env() -> dict[str, str]:
+    """`project_env` for the gate's own servers (its zygote, hosts, fresh processes): one numba thread a
+    process unless NUMBA_NUM_THREADS says otherwise. A gate runs a target's sessions at once, each its
+    own server, and a target a core at once, so its servers outnumber the cores: a second thread a
+    kernel splits no work that another server would not take, and its hand-offs cost system time (the
+    CPU gate on two cores, two rounds interleaved: 139.5 and 137.7 s, 268 and 266 CPU-s at numba's
+    default; 130.2 and 123.4 s, 249 and 237 CPU-s at one thread). The benches keep numba's default."""
+    return {"NUMBA_NUM_THREADS": "1", **project_env()}
 
 
 def own_kern() -> list[str]:

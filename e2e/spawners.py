@@ -13,7 +13,7 @@ import click
 
 from e2e.config import GateTarget
 from e2e.gate import Options
-from e2e.session import project_env
+from e2e.spawn import gate_env
 
 def start_zygote(cfg: Path, chosen: list[GateTarget], backend: str, say: Callable[[str], None] = click.echo,
                  progress=None):
@@ -28,7 +28,7 @@ def start_zygote(cfg: Path, chosen: list[GateTarget], backend: str, say: Callabl
         progress.busy("zygote", "importing the server" + (f", then running each of {len(warm)} target(s)' kernels "
                                 "once (numba compiles them on a fresh clone and caches them)" if warm else ""))
     try:
-        z = Zygote(project_env(), cfg, warm, gpu_imports=not on_cpu,
+        z = Zygote(gate_env(), cfg, warm, gpu_imports=not on_cpu,
                    on_progress=None if progress is None else lambda what: progress.busy("zygote", what))
     except (ZygoteGone, OSError) as exc:
         click.echo(f"e2e: no zygote ({exc}); each server starts as a fresh process", err=True)
@@ -82,7 +82,7 @@ def start_hosts(n: int, cfg: Path, chosen: list[GateTarget], on_cpu: bool, out: 
         progress.busy("hosts", f"starting {n} warm host(s): imports, the device, each of {len(warm)} target(s)' "
                                "kernels once (compiled on a fresh clone, cached after)")
     try:
-        h = Hosts(n, project_env(), "cpu" if on_cpu else "gpu", cfg, warm, log_dir=out / "hosts")
+        h = Hosts(n, gate_env(), "cpu" if on_cpu else "gpu", cfg, warm, log_dir=out / "hosts")
     except (ZygoteGone, OSError, ValueError) as exc:
         if check is None or check.result() is None:
             click.echo(f"e2e: no hosts ({exc}); each server is a process of its own", err=True)

@@ -23,7 +23,7 @@ import pytest
 # tests already run 1.5 workers per core, each with servers of its own; at the tests' sizes a
 # parallel kernel gains nothing from a second thread, and under the omp layer that thread spins
 # between launches (a 300-step run: 0.56 s wall either way, 1.11 CPU-s with 2 threads, 0.56 with 1),
-# taking the core from the other workers. The gate's servers get the same (`e2e.spawn.project_env`).
+# taking the core from the other workers. The gate's servers get the same (`e2e.spawn.gate_env`).
 os.environ.setdefault("NUMBA_NUM_THREADS", "1")
 
 REPO = Path(__file__).resolve().parents[1]

@@ -73,17 +73,19 @@ def test_launch_stops_a_server_that_never_gets_ready(tmp_path):
 
 
 @pytest.mark.parametrize("given", [None, "3"])
-def test_a_project_child_runs_one_numba_thread_unless_told(monkeypatch, given):
-    """`project_env`: this checkout first on the path, unbuffered, and NUMBA_NUM_THREADS 1 where the
-    gate's environment does not name it (its servers outnumber the cores); a value it names is kept."""
-    from e2e.spawn import ROOT, project_env
+def test_the_gates_servers_run_one_numba_thread_unless_told(monkeypatch, given):
+    """`gate_env`: `project_env` (this checkout first on the path, unbuffered) and NUMBA_NUM_THREADS 1
+    where the gate's environment does not name it (its servers outnumber the cores); a value it names
+    is kept. `project_env` alone (the benches' servers) adds no thread count."""
+    from e2e.spawn import ROOT, Processes, gate_env, project_env
 
     if given is None:
         monkeypatch.delenv("NUMBA_NUM_THREADS", raising=False)
     else:
         monkeypatch.setenv("NUMBA_NUM_THREADS", given)
     monkeypatch.setenv("PYTHONPATH", "/elsewhere")
-    env = project_env()
-    assert env["NUMBA_NUM_THREADS"] == (given or "1")
+    env = gate_env()
+    assert env["NUMBA_NUM_THREADS"] == (given or "1") and Processes.gate().env == env
     assert env["PYTHONPATH"] == f"{ROOT}{os.pathsep}/elsewhere" and env["PYTHONUNBUFFERED"] == "1"
     assert env["HOME"] == os.environ["HOME"]
+    assert project_env().get("NUMBA_NUM_THREADS") == given
