@@ -86,19 +86,24 @@ def trace() -> None:
         profile_core()
 
 
+def profiler(clock: str):
+    """A cProfile.Profile timed by the wall clock, or by the calling thread's own CPU time ("cpu")."""
+    import cProfile
+
+    return cProfile.Profile(time.thread_time) if clock == "cpu" else cProfile.Profile()
+
+
 def profile_core() -> None:
     """The scheduler thread's every call under cProfile (`--profile-core PATH`), its stats written to
     PATH.<pid> with the notes. cProfile counts every call where a sampler may not: a non-blocking
     py-spy of a served load on an H100 caught the busy threads too rarely to use (why is not known;
     torn samples of running threads, dropped, would explain it)."""
-    import cProfile
-
     import serve.core.scheduler as scheduler
 
     run = scheduler.Scheduler.run  # the thread's body (its warm-up, then its loop)
 
     def profiled(self) -> None:
-        prof = cProfile.Profile(time.thread_time) if os.environ.get("KERN_PROFILE_CLOCK") == "cpu" else cProfile.Profile()
+        prof = profiler(os.environ.get("KERN_PROFILE_CLOCK", "wall"))
         PROFILE.append(prof)
         prof.enable()
         run(self)
@@ -111,10 +116,9 @@ def profiled_alone(alone, path: Path | None, clock: str):
     PATH.alone, the same clock as the server's): the same calls, to set beside the server's."""
     if path is None:
         return alone.run()
-    import cProfile
     import pstats
 
-    prof = cProfile.Profile(time.thread_time) if clock == "cpu" else cProfile.Profile()
+    prof = profiler(clock)
     got = prof.runcall(alone.run)
     out = Path(f"{path}.alone")
     stats = pstats.Stats(prof)

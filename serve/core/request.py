@@ -81,7 +81,7 @@ class Request(Asked):
     anchor: int = 0
     reason: str | None = None
     page_mark: int = 0  # whole pages already checkpointed (paged manifests)
-    key: Any = None  # the packed tokens (`pool.Tokens`) of its last checkpoint: the next one's key extends it
+    key: Tokens | None = None  # the packed tokens of its last checkpoint: the next one's key extends it
     t_admit: float = 0.0
     order: int = 0  # the core's admission count when it was admitted (its running list is not in that order)
     ticket: Any = None  # its `pool.fair.Ticket` while the core holds it
