@@ -5,7 +5,8 @@ running and waiting) for the engine alone and for one `kern serve` under HTTP lo
     python bench/serve_timeline.py [--target toy-paged] [--backend cpu|gpu] [--streams 64]
                                    [--max-tokens 256] [--prompt-tokens 32] [--rounds 4] [--workers N]
                                    [--[no-]pin] [--serve-flag=...] [--out DIR] [--null-kernels]
-                                   [--profile-core PATH [--profile-clock wall|cpu]]
+                                   [--profile-core PATH] [--profile-frontend PATH]
+                                   [--profile-clock wall|cpu]
 
 The same closed loop as bench/serve_load.py (its `Alone`, its clients, its pinning): `--streams`
 requests in flight, each replaced by the next as it ends, `--rounds` each. The server is this
@@ -73,8 +74,9 @@ def trace() -> None:
     def traced(self, plan):
         t0 = time.perf_counter()
         run(self, plan)
-        NOTES.append((t0, time.perf_counter(), len(plan.prefill), len(plan.step), len(self.running),
-                      len(self.waiting)))
+        # the rows launched: with --overlap the launch this iteration left pending (`plan` may be replaced)
+        rows = len(self.pending.work.reqs) if self.pending is not None else len(plan.step)
+        NOTES.append((t0, time.perf_counter(), len(plan.prefill), rows, len(self.running), len(self.waiting)))
         if len(NOTES) >= 256 or not self.running and not self.waiting:
             _flush()
 
@@ -84,6 +86,8 @@ def trace() -> None:
         null_kernels()
     if os.environ.get("KERN_PROFILE_CORE"):
         profile_core()
+    if os.environ.get("KERN_PROFILE_FRONTEND"):
+        profile_frontend()
 
 
 def profiler(clock: str):
@@ -109,6 +113,26 @@ def profile_core() -> None:
         run(self)
 
     scheduler.Scheduler.run = profiled
+
+
+def profile_frontend() -> None:
+    """The front end's event loop under cProfile while it serves (`--profile-frontend PATH`: uvicorn's
+    main loop, from its start to its shutdown, the engine core already forked), its stats written to
+    PATH.<pid> when the loop ends (SIGTERM drains it). With --frontends N, each front end its own file."""
+    import uvicorn
+
+    main_loop = uvicorn.Server.main_loop
+
+    async def profiled(self) -> None:
+        prof = profiler(os.environ.get("KERN_PROFILE_CLOCK", "wall"))
+        prof.enable()
+        try:
+            await main_loop(self)
+        finally:
+            prof.disable()
+            prof.dump_stats(f"{os.environ['KERN_PROFILE_FRONTEND']}.{os.getpid()}")
+
+    uvicorn.Server.main_loop = profiled
 
 
 def profiled_alone(alone, path: Path | None, clock: str):
@@ -170,9 +194,12 @@ def summary(name: str, rows: list[tuple], t0: float, t1: float, tokens: int, str
 
 
 def _modes(ap: argparse.ArgumentParser, args) -> None:
-    """--profile-core and --null-kernels, told to the server started through this file by its environment."""
+    """--profile-core, --profile-frontend and --null-kernels, told to the server started through this file by its environment."""
     if args.profile_core:
         os.environ["KERN_PROFILE_CORE"] = str(args.profile_core.resolve())
+    if args.profile_frontend:
+        os.environ["KERN_PROFILE_FRONTEND"] = str(args.profile_frontend.resolve())
+    if args.profile_core or args.profile_frontend:
         os.environ["KERN_PROFILE_CLOCK"] = args.profile_clock
     if args.null_kernels:
         if args.backend != "cpu":
@@ -180,9 +207,38 @@ def _modes(ap: argparse.ArgumentParser, args) -> None:
         os.environ["KERN_NULL_KERNELS"] = "1"
 
 
+def served(args, out: Path) -> list[tuple]:
+    """The HTTP runs (`--runs` of plain, then streamed) against this checkout's `kern serve`, traced: each
+    run's span (name, start, end, tokens); each run's tok/s, CPU a request and busiest threads to stderr."""
+    import launch
+    import serve_load as sl
+
+    spans = []
+    launch.own_kern = lambda: [sys.executable, str(Path(__file__).resolve()), "--as-kern"]
+    proc, url = sl.start_server(args.target, args.backend, args.streams, out / "serve.log", args.serve_flag,
+                                sl.capacity(args.streams, args.max_tokens, args.prompt_tokens))
+    try:
+        if args.pin:
+            sl.pin(proc.pid)
+        sl.http_load(url, min(4, args.streams), 1, 4, args.prompt_tokens, False, 10_000_000, 1, args.client)
+        for k in range(args.runs):
+            for stream in (False, True):
+                before, threads = sl.cpu_s(proc.pid), sl.thread_cpu(proc.pid)
+                r = sl.http_load(url, args.streams, args.workers, args.max_tokens, args.prompt_tokens, stream,
+                                 (1 + 2 * k + stream) * 1_000_000, args.rounds, args.client)
+                cpu = [(a - b) / (args.streams * args.rounds) * 1e6 for a, b in zip(sl.cpu_s(proc.pid), before)]
+                spans.append((f"{'stream' if stream else 'http'}-{k + 1}", r["t0"], r["t0"] + r["wall"], r["tokens"]))
+                print(f"{spans[-1][0]}: {r['tok_s']:,.0f} tok/s; CPU a request: front ends {cpu[0]:,.0f} us, "
+                      f"engine core {cpu[1]:,.0f} us; busiest threads: "
+                      f"{sl.busiest(threads, sl.thread_cpu(proc.pid), r['wall'])}", file=sys.stderr, flush=True)
+        time.sleep(0.5)
+    finally:
+        launch.stop(proc, 30)
+    return spans
+
+
 def main() -> None:
     sys.path.insert(0, str(HERE))
-    import launch
     import serve_load as sl
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -194,7 +250,10 @@ def main() -> None:
                     "server (the answers meaningless): the host's own cost a step, as beside a GPU's kernels")
     ap.add_argument("--profile-core", type=Path, default=None, help="the server's scheduler thread under cProfile, "
                     "its stats written to PATH.<pid> (`python -m pstats`); times inflated by the profiler")
-    ap.add_argument("--profile-clock", choices=("wall", "cpu"), default="wall", help="--profile-core's clock: the wall "
+    ap.add_argument("--profile-frontend", type=Path, default=None, help="the server's front end (its event loop "
+                    "while it serves) under cProfile, its stats written to PATH.<pid> when it stops")
+    ap.add_argument("--profile-clock", choices=("wall", "cpu"), default="wall", help="--profile-core's and "
+                    "--profile-frontend's clock: the wall "
                     "(default) or the scheduler thread's own CPU time (time.thread_time: its time switched out not counted)")
     args = ap.parse_args()
     _modes(ap, args)
@@ -216,22 +275,7 @@ def main() -> None:
         t1 = time.perf_counter()
         spans.append((f"alone-{k + 1}", t0, t1, round(tok * (t1 - t0))))
     _flush()
-    launch.own_kern = lambda: [sys.executable, str(Path(__file__).resolve()), "--as-kern"]
-    proc, url = sl.start_server(args.target, args.backend, args.streams, out / "serve.log", args.serve_flag,
-                                sl.capacity(args.streams, args.max_tokens, args.prompt_tokens))
-    try:
-        if pin:
-            sl.pin(proc.pid)
-        sl.http_load(url, min(4, args.streams), 1, 4, args.prompt_tokens, False, 10_000_000, 1, args.client)
-        for k in range(args.runs):
-            for stream in (False, True):
-                r = sl.http_load(url, args.streams, workers, args.max_tokens, args.prompt_tokens, stream,
-                                 (1 + 2 * k + stream) * 1_000_000, args.rounds, args.client)
-                spans.append((f"{'stream' if stream else 'http'}-{k + 1}", r["t0"], r["t0"] + r["wall"], r["tokens"]))
-                print(f"{spans[-1][0]}: {r['tok_s']:,.0f} tok/s", file=sys.stderr, flush=True)
-        time.sleep(0.5)
-    finally:
-        launch.stop(proc, 30)
+    spans += served(args, out)
     rows = notes(out)
     print(f"{args.target}, backend {args.backend}, {args.streams} streams x {args.rounds} requests x {args.max_tokens} "
           f"tokens, {workers} client processes{', pinned' if pin else ''}")
