@@ -122,7 +122,9 @@ def test_a_stage_heard_only_by_its_hello_is_still_watched(beats):
                 wire.q.put(Message("hb", sender=b"s1.hb"))
             time.sleep(0.05)
     finally:
-        watch.stop()  # a daemon thread, ended within one receive (not joined: its `_stop` is an Event)
+        watch.stop()
+        watch.join(timeout=5)  # ended within one receive
+    assert not watch.is_alive()
     assert lost == ([] if beats else [(1, "no heartbeat")]), lost
     assert watch.control.get_nowait().kind == "hello"
     assert (b"s1.hb", "hb") in wire.sent if beats else not wire.sent  # beats only to a heartbeat heard from

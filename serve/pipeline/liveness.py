@@ -83,7 +83,7 @@ class HeadWatch(threading.Thread):
         self.on_lost = on_lost
         self.procs: dict[int, object] = {}  # stage -> the Popen of a stage this head started (polled)
         self.lost: set[int] = set()
-        self._stop = threading.Event()
+        self._halt = threading.Event()
         self._outbox: queue.Queue = queue.Queue()
 
     def post(self, to: bytes, msg: Message) -> None:
@@ -108,10 +108,10 @@ class HeadWatch(threading.Thread):
         deadline = time.monotonic() + 2.0
         while not self._outbox.empty() and time.monotonic() < deadline:
             time.sleep(0.01)
-        self._stop.set()
+        self._halt.set()
 
     def stop(self) -> None:
-        self._stop.set()
+        self._halt.set()
 
     def _lose(self, k: int | None, event: str, fields: dict) -> None:
         if self.on_lost is None:
@@ -127,7 +127,7 @@ class HeadWatch(threading.Thread):
 
     def run(self) -> None:
         last_beat = 0.0
-        while not self._stop.is_set():
+        while not self._halt.is_set():
             msg = self.ctl.recv(self.interval / 2)
             now = time.monotonic()
             if msg is not None:
@@ -170,7 +170,7 @@ class HeadWatch(threading.Thread):
             self.inbox.put(msg)
 
     def _send(self, to: bytes, msg: Message) -> None:
-        if self._stop.is_set():
+        if self._halt.is_set():
             return
         k = self._stage_of(to)
         try:
