@@ -94,7 +94,32 @@ class ServerExited(ServerError):
         self.tail = tail
 
 
+def _ephemeral_low() -> int:
+    """Where the kernel's ephemeral port range begins (Linux's ip_local_port_range; 32768 elsewhere)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port() -> int:
+    """A port free now, for a process started next to bind: picked at random below the kernel's ephemeral
+    range (and above Ray's worker ports, 10002-19999), where no `--port 0` server and no outgoing
+    connection is given one. A port found by binding port 0 and released is an ephemeral one, which the
+    kernel may hand to another process before ours binds it (a loaded suite's Ray head lost its port so).
+    Binding port 0 is the fallback where that range has none free."""
+    import random
+
+    rng = random.Random()
+    low = _ephemeral_low()
+    for _ in range(100 if low > 20001 else 0):
+        port = rng.randrange(20000, low)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

@@ -8,7 +8,6 @@ with its checks read back from its own results, and under --ray each must have r
 from __future__ import annotations
 
 import os
-import random
 import shutil
 import signal
 import socket
@@ -21,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from e2e.campaign import Cell, Local, Result, campaign, load_cells, main, rounds_of, rounds_table, table
+from e2e.session import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 DICT = "python tests/engines/dict_engine.py --port {port} --model {model}"
@@ -72,33 +72,12 @@ def test_local_cells_each_end_as_expected(cells_file, tmp_path, monkeypatch):
     assert (tmp_path / "out" / "dict-seed-2" / "toy-paged" / "report.json").is_file()
 
 
-def _port_off_the_ephemeral_range() -> int:
-    """A free port below the kernel's ephemeral range (and above Ray's worker ports, 10002-19999). A port
-    picked by binding port 0 and released is an ephemeral one: in the loaded suite a server of another
-    test binding port 0 took it before Ray's GCS bound it (its log: "Failed to start the grpc server.
-    The specified port is ..."), and `ray start` exited 1 after 48 s."""
-    try:
-        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        low = 32768
-    rng = random.Random()
-    for _ in range(100):
-        port = rng.randrange(20000, max(20001, low))
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise AssertionError("no free port between 20000 and the ephemeral range")
-
-
 @pytest.fixture
 def ray_head(tmp_path):
     """A local Ray head on 127.0.0.1 (2 CPUs, no dashboard) on a port no `--port 0` server can take,
     stopped with its process group after. Its output goes to a log whose tail a failed start shows."""
     pytest.importorskip("ray")
-    port = _port_off_the_ephemeral_range()
+    port = free_port()  # below the ephemeral range: no `--port 0` server takes it first
     cmd = [str(Path(sys.executable).parent / "ray"), "start", "--head", "--block", "--node-ip-address", "127.0.0.1",
            "--port", str(port), "--num-cpus", "2", "--include-dashboard", "false", "--disable-usage-stats",
            "--temp-dir", tempfile.mkdtemp(prefix="ray", dir="/tmp")]  # short: Ray's socket paths have a limit

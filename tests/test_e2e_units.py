@@ -367,6 +367,23 @@ def test_a_session_told_warn_is_quiet_and_gets_a_port_never_picked_twice():
     assert len(set(picked)) == 20
 
 
+def test_a_free_port_is_below_the_ephemeral_range_and_bindable():
+    """`free_port` hands out ports a process started next can bind and that the kernel gives no `--port 0`
+    server or outgoing connection meanwhile: below the ephemeral range (where it starts above 20001),
+    at or over 20000 (clear of Ray's worker ports), each one free when picked."""
+    import socket
+
+    from e2e.session import _ephemeral_low, free_port
+
+    low = _ephemeral_low()
+    for _ in range(20):
+        port = free_port()
+        if low > 20001:
+            assert 20000 <= port < low, (port, low)
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))
+
+
 def test_session_ports_are_one_block_per_target():
     """`e2e --port P`: session offsets are exactly 0 .. n-1 for n sessions, every session of the plan has one,
     and target i of --jobs adds n * i (e2e/cli.py), so no two targets' sessions share a port."""

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+from e2e.session import free_port
 from test_pipeline_serve import TARGET, _missing  # the same target, and the same reasons it may be missing
 
 REPO = Path(__file__).resolve().parents[1]
@@ -22,12 +22,6 @@ LIMIT = 5.0
 
 
 pytestmark = pytest.mark.skipif(_missing() is not None, reason=str(_missing()))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _serve(log: Path, *args: str) -> subprocess.Popen:
@@ -59,7 +53,7 @@ def test_a_stage_that_never_connects_ends_the_head_naming_it(tmp_path, procs):
     cut.mkdir()
     for p in [*paths, *weights]:  # a cut directory: the stage manifests and the weights beside them
         (cut / p.name).write_bytes(p.read_bytes())
-    addr = f"tcp://127.0.0.1:{_free_port()}"
+    addr = f"tcp://127.0.0.1:{free_port()}"
     t0 = time.monotonic()
     log = tmp_path / "head.log"
     head = _serve(log, str(cut), "--pp-listen", addr, "--port", "0", "--stage-connect-timeout", f"{LIMIT:g}")

@@ -343,11 +343,11 @@ def test_a_broken_pipeline_raises_and_drops_what_its_lost_epoch_answers():
 def test_a_stage_started_by_hand_is_replaced_by_hand(kern_server, tmp_path):
     """A head with --pp-listen waits for a replacement started by hand with --pp-head: /health is
     503 meanwhile, the requests it held resume, and every answer is toy/model.py's."""
-    import socket
     import subprocess
     import sys
 
     from conftest import REPO
+    from e2e.session import free_port
     from e2e.spawn import Processes
     from manifests import load
     from manifests.config import resolve
@@ -357,9 +357,7 @@ def test_a_stage_started_by_hand_is_replaced_by_hand(kern_server, tmp_path):
     for w in resolve(TARGET).weights:
         (tmp_path / os.path.basename(w)).symlink_to(os.path.abspath(w))
     stage_json = next(tmp_path.glob("*.stage1.json"))
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        addr = f"tcp://127.0.0.1:{sock.getsockname()[1]}"
+    addr = f"tcp://127.0.0.1:{free_port()}"  # below the ephemeral range: no `--port 0` server takes it first
     spawner = Processes.project(cwd=REPO)  # the one launcher's fresh processes (e2e/spawn.py)
     procs = []
 
