@@ -238,22 +238,25 @@ def server_cpus(frontends: int = 1) -> int:
     return SERVER_CPUS + frontends - 1
 
 
-def pin(pid: int) -> None:
+def pin(pid: int, apart: bool = False) -> None:
     """Process `pid` (every thread of it) on CPU 1, its first child (the engine core, with
     --frontend-process) on CPU 0, its other children (the other front ends, with --frontends) on
     CPUs 3, 4, ..., and every process's ZeroMQ I/O threads (named `ZMQbg/...`) on CPU 2: on the
     core's CPU, each step's message woke its I/O thread there and the kernel switched the scheduler
-    thread out to run it (on an unpinned machine it runs on any other CPU). Unpinned, the server's
+    thread out to run it (on an unpinned machine it runs on any other CPU). `apart`: only the core's
+    scheduler thread (named kern-scheduler by the server) on CPU 0, its other threads on CPU 2 too,
+    so a message arriving or leaving does not switch the scheduler thread out. Unpinned, the server's
     processes shared CPUs with the client processes now and then, and the same server measured 61k
     and 101k tok/s a minute apart."""
-    def every_thread(p: int, cpus: set[int]) -> None:
+    def every_thread(p: int, cpus: set[int], alone: str | None = None) -> None:
         for tid in os.listdir(f"/proc/{p}/task"):
             try:
                 with open(f"/proc/{p}/task/{tid}/comm") as f:
-                    zmq_thread = f.read().startswith("ZMQbg")
+                    name = f.read().strip()
             except OSError:
-                zmq_thread = False
-            os.sched_setaffinity(int(tid), {2} if zmq_thread else cpus)
+                name = ""
+            aside = name.startswith("ZMQbg") or alone is not None and name != alone
+            os.sched_setaffinity(int(tid), {2} if aside else cpus)
 
     every_thread(pid, {1})
     try:
@@ -262,7 +265,7 @@ def pin(pid: int) -> None:
     except OSError:
         kids = []
     if kids:
-        every_thread(kids[0], {0})
+        every_thread(kids[0], {0}, "kern-scheduler" if apart else None)
     for i, peer in enumerate(kids[1:]):
         every_thread(peer, {SERVER_CPUS + i})
 
@@ -300,38 +303,6 @@ def cpu_s(pid: int) -> tuple[float, float]:
     return one(pid) + sum(one(k) for k in kids[1:]), sum(one(k) for k in kids[:1])
 
 
-def thread_cpu(pid: int) -> dict[tuple[str, int], float]:
-    """CPU seconds (user + system) of each thread of process `pid` and of its children, keyed by
-    (process, thread id): the process "front end" for `pid` and its children after the first, "core"
-    for its first child (with --frontend-process: the engine core), from Linux's /proc; empty elsewhere."""
-    try:
-        with open(f"/proc/{pid}/task/{pid}/children") as f:
-            kids = [int(k) for k in f.read().split()]
-    except OSError:
-        kids = []
-    got = {}
-    for p, role in [(pid, "front end"), *((k, "core" if i == 0 else "front end") for i, k in enumerate(kids))]:
-        try:
-            tids = os.listdir(f"/proc/{p}/task")
-        except OSError:
-            continue
-        for tid in tids:
-            try:
-                with open(f"/proc/{p}/task/{tid}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-                got[(role, int(tid))] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-            except (OSError, ValueError, IndexError):
-                pass
-    return got
-
-
-def busiest(before: dict, after: dict, wall: float, n: int = 4) -> str:
-    """The `n` threads that took the most CPU between two `thread_cpu` readings, each as a share of
-    `wall` (a thread at 100% is a bound: one interpreter's thread does not go faster)."""
-    used = sorted(((after[k] - before.get(k, 0.0), k) for k in after), reverse=True)[:n]
-    return ", ".join(f"{role} {tid} {s / wall:.0%}" for s, (role, tid) in used if s > 0)
-
-
 def loop_args(ap: argparse.ArgumentParser) -> None:
     """The closed loop's flags (this bench's and bench/serve_timeline.py's)."""
     ap.add_argument("--target", default="toy-paged")
@@ -355,6 +326,10 @@ def loop_args(ap: argparse.ArgumentParser) -> None:
                     "--serve-flag=--frontends=N the other front ends on CPUs 3 to N + 1; this process and the "
                     "clients on the rest). Default: on for --backend gpu on a machine of 8 or more "
                     "CPUs (on the CPU backend the kernels' threads want every core)")
+    ap.add_argument("--core-threads", choices=("together", "apart"), default="together", help="with --pin: the "
+                    "engine core's threads all on CPU 0 (together), or its scheduler thread (kern-scheduler) "
+                    "alone there and its message threads (kern-core, kern-core-out) on CPU 2 with the ZeroMQ "
+                    "I/O threads (apart)")
 
 
 def loop_setup(ap: argparse.ArgumentParser, args) -> None:
@@ -390,7 +365,7 @@ def main() -> None:
                                  capacity(args.streams, args.max_tokens, args.prompt_tokens))
         try:
             if args.pin:
-                pin(proc.pid)
+                pin(proc.pid, args.core_threads == "apart")
             http_load(url, min(4, args.streams), 1, 4, args.prompt_tokens, False, 10_000_000, 1, args.client)  # warm
             for rep in range(args.repeats):
                 runs["engine alone"].append(alone.run())

@@ -9,17 +9,26 @@ from runtime.backend import Backend, CpuBackend, KernelError
 __all__ = ["make_backend"]
 
 
-def make_backend(name: str) -> Backend:
-    """`cpu`, `gpu`, or `auto` (the GPU when cupy sees one)."""
+def make_backend(name: str, wait: str = "auto") -> Backend:
+    """`cpu`, `gpu`, or `auto` (the GPU when cupy sees one). On a GPU, `wait` is how this process's
+    threads wait on it (`runtime.gpu.set_wait`: spin, yield, blocking), set before its context is made;
+    "auto" leaves CUDA's own choice (spin where the CPUs outnumber the contexts)."""
     if name == "cpu":
         return CpuBackend()
     if name in ("gpu", "auto"):
         try:
-            from runtime.gpu import GpuBackend, gpu_available
+            from runtime.gpu import GpuBackend, gpu_available, set_wait
         except ImportError as exc:
             if name == "auto":
                 return CpuBackend()
             raise KernelError(f"--backend gpu: the GPU backend cannot load: {exc}") from exc
+        if wait != "auto":
+            try:
+                set_wait(wait)
+            except RuntimeError as exc:
+                if name == "auto":
+                    return CpuBackend()
+                raise KernelError(f"--gpu-wait {wait}: {exc}") from None
         if gpu_available():
             return GpuBackend()
         if name == "auto":

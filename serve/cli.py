@@ -89,6 +89,7 @@ class OneLineErrors(click.Command):
 @click.option("--stats-every", default=5.0, show_default=True, type=_POSITIVE, help="Seconds per `stats` log window.")
 @click.option("--decode-steps", "decode_steps", default=None, type=click.IntRange(min=1, max=64), help="Decode steps a launch: the device feeds each sequence its own token between them, the host stages, reads back and commits once per launch (runtime/multistep.py). Default 8 on a GPU (bench/step_device.sh measures 1, 8 and 16), 1 on the CPU; 1 wherever the target's decode program cannot (a speculative round, a lined state, a pipeline).")
 @click.option("--overlap/--no-overlap", "overlap", default=None, help="With several decode steps a launch: send the next launch before committing the last (the device feeds each sequence its last token), so the host's commit overlaps the device's steps (serve/core/core.py). Default: on a GPU; off on the CPU, whose kernels run as they are issued.")
+@click.option("--gpu-wait", "gpu_wait", default="auto", show_default=True, type=click.Choice(["auto", "spin", "yield", "blocking"]), help="How the engine core's threads wait on the GPU (a launch's readback): spin (the lowest latency; the waiting thread holds its CPU), yield (spins, giving the CPU to the process's other threads between looks), blocking (sleeps until the GPU is done), or auto: CUDA's own choice (spin on a machine of more CPUs than GPU contexts). Single-process serving; ignored on the CPU (docs/serve.md).")
 @click.option("--no-graphs", is_flag=True, help="Run `graph: true` programs launch by launch instead of as captured CUDA graphs (GPU; for comparison).")
 @click.option("--no-pack", "no_pack", is_flag=True, help="Prefill one sequence per call even when the manifest packs several (cu_seqlens), for comparison.")
 @click.option("--stages", default=None, type=click.IntRange(min=1), help="Serve as a pipeline of N stages on this machine: cut TARGET (at the layer boundaries that balance calls per stage, or --at) and start N-1 stage processes; this process is stage 0, the head.")
@@ -174,7 +175,7 @@ def _options(flags: ServeFlags):
                    rows=flags.rows, backend=flags.backend, device=flags.device, reserve_gib=flags.reserve_gib,
                    weights=tuple(flags.weights), config=flags.config, faults=Faults(flags.faults),
                    graphs=not flags.no_graphs, decode_steps=flags.decode_steps, overlap=flags.overlap, pack=not flags.no_pack,
-                   host_chunk=flags.host_chunk,
+                   gpu_wait=flags.gpu_wait, host_chunk=flags.host_chunk,
                    admission=flags.rule(), queue_timeout=flags.queue_timeout or None)
 
 

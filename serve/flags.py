@@ -46,6 +46,7 @@ class ServeFlags:
     no_graphs: bool = False
     decode_steps: int | None = None
     overlap: bool | None = None
+    gpu_wait: str = "auto"
     no_pack: bool = False
     faults: tuple[str, ...] = ()
     # connections and bodies (serve.api.guard.Limits)

@@ -34,3 +34,16 @@ def test_twelve_at_once_on_the_gpu_equal_the_model(kern_server, target):
     for i, r in zip(ids, got):
         assert r["ids"] == oracle(target, i, 48)
     assert_nothing_leaked(s)
+
+
+@pytest.mark.parametrize("wait", ["yield", "blocking"])
+def test_each_gpu_wait_answers_as_the_model(kern_server, wait):
+    """`--gpu-wait yield|blocking` (the engine core's threads waiting on the GPU other than by CUDA's
+    own spin) changes how the host waits, never what it reads back: answers equal the model's."""
+    s = kern_server("toy-paged", "--capacity", "16384", "--gpu-wait", wait, backend="gpu")
+    ids = [list(p.encode()) for p in PROMPTS]
+    with concurrent.futures.ThreadPoolExecutor(12) as ex:
+        got = list(ex.map(lambda i: ask(s, i, 48), ids))
+    for i, r in zip(ids, got):
+        assert r["ids"] == oracle("toy-paged", i, 48)
+    assert_nothing_leaked(s)

@@ -16,8 +16,10 @@ import json
 import os
 import re
 import signal
+import sys
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -90,6 +92,10 @@ def test_answers_are_the_in_process_servers(kern_server):
     assert re.search(r'kern:generation_tokens_total\{model_name="toy-paged"\} [1-9]', metrics)
     assert httpx.get(split.url + "/stats/live", timeout=30).json()["running"] == 0
     assert httpx.get(split.url + "/health", timeout=30).json() == {"status": "ok"}
+    if sys.platform.startswith("linux"):  # the core's threads named where `top -H` and a pinning bench see them
+        core = _core_pid(split)
+        names = {Path(f"/proc/{core}/task/{t}/comm").read_text().strip() for t in os.listdir(f"/proc/{core}/task")}
+        assert {"kern-core", "kern-scheduler", "kern-core-out"} <= names, names
     assert split.stop() == 0 and plain.stop() == 0
 
 

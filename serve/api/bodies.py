@@ -95,6 +95,9 @@ class Fair:
             return call
 
     def _run(self) -> None:
+        from serve.common.threads import name_native
+
+        name_native("bodies")
         while True:
             fut, fn, args = self._next()
             if not fut.set_running_or_notify_cancel():

@@ -42,6 +42,7 @@ from serve.client.frontend_core import die_with_parent
 from serve.client.frontend_wire import dead_error
 from serve.client.seam import Delivery
 from serve.common import logs
+from serve.common.threads import name_native
 from serve.core.faults import Faults
 from serve.core.messages import (Answer, Arrive, Bye, DrainFor, FrontEndDied, HungUp, Question, Ready, StopCore,
                             Updates, decode, done_of, encode)
@@ -426,6 +427,7 @@ class RemoteScheduler:
                     fut.set_exception(RuntimeError(msg.value))
 
     def _reap(self) -> None:
+        name_native("core-reaper")
         self.code = self._wait_core()
         self.ended.set()
         if self.stopped or not self.ready:

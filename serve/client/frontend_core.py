@@ -32,6 +32,7 @@ import time
 import zmq
 
 from serve.common import logs
+from serve.common.threads import name_native
 from serve.core.messages import (Answer, Arrive, Bye, DrainFor, FrontEndDied, HungUp, Question, Ready, StopCore,
                             Updates, decode, dispatcher, encode, pack_done)
 from serve.core.request import Request, Update
@@ -78,6 +79,7 @@ class Outgoing:
         self.thread.join(10)
 
     def _run(self) -> None:
+        name_native("core-out")
         while True:
             self.wake.wait()
             self.wake.clear()
@@ -296,6 +298,7 @@ def core_main(addrs: list[tuple[str, str]], build, start_scheduler) -> None:
     """The forked child's whole life; never returns. `build()` gives (engine, head or None), or exits
     (a target that cannot be served); `start_scheduler(engine)` starts the scheduler thread and logs
     the ready line."""
+    name_native("core")  # the process's own name in `ps`, `top`: kern-core
     parent = os.getppid()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)

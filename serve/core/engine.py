@@ -43,6 +43,7 @@ class Options:
     graphs: bool = True  # capture `graph: true` programs as CUDA graphs (GPU)
     decode_steps: int | None = None  # decode steps a launch (None: DEFAULT_STEPS on a GPU, 1 on the CPU)
     overlap: bool | None = None  # launch the next decode steps before committing the last (None: on a GPU)
+    gpu_wait: str = "auto"  # how a thread waits on the GPU: auto (CUDA's choice), spin, yield, blocking
     pack: bool = True  # pack prefill where the manifest's chunk packs (cu_seqlens or independent_rows; --no-pack: never)
     host_chunk: int | None = None  # the host tier in pieces of this many bytes (--host-chunk-bytes)
     admission: Rule = field(default_factory=Rule)  # the admission policy (--admission and its shares)
@@ -190,7 +191,7 @@ def build(what: str, opts: Options, phases: Phases | None = None) -> Engine:
 
     proto = Protocol(m)
     mark("manifest")
-    backend = make_backend(opts.backend)
+    backend = make_backend(opts.backend, opts.gpu_wait)
     mark("device")
     unit, reach, lined = derive.page_unit(m), derive.reach(m), derive.is_lined(m)
     geometry = Geometry(**derive.geometry(m))

@@ -32,6 +32,7 @@ from collections.abc import Callable
 
 from serve.common import hosted, logs
 from serve.common.exits import EXIT_PIPELINE
+from serve.common.threads import name_native
 from serve.core.core import Core, Plan, snapshot_holdings
 from serve.core.device import Losable, StageLost
 from serve.core.engine import Engine
@@ -176,6 +177,7 @@ class Scheduler(threading.Thread):
     # the thread
 
     def run(self) -> None:
+        name_native("scheduler")
         try:
             self.ready.set()
             from serve.core.warmup import warm_up
