@@ -112,7 +112,7 @@ def _ids(v, param: str) -> list[int]:
     if isinstance(v, list):
         if not v:
             raise ApiError(400, f"'{param}' is empty", param, "empty_prompt")
-        if all(type(t) is int for t in v) and 0 <= min(v) and max(v) <= EOS:  # the common case, in C
+        if set(map(type, v)) == {int} and 0 <= min(v) and max(v) <= EOS:  # the common case, in C (no Python loop)
             return list(v)
         if all(is_int(t) for t in v):
             bad = [t for t in v if not 0 <= t <= EOS]
