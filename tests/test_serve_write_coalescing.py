@@ -1,11 +1,11 @@
-"""The connection's writes held for one turn of the event loop and sent together (serve/api/guard.py's
-transport as the HTTP protocol sees it): a whole answer's head and body leave in one send."""
+"""The connection's writes held for one turn of the event loop and sent together (serve/api/transport.py's
+`Gentle`, the transport as the HTTP protocol sees it): a whole answer's head and body leave in one send."""
 
 from __future__ import annotations
 
 import asyncio
 
-from serve.api.guard import _Gentle
+from serve.api.transport import Gentle
 
 
 class _Transport:
@@ -47,7 +47,7 @@ class _Conn:
 def _run(body):
     async def main():
         t = _Transport()
-        g = _Gentle(t, _Conn(asyncio.get_running_loop()))
+        g = Gentle(t, _Conn(asyncio.get_running_loop()))
         await body(t, g)
         return t
 

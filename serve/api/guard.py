@@ -15,7 +15,7 @@ protocol (httptools' C parser where installed, or h11's pure Python one: `--http
   and closed, and one silent between requests is held open until the server lets go, a request on it
   answered so: no request that reached the server is met with a reset;
 - a connection closed while its request's body is still arriving (a 413) is closed gently: our side
-  is shut for writing and what the client still sends is read and dropped for up to `LINGER_BODY_S`,
+  is shut for writing and what the client still sends is read and dropped for up to `serve.api.transport.LINGER_BODY_S`,
   so a client that sends its whole body before reading gets the answer, not a reset;
 - a request's headers must arrive within `header_timeout` seconds of its first byte (or of the
   connection opening), else a 408 and the connection closes;
@@ -37,12 +37,12 @@ from dataclasses import dataclass
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from serve.api.transport import Gentle
 from serve.common.logs import Limiter
 
 __all__ = ["Limits", "Peers", "fit_descriptors", "parser", "protocol", "raw_response"]
 
 LINGER_S = 1.0  # a refused connection is read and dropped this long, so the client sees its 503
-LINGER_BODY_S = 5.0  # a connection answered before its body arrived drains it this long at most
 HEAD_LIMIT = 16 * 1024  # a request's head at most, bytes, unless uvicorn's config says otherwise (h11's default)
 
 
@@ -148,7 +148,7 @@ class Guarded:
         self._going = False  # idle when the shutdown began: held open, a request on it answered 503
         self._peer = _peer_of(transport)
         _no_delay(transport)
-        super().connection_made(_Gentle(transport, self))
+        super().connection_made(Gentle(transport, self))
         if self.going_away:
             self._refuse("server_shutting_down", self.peers.total, "the server is shutting down")
             return
@@ -223,7 +223,7 @@ class Guarded:
         super().connection_lost(exc)
 
     def linger(self) -> bool:
-        """Close gently when the request's body is still arriving (see `_Gentle.close`)."""
+        """Close gently when the request's body is still arriving (see `serve.api.transport.Gentle.close`)."""
         if self._refused or self._lingering or self._reading() != "body":
             return False
         if self.peers.lingering >= self.spare or not self.transport.can_write_eof():
@@ -354,76 +354,6 @@ class Peers:
             victim.transport.close()
             return True
         return False
-
-
-class _Gentle:
-    """The transport as the protocol sees it, with two changes.
-
-    Writes are held until the event loop's next turn and leave together (`_flush`): uvicorn writes a
-    response's head and its body each at once, so a whole answer took two sends and woke its client
-    twice; now one send carries all one turn of the loop wrote (a stream's chunks that a turn made
-    too). Closing, shutting for writing and the buffer's size see what is held.
-
-    `close()` while the request's body is still arriving (a 413 answered before reading it) shuts our
-    side for writing and drops what the client still sends, until it closes or `LINGER_BODY_S` passes:
-    closing with unread data would send a reset, which can reach the client before it reads the
-    answer."""
-
-    def __init__(self, transport, conn) -> None:
-        self._t = transport
-        self._conn = conn
-        self._closing = False
-        self._held: list = []
-
-    def __getattr__(self, name):
-        return getattr(self._t, name)
-
-    def write(self, data) -> None:
-        if not data:
-            return
-        if not self._held:
-            self._conn.loop.call_soon(self._flush)
-        self._held.append(data)
-
-    def writelines(self, lines) -> None:
-        for data in lines:
-            self.write(data)
-
-    def _flush(self) -> None:
-        held, self._held = self._held, []
-        if held and not self._t.is_closing():
-            self._t.write(held[0] if len(held) == 1 else b"".join(held))
-
-    def get_write_buffer_size(self) -> int:
-        return self._t.get_write_buffer_size() + sum(map(len, self._held))
-
-    def write_eof(self) -> None:
-        self._flush()
-        self._t.write_eof()
-
-    def abort(self) -> None:
-        self._held.clear()
-        self._t.abort()
-
-    def is_closing(self) -> bool:
-        return self._closing or self._t.is_closing()
-
-    def close_now(self) -> None:
-        self._closing = True
-        self._flush()
-        self._t.close()
-
-    def close(self) -> None:
-        if self._closing or self._t.is_closing():
-            return
-        self._closing = True
-        self._flush()
-        if not self._conn.linger():
-            self._t.close()
-            return
-        self._t.write_eof()
-        self._t.resume_reading()
-        self._conn.loop.call_later(LINGER_BODY_S, self._t.close)
 
 
 class GuardedH11(Guarded, H11Protocol):
