@@ -22,14 +22,12 @@ def make_backend(name: str, wait: str = "auto") -> Backend:
             if name == "auto":
                 return CpuBackend()
             raise KernelError(f"--backend gpu: the GPU backend cannot load: {exc}") from exc
-        if wait != "auto":
-            try:
-                set_wait(wait)
-            except RuntimeError as exc:
-                if name == "auto":
-                    return CpuBackend()
-                raise KernelError(f"--gpu-wait {wait}: {exc}") from None
         if gpu_available():
+            if wait != "auto":  # the driver is up, no context made yet (neither check makes one)
+                try:
+                    set_wait(wait)
+                except RuntimeError as exc:
+                    raise KernelError(f"--gpu-wait {wait}: {exc}") from None
             return GpuBackend()
         if name == "auto":
             return CpuBackend()
