@@ -71,29 +71,26 @@ def test_what_one_turn_writes_leaves_in_one_send_in_order():
     assert t.writes == [b"HTTP/1.1 200 OK\r\n\r\n{}", b"ab"]
 
 
+def _held_then(act):
+    """A turn that writes an answer, then `act(transport, gentle)`; the turn after."""
+    async def body(t, g):
+        g.write(b"answer")
+        act(t, g)
+        await asyncio.sleep(0)
+
+    return body
+
+
+def _closing_under(t, g) -> None:
+    t.closing = True
+
+
 def test_closing_sends_what_is_held_first_and_abort_drops_it():
     """close() and write_eof() send the held bytes before they act (an answer then a close loses
     nothing); abort() drops them; nothing is sent on a transport already closing."""
-    async def closes(t, g):
-        g.write(b"answer")
-        g.close()
-        await asyncio.sleep(0)
-
-    async def eof(t, g):
-        g.write(b"answer")
-        g.write_eof()
-
-    async def aborts(t, g):
-        g.write(b"answer")
-        g.abort()
-        await asyncio.sleep(0)
-
-    async def closed_under(t, g):
-        g.write(b"answer")
-        t.closing = True
-        await asyncio.sleep(0)
-
-    assert _run(closes).events == ["write", "close"] and _run(closes).writes == [b"answer"]
-    assert _run(eof).events == ["write", "eof"]
-    assert _run(aborts).events == ["abort"] and _run(aborts).writes == []
-    assert _run(closed_under).writes == []
+    closed = _run(_held_then(lambda t, g: g.close()))
+    assert closed.events == ["write", "close"] and closed.writes == [b"answer"]
+    assert _run(_held_then(lambda t, g: g.write_eof())).events == ["write", "eof"]
+    aborted = _run(_held_then(lambda t, g: g.abort()))
+    assert aborted.events == ["abort"] and aborted.writes == []
+    assert _run(_held_then(_closing_under)).writes == []
