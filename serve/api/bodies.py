@@ -97,7 +97,7 @@ class Fair:
     def _run(self) -> None:
         from serve.common.threads import name_native
 
-        name_native("bodies")
+        name_native("kern-bodies")
         while True:
             fut, fn, args = self._next()
             if not fut.set_running_or_notify_cancel():

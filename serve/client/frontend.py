@@ -427,7 +427,7 @@ class RemoteScheduler:
                     fut.set_exception(RuntimeError(msg.value))
 
     def _reap(self) -> None:
-        name_native("core-reaper")
+        name_native("kern-core-reaper")
         self.code = self._wait_core()
         self.ended.set()
         if self.stopped or not self.ready:

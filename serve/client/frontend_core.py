@@ -79,7 +79,7 @@ class Outgoing:
         self.thread.join(10)
 
     def _run(self) -> None:
-        name_native("core-out")
+        name_native("kern-core-out")
         while True:
             self.wake.wait()
             self.wake.clear()
@@ -298,7 +298,7 @@ def core_main(addrs: list[tuple[str, str]], build, start_scheduler) -> None:
     """The forked child's whole life; never returns. `build()` gives (engine, head or None), or exits
     (a target that cannot be served); `start_scheduler(engine)` starts the scheduler thread and logs
     the ready line."""
-    name_native("core")  # the process's own name in `ps`, `top`: kern-core
+    name_native("kern-core")  # the process's own name in `ps`, `top`
     parent = os.getppid()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)

@@ -177,7 +177,7 @@ class Scheduler(threading.Thread):
     # the thread
 
     def run(self) -> None:
-        name_native("scheduler")
+        name_native("kern-scheduler")
         try:
             self.ready.set()
             from serve.core.warmup import warm_up

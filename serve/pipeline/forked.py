@@ -35,21 +35,9 @@ import time
 from typing import Callable
 
 from kern.child import exit_with, fresh_signals
+from serve.common.threads import name_native
 
-__all__ = ["Forked", "Warm", "name_process"]
-
-
-def name_process(name: str) -> None:
-    """This process's name as `ps -o comm` and /proc/PID/comm show it (Linux; 15 bytes at most):
-    a forked stage keeps the head's command line, so its name is what tells it apart."""
-    if not sys.platform.startswith("linux"):
-        return
-    import ctypes
-
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(15, name.encode()[:15], 0, 0, 0)  # PR_SET_NAME
-    except (OSError, AttributeError):
-        pass
+__all__ = ["Forked", "Warm"]
 
 
 class Forked:
@@ -193,7 +181,7 @@ def _child(r: int, entry: Callable[[list[str]], None]) -> None:
     """The copy: wait for its command, serve it, exit with its code (never returns)."""
 
     def serve() -> None:
-        name_process("kern-stage")
+        name_native("kern-stage")
         fresh_signals()
         _close_sockets()
         devnull = os.open(os.devnull, os.O_RDONLY)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import zmq
 
 from serve.common import logs
-from serve.pipeline.forked import name_process
+from serve.common.threads import name_native
 from serve.pipeline.liveness import EXIT_PIPELINE, StageWatch, die, die_with_parent
 from serve.pipeline.transport import Message, ZmqWire
 from serve.pipeline.work import StageWork, cells_of
@@ -80,7 +80,7 @@ def serve_stage(what: str, head: str, opts: StageOptions) -> int:
     cut, k, stages = cut_of(m)
     if k == 0:
         raise ValueError(f"{target.manifest} is stage 0 of its cut (or no stage at all): stage 0 is the head")
-    name_process(f"kern-stage-{k}")
+    name_native(f"kern-stage-{k}")
     ctx = zmq.Context()
     watch = StageWatch(ctx, head, k, opts.timeout, opts.parent)
     watch.start()
