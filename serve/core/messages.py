@@ -149,7 +149,8 @@ def _wire(tag: str):
         if tag in _WIRE:
             raise RuntimeError(f"wire tag {tag!r} twice")
         cls.TAG = tag
-        cls.ARITY = len(dataclasses.fields(cls))
+        cls.FIELDS = tuple(f.name for f in dataclasses.fields(cls))  # read once: `encode` runs per message
+        cls.ARITY = len(cls.FIELDS)
         _WIRE[tag] = cls
         return cls
 
@@ -163,6 +164,7 @@ class Arrive:
 
     TAG: ClassVar[str]
     ARITY: ClassVar[int]
+    FIELDS: ClassVar[tuple[str, ...]]
     fe: int
     id: str
     ids: list[int]
@@ -186,6 +188,7 @@ class HungUp:
 
     TAG: ClassVar[str]
     ARITY: ClassVar[int]
+    FIELDS: ClassVar[tuple[str, ...]]
     id: str
 
 
@@ -196,6 +199,7 @@ class Question:
 
     TAG: ClassVar[str]
     ARITY: ClassVar[int]
+    FIELDS: ClassVar[tuple[str, ...]]
     qid: int
     what: str
     fe: int = 0
@@ -208,6 +212,7 @@ class DrainFor:
 
     TAG: ClassVar[str]
     ARITY: ClassVar[int]
+    FIELDS: ClassVar[tuple[str, ...]]
     seconds: float
 
 
@@ -218,6 +223,7 @@ class StopCore:
 
     TAG: ClassVar[str]
     ARITY: ClassVar[int]
+    FIELDS: ClassVar[tuple[str, ...]]
 
 
 @_wire("f")
@@ -227,6 +233,7 @@ class FrontEndDied:
 
     TAG: ClassVar[str]
     ARITY: ClassVar[int]
+    FIELDS: ClassVar[tuple[str, ...]]
     fe: int
 
 
@@ -237,6 +244,7 @@ class Ready:
 
     TAG: ClassVar[str]
     ARITY: ClassVar[int]
+    FIELDS: ClassVar[tuple[str, ...]]
     facts: dict[str, Any]
 
 
@@ -249,6 +257,7 @@ class Updates:
 
     TAG: ClassVar[str]
     ARITY: ClassVar[int]
+    FIELDS: ClassVar[tuple[str, ...]]
     entries: list
     timed: Any = None
 
@@ -260,6 +269,7 @@ class Answer:
 
     TAG: ClassVar[str]
     ARITY: ClassVar[int]
+    FIELDS: ClassVar[tuple[str, ...]]
     qid: int
     ok: bool
     value: Any
@@ -272,12 +282,13 @@ class Bye:
 
     TAG: ClassVar[str]
     ARITY: ClassVar[int]
+    FIELDS: ClassVar[tuple[str, ...]]
     cut_off: int
 
 
 def encode(msg) -> bytes:
     """A wire message as msgpack: ``[tag, field, ...]``."""
-    return msgpack.packb([msg.TAG, *(getattr(msg, f.name) for f in dataclasses.fields(msg))], use_bin_type=True)
+    return msgpack.packb([msg.TAG, *(getattr(msg, name) for name in msg.FIELDS)], use_bin_type=True)
 
 
 def decode(raw: bytes):
@@ -294,22 +305,23 @@ def decode(raw: bytes):
 # ---- a finish, inside `Updates` -------------------------------------------------------------------------
 
 
+_DONE = tuple(f.name for f in dataclasses.fields(Done))  # a finish's fields in order, read once
+
+
 def pack_done(d: Done | None) -> list | None:
     """A `serve.core.request.Done` as its fields in order (its error a list)."""
     if d is None:
         return None
-    return [list(v) if f.name == "error" and v is not None else v
-            for f in dataclasses.fields(d) for v in (getattr(d, f.name),)]
+    return [list(v) if name == "error" and v is not None else v for name in _DONE for v in (getattr(d, name),)]
 
 
 def done_of(v) -> Done | None:
     """`pack_done`'s `Done` back."""
     if v is None:
         return None
-    names = [f.name for f in dataclasses.fields(Done)]
-    if len(v) != len(names):
-        raise MessageError(f"a finish with {len(v)} field(s); this build's Done has {len(names)}")
-    d = dict(zip(names, v))
+    if len(v) != len(_DONE):
+        raise MessageError(f"a finish with {len(v)} field(s); this build's Done has {len(_DONE)}")
+    d = dict(zip(_DONE, v))
     if d["error"] is not None:
         d["error"] = tuple(d["error"])
     return Done(**d)
