@@ -255,7 +255,7 @@ def main() -> None:
                     "while it serves) under cProfile, its stats written to PATH.<pid> when it stops")
     ap.add_argument("--profile-clock", choices=("wall", "cpu"), default="wall", help="--profile-core's and "
                     "--profile-frontend's clock: the wall "
-                    "(default) or the scheduler thread's own CPU time (time.thread_time: its time switched out not counted)")
+                    "(default) or the profiled thread's own CPU time (time.thread_time: its time switched out not counted)")
     args = ap.parse_args()
     _modes(ap, args)
     sl.loop_setup(ap, args)
