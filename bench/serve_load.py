@@ -44,6 +44,7 @@ from pathlib import Path
 
 import launch
 import load_client
+from server_threads import children, cpu_s
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -259,11 +260,7 @@ def pin(pid: int, apart: bool = False) -> None:
             os.sched_setaffinity(int(tid), {2} if aside else cpus)
 
     every_thread(pid, {1})
-    try:
-        with open(f"/proc/{pid}/task/{pid}/children") as f:
-            kids = [int(k) for k in f.read().split()]
-    except OSError:
-        kids = []
+    kids = children(pid)
     if kids:
         every_thread(kids[0], {0}, "kern-scheduler" if apart else None)
     for i, peer in enumerate(kids[1:]):
@@ -281,26 +278,6 @@ def default_workers(streams: int, pinned: bool, frontends: int = 1) -> int:
     client at a wave's end, their next requests sooner), else half the CPUs, at most 8."""
     cpus = os.cpu_count() or 2
     return max(1, min(16, streams, len(client_cpus(frontends)))) if pinned else max(1, min(8, cpus // 2))
-
-
-def cpu_s(pid: int) -> tuple[float, float]:
-    """(CPU seconds, user + system) of the front ends and of the engine core now: process `pid` and
-    its children after the first, and its first child (with --frontend-process: the engine core;
-    the others are --frontends' other front ends), from Linux's /proc; zeros elsewhere."""
-    def one(p: int) -> float:
-        try:
-            with open(f"/proc/{p}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-        except (OSError, ValueError, IndexError):
-            return 0.0
-
-    try:
-        with open(f"/proc/{pid}/task/{pid}/children") as f:
-            kids = [int(k) for k in f.read().split()]
-    except OSError:
-        kids = []
-    return one(pid) + sum(one(k) for k in kids[1:]), sum(one(k) for k in kids[:1])
 
 
 def loop_args(ap: argparse.ArgumentParser) -> None:

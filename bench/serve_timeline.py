@@ -212,7 +212,7 @@ def served(args, out: Path) -> list[tuple]:
     run's span (name, start, end, tokens); each run's tok/s, CPU a request and busiest threads to stderr."""
     import launch
     import serve_load as sl
-    from server_threads import busiest, thread_cpu
+    from server_threads import busiest, cpu_s, thread_cpu
 
     spans = []
     launch.own_kern = lambda: [sys.executable, str(Path(__file__).resolve()), "--as-kern"]
@@ -224,10 +224,10 @@ def served(args, out: Path) -> list[tuple]:
         sl.http_load(url, min(4, args.streams), 1, 4, args.prompt_tokens, False, 10_000_000, 1, args.client)
         for k in range(args.runs):
             for stream in (False, True):
-                before, threads = sl.cpu_s(proc.pid), thread_cpu(proc.pid)
+                before, threads = cpu_s(proc.pid), thread_cpu(proc.pid)
                 r = sl.http_load(url, args.streams, args.workers, args.max_tokens, args.prompt_tokens, stream,
                                  (1 + 2 * k + stream) * 1_000_000, args.rounds, args.client)
-                cpu = [(a - b) / (args.streams * args.rounds) * 1e6 for a, b in zip(sl.cpu_s(proc.pid), before)]
+                cpu = [(a - b) / (args.streams * args.rounds) * 1e6 for a, b in zip(cpu_s(proc.pid), before)]
                 spans.append((f"{'stream' if stream else 'http'}-{k + 1}", r["t0"], r["t0"] + r["wall"], r["tokens"]))
                 print(f"{spans[-1][0]}: {r['tok_s']:,.0f} tok/s; CPU a request: front ends {cpu[0]:,.0f} us, "
                       f"engine core {cpu[1]:,.0f} us; busiest threads: "

@@ -1,40 +1,63 @@
-"""A server's threads by the CPU they took (Linux's /proc): which one is the bound under load.
+"""A server's processes and threads by the CPU they took (Linux's /proc): which one is the bound under load.
 
     before = thread_cpu(pid); ...load...; print(busiest(before, thread_cpu(pid), wall))
+
+Process `pid` and its children after the first are its front ends; its first child (with
+--frontend-process) is the engine core.
 """
 
 from __future__ import annotations
 
 import os
 
-__all__ = ["busiest", "thread_cpu"]
+__all__ = ["busiest", "children", "cpu_s", "thread_cpu"]
+
+
+def children(pid: int) -> list[int]:
+    """Process `pid`'s children in the order it started them (none where /proc cannot tell)."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(k) for k in f.read().split()]
+    except OSError:
+        return []
+
+
+def _stat(path: str) -> tuple[str, float]:
+    """(name, CPU seconds user + system) from a /proc stat file; ("", 0.0) where it cannot be read."""
+    try:
+        with open(path) as f:
+            stat = f.read()
+        fields = stat.rsplit(")", 1)[1].split()
+        return stat[stat.index("(") + 1:stat.rindex(")")], (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return "", 0.0
+
+
+def _roles(pid: int) -> list[tuple[int, str]]:
+    return [(pid, "front end"), *((k, "core" if i == 0 else "front end") for i, k in enumerate(children(pid)))]
+
+
+def cpu_s(pid: int) -> tuple[float, float]:
+    """(CPU seconds, user + system) of the front ends and of the engine core now; zeros elsewhere."""
+    got = {"front end": 0.0, "core": 0.0}
+    for p, role in _roles(pid):
+        got[role] += _stat(f"/proc/{p}/stat")[1]
+    return got["front end"], got["core"]
 
 
 def thread_cpu(pid: int) -> dict[tuple[str, int, str], float]:
-    """CPU seconds (user + system) of each thread of process `pid` and of its children, keyed by
-    (process, thread id, thread name): the process "front end" for `pid` and its children after the
-    first, "core" for its first child (with --frontend-process: the engine core), from Linux's /proc;
-    empty elsewhere."""
-    try:
-        with open(f"/proc/{pid}/task/{pid}/children") as f:
-            kids = [int(k) for k in f.read().split()]
-    except OSError:
-        kids = []
+    """CPU seconds (user + system) of each thread of the server's processes, keyed by (process's role,
+    thread id, thread name); empty elsewhere."""
     got = {}
-    for p, role in [(pid, "front end"), *((k, "core" if i == 0 else "front end") for i, k in enumerate(kids))]:
+    for p, role in _roles(pid):
         try:
             tids = os.listdir(f"/proc/{p}/task")
         except OSError:
             continue
         for tid in tids:
-            try:
-                with open(f"/proc/{p}/task/{tid}/stat") as f:
-                    stat = f.read()
-                name = stat[stat.index("(") + 1:stat.rindex(")")]
-                fields = stat.rsplit(")", 1)[1].split()
-                got[(role, int(tid), name)] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-            except (OSError, ValueError, IndexError):
-                pass
+            name, cpu = _stat(f"/proc/{p}/task/{tid}/stat")
+            if name:
+                got[(role, int(tid), name)] = cpu
     return got
 
 

@@ -150,7 +150,6 @@ def _wire(tag: str):
             raise RuntimeError(f"wire tag {tag!r} twice")
         cls.TAG = tag
         cls.FIELDS = tuple(f.name for f in dataclasses.fields(cls))  # read once: `encode` runs per message
-        cls.ARITY = len(cls.FIELDS)
         _WIRE[tag] = cls
         return cls
 
@@ -163,7 +162,6 @@ class Arrive:
     """A request, from front end `fe` to the core."""
 
     TAG: ClassVar[str]
-    ARITY: ClassVar[int]
     FIELDS: ClassVar[tuple[str, ...]]
     fe: int
     id: str
@@ -187,7 +185,6 @@ class HungUp:
     """The client hung up: abort request `id`."""
 
     TAG: ClassVar[str]
-    ARITY: ClassVar[int]
     FIELDS: ClassVar[tuple[str, ...]]
     id: str
 
@@ -198,7 +195,6 @@ class Question:
     """A question (`serve.client.frontend_wire.QUESTIONS`) from front end `fe`, answered by an `Answer` with `qid`."""
 
     TAG: ClassVar[str]
-    ARITY: ClassVar[int]
     FIELDS: ClassVar[tuple[str, ...]]
     qid: int
     what: str
@@ -211,7 +207,6 @@ class DrainFor:
     """From the leader: refuse new requests, cut the rest off `seconds` from now."""
 
     TAG: ClassVar[str]
-    ARITY: ClassVar[int]
     FIELDS: ClassVar[tuple[str, ...]]
     seconds: float
 
@@ -222,7 +217,6 @@ class StopCore:
     """From the leader, once every other front end ended: stop."""
 
     TAG: ClassVar[str]
-    ARITY: ClassVar[int]
     FIELDS: ClassVar[tuple[str, ...]]
 
 
@@ -232,7 +226,6 @@ class FrontEndDied:
     """From the leader: front end `fe` died; abort its requests."""
 
     TAG: ClassVar[str]
-    ARITY: ClassVar[int]
     FIELDS: ClassVar[tuple[str, ...]]
     fe: int
 
@@ -243,7 +236,6 @@ class Ready:
     """The scheduler is ready: the engine's facts and the sizes the routes use (to each front end)."""
 
     TAG: ClassVar[str]
-    ARITY: ClassVar[int]
     FIELDS: ClassVar[tuple[str, ...]]
     facts: dict[str, Any]
 
@@ -256,7 +248,6 @@ class Updates:
     /metrics (``[generated, [[seconds, tokens], ...]]`` or None)."""
 
     TAG: ClassVar[str]
-    ARITY: ClassVar[int]
     FIELDS: ClassVar[tuple[str, ...]]
     entries: list
     timed: Any = None
@@ -268,7 +259,6 @@ class Answer:
     """The answer to question `qid` (ok false: `value` is the error's text)."""
 
     TAG: ClassVar[str]
-    ARITY: ClassVar[int]
     FIELDS: ClassVar[tuple[str, ...]]
     qid: int
     ok: bool
@@ -281,7 +271,6 @@ class Bye:
     """The scheduler stopped; `cut_off` requests were cut by the drain's deadline (to each front end)."""
 
     TAG: ClassVar[str]
-    ARITY: ClassVar[int]
     FIELDS: ClassVar[tuple[str, ...]]
     cut_off: int
 
@@ -297,8 +286,8 @@ def decode(raw: bytes):
     if not isinstance(got, list) or not got or got[0] not in _WIRE:
         raise MessageError(f"not a wire message of this build: {str(got)[:80]}")
     cls = _WIRE[got[0]]
-    if len(got) - 1 != cls.ARITY:
-        raise MessageError(f"message {cls.__name__} with {len(got) - 1} field(s); this build's has {cls.ARITY}")
+    if len(got) - 1 != len(cls.FIELDS):
+        raise MessageError(f"message {cls.__name__} with {len(got) - 1} field(s); this build's has {len(cls.FIELDS)}")
     return cls(*got[1:])
 
 
